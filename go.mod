@@ -1,0 +1,3 @@
+module github.com/edgelimit/edgelimit
+
+go 1.26
