@@ -1,0 +1,89 @@
+// Package filtertest drives the rate-limit filter through a proxy-wasm host,
+// so that one table of behaviour runs twice: natively, with the limiter logic
+// behind an emulated host, and as the compiled filter.wasm inside the headless
+// Envoy in e2e/. A Host is one plugin in one VM, as Envoy runs it on a worker.
+package filtertest
+
+import "time"
+
+// Header is one header as a name/value pair; names are lower-case, as Envoy
+// hands them to a plugin.
+type Header = [2]string
+
+// Host is a proxy-wasm host with the filter loaded into one VM.
+type Host interface {
+	// Configure runs proxy_on_vm_start and proxy_on_configure with the
+	// plugin configuration; it reports false when the plugin rejects it, as
+	// Envoy then rejects the configuration.
+	Configure(config string) bool
+	// NewStream opens an HTTP stream context.
+	NewStream() Stream
+	// Metric returns the value of a metric the plugin defined, by the name it
+	// gave (without Envoy's "wasmcustom." prefix). Histograms report their
+	// sample count.
+	Metric(name string) (int64, bool)
+	// Logs returns every line the plugin logged so far, oldest first.
+	Logs() []string
+	// FailNextDispatch makes the next proxy_http_call fail synchronously with
+	// INTERNAL_FAILURE, so that no callback will come.
+	FailNextDispatch()
+	// Advance moves the host's clock (proxy_get_current_time_nanoseconds)
+	// forward by d.
+	Advance(d time.Duration)
+	// Tick calls proxy_on_tick on the root context once.
+	Tick()
+	// Close tears the VM down.
+	Close()
+}
+
+// Stream is one HTTP request through the filter.
+type Stream interface {
+	// RequestHeaders delivers the request headers with end_of_stream set and
+	// reports whether the filter let the request continue at once.
+	RequestHeaders(headers []Header) (continued bool)
+	// Callout returns the HTTP call the filter dispatched for this stream and
+	// that has not been answered yet.
+	Callout() (Callout, bool)
+	// RespondCallout answers the pending callout as Envoy would deliver it:
+	// headers (including ":status") and body; nil headers deliver a reset
+	// (a callback with zero headers).
+	RespondCallout(headers []Header, body []byte)
+	// Continued reports whether the request went on to the upstream.
+	Continued() bool
+	// LocalReply returns the response the filter sent itself, if any.
+	LocalReply() (Reply, bool)
+	// UpstreamHeaders returns the request headers as the service receives
+	// them (valid once the request continued).
+	UpstreamHeaders() []Header
+	// ResponseHeaders delivers the upstream's response headers and returns
+	// them as the client receives them.
+	ResponseHeaders(headers []Header) []Header
+	// Done ends the stream: proxy_on_log, proxy_on_done, proxy_on_delete.
+	Done()
+}
+
+// Callout is an HTTP call the filter dispatched with proxy_http_call.
+type Callout struct {
+	Cluster   string
+	Headers   []Header
+	Body      []byte
+	TimeoutMs uint32
+}
+
+// Reply is a local response sent with proxy_send_local_response.
+type Reply struct {
+	Status  int
+	Headers []Header
+	Body    []byte
+	Details string
+}
+
+// Get returns the first value of name in headers.
+func Get(headers []Header, name string) (string, bool) {
+	for _, h := range headers {
+		if h[0] == name {
+			return h[1], true
+		}
+	}
+	return "", false
+}
