@@ -1,0 +1,86 @@
+# The front door. Every target installs what it needs on a fresh Debian
+# machine: redis-server/redis-tools from apt, Go modules through the module
+# proxy. Tool versions are pinned here.
+
+GO          ?= go
+BUILD       ?= build
+# Go 1.26 or newer builds the filter (go:wasmexport, wasip1 c-shared).
+GO_MIN      := 1.26
+APT_PKGS    := redis-server redis-tools
+# Bounded fuzzing inside `make test`; `make fuzz` runs longer.
+FUZZTIME    ?= 3s
+FUZZTIME_LONG ?= 2m
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+export EDGELIMIT_BIN_DIR := $(abspath $(BUILD))
+
+.PHONY: all build test check bench demo fuzz deps tools clean help
+
+all: build
+
+help:
+	@echo "make demo   build everything, start Redis, the sidecar, two services and the gateway, send a burst"
+	@echo "make test   vet and test every package with -race (installs redis-server when missing)"
+	@echo "make build  build/filter.wasm, build/sidecar, build/gateway"
+	@echo "make bench  the benchmark harness"
+	@echo "make check  gofmt, vet, go mod tidy: fail on any diff"
+	@echo "make fuzz   every fuzz target for $(FUZZTIME_LONG)"
+
+## deps: system packages the tests, benchmarks and demo run (real Redis).
+deps:
+	@if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null || ! command -v redis-benchmark >/dev/null; then \
+		echo "installing $(APT_PKGS)"; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PKGS) >/dev/null; \
+	fi
+	@$(GO) version | awk -v min=$(GO_MIN) '{ v=$$3; sub(/^go/,"",v); split(v,a,"."); split(min,b,"."); \
+		if (a[1]<b[1] || (a[1]==b[1] && a[2]<b[2])) { print "Go " min " or newer is needed, found " v; exit 1 } }'
+	@$(GO) mod download
+
+## build: the three deliverables.
+build: $(BUILD)/filter.wasm $(BUILD)/sidecar $(BUILD)/gateway
+
+# The go tool decides what is stale; these always ask it.
+.PHONY: $(BUILD)/filter.wasm $(BUILD)/sidecar $(BUILD)/gateway
+$(BUILD)/filter.wasm:
+	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $@ ./filter
+	@ls -l $@ | awk '{ printf "filter.wasm: %d bytes\n", $$5 }'
+$(BUILD)/sidecar:
+	$(GO) build -trimpath -o $@ ./sidecar
+$(BUILD)/gateway:
+	$(GO) build -trimpath -o $@ ./e2e/gateway
+
+## test: vet, then every native package with the race detector; the wasm
+## module is tested inside the headless host (e2e/).
+test: deps build
+	$(GO) vet ./...
+	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/...
+	$(GO) test -race -count=1 -timeout 13m ./...
+
+## check: formatting, vet and module tidiness; fails on any diff.
+check: deps
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/...
+	$(GO) mod tidy -diff
+
+## bench: the benchmark harness; prints tables, writes bench/results/.
+bench: deps build
+	$(GO) run ./bench/scriptbench
+	$(GO) run ./bench/sidecarbench
+
+## demo: a real burst against the limiter.
+demo: deps build
+	$(GO) run ./e2e/demo -bin $(EDGELIMIT_BIN_DIR)
+
+## fuzz: every fuzz target, longer than the bounded run in `make test`.
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+			echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME_LONG) $$pkg || exit 1; \
+		done; \
+	done
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,167 @@
+// Package harness starts and owns the real processes and services of an
+// end-to-end run (the sidecar, the gateway, demo services) for the e2e tests,
+// the demo and the benchmarks. Everything it starts is stopped by its owner.
+package harness
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Process is a child process whose output is kept for diagnosis.
+type Process struct {
+	Name string
+	cmd  *exec.Cmd
+	out  lockedBuffer
+	done chan struct{}
+	err  error
+}
+
+// StartProcess starts bin with args; its stdout and stderr are captured.
+func StartProcess(name, bin string, args ...string) (*Process, error) {
+	p := &Process{Name: name, done: make(chan struct{})}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout = &p.out
+	p.cmd.Stderr = &p.out
+	// Its own process group, so a signal to the harness's terminal does
+	// not reach it twice and Kill takes any children with it.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s (%s): %w", name, bin, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Exited reports whether the process has ended, and how.
+func (p *Process) Exited() (bool, error) {
+	select {
+	case <-p.done:
+		return true, p.err
+	default:
+		return false, nil
+	}
+}
+
+// Stop sends SIGTERM and waits up to grace for the process to exit, then
+// kills it. It is safe to call more than once.
+func (p *Process) Stop(grace time.Duration) error {
+	if exited, err := p.Exited(); exited {
+		return exitErr(err)
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return exitErr(p.err)
+	case <-time.After(grace):
+		p.Kill()
+		return fmt.Errorf("%s did not exit within %v of SIGTERM; killed", p.Name, grace)
+	}
+}
+
+// Kill ends the process (and its group) at once and waits for it.
+func (p *Process) Kill() {
+	if exited, _ := p.Exited(); exited {
+		return
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// Signal delivers sig to the process.
+func (p *Process) Signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// Pause stops the process (SIGSTOP) without closing its sockets: the
+// kernel still accepts connections on its listeners, but nothing answers.
+func (p *Process) Pause() error { return p.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Resume continues a paused process.
+func (p *Process) Resume() error { return p.cmd.Process.Signal(syscall.SIGCONT) }
+
+// Output returns everything the process wrote so far.
+func (p *Process) Output() string { return p.out.String() }
+
+func exitErr(err error) error {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && ee.Exited() && ee.ExitCode() == 0 {
+		return nil
+	}
+	if errors.As(err, &ee) && !ee.Exited() {
+		// Ended by a signal we sent: not a failure of the process.
+		return nil
+	}
+	return err
+}
+
+// WaitHTTP polls url until it answers with status want, the process dies,
+// or ctx ends. p may be nil.
+func WaitHTTP(ctx context.Context, p *Process, url string, want int) error {
+	client := &http.Client{Timeout: time.Second}
+	delay := 5 * time.Millisecond
+	var last error
+	for {
+		if p != nil {
+			if exited, err := p.Exited(); exited {
+				return fmt.Errorf("%s exited before %s was ready (%v); output:\n%s", p.Name, url, err, p.Output())
+			}
+		}
+		resp, err := client.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == want {
+				return nil
+			}
+			last = fmt.Errorf("%s: status %d, want %d", url, resp.StatusCode, want)
+		} else {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w (last: %v)", url, ctx.Err(), last)
+		case <-time.After(delay):
+		}
+		if delay < 100*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// FreeAddr returns a loopback address with a port that was free a moment
+// ago. A process that fails to bind it should be started again with a new
+// one.
+func FreeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
