@@ -298,17 +298,18 @@ func configurationText(a *anypb.Any, path string) (string, error) {
 // silently fail open on every request). The fields' own rules are the
 // filter's to check when it starts.
 func checkFilterJSON(text, path string, clusters map[string]Cluster) error {
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(text), &obj); err != nil {
-		return fmt.Errorf("%s: not a JSON object: %w", path, err)
+	var v any
+	if err := json.Unmarshal([]byte(text), &v); err != nil {
+		return fmt.Errorf("%s: not valid JSON: %w", path, err)
 	}
-	if obj == nil {
-		return fmt.Errorf("%s: not a JSON object: null", path)
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return fmt.Errorf("%s: want a JSON object, got %s", path, jsonKind(v))
 	}
 	cluster := defaultSidecarCluster
 	if raw, ok := obj["sidecar_cluster"]; ok {
-		if err := json.Unmarshal(raw, &cluster); err != nil {
-			return fmt.Errorf("%s: sidecar_cluster: want a string, got %s", path, raw)
+		if cluster, ok = raw.(string); !ok {
+			return fmt.Errorf("%s: sidecar_cluster: want a string, got %s", path, jsonKind(raw))
 		}
 	}
 	if _, ok := clusters[cluster]; !ok {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/dynamicpb"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"sigs.k8s.io/yaml"
@@ -159,6 +160,9 @@ func checkField(v any, fd protoreflect.FieldDescriptor, path string) error {
 	if v == nil {
 		return nil
 	}
+	if !isStructured(fd) {
+		return checkLeaf(v, fd, path)
+	}
 	switch {
 	case fd.IsList():
 		list, ok := v.([]any)
@@ -166,7 +170,7 @@ func checkField(v any, fd protoreflect.FieldDescriptor, path string) error {
 			return fmt.Errorf("%s: want a list, got %s", path, jsonKind(v))
 		}
 		for i, e := range list {
-			if err := checkValue(e, fd, path+"["+strconv.Itoa(i)+"]"); err != nil {
+			if err := checkShape(e, fd.Message(), path+"["+strconv.Itoa(i)+"]"); err != nil {
 				return err
 			}
 		}
@@ -176,37 +180,91 @@ func checkField(v any, fd protoreflect.FieldDescriptor, path string) error {
 		if !ok {
 			return fmt.Errorf("%s: want an object (a map), got %s", path, jsonKind(v))
 		}
-		for k, e := range m {
-			if err := checkValue(e, fd.MapValue(), path+"["+strconv.Quote(k)+"]"); err != nil {
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if err := checkShape(m[k], fd.MapValue().Message(), path+"["+strconv.Quote(k)+"]"); err != nil {
 				return err
 			}
 		}
 		return nil
 	default:
-		return checkValue(v, fd, path)
+		return checkShape(v, fd.Message(), path)
 	}
 }
 
-// checkValue checks one value of a field (one list element, one map value).
-func checkValue(v any, fd protoreflect.FieldDescriptor, path string) error {
-	switch fd.Kind() {
-	case protoreflect.MessageKind, protoreflect.GroupKind:
-		return checkShape(v, fd.Message(), path)
-	case protoreflect.EnumKind:
-		name, ok := v.(string)
-		if !ok || fd.Enum().FullName() == "google.protobuf.NullValue" {
-			return nil // a number, or null: protojson checks those
-		}
-		if fd.Enum().Values().ByName(protoreflect.Name(name)) == nil {
-			var names []string
-			vals := fd.Enum().Values()
-			for i := range vals.Len() {
-				names = append(names, string(vals.Get(i).Name()))
-			}
-			return fmt.Errorf("%s: unknown value %q of %s (one of %s)", path, name, fd.Enum().FullName(), strings.Join(names, ", "))
+// isStructured says whether checkShape descends into the field's values:
+// messages with an object JSON form (and Any). Scalars, enums and well-known
+// types with their own JSON form (Duration "1.5s", wrappers, Struct, …) are
+// leaves.
+func isStructured(fd protoreflect.FieldDescriptor) bool {
+	if fd.IsMap() {
+		fd = fd.MapValue()
+	}
+	if fd.Kind() != protoreflect.MessageKind && fd.Kind() != protoreflect.GroupKind {
+		return false
+	}
+	md := fd.Message()
+	return md.FullName() == "google.protobuf.Any" || md.ParentFile().Package() != "google.protobuf"
+}
+
+// checkLeaf parses one leaf field on its own, so that a bad value ("250ms"
+// for a Duration, -1 for a uint32) is reported with its path rather than
+// with protojson's offset into the whole document.
+func checkLeaf(v any, fd protoreflect.FieldDescriptor, path string) error {
+	if _, ok := v.([]any); fd.IsList() && !ok {
+		return fmt.Errorf("%s: want a list, got %s", path, jsonKind(v))
+	}
+	if _, ok := v.(map[string]any); fd.IsMap() && !ok {
+		return fmt.Errorf("%s: want an object (a map), got %s", path, jsonKind(v))
+	}
+	if fd.Kind() == protoreflect.EnumKind && !fd.IsMap() && !fd.IsList() {
+		if err := checkEnumName(v, fd, path); err != nil {
+			return err
 		}
 	}
+	js, err := json.Marshal(map[string]any{fd.JSONName(): v})
+	if err != nil {
+		return fmt.Errorf("%s: %v", path, err)
+	}
+	if err := protojson.Unmarshal(js, dynamicpb.NewMessage(fd.ContainingMessage())); err != nil {
+		return fmt.Errorf("%s: %s", path, protojsonReason(err))
+	}
 	return nil
+}
+
+// checkEnumName names the allowed values when an enum name is unknown.
+func checkEnumName(v any, fd protoreflect.FieldDescriptor, path string) error {
+	name, ok := v.(string)
+	if !ok {
+		return nil // a number: protojson checks it
+	}
+	vals := fd.Enum().Values()
+	if vals.ByName(protoreflect.Name(name)) != nil {
+		return nil
+	}
+	names := make([]string, 0, vals.Len())
+	for i := range vals.Len() {
+		names = append(names, string(vals.Get(i).Name()))
+	}
+	return fmt.Errorf("%s: unknown value %q of %s (one of %s)", path, name, fd.Enum().FullName(), strings.Join(names, ", "))
+}
+
+// protojsonReason strips protojson's "proto: (line 1:7): " prefix, which
+// points into a one-field document and would only mislead.
+func protojsonReason(err error) string {
+	msg := err.Error()
+	msg = strings.TrimPrefix(msg, "proto:")
+	msg = strings.TrimLeft(msg, " \u00a0")
+	if strings.HasPrefix(msg, "(line ") {
+		if _, rest, ok := strings.Cut(msg, "):"); ok {
+			msg = strings.TrimSpace(rest)
+		}
+	}
+	return msg
 }
 
 // checkAny resolves an Any's @type and checks its other keys against the
@@ -397,6 +455,8 @@ func jsonKind(v any) string {
 		return "a number"
 	case bool:
 		return "a boolean"
+	case nil:
+		return "null"
 	}
 	return fmt.Sprintf("%T", v)
 }
