@@ -137,6 +137,7 @@ var invalidCases = []struct{ name, want string }{
 	{"configuration_missing", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config.configuration: missing; want a google.protobuf.StringValue holding the filter's JSON"},
 	{"duplicate_cluster", "static_resources.clusters[1].name: cluster \"orders\" is defined twice"},
 	{"duplicate_key", "YAML: yaml: unmarshal errors:\n  line 14: key \"stat_prefix\" already set in map"},
+	{"empty", "empty: want an Envoy bootstrap (admin, static_resources, …)"},
 	{"eds_cluster", "static_resources.clusters[1].type: cluster \"billing\": EDS is not supported (want STATIC, STRICT_DNS or LOGICAL_DNS)"},
 	{"fail_open_and_policy", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config: only one of fail_open or failure_policy can be set"},
 	{"filter_config_default_sidecar_missing", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config.configuration.value: sidecar_cluster: cluster \"ratelimit_sidecar\" is not defined in static_resources.clusters"},

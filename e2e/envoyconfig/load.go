@@ -96,6 +96,9 @@ func decode(data []byte) (*bootstrapv3.Bootstrap, error) {
 	if err := json.Unmarshal(js, &tree); err != nil {
 		return nil, fmt.Errorf("YAML: %w", err)
 	}
+	if tree == nil {
+		return nil, errors.New("empty: want an Envoy bootstrap (admin, static_resources, …)")
+	}
 	b := &bootstrapv3.Bootstrap{}
 	if err := checkShape(tree, b.ProtoReflect().Descriptor(), ""); err != nil {
 		return nil, err
@@ -107,10 +110,10 @@ func decode(data []byte) (*bootstrapv3.Bootstrap, error) {
 	return b, nil
 }
 
-// checkShape reports the first JSON key that is not a field of md (or of the
-// message an Any's @type names), an @type outside knownTypes and an unknown
-// enum name, each with its path. Values of well-known types with a special
-// JSON form (Duration, wrappers, Struct, …) are left to protojson.
+// checkShape reports, with its path, the first JSON key that is not a field
+// of md (or of the message an Any's @type names), an @type outside
+// knownTypes, a list or object where the other belongs, and a leaf value
+// (scalar, enum, Duration, wrapper, …) that does not parse.
 func checkShape(v any, md protoreflect.MessageDescriptor, path string) error {
 	if v == nil {
 		return nil // JSON null: the field is unset
