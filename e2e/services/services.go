@@ -1,0 +1,402 @@
+// Package services runs the upstream services of the benchmarks and the
+// end-to-end tests, as they were before the edge limiter and as they are
+// after it.
+//
+// A Service is one HTTP listener — the one endpoint a gateway cluster points
+// at — in front of Replicas replica objects taken in turn (round-robin).
+// Each replica keeps the state a separate process would: its own per-client
+// token buckets (the per-service limiter of ADR-001, package bucket), its own
+// coarse safety limit (package safety) and its own bounded worker pool
+// (package pool). Round-robin inside one listener stands in for a load
+// balancer over Replicas processes: what the benchmarks measure — how much
+// each replica's limiter admits, how long each replica's queue grows —
+// depends only on the share of the traffic each replica sees, and
+// round-robin makes that share exactly 1/Replicas. One listener per service
+// also keeps the gateway's clusters at one endpoint each, as envoy.yaml
+// declares them.
+//
+// A replica handles a request in this order: count it; the safety limit
+// (429); the per-service limiter, whose decision is also compared with the
+// edge's shadow decision when the request carries one (package shadow); in
+// LimiterEnforce, its 429; the worker pool (503 when the queue is full);
+// 200. GET /_stats and GET /_shadow on the listener report the counts as
+// JSON and never reach a replica.
+package services
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/edgelimit/edgelimit/e2e/services/bucket"
+	"github.com/edgelimit/edgelimit/e2e/services/clientkey"
+	"github.com/edgelimit/edgelimit/e2e/services/pool"
+	"github.com/edgelimit/edgelimit/e2e/services/safety"
+	"github.com/edgelimit/edgelimit/e2e/services/shadow"
+)
+
+// Mode is what the per-service limiter (ADR-001) does.
+type Mode uint8
+
+const (
+	// LimiterOff runs no per-service limiter: the design with the edge.
+	LimiterOff Mode = iota
+	// LimiterEnforce gives every replica a bucket per client shaped by the
+	// client's plan and answers 429 when it is empty: the old design.
+	LimiterEnforce
+	// LimiterObserve decides as LimiterEnforce does but never rejects; the
+	// decision is only compared with the edge's shadow decision.
+	LimiterObserve
+)
+
+func (m Mode) String() string {
+	switch m {
+	case LimiterOff:
+		return "off"
+	case LimiterEnforce:
+		return "enforce"
+	case LimiterObserve:
+		return "observe"
+	}
+	return "Mode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// ParseMode reads "off", "enforce" or "observe".
+func ParseMode(s string) (Mode, error) {
+	for _, m := range []Mode{LimiterOff, LimiterEnforce, LimiterObserve} {
+		if s == m.String() {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("limiter: want off, enforce or observe, got %q", s)
+}
+
+// Config shapes a service. The zero value (with a Name) is a service of
+// DefaultReplicas replicas that admits everything at once.
+type Config struct {
+	Name string // reported in responses and stats; required
+	// Replicas is how many replica objects share the listener. Defaults to
+	// DefaultReplicas (3).
+	Replicas int
+	// Plans gives each client's plan. Required when Limiter is not
+	// LimiterOff or SafetyFactor is set. A client without a plan is not
+	// limited by the service.
+	Plans safety.Plans
+	// Limiter is the per-service limiter's mode. Defaults to LimiterOff.
+	Limiter Mode
+	// SafetyFactor, when > 0, puts every replica behind a coarse safety
+	// limit of SafetyFactor times the client's plan (the design keeps 10).
+	// Defaults to 0: none.
+	SafetyFactor float64
+	// Workers, Queue and ServiceTime give every replica a worker pool
+	// (package pool). Workers 0, the default, means no pool: unbounded
+	// capacity, no service time.
+	Workers     int
+	Queue       int
+	ServiceTime time.Duration
+	// Clock reads the time for the limiters. Defaults to time.Now.
+	Clock func() time.Time
+}
+
+// DefaultReplicas is the replicas per service of the incident.
+const DefaultReplicas = 3
+
+func (c *Config) check() error {
+	if c.Name == "" {
+		return errors.New("name: required")
+	}
+	if c.Replicas == 0 {
+		c.Replicas = DefaultReplicas
+	}
+	if c.Replicas < 1 {
+		return fmt.Errorf("replicas: must be >= 1, got %d", c.Replicas)
+	}
+	if c.Limiter > LimiterObserve {
+		return fmt.Errorf("limiter: want off, enforce or observe, got %v", c.Limiter)
+	}
+	if (c.Limiter != LimiterOff || c.SafetyFactor != 0) && c.Plans == nil {
+		return fmt.Errorf("plans: required with limiter %v and safety factor %v", c.Limiter, c.SafetyFactor)
+	}
+	if c.SafetyFactor < 0 {
+		return fmt.Errorf("safety factor: must be >= 0, got %v", c.SafetyFactor)
+	}
+	if c.Workers < 0 {
+		return fmt.Errorf("workers: must be >= 0, got %d", c.Workers)
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	return nil
+}
+
+// Service is one running service: a listener and its replicas.
+type Service struct {
+	Name string
+	Addr string // host:port it listens on
+
+	replicas []*replica
+	next     atomic.Uint64
+	shadow   *shadow.Counter
+	srv      *http.Server
+}
+
+// Start checks c and starts the service on addr ("127.0.0.1:0" for a free
+// port).
+func Start(addr string, c Config) (*Service, error) {
+	if err := c.check(); err != nil {
+		return nil, fmt.Errorf("service %q: %w", c.Name, err)
+	}
+	s := &Service{Name: c.Name, shadow: shadow.NewCounter()}
+	for i := 0; i < c.Replicas; i++ {
+		r, err := newReplica(s, i, c)
+		if err != nil {
+			return nil, fmt.Errorf("service %q: %w", c.Name, err)
+		}
+		s.replicas = append(s.replicas, r)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("service %q: %w", c.Name, err)
+	}
+	s.Addr = l.Addr().String()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /_stats", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("content-type", "application/json")
+		json.NewEncoder(w).Encode(s.Stats())
+	})
+	mux.Handle("GET /_shadow", s.shadow.Handler())
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		// Round-robin: replica i gets requests i, i+R, i+2R, ...
+		n := s.next.Add(1) - 1
+		s.replicas[n%uint64(len(s.replicas))].ServeHTTP(w, r)
+	})
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go s.srv.Serve(l)
+	return s, nil
+}
+
+// Close stops the service, waiting up to 5 s for requests in flight.
+func (s *Service) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return s.srv.Shutdown(ctx)
+}
+
+// Shadow returns the comparison of the edge's shadow decisions with the
+// replicas' own, per client.
+func (s *Service) Shadow() shadow.Report { return s.shadow.Report() }
+
+// ClientStats is what happened to one client's requests.
+type ClientStats struct {
+	Received      int64     `json:"received"`
+	OK            int64     `json:"ok"`             // served: 200
+	LimiterDenied int64     `json:"limiter_denied"` // 429 from the per-service limiter
+	SafetyDenied  int64     `json:"safety_denied"`  // 429 from the safety limit
+	Shed          int64     `json:"shed"`           // 503: the worker pool's queue was full
+	First         time.Time `json:"first"`          // arrival of the first request
+	Last          time.Time `json:"last"`           // arrival of the last request
+}
+
+// Window returns the time from the first request to the last.
+func (c ClientStats) Window() time.Duration { return c.Last.Sub(c.First) }
+
+func (c *ClientStats) add(o ClientStats) {
+	c.Received += o.Received
+	c.OK += o.OK
+	c.LimiterDenied += o.LimiterDenied
+	c.SafetyDenied += o.SafetyDenied
+	c.Shed += o.Shed
+	if !o.First.IsZero() && (c.First.IsZero() || o.First.Before(c.First)) {
+		c.First = o.First
+	}
+	if o.Last.After(c.Last) {
+		c.Last = o.Last
+	}
+}
+
+// ReplicaStats is one replica's counts.
+type ReplicaStats struct {
+	Clients map[string]ClientStats `json:"clients"`
+	Pool    *pool.Stats            `json:"pool,omitempty"`
+}
+
+// Stats is a service's counts, replica by replica.
+type Stats struct {
+	Service  string         `json:"service"`
+	Replicas []ReplicaStats `json:"replicas"`
+}
+
+// Client returns client's counts summed over the replicas.
+func (s Stats) Client(client string) ClientStats {
+	var c ClientStats
+	for _, r := range s.Replicas {
+		c.add(r.Clients[client])
+	}
+	return c
+}
+
+// Total returns every client's counts summed.
+func (s Stats) Total() ClientStats {
+	var c ClientStats
+	for _, r := range s.Replicas {
+		for _, v := range r.Clients {
+			c.add(v)
+		}
+	}
+	return c
+}
+
+// Stats returns a snapshot of the counts.
+func (s *Service) Stats() Stats {
+	st := Stats{Service: s.Name, Replicas: make([]ReplicaStats, len(s.replicas))}
+	for i, r := range s.replicas {
+		st.Replicas[i] = r.stats()
+	}
+	return st
+}
+
+// replica is one replica's state.
+type replica struct {
+	svc     *Service
+	index   int
+	clock   func() time.Time
+	plans   safety.Plans
+	mode    Mode
+	buckets *bucket.Buckets
+	safety  *safety.Limiter // nil: none
+	pool    *pool.Pool      // nil: none
+
+	mu      sync.Mutex
+	clients map[string]*ClientStats
+}
+
+func newReplica(s *Service, i int, c Config) (*replica, error) {
+	r := &replica{svc: s, index: i, clock: c.Clock, plans: c.Plans, mode: c.Limiter,
+		buckets: bucket.New(c.Clock), clients: map[string]*ClientStats{}}
+	if c.SafetyFactor > 0 {
+		l, err := safety.New(safety.Config{Plans: c.Plans, Factor: c.SafetyFactor, Clock: c.Clock})
+		if err != nil {
+			return nil, err
+		}
+		r.safety = l
+	}
+	if c.Workers > 0 {
+		p, err := pool.New(pool.Config{Workers: c.Workers, Queue: c.Queue, ServiceTime: c.ServiceTime})
+		if err != nil {
+			return nil, err
+		}
+		r.pool = p
+	}
+	return r, nil
+}
+
+// count applies f to client's counts under the lock.
+func (r *replica) count(client string, f func(*ClientStats)) {
+	r.mu.Lock()
+	c := r.clients[client]
+	if c == nil {
+		c = &ClientStats{}
+		r.clients[client] = c
+	}
+	f(c)
+	r.mu.Unlock()
+}
+
+func (r *replica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	client := clientkey.FromRequest(req)
+	now := r.clock()
+	r.count(client, func(c *ClientStats) {
+		c.Received++
+		if c.First.IsZero() {
+			c.First = now
+		}
+		c.Last = now
+	})
+	if r.safety != nil {
+		if d, _ := r.safety.Allow(client); !d.Allowed {
+			r.count(client, func(c *ClientStats) { c.SafetyDenied++ })
+			safety.Deny(w, d, r.safety.Factor())
+			return
+		}
+	}
+	if r.mode != LimiterOff {
+		if d, limited := r.decide(client); limited {
+			r.svc.shadow.Record(client, shadow.FromRequest(req), d.Allowed)
+			if !d.Allowed && r.mode == LimiterEnforce {
+				r.count(client, func(c *ClientStats) { c.LimiterDenied++ })
+				r.deny(w, d)
+				return
+			}
+		}
+	}
+	if r.pool != nil {
+		switch err := r.pool.Serve(req.Context()); {
+		case errors.Is(err, pool.ErrFull):
+			r.count(client, func(c *ClientStats) { c.Shed++ })
+			w.Header().Set("retry-after", "1")
+			http.Error(w, "overloaded", http.StatusServiceUnavailable)
+			return
+		case err != nil:
+			return // the client is gone
+		}
+	}
+	r.count(client, func(c *ClientStats) { c.OK++ })
+	w.Header().Set("content-type", "application/json")
+	w.Header().Set("x-replica", r.name())
+	fmt.Fprintf(w, "{\"service\":%q,\"replica\":%d}\n", r.svc.Name, r.index)
+}
+
+// decide runs the per-service limiter; limited is false for a request it
+// has no plan for.
+func (r *replica) decide(client string) (d bucket.Decision, limited bool) {
+	if client == "" {
+		return bucket.Decision{Allowed: true}, false
+	}
+	plan, ok := r.plans(client)
+	if !ok {
+		return bucket.Decision{Allowed: true}, false
+	}
+	d, err := r.buckets.Take(client, plan, 1)
+	if err != nil {
+		return bucket.Decision{Allowed: true}, false
+	}
+	return d, true
+}
+
+func (r *replica) deny(w http.ResponseWriter, d bucket.Decision) {
+	h := w.Header()
+	h.Set("content-type", "application/json")
+	h.Set("x-replica", r.name())
+	secs := int64(1)
+	if d.RetryAfter > time.Second {
+		secs = int64((d.RetryAfter + time.Second - 1) / time.Second)
+	}
+	if !d.Never {
+		h.Set("retry-after", strconv.FormatInt(secs, 10))
+	}
+	w.WriteHeader(http.StatusTooManyRequests)
+	fmt.Fprintf(w, "{\"error\":\"rate_limited\",\"replica\":%q}\n", r.name())
+}
+
+func (r *replica) name() string { return r.svc.Name + "-" + strconv.Itoa(r.index) }
+
+func (r *replica) stats() ReplicaStats {
+	r.mu.Lock()
+	st := ReplicaStats{Clients: make(map[string]ClientStats, len(r.clients))}
+	for k, v := range r.clients {
+		st.Clients[k] = *v
+	}
+	r.mu.Unlock()
+	if r.pool != nil {
+		ps := r.pool.Stats()
+		st.Pool = &ps
+	}
+	return st
+}
