@@ -75,7 +75,7 @@ func ParseMode(s string) (Mode, error) {
 			return m, nil
 		}
 	}
-	return 0, fmt.Errorf("limiter: want off, enforce or observe, got %q", s)
+	return 0, fmt.Errorf("want off, enforce or observe, got %q", s)
 }
 
 // Config shapes a service. The zero value (with a Name) is a service of
