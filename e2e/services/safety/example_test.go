@@ -13,7 +13,8 @@ import (
 // handler.
 func Example() {
 	plans := func(client string) (bucket.Limit, bool) {
-		return bucket.Limit{Capacity: 2, Rate: 1}, client != ""
+		// A burst of 2, then one request every 1000 s.
+		return bucket.Limit{Capacity: 2, Rate: 0.001}, client != ""
 	}
 	limit, err := safety.New(safety.Config{Plans: plans}) // Factor defaults to 10
 	if err != nil {
