@@ -11,7 +11,7 @@
 // managed in its second. Rounds alternate the sides so that a busy spell on
 // a shared machine does not fall on one side only.
 //
-//	go run ./bench/scriptbench [-rounds 3] [-duration 1s] [-c 50] [-keys 10000] [-n 0]
+//	go run ./bench/scriptbench [-rounds 3] [-duration 1s] [-c 50] [-keys 10000] [-n 0] [-out FILE]
 package main
 
 import (
@@ -19,9 +19,11 @@ import (
 	"encoding/csv"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -44,6 +46,7 @@ type config struct {
 	requests    int
 	limit       lua.Limit
 	cost        int64
+	out         string
 }
 
 func main() {
@@ -56,6 +59,7 @@ func main() {
 	flag.Float64Var(&cfg.limit.Capacity, "capacity", 100, "bucket capacity")
 	flag.Float64Var(&cfg.limit.Rate, "rate", 10, "bucket refill rate, tokens/s")
 	flag.Int64Var(&cfg.cost, "cost", 1, "tokens per check")
+	flag.StringVar(&cfg.out, "out", "", "also write the report to this file (e.g. bench/results/scriptbench.txt)")
 	flag.Parse()
 	if err := run(cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "scriptbench:", err)
@@ -105,11 +109,24 @@ func run(cfg config) error {
 		return err
 	}
 
-	fmt.Printf("token-bucket script on redis-server %s at %s; %d CPUs\n",
+	// The report goes to stdout and, with -out, to a file as well.
+	var out io.Writer = os.Stdout
+	if cfg.out != "" {
+		if err := os.MkdirAll(filepath.Dir(cfg.out), 0o755); err != nil {
+			return err
+		}
+		f, err := os.Create(cfg.out)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		out = io.MultiWriter(os.Stdout, f)
+	}
+	fmt.Fprintf(out, "token-bucket script on redis-server %s at %s; %d CPUs\n",
 		infoValue(version, "redis_version"), srv.Addr, runtime.NumCPU())
-	fmt.Printf("concurrency %d, %d random keys, capacity %v, rate %v/s, cost %d; %d rounds of %v each side\n\n",
+	fmt.Fprintf(out, "concurrency %d, %d random keys, capacity %v, rate %v/s, cost %d; %d rounds of %v each side\n\n",
 		cfg.concurrency, cfg.keys, cfg.limit.Capacity, cfg.limit.Rate, cfg.cost, cfg.rounds, cfg.duration)
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "round\tclient\tchecks\tseconds\tchecks/s\tp50 ms\tp99 ms\t")
 	row := func(round, client string, n int, secs, p50, p99 float64) {
 		fmt.Fprintf(w, "%s\t%s\t%d\t%.2f\t%.0f\t%.3f\t%.3f\t\n", round, client, n, secs, float64(n)/secs, p50, p99)
@@ -162,7 +179,7 @@ func run(cfg config) error {
 	for i, r := range ratios {
 		perRound[i] = fmt.Sprintf("%.2f", r)
 	}
-	fmt.Printf("\nratio go-redis/redis-benchmark, checks/s: %.2f overall; rounds %s (median %.2f)\n",
+	fmt.Fprintf(out, "\nratio go-redis/redis-benchmark, checks/s: %.2f overall; rounds %s (median %.2f)\n",
 		(float64(len(goAll))/goSecs)/(float64(rbN)/rbSecs), strings.Join(perRound, " "), median(ratios))
 	return nil
 }
