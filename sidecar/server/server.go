@@ -120,6 +120,8 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 
 func (s *Server) check(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
+	s.o.Stats.InFlight.Add(1)
+	defer s.o.Stats.InFlight.Add(-1)
 	req, err := ParseCheck(&ctx.Request.Header)
 	if err != nil {
 		s.o.Stats.BadRequests.Inc()

@@ -5,6 +5,7 @@ package stats
 
 import (
 	"io"
+	"sync/atomic"
 
 	"github.com/VictoriaMetrics/metrics"
 )
@@ -43,6 +44,9 @@ type Stats struct {
 	// sidecar_plans_reloads_total{result}: plan file reloads (SIGHUP or a
 	// file change) that were applied ("ok") or rejected ("error").
 	ReloadOK, ReloadFailed *metrics.Counter
+	// InFlight is the number of /v1/check requests being handled
+	// (sidecar_checks_in_flight).
+	InFlight atomic.Int64
 }
 
 // New returns a fresh set of metrics, independent of any other Stats (tests
@@ -50,7 +54,7 @@ type Stats struct {
 func New() *Stats {
 	metrics.ExposeMetadata(true)
 	s := metrics.NewSet()
-	return &Stats{
+	st := &Stats{
 		set:           s,
 		Allowed:       s.NewCounter(`sidecar_decisions_total{result="allowed"}`),
 		Denied:        s.NewCounter(`sidecar_decisions_total{result="denied"}`),
@@ -65,6 +69,8 @@ func New() *Stats {
 		ReloadOK:      s.NewCounter(`sidecar_plans_reloads_total{result="ok"}`),
 		ReloadFailed:  s.NewCounter(`sidecar_plans_reloads_total{result="error"}`),
 	}
+	s.NewGauge(`sidecar_checks_in_flight`, func() float64 { return float64(st.InFlight.Load()) })
+	return st
 }
 
 // Reload records the outcome of one plans reload.
