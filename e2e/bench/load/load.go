@@ -1,0 +1,345 @@
+// Package load sends the benchmarks' traffic: open-loop streams, each a
+// client sending at a fixed rate whatever the answers, and a closed loop
+// that sends as fast as answers come back.
+//
+// Open loop is what real clients do and what latency must be measured
+// under: a request's latency runs from the moment it was due to be sent, so
+// a generator that falls behind (a stalled machine, a slow answer hogging a
+// connection) shows up as latency instead of silently sending less.
+package load
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Stream is one client's traffic in an open-loop run.
+type Stream struct {
+	Name     string        // label in results; defaults to Client
+	Client   string        // sent as x-api-key; "" sends none
+	Rate     float64       // requests per second; > 0
+	Start    time.Duration // offset from the run's start
+	Duration time.Duration // how long it sends; > 0
+	Paths    []string      // taken in turn; at least one
+	Method   string        // defaults to GET
+}
+
+// Options shape a run.
+type Options struct {
+	Target string // host:port every request goes to
+	// MaxInFlight bounds the requests outstanding at once; a request due
+	// while it is reached is counted Dropped, not sent late. Defaults to 4096.
+	MaxInFlight int
+	// Timeout bounds one request. Defaults to 10 s.
+	Timeout time.Duration
+	// Progress, if set, is called about every 500 ms with the time elapsed
+	// and the requests sent so far.
+	Progress func(elapsed time.Duration, sent int64)
+
+	scheduled func() // called once every request has been sent or dropped (tests)
+}
+
+// Sample is one answered or failed request.
+type Sample struct {
+	Due     time.Duration // when it was due, from the run's start
+	Sent    time.Duration // when it left
+	Latency time.Duration // from Due to the end of the answer
+	Status  int           // HTTP status; 0 when the request failed
+	Path    int           // index into the stream's Paths
+}
+
+// StreamResult is what one stream saw.
+type StreamResult struct {
+	Stream
+	Samples []Sample // in the order they completed
+	Dropped int      // due while MaxInFlight requests were outstanding
+}
+
+// Count returns how many samples had status code (0: failed requests).
+func (r *StreamResult) Count(code int) int {
+	n := 0
+	for _, s := range r.Samples {
+		if s.Status == code {
+			n++
+		}
+	}
+	return n
+}
+
+// Latencies returns the latencies of the samples with status code, or of
+// every answered sample when code is 0.
+func (r *StreamResult) Latencies(code int) []time.Duration {
+	var out []time.Duration
+	for _, s := range r.Samples {
+		if (code == 0 && s.Status != 0) || (code != 0 && s.Status == code) {
+			out = append(out, s.Latency)
+		}
+	}
+	return out
+}
+
+// Window returns the time between the first and the last request sent.
+func (r *StreamResult) Window() time.Duration {
+	if len(r.Samples) == 0 {
+		return 0
+	}
+	first, last := r.Samples[0].Sent, r.Samples[0].Sent
+	for _, s := range r.Samples {
+		first, last = min(first, s.Sent), max(last, s.Sent)
+	}
+	return last - first
+}
+
+// Result is an open-loop run.
+type Result struct {
+	Streams []StreamResult
+	Elapsed time.Duration
+}
+
+// NewClient returns an HTTP client for load: keep-alive connections, as
+// many as the run needs, no compression.
+func NewClient(timeout time.Duration) *http.Client {
+	return &http.Client{
+		Timeout: timeout,
+		Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:        0,
+			MaxIdleConnsPerHost: 4096,
+			IdleConnTimeout:     30 * time.Second,
+			DisableCompression:  true,
+		},
+	}
+}
+
+// check validates the streams, naming the bad one.
+func check(streams []Stream) error {
+	if len(streams) == 0 {
+		return fmt.Errorf("streams: none")
+	}
+	for i, s := range streams {
+		switch {
+		case !(s.Rate > 0):
+			return fmt.Errorf("stream %d (%s): rate: must be > 0, got %v", i, s.Name, s.Rate)
+		case s.Duration <= 0:
+			return fmt.Errorf("stream %d (%s): duration: must be > 0, got %v", i, s.Name, s.Duration)
+		case s.Start < 0:
+			return fmt.Errorf("stream %d (%s): start: must be >= 0, got %v", i, s.Name, s.Start)
+		case len(s.Paths) == 0:
+			return fmt.Errorf("stream %d (%s): paths: none", i, s.Name)
+		}
+	}
+	return nil
+}
+
+// due is the next request of one stream.
+type due struct {
+	at     time.Duration
+	stream int
+	n      int // how many the stream has sent
+}
+
+type schedule []due
+
+func (s schedule) Len() int           { return len(s) }
+func (s schedule) Less(i, j int) bool { return s[i].at < s[j].at }
+func (s schedule) Swap(i, j int)      { s[i], s[j] = s[j], s[i] }
+func (s *schedule) Push(x any)        { *s = append(*s, x.(due)) }
+func (s *schedule) Pop() any {
+	old := *s
+	x := old[len(old)-1]
+	*s = old[:len(old)-1]
+	return x
+}
+
+// Run sends every stream's requests at its rate, open loop, and waits for
+// the answers. It stops early, with what it has, when ctx ends.
+func Run(ctx context.Context, o Options, streams []Stream) (*Result, error) {
+	if err := check(streams); err != nil {
+		return nil, err
+	}
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = 4096
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 10 * time.Second
+	}
+	client := NewClient(o.Timeout)
+	defer client.CloseIdleConnections()
+
+	res := &Result{Streams: make([]StreamResult, len(streams))}
+	mu := make([]sync.Mutex, len(streams))
+	sched := make(schedule, 0, len(streams))
+	for i, s := range streams {
+		if s.Name == "" {
+			streams[i].Name = s.Client
+		}
+		if s.Method == "" {
+			streams[i].Method = http.MethodGet
+		}
+		res.Streams[i].Stream = streams[i]
+		sched = append(sched, due{at: s.Start, stream: i})
+	}
+	heap.Init(&sched)
+
+	slots := make(chan struct{}, o.MaxInFlight)
+	var wg sync.WaitGroup
+	var sent atomic.Int64
+	start := time.Now()
+	stopProgress := progress(o.Progress, start, &sent)
+	defer stopProgress()
+
+	for sched.Len() > 0 && ctx.Err() == nil {
+		d := sched[0]
+		if wait := d.at - time.Since(start); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				continue
+			}
+		}
+		heap.Pop(&sched)
+		s := &streams[d.stream]
+		if next := d.n + 1; float64(next)/s.Rate < s.Duration.Seconds() {
+			heap.Push(&sched, due{at: s.Start + time.Duration(float64(next)/s.Rate*float64(time.Second)), stream: d.stream, n: next})
+		}
+		select {
+		case slots <- struct{}{}:
+		default:
+			mu[d.stream].Lock()
+			res.Streams[d.stream].Dropped++
+			mu[d.stream].Unlock()
+			continue
+		}
+		sent.Add(1)
+		wg.Add(1)
+		go func(d due) {
+			defer wg.Done()
+			defer func() { <-slots }()
+			s := &streams[d.stream]
+			p := d.n % len(s.Paths)
+			sentAt := time.Since(start)
+			status := send(ctx, client, o.Target, s.Method, s.Paths[p], s.Client)
+			sm := Sample{Due: d.at, Sent: sentAt, Latency: time.Since(start) - d.at, Status: status, Path: p}
+			mu[d.stream].Lock()
+			res.Streams[d.stream].Samples = append(res.Streams[d.stream].Samples, sm)
+			mu[d.stream].Unlock()
+		}(d)
+	}
+	if o.scheduled != nil {
+		o.scheduled()
+	}
+	wg.Wait()
+	res.Elapsed = time.Since(start)
+	return res, ctx.Err()
+}
+
+// send makes one request and reads its answer to the end; 0 on failure.
+func send(ctx context.Context, c *http.Client, target, method, path, key string) int {
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+target+path, nil)
+	if err != nil {
+		return 0
+	}
+	if key != "" {
+		req.Header.Set("x-api-key", key)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func progress(f func(time.Duration, int64), start time.Time, sent *atomic.Int64) (stop func()) {
+	if f == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(500 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				f(time.Since(start), sent.Load())
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}
+
+// ClosedResult is a closed-loop run.
+type ClosedResult struct {
+	Requests  int
+	ByStatus  map[int]int // 0: failed requests
+	Elapsed   time.Duration
+	Latencies []time.Duration
+}
+
+// Rate returns the requests answered per second.
+func (r *ClosedResult) Rate() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Requests-r.ByStatus[0]) / r.Elapsed.Seconds()
+}
+
+// Closed runs workers loops for d, each sending its next request as soon as
+// the previous one is answered: the most the target can serve at that
+// concurrency. next builds worker w's i-th request.
+func Closed(ctx context.Context, target string, workers int, d time.Duration, next func(w, i int) (method, path, key string)) (*ClosedResult, error) {
+	if workers < 1 {
+		return nil, fmt.Errorf("workers: must be >= 1, got %d", workers)
+	}
+	client := NewClient(10 * time.Second)
+	defer client.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	res := &ClosedResult{ByStatus: map[int]int{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var lat []time.Duration
+			by := map[int]int{}
+			for i := 0; ctx.Err() == nil; i++ {
+				m, p, k := next(w, i)
+				t := time.Now()
+				st := send(ctx, client, target, m, p, k)
+				if ctx.Err() != nil && st == 0 {
+					break // cut off by the end of the run, not a failure
+				}
+				lat = append(lat, time.Since(t))
+				by[st]++
+			}
+			mu.Lock()
+			for k, v := range by {
+				res.ByStatus[k] += v
+				res.Requests += v
+			}
+			res.Latencies = append(res.Latencies, lat...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	res.Elapsed = time.Since(start)
+	return res, nil
+}

@@ -1,0 +1,132 @@
+package load
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestRunSendsTheSchedule(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string]int{} // client path → count
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got[r.Header.Get("x-api-key")+" "+r.URL.Path]++
+		mu.Unlock()
+		if r.Header.Get("x-api-key") == "b" {
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	}))
+	defer srv.Close()
+	target := strings.TrimPrefix(srv.URL, "http://")
+	streams := []Stream{
+		// Requests are due at n/rate for n/rate < duration: 100/s for 0.25 s
+		// is exactly 25 requests, 40/s for 0.2 s from 0.1 s is 8.
+		{Client: "a", Rate: 100, Duration: 250 * time.Millisecond, Paths: []string{"/x", "/y"}},
+		{Client: "b", Rate: 40, Start: 100 * time.Millisecond, Duration: 200 * time.Millisecond, Paths: []string{"/z"}},
+	}
+	res, err := Run(context.Background(), Options{Target: target}, streams)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := &res.Streams[0], &res.Streams[1]
+	if len(a.Samples) != 25 || a.Count(200) != 25 || len(b.Samples) != 8 || b.Count(429) != 8 {
+		t.Fatalf("a: %d samples, %d ok; b: %d samples, %d 429", len(a.Samples), a.Count(200), len(b.Samples), b.Count(429))
+	}
+	if got["a /x"] != 13 || got["a /y"] != 12 || got["b /z"] != 8 {
+		t.Fatalf("server saw %v", got)
+	}
+	if a.Name != "a" || len(a.Latencies(200)) != 25 || len(a.Latencies(0)) != 25 || len(b.Latencies(200)) != 0 {
+		t.Fatalf("latencies or name wrong: %q", a.Name)
+	}
+	for _, s := range b.Samples {
+		if s.Due < 100*time.Millisecond || s.Sent < s.Due || s.Latency <= 0 {
+			t.Fatalf("sample %+v: sent before due, or before the stream's start", s)
+		}
+	}
+	var lastDue time.Duration
+	for _, s := range b.Samples {
+		lastDue = max(lastDue, s.Due)
+	}
+	if lastDue != 275*time.Millisecond {
+		t.Fatalf("b's last request due at %v, want 100 ms + 7/40 s", lastDue)
+	}
+}
+
+func TestWindow(t *testing.T) {
+	r := StreamResult{Samples: []Sample{{Sent: 30}, {Sent: 10}, {Sent: 50}, {Sent: 20}}}
+	if w := r.Window(); w != 40 {
+		t.Fatalf("Window = %v, want 40ns", w)
+	}
+	if w := (&StreamResult{}).Window(); w != 0 {
+		t.Fatalf("empty Window = %v", w)
+	}
+}
+
+func TestRunDropsBeyondMaxInFlight(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release }))
+	defer srv.Close()
+	defer close(release)
+	// The server holds every request until the schedule is over, so only
+	// two can be outstanding: the other eight due are dropped.
+	o := Options{Target: strings.TrimPrefix(srv.URL, "http://"), MaxInFlight: 2}
+	o.scheduled = func() {
+		release <- struct{}{}
+		release <- struct{}{}
+	}
+	res, err := Run(context.Background(), o, []Stream{{Client: "a", Rate: 1000, Duration: 10 * time.Millisecond, Paths: []string{"/"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := res.Streams[0]; len(s.Samples) != 2 || s.Dropped != 8 {
+		t.Fatalf("%d samples, %d dropped; want 2 and 8", len(s.Samples), s.Dropped)
+	}
+}
+
+func TestRunRejectsBadStreams(t *testing.T) {
+	tests := []struct {
+		s    []Stream
+		want string
+	}{
+		{nil, "streams: none"},
+		{[]Stream{{Name: "x", Rate: 0, Duration: time.Second, Paths: []string{"/"}}}, "stream 0 (x): rate: must be > 0, got 0"},
+		{[]Stream{{Name: "x", Rate: 1, Paths: []string{"/"}}}, "stream 0 (x): duration: must be > 0, got 0s"},
+		{[]Stream{{Name: "x", Rate: 1, Duration: time.Second, Start: -1, Paths: []string{"/"}}}, "stream 0 (x): start: must be >= 0, got -1ns"},
+		{[]Stream{{Name: "x", Rate: 1, Duration: time.Second}}, "stream 0 (x): paths: none"},
+	}
+	for _, tt := range tests {
+		if _, err := Run(context.Background(), Options{Target: "127.0.0.1:1"}, tt.s); err == nil || err.Error() != tt.want {
+			t.Errorf("Run(%+v): %v, want %q", tt.s, err, tt.want)
+		}
+	}
+}
+
+func TestClosed(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/deny" {
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	}))
+	defer srv.Close()
+	res, err := Closed(context.Background(), strings.TrimPrefix(srv.URL, "http://"), 2, 100*time.Millisecond,
+		func(w, i int) (string, string, string) {
+			if i%2 == 1 {
+				return "GET", "/deny", "k"
+			}
+			return "GET", "/", "k"
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests == 0 || res.ByStatus[200]+res.ByStatus[429] != res.Requests || res.ByStatus[429] == 0 || len(res.Latencies) != res.Requests || res.Rate() <= 0 {
+		t.Fatalf("closed loop: %+v", res)
+	}
+	if _, err := Closed(context.Background(), "x", 0, time.Second, nil); err == nil {
+		t.Fatal("0 workers accepted")
+	}
+}

@@ -1,0 +1,67 @@
+// Package stat computes what the benchmark tables report: percentiles of
+// latencies and medians over repeated runs.
+package stat
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// Percentile returns the p-th percentile (0 < p <= 100) of ds by the
+// nearest-rank method: the smallest value with at least p% of the values at
+// or below it. It returns 0 for no values. ds is not modified.
+func Percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[rank(len(s), p)]
+}
+
+// Percentiles returns several percentiles of ds with one sort.
+func Percentiles(ds []time.Duration, ps ...float64) []time.Duration {
+	out := make([]time.Duration, len(ps))
+	if len(ds) == 0 {
+		return out
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	for i, p := range ps {
+		out[i] = s[rank(len(s), p)]
+	}
+	return out
+}
+
+func rank(n int, p float64) int {
+	r := int(math.Ceil(p/100*float64(n))) - 1
+	return min(max(r, 0), n-1)
+}
+
+// Median returns the median of xs (the mean of the middle two for an even
+// count), NaN for none. xs is not modified.
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// MedianDuration is Median for durations.
+func MedianDuration(ds []time.Duration) time.Duration {
+	xs := make([]float64, len(ds))
+	for i, d := range ds {
+		xs[i] = float64(d)
+	}
+	return time.Duration(Median(xs))
+}
+
+// Ms returns d in milliseconds.
+func Ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,0 +1,66 @@
+package stat
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+func TestPercentile(t *testing.T) {
+	ms := func(xs ...int) []time.Duration {
+		out := make([]time.Duration, len(xs))
+		for i, x := range xs {
+			out[i] = time.Duration(x) * time.Millisecond
+		}
+		return out
+	}
+	hundred := make([]int, 100)
+	for i := range hundred {
+		hundred[i] = 100 - i // 100..1, unsorted
+	}
+	tests := []struct {
+		ds   []time.Duration
+		p    float64
+		want time.Duration
+	}{
+		{nil, 50, 0},
+		{ms(7), 99, 7 * time.Millisecond},
+		{ms(hundred...), 50, 50 * time.Millisecond},
+		{ms(hundred...), 99, 99 * time.Millisecond},
+		{ms(hundred...), 99.9, 100 * time.Millisecond},
+		{ms(hundred...), 100, 100 * time.Millisecond},
+		{ms(3, 1, 2), 50, 2 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		if got := Percentile(tt.ds, tt.p); got != tt.want {
+			t.Errorf("Percentile(%d values, %v) = %v, want %v", len(tt.ds), tt.p, got, tt.want)
+		}
+	}
+	in := ms(hundred...)
+	got := Percentiles(in, 50, 99)
+	if got[0] != 50*time.Millisecond || got[1] != 99*time.Millisecond || in[0] != 100*time.Millisecond {
+		t.Errorf("Percentiles = %v (input changed: %v)", got, in[0] != 100*time.Millisecond)
+	}
+}
+
+func TestMedian(t *testing.T) {
+	tests := []struct {
+		xs   []float64
+		want float64
+	}{
+		{[]float64{3, 1, 2}, 2},
+		{[]float64{4, 1, 3, 2}, 2.5},
+		{[]float64{9}, 9},
+	}
+	for _, tt := range tests {
+		if got := Median(tt.xs); got != tt.want {
+			t.Errorf("Median(%v) = %v, want %v", tt.xs, got, tt.want)
+		}
+	}
+	if !math.IsNaN(Median(nil)) {
+		t.Error("Median(nil) is not NaN")
+	}
+	if got := MedianDuration([]time.Duration{3, 1, 2}); got != 2 {
+		t.Errorf("MedianDuration = %v", got)
+	}
+}
