@@ -1,0 +1,106 @@
+package report
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// Machine describes where the benchmarks ran.
+type Machine struct {
+	CPU    string
+	Cores  int
+	OS     string
+	Kernel string
+	Go     string
+	Redis  string
+}
+
+// ThisMachine describes the machine running this program.
+func ThisMachine() Machine {
+	m := Machine{Cores: runtime.NumCPU(), OS: runtime.GOOS + "/" + runtime.GOARCH, Go: runtime.Version()}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	if out, err := exec.Command("redis-server", "--version").Output(); err == nil {
+		m.Redis = strings.TrimSpace(string(out))
+	}
+	return m
+}
+
+// Attachment is another benchmark's report to include as it is (for example
+// the script's and the sidecar's throughput against redis-benchmark).
+type Attachment struct {
+	Title string
+	Path  string // text file, shown preformatted
+}
+
+// Benchmarks is everything BENCHMARKS.md shows.
+type Benchmarks struct {
+	Command     string // the command that regenerates the file
+	Method      []string
+	Machine     Machine
+	Generated   time.Time
+	Scenarios   []*Scenario
+	ResultsDir  string // relative to the file, where the charts are
+	Attachments []Attachment
+}
+
+// Markdown renders BENCHMARKS.md.
+func (bm Benchmarks) Markdown() string {
+	var b strings.Builder
+	b.WriteString("# Benchmarks\n\n")
+	fmt.Fprintf(&b, "Written by `%s` on %s from the run's own measurements; rerun the command to regenerate it, never edit it by hand.\n\n",
+		bm.Command, bm.Generated.UTC().Format("2006-01-02 15:04 UTC"))
+
+	b.WriteString("## Summary: the design document's claims, measured\n\n")
+	var all []Check
+	for _, s := range bm.Scenarios {
+		all = append(all, s.Checks...)
+	}
+	if len(all) > 0 {
+		b.WriteString(checksTable(all).Markdown())
+		b.WriteString("\n")
+	}
+
+	b.WriteString("## Method\n\n")
+	for _, m := range bm.Method {
+		b.WriteString("- " + m + "\n")
+	}
+	b.WriteString("\n## Machine\n\n")
+	mt := Table{Header: []string{"", ""}}
+	mt.Add("CPU", bm.Machine.CPU)
+	mt.Add("cores", bm.Machine.Cores)
+	mt.Add("OS", bm.Machine.OS+", kernel "+bm.Machine.Kernel)
+	mt.Add("Go", bm.Machine.Go)
+	mt.Add("Redis", bm.Machine.Redis)
+	b.WriteString(mt.Markdown())
+	fmt.Fprintf(&b, "\n## Command\n\n```\n%s\n```\n\n", bm.Command)
+
+	for _, s := range bm.Scenarios {
+		b.WriteString(s.Markdown(bm.ResultsDir, 2))
+	}
+	for _, a := range bm.Attachments {
+		text, err := os.ReadFile(a.Path)
+		if err != nil {
+			continue
+		}
+		fmt.Fprintf(&b, "## %s\n\nFrom `%s`:\n\n```\n%s\n```\n\n", a.Title, filepath.ToSlash(a.Path), strings.TrimRight(string(text), "\n"))
+	}
+	return b.String()
+}

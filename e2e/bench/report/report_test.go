@@ -1,0 +1,126 @@
+package report
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func sample() Table {
+	t := Table{Title: "Incident", Header: []string{"design", "admitted", "ratio"}, Notes: []string{"contract 110"}}
+	t.Add("per-service", 990, 9.0)
+	t.Add("edge|gateway", 111, 1.0090909)
+	return t
+}
+
+func TestMarkdown(t *testing.T) {
+	want := "**Incident**\n\n" +
+		"| design | admitted | ratio |\n" +
+		"| :--- | ---: | ---: |\n" +
+		"| per-service | 990 | 9 |\n" +
+		"| edge\\|gateway | 111 | 1.01 |\n" +
+		"\ncontract 110\n"
+	if got := sample().Markdown(); got != want {
+		t.Fatalf("got\n%s\nwant\n%s", got, want)
+	}
+}
+
+func TestWriteText(t *testing.T) {
+	var b bytes.Buffer
+	sample().WriteText(&b)
+	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
+	if len(lines) != 5 || lines[0] != "Incident" || lines[4] != "contract 110" {
+		t.Fatalf("text:\n%s", b.String())
+	}
+	// Right-aligned columns end at the same place.
+	if len(lines[1]) != len(lines[2]) || len(lines[2]) != len(lines[3]) {
+		t.Fatalf("columns not aligned:\n%s", b.String())
+	}
+}
+
+func TestScenarioSaveLoad(t *testing.T) {
+	dir := t.TempDir()
+	s := &Scenario{
+		Name: "incident", Title: "Incident replay", Claim: "9x", Command: "go run ./e2e/bench incident",
+		Started: time.Date(2025, 9, 1, 12, 0, 0, 0, time.UTC), Took: 42 * time.Second,
+		Tables: []Table{sample()},
+		Charts: []Chart{{File: "incident.png", Alt: "admitted per design"}},
+		Checks: []Check{{Claim: "edge admits 1.0x", Target: "within 5%", Measured: "1.01x", Holds: true}},
+	}
+	if err := s.Save(dir); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Load(filepath.Join(dir, "incident.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, s) {
+		t.Fatalf("round trip:\n%+v\nwant\n%+v", got, s)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "incident.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"## Incident replay", "![admitted per design](incident.png)", "| edge admits 1.0x | within 5% | 1.01x | yes |", "took 42s"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("incident.md lacks %q:\n%s", want, md)
+		}
+	}
+}
+
+func TestCharts(t *testing.T) {
+	dir := t.TempDir()
+	bar := filepath.Join(dir, "bar.png")
+	if err := BarChart(bar, "admitted", "requests", []string{"per-service", "edge"}, []Bars{{"admitted", []float64{990, 110}}, {"contract", []float64{110, 110}}}); err != nil {
+		t.Fatal(err)
+	}
+	line := filepath.Join(dir, "line.png")
+	if err := LineChart(line, "p99", "burst", "ms", []Line{{"edge", []float64{1, 2}, []float64{50, 60}}}, &Reference{"2 ms", 2}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{bar, line} {
+		b, err := os.ReadFile(p)
+		if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG\r\n")) {
+			t.Fatalf("%s is not a PNG (%v)", p, err)
+		}
+	}
+	if err := BarChart(bar, "x", "y", []string{"a", "b"}, []Bars{{"s", []float64{1}}}); err == nil || !strings.Contains(err.Error(), `series "s" has 1 values for 2 categories`) {
+		t.Fatalf("mismatched bars: %v", err)
+	}
+	if err := LineChart(line, "x", "x", "y", []Line{{"s", []float64{1}, nil}}, nil); err == nil {
+		t.Fatal("mismatched line accepted")
+	}
+}
+
+func TestBenchmarksMarkdown(t *testing.T) {
+	dir := t.TempDir()
+	att := filepath.Join(dir, "scriptbench.txt")
+	os.WriteFile(att, []byte("script 100000/s\n"), 0o644)
+	bm := Benchmarks{
+		Command:   "make bench",
+		Method:    []string{"side by side"},
+		Machine:   Machine{CPU: "cpu", Cores: 2, OS: "linux/amd64", Kernel: "6", Go: "go1.26", Redis: "7.0"},
+		Generated: time.Date(2025, 9, 1, 0, 0, 0, 0, time.UTC),
+		Scenarios: []*Scenario{{Name: "incident", Title: "Incident replay", Charts: []Chart{{"incident.png", "chart"}},
+			Checks: []Check{{"c", "t", "m", false}}}},
+		ResultsDir:  "e2e/bench/results",
+		Attachments: []Attachment{{"Script throughput", att}, {"Missing", filepath.Join(dir, "none.txt")}},
+	}
+	md := bm.Markdown()
+	for _, want := range []string{
+		"# Benchmarks", "Written by `make bench` on 2025-09-01 00:00 UTC",
+		"| c | t | m | no |", "- side by side", "| cores | 2 |", "## Incident replay",
+		"![chart](e2e/bench/results/incident.png)", "## Script throughput", "script 100000/s",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("BENCHMARKS.md lacks %q", want)
+		}
+	}
+	if strings.Contains(md, "## Missing") {
+		t.Error("a missing attachment got a section")
+	}
+}

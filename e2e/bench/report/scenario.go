@@ -1,0 +1,108 @@
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Scenario is one benchmark scenario's outcome, saved as <Name>.json beside
+// its charts so that BENCHMARKS.md can be assembled from the latest run of
+// each scenario.
+type Scenario struct {
+	Name    string        `json:"name"`  // file stem, e.g. "incident"
+	Title   string        `json:"title"` // section heading
+	Claim   string        `json:"claim"` // what the design document says
+	Method  string        `json:"method"`
+	Command string        `json:"command"`
+	Started time.Time     `json:"started"`
+	Took    time.Duration `json:"took_ns"`
+	Tables  []Table       `json:"tables"`
+	Charts  []Chart       `json:"charts"`
+	Checks  []Check       `json:"checks"` // the claims, measured
+}
+
+// Chart is a PNG written beside the scenario's JSON.
+type Chart struct {
+	File string `json:"file"` // base name
+	Alt  string `json:"alt"`
+}
+
+// Check is one claim of the design document against what the run measured.
+type Check struct {
+	Claim    string `json:"claim"`
+	Target   string `json:"target"`
+	Measured string `json:"measured"`
+	Holds    bool   `json:"holds"`
+}
+
+// Save writes the scenario to dir as <Name>.json and <Name>.md (its tables
+// and charts in markdown).
+func (s *Scenario) Save(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, s.Name+".json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, s.Name+".md"), []byte(s.Markdown(".", 2)), 0o644)
+}
+
+// Markdown renders the scenario under a heading of the given level, its
+// charts linked relative to chartDir.
+func (s *Scenario) Markdown(chartDir string, level int) string {
+	var b strings.Builder
+	h := strings.Repeat("#", level)
+	fmt.Fprintf(&b, "%s %s\n\n", h, s.Title)
+	if s.Claim != "" {
+		fmt.Fprintf(&b, "*Claim:* %s\n\n", s.Claim)
+	}
+	if s.Method != "" {
+		fmt.Fprintf(&b, "*Method:* %s\n\n", s.Method)
+	}
+	fmt.Fprintf(&b, "*Command:* `%s` (took %s, %s)\n\n", s.Command, s.Took.Round(time.Second), s.Started.UTC().Format("2006-01-02 15:04 UTC"))
+	for _, t := range s.Tables {
+		b.WriteString(t.Markdown())
+		b.WriteString("\n")
+	}
+	for _, c := range s.Charts {
+		fmt.Fprintf(&b, "![%s](%s)\n\n", c.Alt, filepath.ToSlash(filepath.Join(chartDir, c.File)))
+	}
+	if len(s.Checks) > 0 {
+		b.WriteString(checksTable(s.Checks).Markdown())
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+func checksTable(checks []Check) Table {
+	t := Table{Header: []string{"claim", "target", "measured", "holds"}}
+	for _, c := range checks {
+		holds := "no"
+		if c.Holds {
+			holds = "yes"
+		}
+		t.Add(c.Claim, c.Target, c.Measured, holds)
+	}
+	return t
+}
+
+// Load reads one saved scenario.
+func Load(path string) (*Scenario, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var s Scenario
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &s, nil
+}
