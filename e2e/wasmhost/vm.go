@@ -43,7 +43,8 @@ type Options struct {
 	// VM. Defaults to slog.Default in Envoy's "wasm log <root_id> <vm_id>:"
 	// form.
 	Log func(level LogLevel, msg string)
-	// LogLevel is what proxy_get_log_level answers. Defaults to info.
+	// LogLevel is what proxy_get_log_level answers. Defaults to trace (0),
+	// every level; Envoy's default is info.
 	LogLevel LogLevel
 	// ManualTicks leaves proxy_on_tick to VM.Tick: the period a plugin sets
 	// is recorded but no timer runs. For deterministic tests.
