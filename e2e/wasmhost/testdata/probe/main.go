@@ -31,7 +31,7 @@ var (
 	// cbToken is the token of the callback running.
 	callers = map[uint32]uint32{}
 	cbToken uint32
-	ballast   [][]byte
+	ballast [][]byte
 )
 
 func init() {
