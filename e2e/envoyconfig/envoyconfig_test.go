@@ -1,0 +1,343 @@
+package envoyconfig
+
+import (
+	"encoding/json"
+	"maps"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// realConfig is the bootstrap users deploy; these tests hold it to what the
+// gateway and the filter expect.
+const realConfig = "../../envoy/envoy.yaml"
+
+func TestLoadRealConfig(t *testing.T) {
+	c, err := Load(realConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listener != "0.0.0.0:10000" {
+		t.Errorf("Listener = %q, want 0.0.0.0:10000", c.Listener)
+	}
+	if c.Admin != "127.0.0.1:9901" {
+		t.Errorf("Admin = %q, want 127.0.0.1:9901 (loopback only)", c.Admin)
+	}
+	wantRoutes := []Route{{"/orders", "orders"}, {"/billing", "billing"}}
+	if !reflect.DeepEqual(c.Routes, wantRoutes) {
+		t.Errorf("Routes = %+v, want %+v", c.Routes, wantRoutes)
+	}
+	wantClusters := map[string]Cluster{
+		"orders":            {Name: "orders", Endpoints: []string{"127.0.0.1:9001"}, ConnectTimeout: time.Second},
+		"billing":           {Name: "billing", Endpoints: []string{"127.0.0.1:9002"}, ConnectTimeout: time.Second},
+		"ratelimit_sidecar": {Name: "ratelimit_sidecar", Endpoints: []string{"127.0.0.1:8081"}, ConnectTimeout: 250 * time.Millisecond},
+	}
+	if !reflect.DeepEqual(c.Clusters, wantClusters) {
+		t.Errorf("Clusters = %+v, want %+v", c.Clusters, wantClusters)
+	}
+	w := c.Wasm
+	w.Configuration = ""
+	wantWasm := Wasm{
+		Name: "edge_ratelimit", RootID: "edge_ratelimit", VMID: "edge_ratelimit",
+		Runtime: "envoy.wasm.runtime.v8", Filename: "build/filter.wasm", FailOpen: true,
+	}
+	if w != wantWasm {
+		t.Errorf("Wasm = %+v, want %+v", w, wantWasm)
+	}
+}
+
+// The filter's configuration inside the bootstrap is JSON with the fields
+// DESIGN.md documents, pointing at the sidecar cluster. (The filter checks
+// its own rules at start-up; this checks the values the deployment relies on.)
+func TestRealConfigFilterJSON(t *testing.T) {
+	c, err := Load(realConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fc struct {
+		SidecarCluster   string          `json:"sidecar_cluster"`
+		SidecarAuthority string          `json:"sidecar_authority"`
+		TimeoutMS        float64         `json:"timeout_ms"`
+		APIKeyHeader     string          `json:"api_key_header"`
+		Mode             string          `json:"mode"`
+		CanaryClients    []string        `json:"canary_clients"`
+		OnMissingKey     string          `json:"on_missing_key"`
+		Region           string          `json:"region"`
+		Costs            json.RawMessage `json:"costs"`
+	}
+	dec := json.NewDecoder(strings.NewReader(c.Wasm.Configuration))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&fc); err != nil {
+		t.Fatalf("filter configuration: %v\n%s", err, c.Wasm.Configuration)
+	}
+	if _, ok := c.Clusters[fc.SidecarCluster]; !ok || fc.SidecarCluster != "ratelimit_sidecar" {
+		t.Errorf("sidecar_cluster = %q, want the defined cluster ratelimit_sidecar", fc.SidecarCluster)
+	}
+	if fc.TimeoutMS != 5 {
+		t.Errorf("timeout_ms = %v, want 5 (the design's fail-open bound)", fc.TimeoutMS)
+	}
+	if fc.Mode != "enforce" {
+		t.Errorf("mode = %q, want enforce", fc.Mode)
+	}
+	if fc.SidecarAuthority == "" || fc.Region == "" {
+		t.Errorf("sidecar_authority = %q, region = %q: want both set", fc.SidecarAuthority, fc.Region)
+	}
+	var costs []map[string]any
+	if err := json.Unmarshal(fc.Costs, &costs); err != nil || len(costs) == 0 {
+		t.Errorf("costs = %s: want a non-empty list of rules (%v)", fc.Costs, err)
+	}
+}
+
+func TestOverride(t *testing.T) {
+	c, err := Load(realConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Override("127.0.0.1:0", map[string]string{
+		"orders":            "127.0.0.1:4001",
+		"ratelimit_sidecar": "localhost:4003",
+	}, "/tmp/x/filter.wasm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listener != "127.0.0.1:0" {
+		t.Errorf("Listener = %q", c.Listener)
+	}
+	if got := c.Clusters["orders"].Endpoints; !reflect.DeepEqual(got, []string{"127.0.0.1:4001"}) {
+		t.Errorf("orders endpoints = %v", got)
+	}
+	if got := c.Clusters["ratelimit_sidecar"].Endpoints; !reflect.DeepEqual(got, []string{"localhost:4003"}) {
+		t.Errorf("ratelimit_sidecar endpoints = %v", got)
+	}
+	if got := c.Clusters["billing"].Endpoints; !reflect.DeepEqual(got, []string{"127.0.0.1:9002"}) {
+		t.Errorf("billing endpoints = %v, want unchanged", got)
+	}
+	if c.Wasm.Filename != "/tmp/x/filter.wasm" {
+		t.Errorf("Wasm.Filename = %q", c.Wasm.Filename)
+	}
+}
+
+// Each file under testdata/invalid is testdata/valid.yaml with one thing
+// broken; Load must refuse it with exactly this message (after the file
+// name), which names the field and the problem.
+var invalidCases = []struct{ name, want string }{
+	{"bad_duration", "static_resources.clusters[2].connect_timeout: invalid google.protobuf.Duration value \"250ms\""},
+	{"bad_enum", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.codec_type: unknown value \"AUTOMATIC\" of envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.CodecType (one of AUTO, HTTP1, HTTP2, HTTP3)"},
+	{"bad_type", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.@type: unknown type \"type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasmm\" (known: envoy.extensions.access_loggers.stream.v3.StderrAccessLog, envoy.extensions.access_loggers.stream.v3.StdoutAccessLog, envoy.extensions.filters.http.router.v3.Router, envoy.extensions.filters.http.wasm.v3.Wasm, envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager, google.protobuf.StringValue)"},
+	{"cluster_without_endpoints", "static_resources.clusters[1].load_assignment: cluster \"billing\" has no endpoints"},
+	{"configuration_missing", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config.configuration: missing; want a google.protobuf.StringValue holding the filter's JSON"},
+	{"duplicate_cluster", "static_resources.clusters[1].name: cluster \"orders\" is defined twice"},
+	{"duplicate_key", "YAML: yaml: unmarshal errors:\n  line 14: key \"stat_prefix\" already set in map"},
+	{"empty", "empty: want an Envoy bootstrap (admin, static_resources, …)"},
+	{"eds_cluster", "static_resources.clusters[1].type: cluster \"billing\": EDS is not supported (want STATIC, STRICT_DNS or LOGICAL_DNS)"},
+	{"fail_open_and_policy", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config: only one of fail_open or failure_policy can be set"},
+	{"filter_config_default_sidecar_missing", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config.configuration.value: sidecar_cluster: cluster \"ratelimit_sidecar\" is not defined in static_resources.clusters"},
+	{"filter_config_not_json", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config.configuration.value: not valid JSON: invalid character '}' looking for beginning of object key string"},
+	{"filter_config_not_object", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config.configuration.value: want a JSON object, got a list"},
+	{"filter_config_unknown_sidecar", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config.configuration.value: sidecar_cluster: cluster \"ratelimit\" is not defined in static_resources.clusters"},
+	{"missing_cluster", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].routes[1].route.cluster: cluster \"shipping\" is not defined in static_resources.clusters"},
+	{"missing_type", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[1].typed_config.@type: missing \"@type\""},
+	{"negative_port", "admin.address.socket_address.port_value: invalid value for uint32 field portValue: -1"},
+	{"negative_timeout", "static_resources.clusters[2].connect_timeout: value must be greater than 0s"},
+	{"no_listener", "static_resources.listeners: no listener has an envoy.filters.network.http_connection_manager filter"},
+	{"no_router", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0]: the last HTTP filter must be the router (envoy.filters.http.router), got \"envoy.filters.http.wasm\""},
+	{"object_for_message_list", "static_resources.listeners[0].filter_chains[0].filters: want a list, got an object"},
+	{"port_out_of_range", "static_resources.clusters[1].load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.port_value: value must be less than or equal to 65535"},
+	{"rds", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config: want an inline route_config (rds and scoped_routes are not supported)"},
+	{"regex_route", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].routes[1].match: only prefix matches are supported"},
+	{"remote_code", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config.vm_config.code: want a local file (code.local.filename); remote code is not supported"},
+	{"router_not_last", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0]: the router filter \"envoy.filters.http.router\" must be the last HTTP filter"},
+	{"unknown_field", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.stat_prefx: unknown field \"stat_prefx\" in envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"},
+	{"unknown_field_in_wasm", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config.rootid_: unknown field \"rootid_\" in envoy.extensions.wasm.v3.PluginConfig"},
+	{"wasm_missing", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters: no envoy.filters.http.wasm filter (typed_config type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm)"},
+	{"wrong_shape", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].domains: want a list, got a string"},
+}
+
+func TestLoadInvalid(t *testing.T) {
+	if _, err := Load("testdata/valid.yaml"); err != nil {
+		t.Fatalf("the base of every invalid case must load: %v", err)
+	}
+	for _, tc := range invalidCases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join("testdata", "invalid", tc.name+".yaml")
+			c, err := Load(path)
+			if err == nil {
+				t.Fatalf("Load(%s) = %+v, want an error", path, c)
+			}
+			if want := path + ": " + tc.want; err.Error() != want {
+				t.Errorf("Load(%s) error:\n got  %s\n want %s", path, err, want)
+			}
+		})
+	}
+}
+
+// Every fixture has a case and every case a fixture.
+func TestInvalidFixturesCovered(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "invalid", "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var onDisk, inTable []string
+	for _, f := range files {
+		onDisk = append(onDisk, strings.TrimSuffix(filepath.Base(f), ".yaml"))
+	}
+	for _, tc := range invalidCases {
+		inTable = append(inTable, tc.name)
+	}
+	slices.Sort(inTable)
+	if !slices.Equal(onDisk, inTable) {
+		t.Errorf("fixtures %v\ncases    %v", onDisk, inTable)
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "absent.yaml"))
+	if !os.IsNotExist(err) {
+		t.Errorf("Load(absent) error = %v, want a not-exist error", err)
+	}
+}
+
+func TestOverrideErrors(t *testing.T) {
+	cases := []struct {
+		name     string
+		listen   string
+		clusters map[string]string
+		want     string
+	}{
+		{"listen not host:port", "10000", nil, `listen address "10000": want host:port: address 10000: missing port in address`},
+		{"listen port not a number", "127.0.0.1:http", nil, `listen address "127.0.0.1:http": port "http": want a number from 0 to 65535`},
+		{"listen port too big", "127.0.0.1:65536", nil, `listen address "127.0.0.1:65536": port "65536": want a number from 0 to 65535`},
+		{"unknown cluster", "", map[string]string{"shipping": "127.0.0.1:1"}, `cluster "shipping": not in the configuration (clusters: billing, orders, ratelimit_sidecar)`},
+		{"cluster port 0", "", map[string]string{"orders": "127.0.0.1:0"}, `cluster "orders" address "127.0.0.1:0": port 0: want a number from 1 to 65535`},
+		{"cluster without host", "", map[string]string{"orders": ":9001"}, `cluster "orders" address ":9001": want host:port: missing host`},
+		{"first error in name order", "", map[string]string{"zz": "x", "aa": "y"}, `cluster "aa": not in the configuration (clusters: billing, orders, ratelimit_sidecar)`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Load(realConfig)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := *c
+			before.Clusters = maps.Clone(c.Clusters)
+			err = c.Override(tc.listen, tc.clusters, "other.wasm")
+			if err == nil || err.Error() != tc.want {
+				t.Fatalf("Override error = %v, want %s", err, tc.want)
+			}
+			if !reflect.DeepEqual(*c, before) {
+				t.Errorf("a failed Override changed the config: %+v", *c)
+			}
+		})
+	}
+}
+
+// Only a StringValue carries the filter's JSON; anything else is refused
+// with the type it got. (knownTypes lets no other type reach this through a
+// file today; this guards the day it grows.)
+func TestConfigurationText(t *testing.T) {
+	s, _ := anypb.New(wrapperspb.String(`{"mode":"shadow"}`))
+	got, err := configurationText(s, "p")
+	if err != nil || got != `{"mode":"shadow"}` {
+		t.Errorf("StringValue: got %q, %v", got, err)
+	}
+	b, _ := anypb.New(wrapperspb.Bytes([]byte(`{}`)))
+	_, err = configurationText(b, "p")
+	want := `p.@type: "type.googleapis.com/google.protobuf.BytesValue"; want type.googleapis.com/google.protobuf.StringValue holding the filter's JSON`
+	if err == nil || err.Error() != want {
+		t.Errorf("BytesValue: error %v, want %s", err, want)
+	}
+}
+
+// failure_policy FAIL_OPEN means the same as fail_open: true.
+func TestFailurePolicyOpen(t *testing.T) {
+	clusters := map[string]Cluster{"ratelimit_sidecar": {}}
+	cfg, _ := anypb.New(wrapperspb.String(`{}`))
+	for _, tc := range []struct {
+		policy wasmv3.FailurePolicy
+		open   bool
+	}{
+		{wasmv3.FailurePolicy_UNSPECIFIED, false},
+		{wasmv3.FailurePolicy_FAIL_CLOSED, false},
+		{wasmv3.FailurePolicy_FAIL_RELOAD, false},
+		{wasmv3.FailurePolicy_FAIL_OPEN, true},
+	} {
+		pc := &wasmv3.PluginConfig{
+			Vm: &wasmv3.PluginConfig_VmConfig{VmConfig: &wasmv3.VmConfig{
+				Runtime: "envoy.wasm.runtime.v8",
+				Code:    codeFile("f.wasm"),
+			}},
+			Configuration: cfg,
+			FailurePolicy: tc.policy,
+		}
+		w, err := pluginConfig(pc, "p", clusters)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.policy, err)
+		}
+		if w.FailOpen != tc.open {
+			t.Errorf("%v: FailOpen = %v, want %v", tc.policy, w.FailOpen, tc.open)
+		}
+	}
+}
+
+func TestSnakeCase(t *testing.T) {
+	for in, want := range map[string]string{
+		"StaticResources":      "static_resources",
+		"Clusters[0]":          "clusters[0]",
+		"Http2ProtocolOptions": "http2_protocol_options",
+		"PortValue":            "port_value",
+		"Name":                 "name",
+		"Ipv4Compat":           "ipv4_compat",
+		"Routes[12]":           "routes[12]",
+	} {
+		if got := snakeCase(in); got != want {
+			t.Errorf("snakeCase(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// Load never panics, and what it accepts is self-consistent: every route
+// and the filter's sidecar point at defined clusters with endpoints.
+func FuzzParse(f *testing.F) {
+	seeds, _ := filepath.Glob(filepath.Join("testdata", "invalid", "*.yaml"))
+	seeds = append(seeds, filepath.Join("testdata", "valid.yaml"), realConfig)
+	for _, p := range seeds {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := parse(data)
+		if err != nil {
+			return
+		}
+		if c.Listener == "" || len(c.Routes) == 0 || c.Wasm.Filename == "" {
+			t.Fatalf("accepted an incomplete config: %+v", c)
+		}
+		for _, r := range c.Routes {
+			if len(c.Clusters[r.Cluster].Endpoints) == 0 {
+				t.Fatalf("route %+v to a cluster without endpoints", r)
+			}
+		}
+		var fc map[string]any
+		if err := json.Unmarshal([]byte(c.Wasm.Configuration), &fc); err != nil {
+			t.Fatalf("accepted a filter configuration that is not JSON: %v", err)
+		}
+	})
+}
+
+func codeFile(name string) *corev3.AsyncDataSource {
+	return &corev3.AsyncDataSource{Specifier: &corev3.AsyncDataSource_Local{
+		Local: &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: name}},
+	}}
+}

@@ -1,0 +1,319 @@
+package envoyconfig
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"strconv"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	wasmfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// defaultSidecarCluster is the filter's sidecar_cluster when its
+// configuration does not name one (DESIGN.md, filter configuration).
+const defaultSidecarCluster = "ratelimit_sidecar"
+
+// extract builds the Config from a decoded, validated bootstrap.
+func extract(b *bootstrapv3.Bootstrap) (*Config, error) {
+	c := &Config{Clusters: map[string]Cluster{}}
+	if a := b.GetAdmin().GetAddress(); a != nil {
+		addr, err := socketAddress(a, "admin.address")
+		if err != nil {
+			return nil, err
+		}
+		c.Admin = addr
+	}
+	for i, cl := range b.GetStaticResources().GetClusters() {
+		path := fmt.Sprintf("static_resources.clusters[%d]", i)
+		ec, err := extractCluster(cl, path)
+		if err != nil {
+			return nil, err
+		}
+		if _, dup := c.Clusters[ec.Name]; dup {
+			return nil, fmt.Errorf("%s.name: cluster %q is defined twice", path, ec.Name)
+		}
+		c.Clusters[ec.Name] = ec
+	}
+
+	hcm, hcmPath, listener, err := findHCM(b.GetStaticResources().GetListeners())
+	if err != nil {
+		return nil, err
+	}
+	if c.Listener, err = socketAddress(listener.GetAddress(), hcmPath.listener+".address"); err != nil {
+		return nil, err
+	}
+	if c.Routes, err = extractRoutes(hcm, hcmPath.hcm, c.Clusters); err != nil {
+		return nil, err
+	}
+	if c.Wasm, err = extractWasm(hcm, hcmPath.hcm, c.Clusters); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+type hcmPaths struct{ listener, hcm string }
+
+// findHCM finds the one HTTP connection manager the gateway serves.
+func findHCM(listeners []*listenerv3.Listener) (*hcmv3.HttpConnectionManager, hcmPaths, *listenerv3.Listener, error) {
+	var (
+		found    *hcmv3.HttpConnectionManager
+		paths    hcmPaths
+		listener *listenerv3.Listener
+		count    int
+	)
+	for i, l := range listeners {
+		lpath := fmt.Sprintf("static_resources.listeners[%d]", i)
+		chains := l.GetFilterChains()
+		if l.GetDefaultFilterChain() != nil {
+			chains = append(chains[:len(chains):len(chains)], l.GetDefaultFilterChain())
+		}
+		for j, fc := range chains {
+			for k, f := range fc.GetFilters() {
+				h := &hcmv3.HttpConnectionManager{}
+				if f.GetTypedConfig() == nil || !f.GetTypedConfig().MessageIs(h) {
+					continue
+				}
+				if err := f.GetTypedConfig().UnmarshalTo(h); err != nil {
+					return nil, hcmPaths{}, nil, err
+				}
+				count++
+				found, listener = h, l
+				paths = hcmPaths{lpath, fmt.Sprintf("%s.filter_chains[%d].filters[%d].typed_config", lpath, j, k)}
+			}
+		}
+	}
+	switch count {
+	case 0:
+		return nil, hcmPaths{}, nil, fmt.Errorf("static_resources.listeners: no listener has an envoy.filters.network.http_connection_manager filter")
+	case 1:
+		return found, paths, listener, nil
+	default:
+		return nil, hcmPaths{}, nil, fmt.Errorf("static_resources.listeners: %d HTTP connection managers; the gateway serves exactly one", count)
+	}
+}
+
+func extractCluster(cl *clusterv3.Cluster, path string) (Cluster, error) {
+	switch t := cl.GetType(); t {
+	case clusterv3.Cluster_STATIC, clusterv3.Cluster_STRICT_DNS, clusterv3.Cluster_LOGICAL_DNS:
+	default:
+		if cl.GetClusterType() != nil {
+			return Cluster{}, fmt.Errorf("%s.cluster_type: cluster %q: custom cluster types are not supported (want type STATIC, STRICT_DNS or LOGICAL_DNS)", path, cl.GetName())
+		}
+		return Cluster{}, fmt.Errorf("%s.type: cluster %q: %s is not supported (want STATIC, STRICT_DNS or LOGICAL_DNS)", path, cl.GetName(), t)
+	}
+	ec := Cluster{Name: cl.GetName(), ConnectTimeout: defaultConnectTimeout}
+	if d := cl.GetConnectTimeout(); d != nil {
+		ec.ConnectTimeout = d.AsDuration()
+	}
+	la := cl.GetLoadAssignment()
+	for i, lle := range la.GetEndpoints() {
+		for j, lb := range lle.GetLbEndpoints() {
+			epath := fmt.Sprintf("%s.load_assignment.endpoints[%d].lb_endpoints[%d].endpoint.address", path, i, j)
+			addr, err := socketAddress(lb.GetEndpoint().GetAddress(), epath)
+			if err != nil {
+				return Cluster{}, err
+			}
+			ec.Endpoints = append(ec.Endpoints, addr)
+		}
+	}
+	if len(ec.Endpoints) == 0 {
+		return Cluster{}, fmt.Errorf("%s.load_assignment: cluster %q has no endpoints", path, cl.GetName())
+	}
+	return ec, nil
+}
+
+// socketAddress formats a core Address as host:port.
+func socketAddress(a *corev3.Address, path string) (string, error) {
+	sa := a.GetSocketAddress()
+	if sa == nil {
+		return "", fmt.Errorf("%s: want a socket_address (host and port_value)", path)
+	}
+	if sa.GetNamedPort() != "" {
+		return "", fmt.Errorf("%s.socket_address.named_port: %q is not supported, use port_value", path, sa.GetNamedPort())
+	}
+	if sa.GetProtocol() != corev3.SocketAddress_TCP {
+		return "", fmt.Errorf("%s.socket_address.protocol: %s is not supported, want TCP", path, sa.GetProtocol())
+	}
+	return net.JoinHostPort(sa.GetAddress(), strconv.FormatUint(uint64(sa.GetPortValue()), 10)), nil
+}
+
+func extractRoutes(hcm *hcmv3.HttpConnectionManager, path string, clusters map[string]Cluster) ([]Route, error) {
+	rc := hcm.GetRouteConfig()
+	if rc == nil {
+		return nil, fmt.Errorf("%s: want an inline route_config (rds and scoped_routes are not supported)", path)
+	}
+	path += ".route_config"
+	vhosts := rc.GetVirtualHosts()
+	if len(vhosts) != 1 {
+		return nil, fmt.Errorf("%s.virtual_hosts: want exactly 1 virtual host (the gateway does not match on Host), got %d", path, len(vhosts))
+	}
+	path += ".virtual_hosts[0]"
+	var routes []Route
+	for i, r := range vhosts[0].GetRoutes() {
+		rpath := fmt.Sprintf("%s.routes[%d]", path, i)
+		prefix, ok := r.GetMatch().GetPathSpecifier().(*routev3.RouteMatch_Prefix)
+		if !ok {
+			return nil, fmt.Errorf("%s.match: only prefix matches are supported", rpath)
+		}
+		if len(r.GetMatch().GetHeaders()) > 0 || len(r.GetMatch().GetQueryParameters()) > 0 {
+			return nil, fmt.Errorf("%s.match: header and query parameter matches are not supported", rpath)
+		}
+		action, ok := r.GetAction().(*routev3.Route_Route)
+		if !ok {
+			return nil, fmt.Errorf("%s: only route actions (to a cluster) are supported", rpath)
+		}
+		cluster := action.Route.GetCluster()
+		if cluster == "" {
+			return nil, fmt.Errorf("%s.route: want a cluster name (weighted_clusters and cluster_header are not supported)", rpath)
+		}
+		// Envoy rejects a static route to an undefined cluster
+		// (route_config.validate_clusters defaults to true for inline routes).
+		if _, ok := clusters[cluster]; !ok {
+			return nil, fmt.Errorf("%s.route.cluster: cluster %q is not defined in static_resources.clusters", rpath, cluster)
+		}
+		routes = append(routes, Route{Prefix: prefix.Prefix, Cluster: cluster})
+	}
+	if len(routes) == 0 {
+		return nil, fmt.Errorf("%s.routes: no routes", path)
+	}
+	return routes, nil
+}
+
+func extractWasm(hcm *hcmv3.HttpConnectionManager, path string, clusters map[string]Cluster) (Wasm, error) {
+	filters := hcm.GetHttpFilters()
+	path += ".http_filters"
+	if len(filters) == 0 {
+		return Wasm{}, fmt.Errorf("%s: empty; want the wasm filter then the router", path)
+	}
+	var (
+		wasm     *wasmfilterv3.Wasm
+		wasmPath string
+	)
+	for i, f := range filters {
+		fpath := fmt.Sprintf("%s[%d]", path, i)
+		tc := f.GetTypedConfig()
+		if tc == nil {
+			return Wasm{}, fmt.Errorf("%s: filter %q has no typed_config", fpath, f.GetName())
+		}
+		last := i == len(filters)-1
+		isRouter := tc.MessageIs(&routerv3.Router{})
+		// Envoy: the router is terminal and a terminal filter must be last;
+		// the last filter must be terminal.
+		if isRouter && !last {
+			return Wasm{}, fmt.Errorf("%s: the router filter %q must be the last HTTP filter", fpath, f.GetName())
+		}
+		if last && !isRouter {
+			return Wasm{}, fmt.Errorf("%s: the last HTTP filter must be the router (envoy.filters.http.router), got %q", fpath, f.GetName())
+		}
+		if !tc.MessageIs(&wasmfilterv3.Wasm{}) {
+			continue
+		}
+		if wasm != nil {
+			return Wasm{}, fmt.Errorf("%s: a second wasm filter %q; the gateway runs exactly one", fpath, f.GetName())
+		}
+		wasm, wasmPath = &wasmfilterv3.Wasm{}, fpath+".typed_config"
+		if err := tc.UnmarshalTo(wasm); err != nil {
+			return Wasm{}, fmt.Errorf("%s: %w", wasmPath, err)
+		}
+	}
+	if wasm == nil {
+		return Wasm{}, fmt.Errorf("%s: no envoy.filters.http.wasm filter (typed_config %s)", path, "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm")
+	}
+	return pluginConfig(wasm.GetConfig(), wasmPath+".config", clusters)
+}
+
+func pluginConfig(pc *wasmv3.PluginConfig, path string, clusters map[string]Cluster) (Wasm, error) {
+	if pc == nil {
+		return Wasm{}, fmt.Errorf("%s: missing", path)
+	}
+	vm := pc.GetVmConfig()
+	if vm == nil {
+		return Wasm{}, fmt.Errorf("%s.vm_config: missing", path)
+	}
+	local := vm.GetCode().GetLocal()
+	if local == nil {
+		return Wasm{}, fmt.Errorf("%s.vm_config.code: want a local file (code.local.filename); remote code is not supported", path)
+	}
+	filename := local.GetFilename()
+	if filename == "" {
+		return Wasm{}, fmt.Errorf("%s.vm_config.code.local: want filename (inline bytes or strings are not supported)", path)
+	}
+	w := Wasm{
+		Name:     pc.GetName(),
+		RootID:   pc.GetRootId(),
+		VMID:     vm.GetVmId(),
+		Runtime:  vm.GetRuntime(),
+		Filename: filename,
+	}
+
+	// Deprecated in the API but the spelling every Envoy >= 1.33 accepts
+	// (envoy/envoy.yaml says why it uses it).
+	failOpen := pc.GetFailOpen()
+	// Envoy refuses a plugin that sets both.
+	if failOpen && pc.GetFailurePolicy() != wasmv3.FailurePolicy_UNSPECIFIED {
+		return Wasm{}, fmt.Errorf("%s: only one of fail_open or failure_policy can be set", path)
+	}
+	w.FailOpen = failOpen || pc.GetFailurePolicy() == wasmv3.FailurePolicy_FAIL_OPEN
+
+	cfg, err := configurationText(pc.GetConfiguration(), path+".configuration")
+	if err != nil {
+		return Wasm{}, err
+	}
+	if err := checkFilterJSON(cfg, path+".configuration.value", clusters); err != nil {
+		return Wasm{}, err
+	}
+	w.Configuration = cfg
+	return w, nil
+}
+
+// configurationText is the plugin configuration as the filter receives it.
+func configurationText(a *anypb.Any, path string) (string, error) {
+	if a == nil {
+		return "", fmt.Errorf("%s: missing; want a google.protobuf.StringValue holding the filter's JSON", path)
+	}
+	var s wrapperspb.StringValue
+	if !a.MessageIs(&s) {
+		return "", fmt.Errorf("%s.@type: %q; want type.googleapis.com/google.protobuf.StringValue holding the filter's JSON", path, a.GetTypeUrl())
+	}
+	if err := proto.Unmarshal(a.GetValue(), &s); err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	return s.GetValue(), nil
+}
+
+// checkFilterJSON checks what the bootstrap, not the filter, is responsible
+// for: the text is one JSON object, and the cluster the filter calls exists
+// (a callout to an undefined cluster fails every time, so the limiter would
+// silently fail open on every request). The fields' own rules are the
+// filter's to check when it starts.
+func checkFilterJSON(text, path string, clusters map[string]Cluster) error {
+	var v any
+	if err := json.Unmarshal([]byte(text), &v); err != nil {
+		return fmt.Errorf("%s: not valid JSON: %w", path, err)
+	}
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return fmt.Errorf("%s: want a JSON object, got %s", path, jsonKind(v))
+	}
+	cluster := defaultSidecarCluster
+	if raw, ok := obj["sidecar_cluster"]; ok {
+		if cluster, ok = raw.(string); !ok {
+			return fmt.Errorf("%s: sidecar_cluster: want a string, got %s", path, jsonKind(raw))
+		}
+	}
+	if _, ok := clusters[cluster]; !ok {
+		return fmt.Errorf("%s: sidecar_cluster: cluster %q is not defined in static_resources.clusters", path, cluster)
+	}
+	return nil
+}
