@@ -67,8 +67,8 @@ func TestRootHostCalls(t *testing.T) {
 			[]string{"prop=0 value=probe-plugin", "prop=0 value=probe-root", "prop=0 value=the-vm", "prop=1 value=", "setprop=1"}},
 		{"continue and close outside a stream", map[string]string{"configure": "continue 0;continue 3;continue 4;close 1;close 9"},
 			[]string{"continue=0", "continue=12", "continue=2", "close=0", "close=2"}},
-		{"WASI as Envoy provides it", map[string]string{"configure": "stdout to-stdout;stderr to-stderr;env A;args;readfile /etc/hostname;random 32"},
-			[]string{"env=1", "args=0", "readfile=open /etc/hostname: No such file or directory", "random=<nil> n=32"}},
+		{"WASI as Envoy provides it", map[string]string{"configure": "stdout to-stdout;stderr to-stderr;env A;args;random 32"},
+			[]string{"env=1", "args=0", "random=<nil> n=32"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -341,6 +341,38 @@ func TestAllocatorRestrictions(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestNoFilesystem(t *testing.T) {
+	mod, err := Load(context.Background(), probe(t, "files"), ModuleOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mod.Close(context.Background())
+	logs := &logSink{}
+	vm, err := mod.NewVM(context.Background(), Options{Log: logs.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vm.Close()
+	if err := vm.Configure(script(map[string]string{"configure": "readfile /etc/hostname"})); err != nil {
+		t.Fatal(err)
+	}
+	checkLines(t, logs, []string{"readfile=open /etc/hostname: No such file or directory"})
+}
+
+// TestLegacyWASISet: a module using os file functions imports WASI calls
+// that Envoy before its 2026 WASI update lacks; it fails to link there.
+func TestLegacyWASISet(t *testing.T) {
+	_, err := Load(context.Background(), probe(t, "files"), ModuleOptions{Poll: PollENOSYS})
+	if err == nil || !strings.Contains(err.Error(), "does not provide") {
+		t.Errorf("Load = %v, want a link failure", err)
+	}
+	mod, err := Load(context.Background(), probe(t, ""), ModuleOptions{Poll: PollENOSYS})
+	if err != nil {
+		t.Fatalf("the probe without files: %v", err)
+	}
+	mod.Close(context.Background())
 }
 
 func TestModuleChecks(t *testing.T) {

@@ -430,6 +430,18 @@ func (vm *VM) armTick(gen int) {
 	})
 }
 
+// MemoryBytes returns the size of the module's linear memory, which grows
+// with its heap and never shrinks.
+func (vm *VM) MemoryBytes() uint32 {
+	var n uint32
+	vm.do(func() {
+		if vm.mem != nil {
+			n = vm.mem.Size()
+		}
+	})
+	return n
+}
+
 // Stats returns the metrics store the VM writes to.
 func (vm *VM) Stats() *Stats { return vm.o.Stats }
 

@@ -322,8 +322,7 @@ func exec(line string) {
 	case "args":
 		logf("args=%d", len(os.Args))
 	case "readfile":
-		_, err := os.ReadFile(a(1))
-		logf("readfile=%v", err)
+		readFile(a(1))
 	case "clock":
 		logf("clock=%d", time.Now().UnixNano())
 	case "random":
