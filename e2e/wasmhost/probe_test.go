@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -145,9 +146,14 @@ func newProbeVM(t testing.TB, poll PollMode, o Options) *probeVM {
 
 // script builds a probe configuration from phase → commands.
 func script(phases map[string]string) string {
+	names := make([]string, 0, len(phases))
+	for phase := range phases {
+		names = append(names, phase)
+	}
+	sort.Strings(names)
 	var b strings.Builder
-	for phase, cmds := range phases {
-		fmt.Fprintf(&b, "[%s]\n%s\n", phase, strings.ReplaceAll(cmds, ";", "\n"))
+	for _, phase := range names {
+		fmt.Fprintf(&b, "[%s]\n%s\n", phase, strings.ReplaceAll(phases[phase], ";", "\n"))
 	}
 	return b.String()
 }

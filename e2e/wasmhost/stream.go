@@ -77,11 +77,12 @@ type Stream struct {
 	respCode    int
 	done        bool
 
-	mu       sync.Mutex
-	state    State
-	changed  chan struct{}
-	upstream []Header
-	reply    *LocalReply
+	mu        sync.Mutex
+	state     State
+	changed   chan struct{}
+	upstream  []Header
+	forwarded bool
+	reply     *LocalReply
 }
 
 // NewStream opens a stream context whose parent is the root context.
@@ -209,8 +210,16 @@ func (s *Stream) continueRequest() {
 	s.reqActive = false
 	s.mu.Lock()
 	s.upstream = append([]Header(nil), s.reqHeaders...)
+	s.forwarded = true
 	s.mu.Unlock()
 	s.setState(Continued)
+}
+
+// Forwarded reports whether the request went on to the upstream.
+func (s *Stream) Forwarded() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.forwarded
 }
 
 // resume is the deferred part of proxy_continue_stream.

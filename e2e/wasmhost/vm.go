@@ -43,7 +43,8 @@ type Options struct {
 	// VM. Defaults to slog.Default in Envoy's "wasm log <root_id> <vm_id>:"
 	// form.
 	Log func(level LogLevel, msg string)
-	// LogLevel is what proxy_get_log_level answers. Defaults to info.
+	// LogLevel is what proxy_get_log_level answers. Defaults to trace (0),
+	// every level; Envoy's default is info.
 	LogLevel LogLevel
 	// ManualTicks leaves proxy_on_tick to VM.Tick: the period a plugin sets
 	// is recorded but no timer runs. For deterministic tests.
@@ -427,6 +428,18 @@ func (vm *VM) armTick(gen int) {
 			}
 		})
 	})
+}
+
+// MemoryBytes returns the size of the module's linear memory, which grows
+// with its heap and never shrinks.
+func (vm *VM) MemoryBytes() uint32 {
+	var n uint32
+	vm.do(func() {
+		if vm.mem != nil {
+			n = vm.mem.Size()
+		}
+	})
+	return n
 }
 
 // Stats returns the metrics store the VM writes to.

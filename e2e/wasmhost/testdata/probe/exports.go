@@ -13,8 +13,19 @@ var (
 func onContextCreate(id, parent uint32) {
 	if parent != 0 {
 		lastStream = id
+	} else {
+		// Envoy lets the root context read the plugin configuration as it
+		// is created, so even on_vm_start has its script.
+		loadConfig(^uint32(0))
 	}
 	run("context_create", id)
+}
+
+func loadConfig(size uint32) {
+	var ptr, n uint32
+	if st := proxyGetBufferBytes(7, 0, size, &ptr, &n); st == 0 {
+		config = parseSections(string(hostBytes(ptr, n)))
+	}
 }
 
 //go:wasmexport proxy_on_vm_start
@@ -22,10 +33,7 @@ func onVMStart(root, size uint32) uint32 { return run("vm_start", root) }
 
 //go:wasmexport proxy_on_configure
 func onConfigure(root, size uint32) uint32 {
-	var ptr, n uint32
-	if st := proxyGetBufferBytes(7, 0, size, &ptr, &n); st == 0 {
-		config = parseSections(string(hostBytes(ptr, n)))
-	}
+	loadConfig(size)
 	return run("configure", root)
 }
 
@@ -43,6 +51,7 @@ func onResponseHeaders(id, n, eos uint32) uint32 {
 
 //go:wasmexport proxy_on_http_call_response
 func onHTTPCallResponse(root, token, headers, body, trailers uint32) {
+	cbToken = token
 	logf("http_call_response token=%d headers=%d body=%d trailers=%d", token, headers, body, trailers)
 	run("http_call_response", root)
 }

@@ -27,7 +27,11 @@ var (
 	lastToken uint32
 	lastCAS   uint32
 	lastID    uint32
-	ballast   [][]byte
+	// callers maps an HTTP call's token to the context that made it, and
+	// cbToken is the token of the callback running.
+	callers = map[uint32]uint32{}
+	cbToken uint32
+	ballast [][]byte
 )
 
 func init() {
@@ -104,6 +108,8 @@ func num(s string) uint32 {
 		return lastCAS
 	case "stream":
 		return lastStream
+	case "caller":
+		return callers[cbToken]
 	case "self":
 		return current
 	}
@@ -235,6 +241,7 @@ func exec(line string) {
 			ptrOf(body), uint32(len(body)), nil, 0, num(a(4)), &token)
 		if st == 0 {
 			lastToken = token
+			callers[token] = current
 		}
 		out(st, "token=%d", token)
 	case "local":
@@ -315,8 +322,7 @@ func exec(line string) {
 	case "args":
 		logf("args=%d", len(os.Args))
 	case "readfile":
-		_, err := os.ReadFile(a(1))
-		logf("readfile=%v", err)
+		readFile(a(1))
 	case "clock":
 		logf("clock=%d", time.Now().UnixNano())
 	case "random":
