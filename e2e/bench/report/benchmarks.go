@@ -48,6 +48,7 @@ func ThisMachine() Machine {
 type Attachment struct {
 	Title string
 	Path  string // text file, shown preformatted
+	Shown string // the path the page names; defaults to Path
 }
 
 // Benchmarks is everything BENCHMARKS.md shows.
@@ -100,7 +101,22 @@ func (bm Benchmarks) Markdown() string {
 		if err != nil {
 			continue
 		}
-		fmt.Fprintf(&b, "## %s\n\nFrom `%s`:\n\n```\n%s\n```\n\n", a.Title, filepath.ToSlash(a.Path), strings.TrimRight(string(text), "\n"))
+		shown := a.Shown
+		if shown == "" {
+			shown = a.Path
+		}
+		fmt.Fprintf(&b, "## %s\n\nFrom `%s`:\n\n```\n%s\n```\n\n", a.Title, filepath.ToSlash(shown), strings.TrimRight(string(text), "\n"))
 	}
 	return b.String()
+}
+
+// LoadAverage returns the 1-minute load average, 0 where it cannot be read.
+func LoadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	var v float64
+	fmt.Sscan(string(b), &v)
+	return v
 }

@@ -46,7 +46,7 @@ func TestScenarioSaveLoad(t *testing.T) {
 	dir := t.TempDir()
 	s := &Scenario{
 		Name: "incident", Title: "Incident replay", Claim: "9x", Command: "go run ./e2e/bench incident",
-		Started: time.Date(2025, 9, 1, 12, 0, 0, 0, time.UTC), Took: 42 * time.Second,
+		Started: time.Date(2025, 9, 1, 12, 0, 0, 0, time.UTC), Took: 42 * time.Second, Load: [2]float64{1.5, 2.5},
 		Tables: []Table{sample()},
 		Charts: []Chart{{File: "incident.png", Alt: "admitted per design"}},
 		Checks: []Check{{Claim: "edge admits 1.0x", Target: "within 5%", Measured: "1.01x", Holds: true}},
@@ -65,7 +65,7 @@ func TestScenarioSaveLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"## Incident replay", "![admitted per design](incident.png)", "| edge admits 1.0x | within 5% | 1.01x | yes |", "took 42s"} {
+	for _, want := range []string{"## Incident replay", "![admitted per design](incident.png)", "| edge admits 1.0x | within 5% | 1.01x | yes |", "took 42s, 2025-09-01 12:00 UTC; load average 1.5 at the start, 2.5 at the end"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("incident.md lacks %q:\n%s", want, md)
 		}
@@ -108,13 +108,13 @@ func TestBenchmarksMarkdown(t *testing.T) {
 		Scenarios: []*Scenario{{Name: "incident", Title: "Incident replay", Charts: []Chart{{"incident.png", "chart"}},
 			Checks: []Check{{"c", "t", "m", false}}}},
 		ResultsDir:  "e2e/bench/results",
-		Attachments: []Attachment{{"Script throughput", att}, {"Missing", filepath.Join(dir, "none.txt")}},
+		Attachments: []Attachment{{Title: "Script throughput", Path: att, Shown: "bench/results/scriptbench.txt"}, {Title: "Missing", Path: filepath.Join(dir, "none.txt")}},
 	}
 	md := bm.Markdown()
 	for _, want := range []string{
 		"# Benchmarks", "Written by `make bench` on 2025-09-01 00:00 UTC",
 		"| c | t | m | no |", "- side by side", "| cores | 2 |", "## Incident replay",
-		"![chart](e2e/bench/results/incident.png)", "## Script throughput", "script 100000/s",
+		"![chart](e2e/bench/results/incident.png)", "## Script throughput", "From `bench/results/scriptbench.txt`", "script 100000/s",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("BENCHMARKS.md lacks %q", want)

@@ -1,0 +1,284 @@
+// Package rig assembles the system a benchmark scenario measures, from the
+// real parts: a redis-server, the sidecar, and any number of fronts — a
+// fleet of services (package services) behind its own gateway running
+// filter.wasm with its own filter configuration. Two fronts sharing one
+// backend run the old design and the new one side by side in the same run.
+// Everything a rig starts, Close stops.
+package rig
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"text/template"
+	"time"
+
+	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/e2e/services"
+	"github.com/edgelimit/edgelimit/internal/redisproc"
+)
+
+//go:embed envoy.yaml.tmpl
+var envoyTemplate string
+
+var bootstrap = template.Must(template.New("envoy").Funcs(template.FuncMap{
+	"port": func(i int) int { return 9001 + i },
+}).Parse(envoyTemplate))
+
+// DefaultServices are the incident's three services.
+var DefaultServices = []string{"orders", "billing", "accounts"}
+
+// Backend is the shared part: Redis and the sidecar.
+type Backend struct {
+	Bin         harness.Binaries
+	Dir         string // scratch directory, removed by Close
+	Redis       *redisproc.Server
+	Sidecar     *harness.Process
+	SidecarAddr string
+	PlansPath   string
+
+	fronts []*Front
+}
+
+// StartBackend starts redis-server and the sidecar with plans (the plans
+// file's YAML). sidecarArgs are extra sidecar flags.
+func StartBackend(ctx context.Context, bin harness.Binaries, plans string, sidecarArgs ...string) (b *Backend, err error) {
+	dir, err := os.MkdirTemp("", "edgelimit-bench-")
+	if err != nil {
+		return nil, err
+	}
+	b = &Backend{Bin: bin, Dir: dir}
+	defer func() {
+		if err != nil {
+			b.Close()
+		}
+	}()
+	if b.Redis, err = redisproc.Start(ctx, redisproc.Options{Dir: filepath.Join(dir, "redis")}); err != nil {
+		return nil, err
+	}
+	b.PlansPath = filepath.Join(dir, "plans.yaml")
+	if err = os.WriteFile(b.PlansPath, []byte(plans), 0o600); err != nil {
+		return nil, err
+	}
+	b.Sidecar, b.SidecarAddr, err = harness.StartSidecar(ctx, bin, harness.SidecarConfig{
+		Redis: b.Redis.URL(), Plans: b.PlansPath, Extra: append([]string{"-log-level", "error"}, sidecarArgs...),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Close stops every front, the sidecar and Redis, and removes the scratch
+// directory.
+func (b *Backend) Close() error {
+	var errs []error
+	for _, f := range b.fronts {
+		errs = append(errs, f.close())
+	}
+	b.fronts = nil
+	if b.Sidecar != nil {
+		errs = append(errs, b.Sidecar.Stop(5*time.Second))
+	}
+	if b.Redis != nil {
+		errs = append(errs, b.Redis.Stop())
+	}
+	os.RemoveAll(b.Dir)
+	return errors.Join(errs...)
+}
+
+// Cost is one per-route cost rule of the filter.
+type Cost struct {
+	Method     string `json:"method,omitempty"`
+	PathPrefix string `json:"path_prefix,omitempty"`
+	Cost       int64  `json:"cost"`
+}
+
+// Filter is the filter's configuration (DESIGN.md, "Contract: filter
+// configuration"); the zero value enforces with a 5 ms timeout.
+type Filter struct {
+	Mode          string   // enforce (default), shadow or off
+	TimeoutMs     int      // default 5
+	CanaryClients []string // enforced while the rest run in shadow
+	Costs         []Cost
+}
+
+func (f Filter) json() (string, error) {
+	if f.Mode == "" {
+		f.Mode = "enforce"
+	}
+	if f.TimeoutMs == 0 {
+		f.TimeoutMs = 5
+	}
+	if f.CanaryClients == nil {
+		f.CanaryClients = []string{}
+	}
+	if f.Costs == nil {
+		f.Costs = []Cost{}
+	}
+	b, err := json.Marshal(map[string]any{
+		"sidecar_cluster":   "ratelimit_sidecar",
+		"sidecar_authority": "ratelimit-sidecar",
+		"timeout_ms":        f.TimeoutMs,
+		"api_key_header":    "x-api-key",
+		"mode":              f.Mode,
+		"canary_clients":    f.CanaryClients,
+		"on_missing_key":    "reject",
+		"region":            "bench",
+		"costs":             f.Costs,
+	})
+	return string(b), err
+}
+
+// FrontOptions shape a front.
+type FrontOptions struct {
+	Name     string          // label, also the config file's name
+	Services []string        // default DefaultServices
+	Fleet    services.Config // every service's shape (Name is set per service)
+	Filter   Filter
+	// Concurrency is the gateway's worker VMs. Defaults to 2.
+	Concurrency int
+}
+
+// Front is one design: services behind a gateway.
+type Front struct {
+	Name    string
+	Fleet   *services.Fleet
+	Gateway *harness.Gateway
+	Config  string // the bootstrap file
+}
+
+var validName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+
+// StartFront starts a fleet and a gateway in front of it, with its own
+// bootstrap. Backend.Close stops it.
+func (b *Backend) StartFront(ctx context.Context, o FrontOptions) (f *Front, err error) {
+	if o.Services == nil {
+		o.Services = DefaultServices
+	}
+	for _, s := range o.Services {
+		if !validName.MatchString(s) || s == "ratelimit_sidecar" {
+			return nil, fmt.Errorf("front %s: service name %q: want lower-case letters, digits and _", o.Name, s)
+		}
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = 2
+	}
+	conf, err := o.Filter.json()
+	if err != nil {
+		return nil, err
+	}
+	quoted, _ := json.Marshal(conf) // a JSON string is a YAML double-quoted scalar
+	var buf bytes.Buffer
+	if err := bootstrap.Execute(&buf, map[string]any{"Services": o.Services, "Configuration": string(quoted)}); err != nil {
+		return nil, err
+	}
+	f = &Front{Name: o.Name, Config: filepath.Join(b.Dir, "envoy-"+o.Name+".yaml")}
+	if err := os.WriteFile(f.Config, buf.Bytes(), 0o600); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			f.close()
+		}
+	}()
+	if f.Fleet, err = services.StartFleet(o.Services, o.Fleet); err != nil {
+		return nil, fmt.Errorf("front %s: %w", o.Name, err)
+	}
+	clusters := f.Fleet.Clusters()
+	clusters["ratelimit_sidecar"] = b.SidecarAddr
+	f.Gateway, err = harness.StartGateway(ctx, b.Bin, harness.GatewayConfig{
+		Config: f.Config, Clusters: clusters, Extra: []string{"-concurrency", strconv.Itoa(o.Concurrency)},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("front %s: %w", o.Name, err)
+	}
+	b.fronts = append(b.fronts, f)
+	return f, nil
+}
+
+func (f *Front) close() error {
+	var errs []error
+	if f.Gateway != nil {
+		errs = append(errs, f.Gateway.Stop(10*time.Second))
+	}
+	if f.Fleet != nil {
+		errs = append(errs, f.Fleet.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Counters returns the filter's wasmcustom.edgelimit.* counters from the
+// gateway's admin /stats, without the prefix.
+func (f *Front) Counters() (map[string]int64, error) {
+	st, err := f.Gateway.Stats()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	const prefix = "wasmcustom.edgelimit."
+	for k, v := range st {
+		if len(k) > len(prefix) && k[:len(prefix)] == prefix {
+			out[k[len(prefix):]] = v
+		}
+	}
+	return out, nil
+}
+
+// FailedOpen sums the filter's failed_open counters.
+func FailedOpen(c map[string]int64) int64 {
+	var n int64
+	for k, v := range c {
+		if len(k) > len("requests.failed_open.") && k[:len("requests.failed_open.")] == "requests.failed_open." {
+			n += v
+		}
+	}
+	return n
+}
+
+// SidecarMetrics returns the sidecar's /metrics samples, keyed by the
+// series as written (name and labels), e.g.
+// `sidecar_decisions_total{result="allowed"}`.
+func (b *Backend) SidecarMetrics() (map[string]float64, error) {
+	resp, err := http.Get("http://" + b.SidecarAddr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("sidecar /metrics: status %d", resp.StatusCode)
+	}
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out, sc.Err()
+}
+
+// Metric names of the sidecar's decisions.
+const (
+	SidecarAllowed = `sidecar_decisions_total{result="allowed"}`
+	SidecarDenied  = `sidecar_decisions_total{result="denied"}`
+)
