@@ -166,25 +166,15 @@ func (b *Backend) StartFront(ctx context.Context, o FrontOptions) (f *Front, err
 	if o.Services == nil {
 		o.Services = DefaultServices
 	}
-	for _, s := range o.Services {
-		if !validName.MatchString(s) || s == "ratelimit_sidecar" {
-			return nil, fmt.Errorf("front %s: service name %q: want lower-case letters, digits and _", o.Name, s)
-		}
-	}
 	if o.Concurrency == 0 {
 		o.Concurrency = 2
 	}
-	conf, err := o.Filter.json()
+	conf, err := Bootstrap(o.Services, o.Filter)
 	if err != nil {
-		return nil, err
-	}
-	quoted, _ := json.Marshal(conf) // a JSON string is a YAML double-quoted scalar
-	var buf bytes.Buffer
-	if err := bootstrap.Execute(&buf, map[string]any{"Services": o.Services, "Configuration": string(quoted)}); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("front %s: %w", o.Name, err)
 	}
 	f = &Front{Name: o.Name, Config: filepath.Join(b.Dir, "envoy-"+o.Name+".yaml")}
-	if err := os.WriteFile(f.Config, buf.Bytes(), 0o600); err != nil {
+	if err := os.WriteFile(f.Config, conf, 0o600); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -205,6 +195,30 @@ func (b *Backend) StartFront(ctx context.Context, o FrontOptions) (f *Front, err
 	}
 	b.fronts = append(b.fronts, f)
 	return f, nil
+}
+
+// Bootstrap renders the gateway's Envoy bootstrap: one route and one
+// cluster per service (/NAME → NAME), the sidecar's cluster, and the filter
+// configured by f. Addresses are placeholders the gateway's flags replace.
+func Bootstrap(services []string, f Filter) ([]byte, error) {
+	if len(services) == 0 {
+		return nil, fmt.Errorf("services: none")
+	}
+	for _, s := range services {
+		if !validName.MatchString(s) || s == "ratelimit_sidecar" {
+			return nil, fmt.Errorf("service name %q: want lower-case letters, digits and _, not ratelimit_sidecar", s)
+		}
+	}
+	conf, err := f.json()
+	if err != nil {
+		return nil, err
+	}
+	quoted, _ := json.Marshal(conf) // a JSON string is a YAML double-quoted scalar
+	var buf bytes.Buffer
+	if err := bootstrap.Execute(&buf, map[string]any{"Services": services, "Configuration": string(quoted)}); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
 func (f *Front) close() error {
