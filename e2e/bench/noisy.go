@@ -188,8 +188,8 @@ func runNoisy(ctx context.Context, e *env) (*report.Scenario, error) {
 		fmt.Sprintf("< %.1f%%: %s", 100*shadow.ExitCriterion, map[bool]string{true: "met", false: "not met"}[rep.MeetsExitCriterion()]))
 
 	chart := "noisy.png"
-	if err := report.LineChart(filepath.Join(e.out, chart), "p99 of the other 95% while the noisiest 5% bursts", "day", "p99 latency, ms",
-		[]report.Line{{Name: designs[0], X: x, Y: ps}, {Name: designs[1], X: x, Y: eg}}, nil); err != nil {
+	if err := report.LineChart(filepath.Join(e.out, chart), "p99 of the other 95% while the noisiest 5% bursts", "day", "p99 latency, ms (log scale)",
+		[]report.Line{{Name: designs[0], X: x, Y: ps}, {Name: designs[1], X: x, Y: eg}}, report.LineOptions{LogY: true}); err != nil {
 		return nil, err
 	}
 	return &report.Scenario{

@@ -79,7 +79,7 @@ func TestCharts(t *testing.T) {
 		t.Fatal(err)
 	}
 	line := filepath.Join(dir, "line.png")
-	if err := LineChart(line, "p99", "burst", "ms", []Line{{"edge", []float64{1, 2}, []float64{50, 60}}}, &Reference{"2 ms", 2}); err != nil {
+	if err := LineChart(line, "p99", "burst", "ms", []Line{{"edge", []float64{1, 2}, []float64{50, 60}}}, LineOptions{Reference: &Reference{"2 ms", 2}, LogX: true, LogY: true}); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{bar, line} {
@@ -91,8 +91,11 @@ func TestCharts(t *testing.T) {
 	if err := BarChart(bar, "x", "y", []string{"a", "b"}, []Bars{{"s", []float64{1}}}); err == nil || !strings.Contains(err.Error(), `series "s" has 1 values for 2 categories`) {
 		t.Fatalf("mismatched bars: %v", err)
 	}
-	if err := LineChart(line, "x", "x", "y", []Line{{"s", []float64{1}, nil}}, nil); err == nil {
+	if err := LineChart(line, "x", "x", "y", []Line{{"s", []float64{1}, nil}}, LineOptions{}); err == nil {
 		t.Fatal("mismatched line accepted")
+	}
+	if err := LineChart(line, "x", "x", "y", []Line{{"s", []float64{1}, []float64{-1}}}, LineOptions{LogY: true}); err == nil || !strings.Contains(err.Error(), "log axis") {
+		t.Fatalf("negative value on a log axis: %v", err)
 	}
 }
 
