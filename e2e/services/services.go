@@ -20,7 +20,8 @@
 // edge's shadow decision when the request carries one (package shadow); in
 // LimiterEnforce, its 429; the worker pool (503 when the queue is full);
 // 200. GET /_stats and GET /_shadow on the listener report the counts as
-// JSON and never reach a replica.
+// JSON, GET /metrics the totals in the Prometheus text format; none of them
+// reach a replica.
 package services
 
 import (
@@ -172,6 +173,7 @@ func Start(addr string, c Config) (*Service, error) {
 		json.NewEncoder(w).Encode(s.Stats())
 	})
 	mux.Handle("GET /_shadow", s.shadow.Handler())
+	mux.HandleFunc("GET /metrics", s.metrics)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		// Round-robin: replica i gets requests i, i+R, i+2R, ...
 		n := s.next.Add(1) - 1
@@ -399,4 +401,28 @@ func (r *replica) stats() ReplicaStats {
 		st.Pool = &ps
 	}
 	return st
+}
+
+// metrics writes the service's totals in the Prometheus text format. Clients
+// are not labels (their number is unbounded); /_stats and /_shadow have the
+// per-client counts.
+func (s *Service) metrics(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("content-type", "text/plain; version=0.0.4")
+	t := s.Stats().Total()
+	svc := strconv.Quote(s.Name)
+	fmt.Fprintf(w, "# HELP service_requests_total Requests that reached the service, by outcome.\n# TYPE service_requests_total counter\n")
+	for _, kv := range []struct {
+		outcome string
+		n       int64
+	}{{"ok", t.OK}, {"limiter_denied", t.LimiterDenied}, {"safety_denied", t.SafetyDenied}, {"shed", t.Shed}} {
+		fmt.Fprintf(w, "service_requests_total{service=%s,outcome=%q} %d\n", svc, kv.outcome, kv.n)
+	}
+	sh := s.shadow.Report().Total
+	fmt.Fprintf(w, "# HELP service_shadow_comparisons_total The edge's shadow decisions against the per-service limiter's, by result.\n# TYPE service_shadow_comparisons_total counter\n")
+	for _, kv := range []struct {
+		result string
+		n      int64
+	}{{"agree", sh.Agree}, {"edge_denied_service_allowed", sh.EdgeDenied}, {"edge_allowed_service_denied", sh.EdgeAllowed}, {"edge_unknown", sh.Unknown}, {"invalid_header", sh.Invalid}} {
+		fmt.Fprintf(w, "service_shadow_comparisons_total{service=%s,result=%q} %d\n", svc, kv.result, kv.n)
+	}
 }

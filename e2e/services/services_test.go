@@ -153,6 +153,25 @@ func TestObserveComparesWithTheEdge(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil || doc.Total != want {
 		t.Fatalf("/_shadow total %+v (%v), want %+v", doc.Total, err, want)
 	}
+
+	// And as metrics.
+	mresp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mresp.Body.Close()
+	body, _ := io.ReadAll(mresp.Body)
+	for _, line := range []string{
+		`service_shadow_comparisons_total{service="orders",result="agree"} 2`,
+		`service_shadow_comparisons_total{service="orders",result="edge_denied_service_allowed"} 1`,
+		`service_shadow_comparisons_total{service="orders",result="edge_allowed_service_denied"} 1`,
+		`service_shadow_comparisons_total{service="orders",result="edge_unknown"} 1`,
+		`service_requests_total{service="orders",outcome="ok"} 7`,
+	} {
+		if !strings.Contains(string(body), line+"\n") {
+			t.Errorf("/metrics lacks %q:\n%s", line, body)
+		}
+	}
 }
 
 func TestPoolShedsOverCapacity(t *testing.T) {
