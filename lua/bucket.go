@@ -1,0 +1,176 @@
+// Package lua holds the token-bucket script that runs inside Redis and the
+// Go calls that run it through go-redis.
+//
+// One bucket per key: it holds up to Limit.Capacity tokens, refills
+// continuously at Limit.Rate tokens per second on Redis's clock, starts full
+// for a key never seen, and a call takes its cost only if the bucket holds
+// that many tokens. tokenbucket.lua documents the script's arguments, reply
+// and guarantees.
+package lua
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Source is the script's Lua source.
+//
+//go:embed tokenbucket.lua
+var Source string
+
+// Script runs Source with EVALSHA, falling back to EVAL (which also caches
+// it again) when Redis answers NOSCRIPT, as after SCRIPT FLUSH or a restart.
+var Script = redis.NewScript(Source)
+
+// Limit is a bucket's shape.
+type Limit struct {
+	// Capacity is how many tokens a full bucket holds: the largest burst.
+	Capacity float64
+	// Rate is how many tokens flow back per second.
+	Rate float64
+}
+
+// Validate reports, naming the field and value, why the script would reject
+// l: both fields must be finite and > 0, and the time to fill the bucket
+// (Capacity/Rate seconds) must be finite in ms.
+func (l Limit) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"capacity", l.Capacity}, {"rate", l.Rate}} {
+		if !(f.v > 0) || math.IsInf(f.v, 1) {
+			return fmt.Errorf("%s: must be a finite number > 0, got %v", f.name, f.v)
+		}
+	}
+	if math.IsInf(l.Capacity/l.Rate*1000, 1) {
+		return fmt.Errorf("rate: too small for capacity %v: filling the bucket would take forever, got %v", l.Capacity, l.Rate)
+	}
+	return nil
+}
+
+// Result is the outcome of one Take.
+type Result struct {
+	// Allowed says the cost was taken.
+	Allowed bool
+	// Tokens is what the bucket holds after this call, exactly as Redis
+	// computed it (fractional).
+	Tokens float64
+	// RetryAfter is, for a denied call, how long until the bucket will hold
+	// the cost (rounded up to the nanosecond). 0 when allowed or Never.
+	RetryAfter time.Duration
+	// Never says the cost exceeds the capacity: no wait can make it succeed.
+	Never bool
+	// ResetAfter is how long until the bucket is full again (rounded up to
+	// the nanosecond; durations beyond ~292 years saturate).
+	ResetAfter time.Duration
+}
+
+// Args returns the script's ARGV for one call: capacity, rate and cost, as
+// decimal strings that Lua parses back to the same doubles.
+func Args(l Limit, cost int64) []any {
+	return []any{
+		strconv.FormatFloat(l.Capacity, 'g', -1, 64),
+		strconv.FormatFloat(l.Rate, 'g', -1, 64),
+		strconv.FormatInt(cost, 10),
+	}
+}
+
+// Take runs the script once: it takes cost tokens from the bucket at key if
+// the bucket holds them. A cost of 0 only reports the bucket. Invalid limits
+// or a negative cost are rejected before anything is sent.
+func Take(ctx context.Context, c redis.Scripter, key string, l Limit, cost int64) (Result, error) {
+	if err := l.Validate(); err != nil {
+		return Result{}, err
+	}
+	if cost < 0 {
+		return Result{}, fmt.Errorf("cost: must be >= 0, got %d", cost)
+	}
+	v, err := Script.Run(ctx, c, []string{key}, Args(l, cost)...).Result()
+	if err != nil {
+		return Result{}, fmt.Errorf("token bucket script: %w", err)
+	}
+	return ParseReply(v)
+}
+
+// ParseReply reads the script's reply as go-redis returns it. Any reply of
+// another shape, or with values the script cannot produce, is an error.
+func ParseReply(v any) (Result, error) {
+	arr, ok := v.([]any)
+	if !ok {
+		return Result{}, fmt.Errorf("token bucket reply: want an array, got %T", v)
+	}
+	if len(arr) != 4 {
+		return Result{}, fmt.Errorf("token bucket reply: want 4 elements, got %d", len(arr))
+	}
+	var r Result
+	switch arr[0] {
+	case int64(1):
+		r.Allowed = true
+	case int64(0):
+	default:
+		return Result{}, fmt.Errorf("token bucket reply: decision: want integer 0 or 1, got %T %v", arr[0], arr[0])
+	}
+	var err error
+	if r.Tokens, err = replyNumber("tokens", arr[1]); err != nil {
+		return Result{}, err
+	}
+	if arr[2] == "never" {
+		if r.Allowed {
+			return Result{}, errors.New(`token bucket reply: allowed with retry "never"`)
+		}
+		r.Never = true
+	} else {
+		ms, err := replyNumber("retry", arr[2])
+		if err != nil {
+			return Result{}, err
+		}
+		if r.Allowed && ms != 0 {
+			return Result{}, fmt.Errorf("token bucket reply: allowed with retry %v ms", ms)
+		}
+		r.RetryAfter = millis(ms)
+	}
+	ms, err := replyNumber("reset", arr[3])
+	if err != nil {
+		return Result{}, err
+	}
+	r.ResetAfter = millis(ms)
+	return r, nil
+}
+
+// IsNoScript reports whether err is Redis's NOSCRIPT (the script is not in
+// the server's cache), for callers that pipeline EVALSHA themselves and must
+// fall back to EVAL.
+func IsNoScript(err error) bool {
+	return errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")
+}
+
+// replyNumber parses one of the script's decimal strings: a finite number
+// >= 0.
+func replyNumber(name string, v any) (float64, error) {
+	s, ok := v.(string)
+	if !ok {
+		return 0, fmt.Errorf("token bucket reply: %s: want a string, got %T %v", name, v, v)
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || !(f >= 0) || math.IsInf(f, 1) {
+		return 0, fmt.Errorf("token bucket reply: %s: want a finite number >= 0, got %q", name, s)
+	}
+	return f, nil
+}
+
+// millis converts ms to a Duration, rounding up so that a caller told to
+// wait that long is never early; it saturates instead of overflowing.
+func millis(ms float64) time.Duration {
+	ns := math.Ceil(ms * 1e6)
+	if ns >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(ns)
+}
