@@ -73,6 +73,9 @@ type stackConfig struct {
 	filter   filterConfig
 	sidecars int // default 1
 	gateways int // default 1
+	// redisTimeout is the sidecar's -redis-timeout; default the deployed
+	// 3 ms.
+	redisTimeout string
 }
 
 type stack struct {
@@ -116,7 +119,11 @@ func startStack(t *testing.T, c stackConfig) *stack {
 		t.Fatal(err)
 	}
 	for i := 0; i < c.sidecars; i++ {
-		p, addr, err := harness.StartSidecar(ctx, bins, harness.SidecarConfig{Redis: s.redis.URL(), Plans: s.plans})
+		sc := harness.SidecarConfig{Redis: s.redis.URL(), Plans: s.plans}
+		if c.redisTimeout != "" {
+			sc.Extra = []string{"-redis-timeout", c.redisTimeout}
+		}
+		p, addr, err := harness.StartSidecar(ctx, bins, sc)
 		if err != nil {
 			t.Fatal(err)
 		}
