@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/redis/go-redis/v9 v9.23.0
+	github.com/tetratelabs/wazero v1.12.0
 	golang.org/x/time v0.16.0
 	google.golang.org/protobuf v1.36.12
 	sigs.k8s.io/yaml v1.6.0

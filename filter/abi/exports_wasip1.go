@@ -1,0 +1,148 @@
+//go:build wasip1
+
+package abi
+
+import "unsafe"
+
+// plugin receives every callback; SetPlugin sets it from package main's init.
+var plugin Plugin
+
+// SetPlugin makes p the receiver of every proxy callback. Call it from an
+// init function: it makes no host call, which matters because the proxy
+// traps any proxy_* call but proxy_log during _initialize.
+func SetPlugin(p Plugin) { plugin = p }
+
+// recoverTo is deferred by every callback: a panic that escapes the plugin is
+// logged and turned into the callback's safe result (*ret = safe), so that
+// the proxy never sees a trap. The plugin recovers its own panics with more
+// context; this is the last line.
+func recoverTo(ret *uint32, safe uint32, where string) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	*ret = safe
+	ProxyHost().Log(LogCritical, "abi: panic in "+where+": "+PanicMessage(r))
+}
+
+// recoverVoid is recoverTo for callbacks without a result.
+func recoverVoid(where string) {
+	if r := recover(); r != nil {
+		ProxyHost().Log(LogCritical, "abi: panic in "+where+": "+PanicMessage(r))
+	}
+}
+
+func boolU32(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// The ABI version marker: its presence tells the proxy which ABI the module
+// speaks.
+//
+//go:wasmexport proxy_abi_version_0_2_1
+func proxyABIVersion0_2_1() {}
+
+// proxyOnMemoryAllocate gives the host size bytes of module memory to write a
+// host call's result into. Envoy looks up "malloc" first and then this
+// export; the module exports only this one, so that no C-looking allocator
+// is mistaken for a general-purpose one. The buffer stays pinned until the
+// host call that caused it returns (see pins).
+//
+//go:wasmexport proxy_on_memory_allocate
+func proxyOnMemoryAllocate(size uint32) (ptr unsafe.Pointer) {
+	defer func() {
+		// An allocation failure is reported as address 0, never as a trap.
+		if recover() != nil {
+			ptr = nil
+		}
+	}()
+	return unsafe.Pointer(unsafe.SliceData(pinned.alloc(size)))
+}
+
+//go:wasmexport proxy_on_context_create
+func proxyOnContextCreate(id, parent uint32) {
+	defer recoverVoid("proxy_on_context_create")
+	if plugin != nil {
+		plugin.OnContextCreate(id, parent)
+	}
+}
+
+//go:wasmexport proxy_on_vm_start
+func proxyOnVMStart(root, size uint32) (ok uint32) {
+	defer recoverTo(&ok, 0, "proxy_on_vm_start")
+	if plugin == nil {
+		return 0
+	}
+	return boolU32(plugin.OnVMStart(root, int(size)))
+}
+
+//go:wasmexport proxy_on_configure
+func proxyOnConfigure(root, size uint32) (ok uint32) {
+	defer recoverTo(&ok, 0, "proxy_on_configure")
+	if plugin == nil {
+		return 0
+	}
+	return boolU32(plugin.OnConfigure(root, int(size)))
+}
+
+//go:wasmexport proxy_on_request_headers
+func proxyOnRequestHeaders(id, numHeaders, endOfStream uint32) (action uint32) {
+	defer recoverTo(&action, uint32(ActionContinue), "proxy_on_request_headers")
+	if plugin == nil {
+		return uint32(ActionContinue)
+	}
+	return uint32(plugin.OnRequestHeaders(id, int(numHeaders), endOfStream != 0))
+}
+
+//go:wasmexport proxy_on_response_headers
+func proxyOnResponseHeaders(id, numHeaders, endOfStream uint32) (action uint32) {
+	defer recoverTo(&action, uint32(ActionContinue), "proxy_on_response_headers")
+	if plugin == nil {
+		return uint32(ActionContinue)
+	}
+	return uint32(plugin.OnResponseHeaders(id, int(numHeaders), endOfStream != 0))
+}
+
+//go:wasmexport proxy_on_http_call_response
+func proxyOnHTTPCallResponse(root, token, numHeaders, bodySize, numTrailers uint32) {
+	defer recoverVoid("proxy_on_http_call_response")
+	if plugin != nil {
+		plugin.OnHTTPCallResponse(root, token, int(numHeaders), int(bodySize), int(numTrailers))
+	}
+}
+
+//go:wasmexport proxy_on_tick
+func proxyOnTick(root uint32) {
+	defer recoverVoid("proxy_on_tick")
+	if plugin != nil {
+		plugin.OnTick(root)
+	}
+}
+
+//go:wasmexport proxy_on_log
+func proxyOnLog(id uint32) {
+	defer recoverVoid("proxy_on_log")
+	if plugin != nil {
+		plugin.OnLog(id)
+	}
+}
+
+//go:wasmexport proxy_on_done
+func proxyOnDone(id uint32) (done uint32) {
+	defer recoverTo(&done, 1, "proxy_on_done")
+	if plugin == nil {
+		return 1
+	}
+	return boolU32(plugin.OnDone(id))
+}
+
+//go:wasmexport proxy_on_delete
+func proxyOnDelete(id uint32) {
+	defer recoverVoid("proxy_on_delete")
+	if plugin != nil {
+		plugin.OnDelete(id)
+	}
+}

@@ -1,0 +1,161 @@
+//go:build wasip1
+
+package abi
+
+import "unsafe"
+
+// wasmHost is the Host of a module running inside a proxy: each method is one
+// env.proxy_* import.
+type wasmHost struct{}
+
+// ProxyHost returns the Host backed by the proxy's env.proxy_* imports.
+func ProxyHost() Host { return wasmHost{} }
+
+// Output parameters of host calls. They live in package variables so that
+// their addresses are fixed: see imports_wasip1.go.
+var (
+	retData  uint32
+	retSize  uint32
+	retCAS   uint32
+	retID    uint32
+	retNanos uint64
+)
+
+// pinned holds what the host allocated during the host call in progress.
+var pinned pins
+
+func strPtr(s string) unsafe.Pointer   { return unsafe.Pointer(unsafe.StringData(s)) }
+func bytesPtr(b []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(b)) }
+
+// clearRet zeroes the output variables before a call that returns memory, so
+// that a host which reports OK without writing them yields an empty result
+// rather than the previous call's.
+func clearRet() { retData, retSize, retCAS = 0, 0, 0 }
+
+// result takes ownership of the buffer the host just returned in retData and
+// retSize and unpins anything else it allocated. A buffer that the module did
+// not hand out is reported as StatusInvalidMemoryAccess.
+func result(s Status) ([]byte, Status) {
+	defer pinned.release()
+	if s != StatusOK {
+		return nil, s
+	}
+	b, ok := pinned.take(uintptr(retData), retSize)
+	if !ok {
+		return nil, StatusInvalidMemoryAccess
+	}
+	return b, StatusOK
+}
+
+// bytesString views b as a string without copying; b must never be written
+// again, which holds for buffers taken from the host.
+func bytesString(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
+}
+
+func (wasmHost) Log(level LogLevel, msg string) Status {
+	return Status(proxyLog(uint32(level), strPtr(msg), uint32(len(msg))))
+}
+
+func (wasmHost) GetBuffer(t BufferType, start, max int) ([]byte, Status) {
+	clearRet()
+	return result(Status(proxyGetBufferBytes(uint32(t), uint32(start), uint32(max), &retData, &retSize)))
+}
+
+func (wasmHost) GetHeader(m MapType, key string) (string, Status) {
+	clearRet()
+	b, s := result(Status(proxyGetHeaderMapValue(uint32(m), strPtr(key), uint32(len(key)), &retData, &retSize)))
+	return bytesString(b), s
+}
+
+func (wasmHost) GetHeaders(m MapType) ([][2]string, Status) {
+	clearRet()
+	b, s := result(Status(proxyGetHeaderMapPairs(uint32(m), &retData, &retSize)))
+	if s != StatusOK {
+		return nil, s
+	}
+	pairs, err := DecodePairs(b)
+	if err != nil {
+		return nil, StatusParseFailure
+	}
+	return pairs, StatusOK
+}
+
+func (wasmHost) AddHeader(m MapType, key, value string) Status {
+	return Status(proxyAddHeaderMapValue(uint32(m), strPtr(key), uint32(len(key)), strPtr(value), uint32(len(value))))
+}
+
+func (wasmHost) ReplaceHeader(m MapType, key, value string) Status {
+	return Status(proxyReplaceHeaderMapValue(uint32(m), strPtr(key), uint32(len(key)), strPtr(value), uint32(len(value))))
+}
+
+func (wasmHost) RemoveHeader(m MapType, key string) Status {
+	return Status(proxyRemoveHeaderMapValue(uint32(m), strPtr(key), uint32(len(key))))
+}
+
+func (wasmHost) SendLocalResponse(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32) Status {
+	h := EncodePairs(headers)
+	return Status(proxySendLocalResponse(status, strPtr(details), uint32(len(details)),
+		bytesPtr(body), uint32(len(body)), bytesPtr(h), uint32(len(h)), grpcStatus))
+}
+
+func (wasmHost) HTTPCall(cluster string, headers [][2]string, body []byte, trailers [][2]string, timeoutMs uint32) (uint32, Status) {
+	h, t := EncodePairs(headers), EncodePairs(trailers)
+	s := Status(proxyHTTPCall(strPtr(cluster), uint32(len(cluster)), bytesPtr(h), uint32(len(h)),
+		bytesPtr(body), uint32(len(body)), bytesPtr(t), uint32(len(t)), timeoutMs, &retID))
+	if s != StatusOK {
+		return 0, s
+	}
+	return retID, s
+}
+
+func (wasmHost) ContinueStream(t StreamType) Status {
+	return Status(proxyContinueStream(uint32(t)))
+}
+
+func (wasmHost) SetEffectiveContext(id uint32) Status {
+	return Status(proxySetEffectiveContext(id))
+}
+
+func (wasmHost) GetSharedData(key string) ([]byte, uint32, Status) {
+	clearRet()
+	b, s := result(Status(proxyGetSharedData(strPtr(key), uint32(len(key)), &retData, &retSize, &retCAS)))
+	if s != StatusOK {
+		return nil, 0, s
+	}
+	return b, retCAS, s
+}
+
+func (wasmHost) SetSharedData(key string, value []byte, cas uint32) Status {
+	return Status(proxySetSharedData(strPtr(key), uint32(len(key)), bytesPtr(value), uint32(len(value)), cas))
+}
+
+func (wasmHost) DefineMetric(t MetricType, name string) (uint32, Status) {
+	s := Status(proxyDefineMetric(uint32(t), strPtr(name), uint32(len(name)), &retID))
+	if s != StatusOK {
+		return 0, s
+	}
+	return retID, s
+}
+
+func (wasmHost) IncrementMetric(id uint32, delta int64) Status {
+	return Status(proxyIncrementMetric(id, delta))
+}
+
+func (wasmHost) RecordMetric(id uint32, value uint64) Status {
+	return Status(proxyRecordMetric(id, value))
+}
+
+func (wasmHost) SetTickPeriod(ms uint32) Status {
+	return Status(proxySetTickPeriodMilliseconds(ms))
+}
+
+func (wasmHost) Now() int64 {
+	if proxyGetCurrentTimeNanoseconds(&retNanos) != uint32(StatusOK) {
+		return 0
+	}
+	return int64(retNanos)
+}

@@ -1,0 +1,441 @@
+package limiter
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+)
+
+// Mode is what the filter does with a client's request.
+type Mode uint8
+
+// Modes. The zero value is ModeEnforce, the default.
+const (
+	// ModeEnforce asks the sidecar and rejects denied requests with 429.
+	ModeEnforce Mode = iota
+	// ModeShadow asks the sidecar, never rejects, and tells the service the
+	// decision in the x-ratelimit-shadow request header.
+	ModeShadow
+	// ModeOff makes no callout at all.
+	ModeOff
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeShadow:
+		return "shadow"
+	case ModeOff:
+		return "off"
+	}
+	return "enforce"
+}
+
+// CostRule gives the cost of the requests it matches. A rule matches when
+// every field it sets matches: Method exactly, PathPrefix as a plain prefix
+// of :path (query string included).
+type CostRule struct {
+	Method     string
+	PathPrefix string
+	Cost       int64
+}
+
+// Config is the filter's validated configuration, read from the plugin
+// configuration (JSON) in proxy_on_configure. The zero value is not valid;
+// use Parse, or DefaultConfig for the defaults.
+type Config struct {
+	// SidecarCluster is the Envoy cluster of the sidecar.
+	// Defaults to "ratelimit_sidecar".
+	SidecarCluster string
+	// SidecarAuthority is the callout's :authority.
+	// Defaults to "ratelimit-sidecar".
+	SidecarAuthority string
+	// TimeoutMs is the callout timeout; on timeout the request fails open.
+	// Defaults to 5.
+	TimeoutMs uint32
+	// APIKeyHeader is the (lower-case) request header holding the API key;
+	// "authorization: Bearer <key>" is accepted too. Defaults to "x-api-key".
+	APIKeyHeader string
+	// Mode defaults to ModeEnforce.
+	Mode Mode
+	// CanaryClients, when not empty, limits enforcement to these API keys;
+	// every other client runs in shadow. It only matters in ModeEnforce.
+	CanaryClients map[string]struct{}
+	// RejectMissingKey answers requests without a usable key with 401; when
+	// false they go through unlimited. Defaults to true
+	// (on_missing_key "reject").
+	RejectMissingKey bool
+	// Costs are the per-route cost rules; the first match wins and the
+	// default cost is 1.
+	Costs []CostRule
+	// Region is sent to the sidecar as x-ratelimit-region when not empty.
+	Region string
+}
+
+// Limits on configuration values.
+const (
+	MaxConfigBytes  = 64 << 10
+	MaxTimeoutMs    = 60000
+	MaxCost         = 1000000
+	MaxCostRules    = 256
+	MaxRegionLen    = 64
+	maxNameLen      = 255
+	maxMethodLen    = 32
+	maxPathPrefix   = 1024
+	maxQuotedLength = 64
+)
+
+// DefaultConfig returns the configuration an empty plugin configuration
+// means.
+func DefaultConfig() *Config {
+	return &Config{
+		SidecarCluster:   "ratelimit_sidecar",
+		SidecarAuthority: "ratelimit-sidecar",
+		TimeoutMs:        5,
+		APIKeyHeader:     "x-api-key",
+		Mode:             ModeEnforce,
+		RejectMissingKey: true,
+	}
+}
+
+// Parse reads and validates a plugin configuration. Empty input (or only
+// whitespace) means every default. The error names the field and quotes the
+// value, e.g. "timeout_ms: must be > 0, got -3"; API keys in canary_clients
+// are never quoted.
+func Parse(data []byte) (*Config, error) {
+	c := DefaultConfig()
+	if len(data) > MaxConfigBytes {
+		return nil, errors.New("configuration: must be at most " + strconv.Itoa(MaxConfigBytes) +
+			" bytes, got " + strconv.Itoa(len(data)))
+	}
+	if strings.TrimLeft(string(data), " \t\r\n") == "" {
+		return c, nil
+	}
+	root, err := parseJSON(data)
+	if err != nil {
+		return nil, errors.New("configuration: " + err.Error())
+	}
+	if root.kind != jsonObject {
+		return nil, errors.New("configuration: must be a JSON object, got " + render(root))
+	}
+	if err := checkFields("configuration", root, topFields); err != nil {
+		return nil, err
+	}
+	for _, f := range root.fields {
+		if err := c.set(f.name, f.value); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+var topFields = []string{"sidecar_cluster", "sidecar_authority", "timeout_ms", "api_key_header",
+	"mode", "canary_clients", "on_missing_key", "costs", "region"}
+
+var ruleFields = []string{"method", "path_prefix", "cost"}
+
+// checkFields rejects unknown and repeated fields of an object.
+func checkFields(where string, obj jsonValue, known []string) error {
+	for i, f := range obj.fields {
+		if !contains(known, f.name) {
+			return errors.New(where + ": unknown field " + quote(f.name))
+		}
+		for _, g := range obj.fields[:i] {
+			if g.name == f.name {
+				return errors.New(where + ": duplicate field " + quote(f.name))
+			}
+		}
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Config) set(name string, v jsonValue) error {
+	switch name {
+	case "sidecar_cluster":
+		s, err := visibleString(name, v, 1, maxNameLen)
+		c.SidecarCluster = s
+		return err
+	case "sidecar_authority":
+		s, err := visibleString(name, v, 1, maxNameLen)
+		c.SidecarAuthority = s
+		return err
+	case "region":
+		s, err := visibleString(name, v, 0, MaxRegionLen)
+		c.Region = s
+		return err
+	case "timeout_ms":
+		n, err := integer(name, v, 1, MaxTimeoutMs)
+		c.TimeoutMs = uint32(n)
+		return err
+	case "api_key_header":
+		if v.kind != jsonString {
+			return mustBe(name, "a string", v)
+		}
+		h := asciiLower(v.text)
+		if !isHeaderName(h) {
+			return mustBe(name, "an HTTP header name", v)
+		}
+		c.APIKeyHeader = h
+	case "mode":
+		switch {
+		case v.kind == jsonString && v.text == "enforce":
+			c.Mode = ModeEnforce
+		case v.kind == jsonString && v.text == "shadow":
+			c.Mode = ModeShadow
+		case v.kind == jsonString && v.text == "off":
+			c.Mode = ModeOff
+		default:
+			return mustBe(name, `"enforce", "shadow" or "off"`, v)
+		}
+	case "on_missing_key":
+		switch {
+		case v.kind == jsonString && v.text == "reject":
+			c.RejectMissingKey = true
+		case v.kind == jsonString && v.text == "allow":
+			c.RejectMissingKey = false
+		default:
+			return mustBe(name, `"reject" or "allow"`, v)
+		}
+	case "canary_clients":
+		return c.setCanary(v)
+	case "costs":
+		return c.setCosts(v)
+	}
+	return nil
+}
+
+func (c *Config) setCanary(v jsonValue) error {
+	if v.kind != jsonArray {
+		return mustBe("canary_clients", "an array of API keys", v)
+	}
+	if len(v.items) == 0 {
+		return nil
+	}
+	c.CanaryClients = make(map[string]struct{}, len(v.items))
+	for i, item := range v.items {
+		where := "canary_clients[" + strconv.Itoa(i) + "]"
+		if item.kind != jsonString {
+			return mustBe(where, "a string", item)
+		}
+		// The value is an API key: say what is wrong without logging it.
+		if !ValidKey(item.text) {
+			return errors.New(where + ": must be an API key of 1 to " + strconv.Itoa(MaxKeyLen) +
+				" visible ASCII characters, got a string of " + strconv.Itoa(len(item.text)) +
+				" bytes (not shown: API keys are never logged)")
+		}
+		c.CanaryClients[item.text] = struct{}{}
+	}
+	return nil
+}
+
+func (c *Config) setCosts(v jsonValue) error {
+	if v.kind != jsonArray {
+		return mustBe("costs", "an array of rules", v)
+	}
+	if len(v.items) > MaxCostRules {
+		return errors.New("costs: must have at most " + strconv.Itoa(MaxCostRules) +
+			" rules, got " + strconv.Itoa(len(v.items)))
+	}
+	c.Costs = make([]CostRule, 0, len(v.items))
+	for i, item := range v.items {
+		where := "costs[" + strconv.Itoa(i) + "]"
+		if item.kind != jsonObject {
+			return mustBe(where, "an object", item)
+		}
+		if err := checkFields(where, item, ruleFields); err != nil {
+			return err
+		}
+		var rule CostRule
+		hasCost := false
+		for _, f := range item.fields {
+			field := where + "." + f.name
+			switch f.name {
+			case "method":
+				if f.value.kind != jsonString || !isMethod(f.value.text) {
+					return mustBe(field, `an upper-case HTTP method such as "POST"`, f.value)
+				}
+				rule.Method = f.value.text
+			case "path_prefix":
+				if f.value.kind != jsonString || !isPathPrefix(f.value.text) {
+					return mustBe(field, `a path starting with "/" of at most `+
+						strconv.Itoa(maxPathPrefix)+" visible ASCII characters", f.value)
+				}
+				rule.PathPrefix = f.value.text
+			case "cost":
+				n, err := integer(field, f.value, 1, MaxCost)
+				if err != nil {
+					return err
+				}
+				rule.Cost, hasCost = n, true
+			}
+		}
+		if rule.Method == "" && rule.PathPrefix == "" {
+			return errors.New(where + `: must set "method" or "path_prefix" or both`)
+		}
+		if !hasCost {
+			return errors.New(where + `: missing field "cost"`)
+		}
+		c.Costs = append(c.Costs, rule)
+	}
+	return nil
+}
+
+// Cost returns the cost of a request: the first matching rule's, else 1.
+func (c *Config) Cost(method, path string) int64 {
+	for i := range c.Costs {
+		r := &c.Costs[i]
+		if (r.Method == "" || r.Method == method) && strings.HasPrefix(path, r.PathPrefix) {
+			return r.Cost
+		}
+	}
+	return 1
+}
+
+// Enforced reports whether the request of client key may be rejected: in
+// ModeEnforce, for every client or, with a canary list, only for those in
+// it.
+func (c *Config) Enforced(key string) bool {
+	if c.Mode != ModeEnforce {
+		return false
+	}
+	if len(c.CanaryClients) == 0 {
+		return true
+	}
+	_, ok := c.CanaryClients[key]
+	return ok
+}
+
+// integer reads a JSON integer within [lo, hi].
+func integer(field string, v jsonValue, lo, hi int64) (int64, error) {
+	if v.kind != jsonNumber {
+		return 0, mustBe(field, "a number", v)
+	}
+	if strings.ContainsAny(v.text, ".eE") {
+		return 0, mustBe(field, "an integer", v)
+	}
+	n, err := strconv.ParseInt(v.text, 10, 64)
+	switch {
+	case err != nil && v.text[0] == '-', err == nil && n < lo:
+		if lo == 1 {
+			return 0, mustBe(field, "> 0", v)
+		}
+		return 0, mustBe(field, ">= "+strconv.FormatInt(lo, 10), v)
+	case err != nil, n > hi:
+		return 0, mustBe(field, "<= "+strconv.FormatInt(hi, 10), v)
+	}
+	return n, nil
+}
+
+// visibleString reads a string of lo to hi visible ASCII characters.
+func visibleString(field string, v jsonValue, lo, hi int) (string, error) {
+	if v.kind != jsonString {
+		return "", mustBe(field, "a string", v)
+	}
+	if len(v.text) < lo || len(v.text) > hi || !isVisible(v.text) {
+		rule := "at most " + strconv.Itoa(hi) + " visible ASCII characters"
+		if lo > 0 {
+			rule = strconv.Itoa(lo) + " to " + strconv.Itoa(hi) + " visible ASCII characters"
+		}
+		return "", mustBe(field, rule, v)
+	}
+	return v.text, nil
+}
+
+func mustBe(field, rule string, v jsonValue) error {
+	return errors.New(field + ": must be " + rule + ", got " + render(v))
+}
+
+// render shows a JSON value in an error: strings quoted (and cut after 64
+// bytes), numbers as written, containers by kind.
+func render(v jsonValue) string {
+	switch v.kind {
+	case jsonString:
+		return quote(v.text)
+	case jsonNumber:
+		if len(v.text) > maxQuotedLength {
+			return v.text[:maxQuotedLength] + "..."
+		}
+		return v.text
+	case jsonBool:
+		if v.b {
+			return "true"
+		}
+		return "false"
+	case jsonArray:
+		return "an array"
+	case jsonObject:
+		return "an object"
+	}
+	return "null"
+}
+
+func quote(s string) string {
+	if len(s) > maxQuotedLength {
+		return strconv.Quote(s[:maxQuotedLength]) + "..."
+	}
+	return strconv.Quote(s)
+}
+
+// isVisible reports whether s is made of visible ASCII (0x21-0x7E) only.
+func isVisible(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// isHeaderName reports whether s is a lower-case HTTP field name (RFC 9110
+// token); pseudo-headers such as ":path" are not.
+func isHeaderName(s string) bool {
+	if s == "" || len(s) > maxNameLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func isMethod(s string) bool {
+	if s == "" || len(s) > maxMethodLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 'A' || s[i] > 'Z' {
+			return false
+		}
+	}
+	return true
+}
+
+func isPathPrefix(s string) bool {
+	return len(s) <= maxPathPrefix && strings.HasPrefix(s, "/") && isVisible(s)
+}
+
+// asciiLower lower-cases ASCII letters only, which is all a header name may
+// hold; strings.ToLower would link the Unicode tables into the module.
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}

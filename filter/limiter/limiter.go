@@ -1,0 +1,461 @@
+// Package limiter is the rate-limit filter's logic in plain Go: the plugin
+// configuration, API-key extraction, per-route costs, the sidecar callout
+// and what each answer means, the shared deny cache, metrics and logs.
+//
+// It talks to the proxy only through abi.Host and implements abi.Plugin, so
+// it runs unchanged inside Envoy (wired by filter/main.go) and natively
+// behind the emulated host of package filtertest.
+package limiter
+
+import (
+	"strconv"
+
+	"github.com/edgelimit/edgelimit/filter/abi"
+)
+
+// Names the filter uses on the wire.
+const (
+	// ShadowHeader tells the service the decision for a request that was not
+	// enforced (shadow mode, or a non-canary client): "allow", "deny", or
+	// "unknown" when the check failed open. A client's own copy is always
+	// removed.
+	ShadowHeader = "x-ratelimit-shadow"
+	// CheckPath is the sidecar endpoint of every callout.
+	CheckPath = "/v1/check"
+)
+
+// Local reply bodies.
+const (
+	missingKeyBody = `{"error":"missing_api_key","message":"an API key is required"}`
+	invalidKeyBody = `{"error":"invalid_api_key","message":"the API key is malformed"}`
+)
+
+// tickPeriodMs is how often each root context flushes throttled log lines.
+const tickPeriodMs = 10000
+
+// Limiter is the filter in one VM; it implements abi.Plugin. A VM is single
+// threaded, so nothing here is locked; what VMs share goes through the host's
+// shared data.
+type Limiter struct {
+	host    abi.Host
+	roots   map[uint32]*root
+	streams map[uint32]*stream
+	m       metrics
+	defined bool
+}
+
+// root is one plugin configuration.
+type root struct {
+	cfg   *Config
+	cache denyCache
+	calls map[uint32]*stream // pending callouts by token
+	fails failLog
+}
+
+func newRoot() *root { return &root{calls: map[uint32]*stream{}} }
+
+// stream is one HTTP request.
+type stream struct {
+	id      uint32
+	root    *root
+	key     string
+	cost    int64
+	enforce bool
+	token   uint32
+	pending bool  // a callout is out and the request waits for it
+	settled bool  // the filter has resumed or answered the request
+	gone    bool  // the proxy deleted the stream; only its answer is left
+	sentAt  int64 // when the callout was dispatched (host clock, ns)
+	// respHeaders are set on the response once the request was allowed.
+	respHeaders [][2]string
+}
+
+// New returns the filter for one VM. It makes no host call, so it may run
+// from an init function.
+func New(h abi.Host) *Limiter {
+	return &Limiter{host: h, roots: map[uint32]*root{}, streams: map[uint32]*stream{}}
+}
+
+var _ abi.Plugin = (*Limiter)(nil)
+
+// OnContextCreate registers a root context (parent 0) or a stream of one.
+func (l *Limiter) OnContextCreate(id, parent uint32) {
+	defer l.recoverLog("proxy_on_context_create")
+	if parent == 0 {
+		l.roots[id] = newRoot()
+		return
+	}
+	if r := l.roots[parent]; r != nil {
+		l.streams[id] = &stream{id: id, root: r}
+	}
+}
+
+// OnVMStart accepts any VM configuration; the filter reads none.
+func (l *Limiter) OnVMStart(uint32, int) bool { return true }
+
+// OnConfigure reads, validates and applies the plugin configuration. A bad
+// one is logged ("edgelimit: invalid configuration: <why>") and rejected, so
+// that Envoy refuses it.
+func (l *Limiter) OnConfigure(rootID uint32, size int) (ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			l.logPanic("proxy_on_configure", r)
+			ok = false
+		}
+	}()
+	h := l.host
+	r := l.roots[rootID]
+	if r == nil {
+		r = newRoot()
+		l.roots[rootID] = r
+	}
+	var data []byte
+	if size > 0 {
+		b, s := h.GetBuffer(abi.BufferPluginConfiguration, 0, size)
+		if s != abi.StatusOK {
+			h.Log(abi.LogError, "edgelimit: cannot read the plugin configuration: "+s.String())
+			return false
+		}
+		data = b
+	}
+	cfg, err := Parse(data)
+	if err != nil {
+		h.Log(abi.LogError, "edgelimit: invalid configuration: "+err.Error())
+		return false
+	}
+	if !l.defined {
+		if failed := l.m.define(h); failed != "" {
+			h.Log(abi.LogWarn, "edgelimit: metric not defined: "+failed)
+		}
+		l.defined = true
+	}
+	r.cfg, r.cache = cfg, newDenyCache(cfg.SidecarCluster)
+	h.SetTickPeriod(tickPeriodMs)
+	h.Log(abi.LogInfo, "edgelimit: configured: "+cfg.Summary())
+	return true
+}
+
+// OnRequestHeaders decides a request: it answers it at once (mode off, no
+// key, cached denial, failed dispatch) or pauses it until the sidecar's
+// answer.
+func (l *Limiter) OnRequestHeaders(id uint32, _ int, _ bool) (act abi.Action) {
+	s := l.streams[id]
+	if s == nil || s.root.cfg == nil {
+		return abi.ActionContinue
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			l.logPanic("proxy_on_request_headers", r)
+			l.m.failedOpen(l.host, ReasonInternal)
+			l.forget(s)
+			act = abi.ActionContinue
+		}
+	}()
+	return l.check(s)
+}
+
+func (l *Limiter) check(s *stream) abi.Action {
+	h, cfg := l.host, s.root.cfg
+	// The decision header is the filter's alone: a client's copy never
+	// reaches the service.
+	h.RemoveHeader(abi.MapRequestHeaders, ShadowHeader)
+	if cfg.Mode == ModeOff {
+		l.m.inc(h, cUnchecked)
+		return abi.ActionContinue
+	}
+	keyHeader, _ := h.GetHeader(abi.MapRequestHeaders, cfg.APIKeyHeader)
+	auth := ""
+	if keyHeader == "" {
+		auth, _ = h.GetHeader(abi.MapRequestHeaders, "authorization")
+	}
+	key, ks := ExtractKey(keyHeader, auth)
+	if ks != KeyFound {
+		return l.noKey(s, ks)
+	}
+	if keyHeader != "" {
+		// The proxy reads the first of repeated headers; the service may
+		// read another. Leave it only the key that was charged.
+		h.ReplaceHeader(abi.MapRequestHeaders, cfg.APIKeyHeader, key)
+	}
+	s.key, s.cost, s.enforce = key, 1, cfg.Enforced(key)
+	if len(cfg.Costs) > 0 {
+		method, _ := h.GetHeader(abi.MapRequestHeaders, ":method")
+		path, _ := h.GetHeader(abi.MapRequestHeaders, ":path")
+		s.cost = cfg.Cost(method, path)
+	}
+	now := h.Now()
+	if e, ok := s.root.cache.lookup(h, key); ok && e.denies(s.cost, now) {
+		return l.cachedDeny(s, &e, now)
+	}
+	return l.dispatch(s, now)
+}
+
+func (l *Limiter) noKey(s *stream, ks KeyStatus) abi.Action {
+	h := l.host
+	c, body, details := cMissingKey, missingKeyBody, "edgelimit_missing_api_key"
+	if ks == KeyInvalid {
+		c, body, details = cInvalidKey, invalidKeyBody, "edgelimit_invalid_api_key"
+	}
+	l.m.inc(h, c)
+	if !s.root.cfg.RejectMissingKey {
+		return abi.ActionContinue
+	}
+	h.SendLocalResponse(401, details, []byte(body), [][2]string{
+		{"content-type", "application/json"},
+		{"www-authenticate", "Bearer"},
+	}, abi.GRPCStatusNone)
+	s.settled = true
+	return abi.ActionPause
+}
+
+func (l *Limiter) cachedDeny(s *stream, e *denyEntry, now int64) abi.Action {
+	if !s.enforce {
+		l.m.inc(l.host, cShadowWouldDeny)
+		l.host.ReplaceHeader(abi.MapRequestHeaders, ShadowHeader, "deny")
+		return abi.ActionContinue
+	}
+	l.m.inc(l.host, cDeniedCached)
+	retry, remaining, reset := e.reply(s.cost, now)
+	l.deny(s, e.plan, e.limit, remaining, reset, retry, "edgelimit_rate_limited_cached")
+	return abi.ActionPause
+}
+
+func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
+	cfg := s.root.cfg
+	headers := make([][2]string, 0, 6)
+	headers = append(headers,
+		[2]string{":method", "POST"},
+		[2]string{":path", CheckPath},
+		[2]string{":authority", cfg.SidecarAuthority},
+		[2]string{"x-api-key", s.key},
+		[2]string{"x-ratelimit-cost", strconv.FormatInt(s.cost, 10)})
+	if cfg.Region != "" {
+		headers = append(headers, [2]string{"x-ratelimit-region", cfg.Region})
+	}
+	token, st := l.host.HTTPCall(cfg.SidecarCluster, headers, nil, nil, cfg.TimeoutMs)
+	if st != abi.StatusOK {
+		l.failOpen(s, ReasonDispatch, "proxy_http_call failed: "+st.String(), now)
+		return abi.ActionContinue
+	}
+	s.token, s.pending, s.sentAt = token, true, now
+	s.root.calls[token] = s
+	return abi.ActionPause
+}
+
+// OnHTTPCallResponse applies the sidecar's answer to the request waiting for
+// it. It runs on the root context: the stream becomes the effective context
+// before it is resumed or answered.
+func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int) {
+	r := l.roots[rootID]
+	if r == nil {
+		return
+	}
+	s := r.calls[token]
+	if s == nil {
+		return // not ours, or the request already failed open
+	}
+	delete(r.calls, token)
+	s.pending = false
+	defer func() {
+		if p := recover(); p != nil {
+			l.logPanic("proxy_on_http_call_response", p)
+			if !s.gone && !s.settled && l.host.SetEffectiveContext(s.id) == abi.StatusOK {
+				l.m.failedOpen(l.host, ReasonInternal)
+				l.resume(s)
+			}
+		}
+	}()
+	h := l.host
+	now := h.Now()
+	l.m.recordLatency(h, now-s.sentAt)
+	a := l.answer(numHeaders)
+	if a.Outcome == Denied {
+		// Cached even when the client has gone: the next request of the
+		// same client is spared a callout.
+		if e, ok := newDenyEntry(s.key, s.cost, s.sentAt, &a); ok {
+			r.cache.store(h, e, now)
+		}
+	}
+	if s.gone || h.SetEffectiveContext(s.id) != abi.StatusOK {
+		return // nothing left to resume
+	}
+	switch a.Outcome {
+	case Allowed:
+		if s.enforce {
+			l.m.inc(h, cAllowed)
+			s.respHeaders = rateLimitHeaders(a.Plan, a.Limit, a.Remaining, a.Reset)
+		} else {
+			l.m.inc(h, cShadowAllowed)
+			h.ReplaceHeader(abi.MapRequestHeaders, ShadowHeader, "allow")
+		}
+	case Denied:
+		if s.enforce {
+			l.m.inc(h, cDenied)
+			l.deny(s, a.Plan, a.Limit, a.Remaining, a.Reset, a.RetryAfter, "edgelimit_rate_limited")
+			return
+		}
+		l.m.inc(h, cShadowWouldDeny)
+		h.ReplaceHeader(abi.MapRequestHeaders, ShadowHeader, "deny")
+	default:
+		l.failOpen(s, a.Reason, a.Detail, now)
+	}
+	l.resume(s)
+}
+
+// answer reads the callout response being delivered.
+func (l *Limiter) answer(numHeaders int) Answer {
+	if numHeaders == 0 {
+		return failed(ReasonReset, "sidecar callout reset", 0)
+	}
+	hs, st := l.host.GetHeaders(abi.MapHTTPCallResponseHeaders)
+	if st != abi.StatusOK {
+		return failed(ReasonMalformed, "sidecar response headers unreadable: "+st.String(), 0)
+	}
+	return ParseAnswer(hs)
+}
+
+func (l *Limiter) resume(s *stream) {
+	s.settled = true
+	l.host.ContinueStream(abi.StreamRequest)
+}
+
+// deny answers the request 429 with the rate-limit headers and a short JSON
+// body; the request never reaches a service.
+func (l *Limiter) deny(s *stream, plan string, limit, remaining, reset, retryAfter int64, details string) {
+	retry := strconv.FormatInt(retryAfter, 10)
+	headers := append(rateLimitHeaders(plan, limit, remaining, reset),
+		[2]string{"retry-after", retry},
+		[2]string{"content-type", "application/json"})
+	body := `{"error":"rate_limited","retry_after":` + retry + `}`
+	l.host.SendLocalResponse(429, details, []byte(body), headers, abi.GRPCStatusNone)
+	s.settled = true
+}
+
+// failOpen lets the request through unlimited and says why: a counter per
+// reason, a throttled log line, and "unknown" to the service when the
+// request was not enforced. The caller resumes the request.
+func (l *Limiter) failOpen(s *stream, r Reason, detail string, now int64) {
+	l.m.failedOpen(l.host, r)
+	s.root.fails.note(l.host, r, detail, now)
+	if !s.enforce {
+		l.host.ReplaceHeader(abi.MapRequestHeaders, ShadowHeader, "unknown")
+	}
+}
+
+// OnResponseHeaders adds the rate-limit headers to an allowed response,
+// replacing any a service set itself.
+func (l *Limiter) OnResponseHeaders(id uint32, _ int, _ bool) abi.Action {
+	defer l.recoverLog("proxy_on_response_headers")
+	s := l.streams[id]
+	if s == nil {
+		return abi.ActionContinue
+	}
+	for _, hd := range s.respHeaders {
+		l.host.ReplaceHeader(abi.MapResponseHeaders, hd[0], hd[1])
+	}
+	return abi.ActionContinue
+}
+
+// OnTick reports fail-open log lines held back since the last report.
+func (l *Limiter) OnTick(rootID uint32) {
+	defer l.recoverLog("proxy_on_tick")
+	if r := l.roots[rootID]; r != nil {
+		r.fails.flush(l.host, l.host.Now())
+	}
+}
+
+// OnLog does nothing: the filter writes no access-log data.
+func (l *Limiter) OnLog(uint32) {}
+
+// OnDone lets the proxy finish the context at once.
+func (l *Limiter) OnDone(uint32) bool { return true }
+
+// OnDelete forgets a stream or a root context. A stream's pending callout
+// stays registered until its answer comes (Envoy always delivers one), so
+// that a denial still reaches the deny cache.
+func (l *Limiter) OnDelete(id uint32) {
+	defer l.recoverLog("proxy_on_delete")
+	if s := l.streams[id]; s != nil {
+		s.gone = true
+		delete(l.streams, id)
+		return
+	}
+	delete(l.roots, id)
+}
+
+// forget drops a stream's pending callout so that its answer is ignored: the
+// request has already failed open.
+func (l *Limiter) forget(s *stream) {
+	if s.pending {
+		delete(s.root.calls, s.token)
+		s.pending = false
+	}
+}
+
+func (l *Limiter) recoverLog(where string) {
+	if r := recover(); r != nil {
+		l.logPanic(where, r)
+	}
+}
+
+// logPanic logs a recovered panic. Nothing in the filter should panic; if
+// something does, the request fails open and the line says where.
+func (l *Limiter) logPanic(where string, r any) {
+	l.host.Log(abi.LogCritical, "edgelimit: internal error in "+where+": "+abi.PanicMessage(r)+"; failing open")
+}
+
+// Summary describes the configuration in one line for the start-up log; it
+// counts canary clients rather than listing their keys.
+func (c *Config) Summary() string {
+	missing := "reject"
+	if !c.RejectMissingKey {
+		missing = "allow"
+	}
+	return "mode=" + c.Mode.String() +
+		" sidecar_cluster=" + c.SidecarCluster +
+		" sidecar_authority=" + c.SidecarAuthority +
+		" timeout_ms=" + strconv.FormatUint(uint64(c.TimeoutMs), 10) +
+		" api_key_header=" + c.APIKeyHeader +
+		" on_missing_key=" + missing +
+		" canary_clients=" + strconv.Itoa(len(c.CanaryClients)) +
+		" costs=" + strconv.Itoa(len(c.Costs)) +
+		" region=" + c.Region
+}
+
+// failLogInterval is the least time between two log lines for the same
+// fail-open reason.
+const failLogInterval = 10 * int64(1e9)
+
+// failLog throttles fail-open log lines to one per reason per
+// failLogInterval; the failures in between are counted and reported with
+// the next line, or by the next tick once the interval has passed.
+type failLog struct {
+	last       [numReasons]int64
+	logged     [numReasons]bool
+	suppressed [numReasons]int64
+}
+
+func (f *failLog) note(h abi.Host, r Reason, detail string, now int64) {
+	if f.logged[r] && now >= f.last[r] && now-f.last[r] < failLogInterval {
+		f.suppressed[r]++
+		return
+	}
+	msg := "edgelimit: failing open (" + r.String() + "): " + detail
+	if n := f.suppressed[r]; n > 0 {
+		msg += "; " + strconv.FormatInt(n, 10) + " more since the last report"
+	}
+	h.Log(abi.LogWarn, msg)
+	f.last[r], f.logged[r], f.suppressed[r] = now, true, 0
+}
+
+func (f *failLog) flush(h abi.Host, now int64) {
+	for r := Reason(0); r < numReasons; r++ {
+		n := f.suppressed[r]
+		if n == 0 || (now >= f.last[r] && now-f.last[r] < failLogInterval) {
+			continue
+		}
+		h.Log(abi.LogWarn, "edgelimit: failing open ("+r.String()+"): "+
+			strconv.FormatInt(n, 10)+" more since the last report")
+		f.last[r], f.suppressed[r] = now, 0
+	}
+}

@@ -1,0 +1,113 @@
+package limiter
+
+import "github.com/edgelimit/edgelimit/filter/abi"
+
+// Metric names, as defined with proxy_define_metric; Envoy shows each as
+// wasmcustom.<name>. Every request the filter decides is counted in one of
+// the requests.* counters.
+const (
+	MetricAllowed         = "edgelimit.requests.allowed"
+	MetricDenied          = "edgelimit.requests.denied"
+	MetricDeniedCached    = "edgelimit.requests.denied_cached"
+	MetricShadowAllowed   = "edgelimit.requests.shadow_allowed"
+	MetricShadowWouldDeny = "edgelimit.requests.shadow_would_deny"
+	MetricMissingKey      = "edgelimit.requests.missing_key"
+	MetricInvalidKey      = "edgelimit.requests.invalid_key"
+	MetricUnchecked       = "edgelimit.requests.unchecked"
+	// MetricFailedOpenPrefix + Reason.String() counts requests that failed
+	// open, by reason.
+	MetricFailedOpenPrefix = "edgelimit.requests.failed_open."
+	// MetricCalloutLatency is a histogram of the time from dispatching the
+	// callout to its answer, in microseconds (sub-millisecond callouts are
+	// the norm, so milliseconds would mostly read 0).
+	MetricCalloutLatency = "edgelimit.callout.latency_us"
+)
+
+type counter uint8
+
+const (
+	cAllowed counter = iota
+	cDenied
+	cDeniedCached
+	cShadowAllowed
+	cShadowWouldDeny
+	cMissingKey
+	cInvalidKey
+	cUnchecked
+	cFailedOpen // + Reason
+	numCounters = cFailedOpen + counter(numReasons)
+)
+
+// metrics holds the ids the host gave the filter's metrics. A metric the
+// host refused to define is skipped, never fatal.
+type metrics struct {
+	counters   [numCounters]uint32
+	defined    [numCounters]bool
+	latency    uint32
+	hasLatency bool
+}
+
+// MetricNames lists every metric the filter defines.
+func MetricNames() []string {
+	names := make([]string, 0, numCounters+1)
+	for c := counter(0); c < numCounters; c++ {
+		names = append(names, counterName(c))
+	}
+	return append(names, MetricCalloutLatency)
+}
+
+func counterName(c counter) string {
+	switch c {
+	case cAllowed:
+		return MetricAllowed
+	case cDenied:
+		return MetricDenied
+	case cDeniedCached:
+		return MetricDeniedCached
+	case cShadowAllowed:
+		return MetricShadowAllowed
+	case cShadowWouldDeny:
+		return MetricShadowWouldDeny
+	case cMissingKey:
+		return MetricMissingKey
+	case cInvalidKey:
+		return MetricInvalidKey
+	case cUnchecked:
+		return MetricUnchecked
+	}
+	return MetricFailedOpenPrefix + Reason(c-cFailedOpen).String()
+}
+
+// define asks the host for every metric; it reports the first failure so
+// that the caller can log it once.
+func (m *metrics) define(h abi.Host) (failed string) {
+	for c := counter(0); c < numCounters; c++ {
+		id, s := h.DefineMetric(abi.MetricCounter, counterName(c))
+		m.counters[c], m.defined[c] = id, s == abi.StatusOK
+		if s != abi.StatusOK && failed == "" {
+			failed = counterName(c) + ": " + s.String()
+		}
+	}
+	id, s := h.DefineMetric(abi.MetricHistogram, MetricCalloutLatency)
+	m.latency, m.hasLatency = id, s == abi.StatusOK
+	if s != abi.StatusOK && failed == "" {
+		failed = MetricCalloutLatency + ": " + s.String()
+	}
+	return failed
+}
+
+func (m *metrics) inc(h abi.Host, c counter) {
+	if m.defined[c] {
+		h.IncrementMetric(m.counters[c], 1)
+	}
+}
+
+func (m *metrics) failedOpen(h abi.Host, r Reason) {
+	m.inc(h, cFailedOpen+counter(r))
+}
+
+func (m *metrics) recordLatency(h abi.Host, ns int64) {
+	if m.hasLatency && ns >= 0 {
+		h.RecordMetric(m.latency, uint64(ns/1000))
+	}
+}
