@@ -32,7 +32,16 @@ type Host interface {
 	Advance(d time.Duration)
 	// Tick calls proxy_on_tick on the root context once.
 	Tick()
-	// Close tears the VM down.
+	// Worker starts another VM of the same plugin in the same proxy
+	// process, as Envoy does for each worker thread. The new VM has its own
+	// contexts and must be configured on its own; it shares the process's
+	// shared data (proxy_get/set_shared_data), clock and metrics: Metric
+	// reports process-wide values, the sum over the VMs, as Envoy's stats
+	// do.
+	Worker() Host
+	// Close tears the VM down (proxy_on_done and proxy_on_delete of the
+	// root context). Run closes every Host it makes; a second Close does
+	// nothing.
 	Close()
 }
 
@@ -46,7 +55,9 @@ type Stream interface {
 	Callout() (Callout, bool)
 	// RespondCallout answers the pending callout as Envoy would deliver it:
 	// headers (including ":status") and body; nil headers deliver a reset
-	// (a callback with zero headers).
+	// (a callback with zero headers). It works after Done too: the callout
+	// belongs to the root context, which gets the answer even when the
+	// stream is gone.
 	RespondCallout(headers []Header, body []byte)
 	// Continued reports whether the request went on to the upstream.
 	Continued() bool

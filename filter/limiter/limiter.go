@@ -52,6 +52,8 @@ type root struct {
 	fails failLog
 }
 
+func newRoot() *root { return &root{calls: map[uint32]*stream{}} }
+
 // stream is one HTTP request.
 type stream struct {
 	id      uint32
@@ -62,6 +64,7 @@ type stream struct {
 	token   uint32
 	pending bool  // a callout is out and the request waits for it
 	settled bool  // the filter has resumed or answered the request
+	gone    bool  // the proxy deleted the stream; only its answer is left
 	sentAt  int64 // when the callout was dispatched (host clock, ns)
 	// respHeaders are set on the response once the request was allowed.
 	respHeaders [][2]string
@@ -79,7 +82,7 @@ var _ abi.Plugin = (*Limiter)(nil)
 func (l *Limiter) OnContextCreate(id, parent uint32) {
 	defer l.recoverLog("proxy_on_context_create")
 	if parent == 0 {
-		l.roots[id] = &root{calls: map[uint32]*stream{}}
+		l.roots[id] = newRoot()
 		return
 	}
 	if r := l.roots[parent]; r != nil {
@@ -103,7 +106,7 @@ func (l *Limiter) OnConfigure(rootID uint32, size int) (ok bool) {
 	h := l.host
 	r := l.roots[rootID]
 	if r == nil {
-		r = &root{calls: map[uint32]*stream{}}
+		r = newRoot()
 		l.roots[rootID] = r
 	}
 	var data []byte
@@ -249,15 +252,15 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	}
 	s := r.calls[token]
 	if s == nil {
-		return // the stream ended before its answer came
+		return // not ours, or the request already failed open
 	}
 	delete(r.calls, token)
 	s.pending = false
 	defer func() {
 		if p := recover(); p != nil {
 			l.logPanic("proxy_on_http_call_response", p)
-			l.m.failedOpen(l.host, ReasonInternal)
-			if !s.settled && l.host.SetEffectiveContext(s.id) == abi.StatusOK {
+			if !s.gone && !s.settled && l.host.SetEffectiveContext(s.id) == abi.StatusOK {
+				l.m.failedOpen(l.host, ReasonInternal)
 				l.resume(s)
 			}
 		}
@@ -265,21 +268,16 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	h := l.host
 	now := h.Now()
 	l.m.recordLatency(h, now-s.sentAt)
-	var a Answer
-	if numHeaders == 0 {
-		a = failed(ReasonReset, "sidecar callout reset", 0)
-	} else if hs, st := h.GetHeaders(abi.MapHTTPCallResponseHeaders); st != abi.StatusOK {
-		a = failed(ReasonMalformed, "sidecar response headers unreadable: "+st.String(), 0)
-	} else {
-		a = ParseAnswer(hs)
-	}
+	a := l.answer(numHeaders)
 	if a.Outcome == Denied {
+		// Cached even when the client has gone: the next request of the
+		// same client is spared a callout.
 		if e, ok := newDenyEntry(s.key, s.cost, s.sentAt, &a); ok {
 			r.cache.store(h, e, now)
 		}
 	}
-	if h.SetEffectiveContext(s.id) != abi.StatusOK {
-		return // the proxy no longer has the stream
+	if s.gone || h.SetEffectiveContext(s.id) != abi.StatusOK {
+		return // nothing left to resume
 	}
 	switch a.Outcome {
 	case Allowed:
@@ -302,6 +300,18 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 		l.failOpen(s, a.Reason, a.Detail, now)
 	}
 	l.resume(s)
+}
+
+// answer reads the callout response being delivered.
+func (l *Limiter) answer(numHeaders int) Answer {
+	if numHeaders == 0 {
+		return failed(ReasonReset, "sidecar callout reset", 0)
+	}
+	hs, st := l.host.GetHeaders(abi.MapHTTPCallResponseHeaders)
+	if st != abi.StatusOK {
+		return failed(ReasonMalformed, "sidecar response headers unreadable: "+st.String(), 0)
+	}
+	return ParseAnswer(hs)
 }
 
 func (l *Limiter) resume(s *stream) {
@@ -360,19 +370,21 @@ func (l *Limiter) OnLog(uint32) {}
 // OnDone lets the proxy finish the context at once.
 func (l *Limiter) OnDone(uint32) bool { return true }
 
-// OnDelete forgets a stream (and its pending callout, whose answer will then
-// be ignored) or a root context.
+// OnDelete forgets a stream or a root context. A stream's pending callout
+// stays registered until its answer comes (Envoy always delivers one), so
+// that a denial still reaches the deny cache.
 func (l *Limiter) OnDelete(id uint32) {
 	defer l.recoverLog("proxy_on_delete")
 	if s := l.streams[id]; s != nil {
-		l.forget(s)
+		s.gone = true
 		delete(l.streams, id)
 		return
 	}
 	delete(l.roots, id)
 }
 
-// forget drops a stream's pending callout so that its answer is ignored.
+// forget drops a stream's pending callout so that its answer is ignored: the
+// request has already failed open.
 func (l *Limiter) forget(s *stream) {
 	if s.pending {
 		delete(s.root.calls, s.token)

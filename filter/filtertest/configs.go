@@ -1,0 +1,106 @@
+package filtertest
+
+import (
+	"embed"
+	"strings"
+)
+
+// Configuration fixtures, one file per case, shared by the limiter's parser
+// tests and by Run (which feeds them to the plugin through the host).
+//
+//go:embed testdata/config
+var configFS embed.FS
+
+// ConfigCase is an invalid plugin configuration and the exact error the
+// filter gives for it; the plugin logs it as
+// "edgelimit: invalid configuration: " + Error.
+type ConfigCase struct {
+	File  string // under testdata/config/invalid/
+	Error string
+}
+
+// InvalidConfigs lists every invalid configuration fixture.
+var InvalidConfigs = []ConfigCase{
+	{"unquoted-key.json", "configuration: invalid JSON at offset 1: expected a string as object key"},
+	{"trailing-comma.json", "configuration: invalid JSON at offset 19: expected a string as object key"},
+	{"truncated.json", "configuration: invalid JSON at offset 18: unexpected end of input in object"},
+	{"two-values.json", "configuration: invalid JSON at offset 3: unexpected data after the top-level value"},
+	{"bad-escape.json", `configuration: invalid JSON at offset 11: invalid escape 'q'`},
+	{"lone-surrogate.json", `configuration: invalid JSON at offset 18: unpaired surrogate in \u escape`},
+	{"invalid-utf8.json", "configuration: invalid JSON at offset 13: invalid UTF-8 in string"},
+	{"raw-tab.json", "configuration: invalid JSON at offset 13: control character in string"},
+	{"too-deep.json", "configuration: invalid JSON at offset 25: nested deeper than 16 levels"},
+	{"not-an-object.json", "configuration: must be a JSON object, got an array"},
+	{"null.json", "configuration: must be a JSON object, got null"},
+	{"unknown-field.json", `configuration: unknown field "modee"`},
+	{"duplicate-field.json", `configuration: duplicate field "mode"`},
+	{"timeout-negative.json", "timeout_ms: must be > 0, got -3"},
+	{"timeout-zero.json", "timeout_ms: must be > 0, got 0"},
+	{"timeout-too-long.json", "timeout_ms: must be <= 60000, got 60001"},
+	{"timeout-fraction.json", "timeout_ms: must be an integer, got 2.5"},
+	{"timeout-exponent.json", "timeout_ms: must be an integer, got 5e1"},
+	{"timeout-string.json", `timeout_ms: must be a number, got "5"`},
+	{"timeout-overflow.json", "timeout_ms: must be <= 60000, got 99999999999999999999"},
+	{"mode-unknown.json", `mode: must be "enforce", "shadow" or "off", got "block"`},
+	{"mode-null.json", `mode: must be "enforce", "shadow" or "off", got null`},
+	{"mode-case.json", `mode: must be "enforce", "shadow" or "off", got "Enforce"`},
+	{"on-missing-key-unknown.json", `on_missing_key: must be "reject" or "allow", got "deny"`},
+	{"cluster-empty.json", `sidecar_cluster: must be 1 to 255 visible ASCII characters, got ""`},
+	{"authority-space.json", `sidecar_authority: must be 1 to 255 visible ASCII characters, got "side car"`},
+	{"api-key-header-pseudo.json", `api_key_header: must be an HTTP header name, got ":path"`},
+	{"api-key-header-space.json", `api_key_header: must be an HTTP header name, got "x api key"`},
+	{"api-key-header-number.json", "api_key_header: must be a string, got 42"},
+	{"canary-not-array.json", `canary_clients: must be an array of API keys, got "vip"`},
+	{"canary-bad-key.json", "canary_clients[1]: must be an API key of 1 to 256 visible ASCII characters, " +
+		"got a string of 9 bytes (not shown: API keys are never logged)"},
+	{"canary-number.json", "canary_clients[0]: must be a string, got 5"},
+	{"costs-not-array.json", "costs: must be an array of rules, got an object"},
+	{"costs-rule-string.json", `costs[0]: must be an object, got "POST /upload"`},
+	{"costs-rule-matches-all.json", `costs[0]: must set "method" or "path_prefix" or both`},
+	{"costs-missing-cost.json", `costs[0]: missing field "cost"`},
+	{"costs-zero.json", "costs[0].cost: must be > 0, got 0"},
+	{"costs-too-big.json", "costs[0].cost: must be <= 1000000, got 1000001"},
+	{"costs-lower-case-method.json", `costs[0].method: must be an upper-case HTTP method such as "POST", got "post"`},
+	{"costs-relative-path.json", `costs[1].path_prefix: must be a path starting with "/" of at most 1024 visible ASCII characters, got "v1/upload"`},
+	{"costs-unknown-field.json", `costs[0]: unknown field "prefix"`},
+	{"costs-duplicate-field.json", `costs[0]: duplicate field "cost"`},
+	{"region-too-long.json", `region: must be at most 64 visible ASCII characters, got "` + strings.Repeat("a", 64) + `"...`},
+	{"region-space.json", `region: must be at most 64 visible ASCII characters, got "eu west"`},
+}
+
+// ValidConfigs lists the valid configuration fixtures under
+// testdata/config/valid/.
+var ValidConfigs = []string{
+	"empty.json", "whitespace.json", "empty-object.json", "full.json", "shadow.json", "off.json", "escapes.json",
+}
+
+// InvalidConfig returns the content of an invalid configuration fixture.
+func InvalidConfig(file string) string { return fixture("invalid/" + file) }
+
+// ValidConfig returns the content of a valid configuration fixture.
+func ValidConfig(file string) string { return fixture("valid/" + file) }
+
+func fixture(path string) string {
+	b, err := configFS.ReadFile("testdata/config/" + path)
+	if err != nil {
+		panic("filtertest: missing fixture " + path)
+	}
+	return string(b)
+}
+
+// ConfigFixtures lists every fixture file under testdata/config, as
+// "invalid/<file>" or "valid/<file>", so that a test can check each one has
+// an entry in the tables above.
+func ConfigFixtures() []string {
+	var files []string
+	for _, dir := range []string{"invalid", "valid"} {
+		entries, err := configFS.ReadDir("testdata/config/" + dir)
+		if err != nil {
+			panic(err)
+		}
+		for _, e := range entries {
+			files = append(files, dir+"/"+e.Name())
+		}
+	}
+	return files
+}

@@ -1,0 +1,590 @@
+package filtertest
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/filter/abi"
+	"github.com/edgelimit/edgelimit/filter/limiter"
+)
+
+// NewNative returns a Host that runs the limiter natively: the same
+// abi.Plugin the wasm binding drives, behind an emulation of the host calls
+// with Envoy's semantics (see RATIONALE.md next to the filter):
+//
+//   - stream calls act on the effective context: the stream whose callback
+//     runs, or the one proxy_set_effective_context chose; root callbacks
+//     (configure, tick, http-call responses) start on the root context, where
+//     stream calls fail;
+//   - proxy_send_local_response and proxy_continue_stream are deferred until
+//     the callback returns; a local reply stops the stream;
+//   - request headers are readable and writable while the request is being
+//     decided (its callback, or paused), response headers during
+//     proxy_on_response_headers, the plugin configuration during
+//     proxy_on_configure, a callout's response during its callback;
+//   - proxy_http_call is refused (BAD_ARGUMENT) without :method, :path and
+//     :authority or without a cluster; tokens are 4, 8, 12, …;
+//   - shared data is process-wide with Envoy's compare-and-swap rule;
+//   - only proxy_log may be called while the plugin is being created
+//     (_initialize in a real module).
+//
+// Anything the plugin does that Envoy would refuse, or that a proxy must
+// never see (a CR, LF or NUL in a header it sets, a log level above
+// critical), fails the test.
+func NewNative(t *testing.T) Host {
+	p := &process{clock: nativeEpoch, shared: map[string]*sharedValue{}, metrics: map[string]*metricValue{}}
+	return p.newVM(t)
+}
+
+// nativeEpoch is the emulated wall clock's start: 2026-01-01T00:00:00Z.
+const nativeEpoch = int64(1767225600) * int64(time.Second)
+
+// process is what the VMs of one proxy process share.
+type process struct {
+	clock   int64
+	cas     uint32
+	shared  map[string]*sharedValue
+	metrics map[string]*metricValue
+}
+
+type sharedValue struct {
+	value []byte
+	cas   uint32
+}
+
+type metricValue struct {
+	kind  abi.MetricType
+	value int64 // counter or gauge value; histogram sample count
+}
+
+// vm is one VM with the limiter loaded; it is the abi.Host the limiter
+// calls.
+type vm struct {
+	t      *testing.T
+	proc   *process
+	plugin abi.Plugin
+
+	started bool // creation done: host calls other than proxy_log allowed
+	closed  bool
+	nextID  uint32
+	rootID  uint32
+	logs    []string
+
+	metricIDs map[uint32]*metricValue
+	nextToken uint32
+	failNext  bool
+	calls     map[uint32]*call // pending callouts by token
+	streams   map[uint32]*nativeStream
+
+	// Callback state.
+	effective uint32          // effective context id, 0 outside callbacks
+	config    []byte          // plugin configuration, during on_configure
+	response  *call           // the answered callout, during its callback
+	respond   []Header        // its headers
+	body      []byte          // its body
+	touched   []*nativeStream // streams with deferred actions
+}
+
+type call struct {
+	token   uint32
+	stream  *nativeStream
+	callout Callout
+}
+
+func (p *process) newVM(t *testing.T) *vm {
+	v := &vm{t: t, proc: p, metricIDs: map[uint32]*metricValue{}, calls: map[uint32]*call{}, streams: map[uint32]*nativeStream{}}
+	v.plugin = limiter.New(v)
+	v.started = true
+	v.rootID = v.newID()
+	v.callback(v.rootID, func() { v.plugin.OnContextCreate(v.rootID, 0) })
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("plugin log of VM %p:\n  %s", v, strings.Join(v.logs, "\n  "))
+		}
+	})
+	return v
+}
+
+func (v *vm) newID() uint32 {
+	v.nextID++
+	return v.nextID
+}
+
+// callback runs fn as a proxy callback on context id, then applies what the
+// plugin deferred.
+func (v *vm) callback(id uint32, fn func()) {
+	if v.effective != 0 {
+		v.t.Fatalf("filtertest: nested callback")
+	}
+	v.effective = id
+	fn()
+	v.effective = 0
+	touched := v.touched
+	v.touched = nil
+	for _, s := range touched {
+		s.applyDeferred()
+	}
+}
+
+func (v *vm) refuse(call string) {
+	if !v.started {
+		v.t.Errorf("filtertest: %s called while the plugin is created; Envoy allows only proxy_log then", call)
+	}
+}
+
+// ---- Host (the test's side) ----
+
+func (v *vm) Configure(config string) bool {
+	ok := true
+	v.callback(v.rootID, func() { ok = v.plugin.OnVMStart(v.rootID, 0) })
+	if !ok {
+		return false
+	}
+	v.callback(v.rootID, func() {
+		v.config = []byte(config)
+		ok = v.plugin.OnConfigure(v.rootID, len(config))
+		v.config = nil
+	})
+	return ok
+}
+
+func (v *vm) NewStream() Stream {
+	s := &nativeStream{vm: v, id: v.newID()}
+	v.streams[s.id] = s
+	v.callback(s.id, func() { v.plugin.OnContextCreate(s.id, v.rootID) })
+	return s
+}
+
+func (v *vm) Metric(name string) (int64, bool) {
+	m, ok := v.proc.metrics[name]
+	if !ok {
+		return 0, false
+	}
+	return m.value, true
+}
+
+func (v *vm) Logs() []string { return slices.Clone(v.logs) }
+
+func (v *vm) FailNextDispatch() { v.failNext = true }
+
+func (v *vm) Advance(d time.Duration) { v.proc.clock += int64(d) }
+
+func (v *vm) Tick() { v.callback(v.rootID, func() { v.plugin.OnTick(v.rootID) }) }
+
+func (v *vm) Worker() Host { return v.proc.newVM(v.t) }
+
+func (v *vm) Close() {
+	if v.closed {
+		return
+	}
+	v.closed = true
+	v.callback(v.rootID, func() {
+		v.plugin.OnDone(v.rootID)
+		v.plugin.OnDelete(v.rootID)
+	})
+}
+
+// ---- abi.Host (the plugin's side) ----
+
+var _ abi.Host = (*vm)(nil)
+
+func (v *vm) Log(level abi.LogLevel, msg string) abi.Status {
+	if level > abi.LogCritical {
+		v.t.Errorf("filtertest: proxy_log level %d", level)
+		return abi.StatusBadArgument
+	}
+	v.logs = append(v.logs, msg)
+	return abi.StatusOK
+}
+
+func (v *vm) GetBuffer(t abi.BufferType, start, max int) ([]byte, abi.Status) {
+	v.refuse("proxy_get_buffer_bytes")
+	var buf []byte
+	switch {
+	case t == abi.BufferPluginConfiguration && v.config != nil:
+		buf = v.config
+	case t == abi.BufferHTTPCallResponseBody && v.response != nil:
+		buf = v.body
+	default:
+		return nil, abi.StatusNotFound
+	}
+	if start < 0 || max < 0 || start > len(buf) {
+		return nil, abi.StatusBadArgument
+	}
+	buf = buf[start:]
+	if len(buf) > max {
+		buf = buf[:max]
+	}
+	if len(buf) == 0 {
+		return nil, abi.StatusOK
+	}
+	return slices.Clone(buf), abi.StatusOK
+}
+
+// headerMap returns the map m of the effective context, nil when Envoy would
+// not have it now.
+func (v *vm) headerMap(m abi.MapType) *[]Header {
+	if m == abi.MapHTTPCallResponseHeaders {
+		if v.response == nil {
+			return nil
+		}
+		return &v.respond
+	}
+	s := v.streams[v.effective]
+	if s == nil {
+		return nil
+	}
+	switch {
+	case m == abi.MapRequestHeaders && (s.state == deciding || s.state == paused):
+		return &s.request
+	case m == abi.MapResponseHeaders && s.inResponse:
+		return &s.response
+	}
+	return nil
+}
+
+func (v *vm) GetHeader(m abi.MapType, key string) (string, abi.Status) {
+	v.refuse("proxy_get_header_map_value")
+	hm := v.headerMap(m)
+	if hm == nil {
+		return "", abi.StatusNotFound
+	}
+	if val, ok := Get(*hm, strings.ToLower(key)); ok {
+		return val, abi.StatusOK
+	}
+	return "", abi.StatusNotFound
+}
+
+func (v *vm) GetHeaders(m abi.MapType) ([][2]string, abi.Status) {
+	v.refuse("proxy_get_header_map_pairs")
+	hm := v.headerMap(m)
+	if hm == nil {
+		return nil, abi.StatusNotFound
+	}
+	return slices.Clone(*hm), abi.StatusOK
+}
+
+func (v *vm) setHeader(call string, m abi.MapType, key, value string, replace bool) abi.Status {
+	v.refuse(call)
+	if strings.ContainsAny(key, "\r\n\x00") || strings.ContainsAny(value, "\r\n\x00") {
+		v.t.Errorf("filtertest: %s(%q, %q): CR, LF or NUL in a header", call, key, value)
+		return abi.StatusBadArgument
+	}
+	hm := v.headerMap(m)
+	if hm == nil || m == abi.MapHTTPCallResponseHeaders {
+		return abi.StatusNotFound
+	}
+	key = strings.ToLower(key)
+	if replace {
+		*hm = slices.DeleteFunc(*hm, func(h Header) bool { return h[0] == key })
+	}
+	*hm = append(*hm, Header{key, value})
+	return abi.StatusOK
+}
+
+func (v *vm) AddHeader(m abi.MapType, key, value string) abi.Status {
+	return v.setHeader("proxy_add_header_map_value", m, key, value, false)
+}
+
+func (v *vm) ReplaceHeader(m abi.MapType, key, value string) abi.Status {
+	return v.setHeader("proxy_replace_header_map_value", m, key, value, true)
+}
+
+func (v *vm) RemoveHeader(m abi.MapType, key string) abi.Status {
+	v.refuse("proxy_remove_header_map_value")
+	hm := v.headerMap(m)
+	if hm == nil || m == abi.MapHTTPCallResponseHeaders {
+		return abi.StatusNotFound
+	}
+	key = strings.ToLower(key)
+	*hm = slices.DeleteFunc(*hm, func(h Header) bool { return h[0] == key })
+	return abi.StatusOK
+}
+
+// undecidedStream returns the effective context's stream if it is still deciding or
+// paused: the only time a local reply or a resume means something.
+func (v *vm) undecidedStream() *nativeStream {
+	s := v.streams[v.effective]
+	if s == nil || (s.state != deciding && s.state != paused) {
+		return nil
+	}
+	return s
+}
+
+func (v *vm) SendLocalResponse(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32) abi.Status {
+	v.refuse("proxy_send_local_response")
+	s := v.undecidedStream()
+	if s == nil {
+		return abi.StatusBadArgument
+	}
+	for _, h := range headers {
+		if strings.ContainsAny(h[0]+h[1], "\r\n\x00") {
+			v.t.Errorf("filtertest: local reply header %q: CR, LF or NUL", h)
+			return abi.StatusBadArgument
+		}
+	}
+	if strings.ContainsAny(details, " \t\r\n") {
+		v.t.Errorf("filtertest: local reply details %q: Envoy's response code details hold no whitespace", details)
+	}
+	s.deferredReply = &Reply{Status: int(status), Headers: slices.Clone(headers), Body: slices.Clone(body), Details: details}
+	v.touched = append(v.touched, s)
+	return abi.StatusOK
+}
+
+func (v *vm) HTTPCall(cluster string, headers [][2]string, body []byte, trailers [][2]string, timeoutMs uint32) (uint32, abi.Status) {
+	v.refuse("proxy_http_call")
+	if v.failNext {
+		v.failNext = false
+		return 0, abi.StatusInternalFailure
+	}
+	if cluster == "" {
+		return 0, abi.StatusBadArgument
+	}
+	for _, pseudo := range []string{":method", ":path", ":authority"} {
+		if val, ok := Get(headers, pseudo); !ok || val == "" {
+			return 0, abi.StatusBadArgument
+		}
+	}
+	for _, h := range headers {
+		if strings.ContainsAny(h[0]+h[1], "\r\n\x00") {
+			v.t.Errorf("filtertest: callout header %q: CR, LF or NUL", h)
+			return 0, abi.StatusBadArgument
+		}
+	}
+	v.nextToken += 4
+	c := &call{token: v.nextToken, stream: v.streams[v.effective], callout: Callout{
+		Cluster: cluster, Headers: slices.Clone(headers), Body: slices.Clone(body), TimeoutMs: timeoutMs,
+	}}
+	v.calls[c.token] = c
+	if c.stream != nil {
+		c.stream.call = c
+	}
+	return c.token, abi.StatusOK
+}
+
+func (v *vm) ContinueStream(t abi.StreamType) abi.Status {
+	v.refuse("proxy_continue_stream")
+	s := v.undecidedStream()
+	if s == nil || t != abi.StreamRequest {
+		return abi.StatusBadArgument
+	}
+	s.deferredContinue = true
+	v.touched = append(v.touched, s)
+	return abi.StatusOK
+}
+
+func (v *vm) SetEffectiveContext(id uint32) abi.Status {
+	v.refuse("proxy_set_effective_context")
+	if v.effective == 0 {
+		return abi.StatusBadArgument
+	}
+	if s := v.streams[id]; (s == nil || s.state == done) && id != v.rootID {
+		return abi.StatusBadArgument
+	}
+	v.effective = id
+	return abi.StatusOK
+}
+
+func (v *vm) GetSharedData(key string) ([]byte, uint32, abi.Status) {
+	v.refuse("proxy_get_shared_data")
+	sv, ok := v.proc.shared[key]
+	if !ok {
+		return nil, 0, abi.StatusNotFound
+	}
+	return slices.Clone(sv.value), sv.cas, abi.StatusOK
+}
+
+func (v *vm) SetSharedData(key string, value []byte, cas uint32) abi.Status {
+	v.refuse("proxy_set_shared_data")
+	sv, ok := v.proc.shared[key]
+	if ok && cas != 0 && cas != sv.cas {
+		return abi.StatusCASMismatch
+	}
+	v.proc.cas++
+	v.proc.shared[key] = &sharedValue{value: slices.Clone(value), cas: v.proc.cas}
+	return abi.StatusOK
+}
+
+func (v *vm) DefineMetric(t abi.MetricType, name string) (uint32, abi.Status) {
+	v.refuse("proxy_define_metric")
+	if t > abi.MetricHistogram || name == "" {
+		return 0, abi.StatusBadArgument
+	}
+	m, ok := v.proc.metrics[name]
+	if !ok {
+		m = &metricValue{kind: t}
+		v.proc.metrics[name] = m
+	}
+	if m.kind != t {
+		return 0, abi.StatusBadArgument
+	}
+	id := uint32(len(v.metricIDs) + 1)
+	v.metricIDs[id] = m
+	return id, abi.StatusOK
+}
+
+func (v *vm) IncrementMetric(id uint32, delta int64) abi.Status {
+	v.refuse("proxy_increment_metric")
+	m := v.metricIDs[id]
+	switch {
+	case m == nil:
+		return abi.StatusNotFound
+	case m.kind == abi.MetricHistogram, m.kind == abi.MetricCounter && delta <= 0:
+		return abi.StatusBadArgument
+	}
+	m.value += delta
+	return abi.StatusOK
+}
+
+func (v *vm) RecordMetric(id uint32, value uint64) abi.Status {
+	v.refuse("proxy_record_metric")
+	m := v.metricIDs[id]
+	switch {
+	case m == nil:
+		return abi.StatusNotFound
+	case m.kind == abi.MetricCounter:
+		return abi.StatusBadArgument
+	case m.kind == abi.MetricHistogram:
+		m.value++
+	default:
+		m.value = int64(value)
+	}
+	return abi.StatusOK
+}
+
+func (v *vm) SetTickPeriod(uint32) abi.Status {
+	v.refuse("proxy_set_tick_period_milliseconds")
+	if v.effective != v.rootID {
+		return abi.StatusBadArgument
+	}
+	return abi.StatusOK
+}
+
+func (v *vm) Now() int64 {
+	v.refuse("proxy_get_current_time_nanoseconds")
+	return v.proc.clock
+}
+
+// ---- Stream ----
+
+type streamState uint8
+
+const (
+	fresh     streamState = iota
+	deciding              // in proxy_on_request_headers
+	paused                // waiting for the filter
+	continued             // went upstream
+	replied               // answered by the filter
+	done
+)
+
+type nativeStream struct {
+	vm    *vm
+	id    uint32
+	state streamState
+
+	request    []Header
+	upstream   []Header
+	wentUp     bool
+	response   []Header
+	inResponse bool
+	reply      *Reply
+	call       *call // pending callout dispatched for this stream
+
+	deferredReply    *Reply
+	deferredContinue bool
+}
+
+// applyDeferred does what the plugin asked during the last callback: a local
+// reply wins over a resume.
+func (s *nativeStream) applyDeferred() {
+	switch {
+	case s.deferredReply != nil && (s.state == deciding || s.state == paused):
+		s.reply, s.state = s.deferredReply, replied
+	case s.deferredContinue && (s.state == deciding || s.state == paused):
+		s.goUpstream()
+	}
+	s.deferredReply, s.deferredContinue = nil, false
+}
+
+func (s *nativeStream) goUpstream() {
+	s.state, s.wentUp = continued, true
+	s.upstream = slices.Clone(s.request)
+}
+
+func (s *nativeStream) RequestHeaders(headers []Header) bool {
+	if s.state != fresh {
+		s.vm.t.Fatalf("filtertest: RequestHeaders twice on one stream")
+	}
+	s.request = slices.Clone(headers)
+	s.state = deciding
+	var action abi.Action
+	s.vm.callback(s.id, func() { action = s.vm.plugin.OnRequestHeaders(s.id, len(headers), true) })
+	if s.state == deciding {
+		// Nothing deferred applied: the callback's result decides.
+		if action == abi.ActionContinue {
+			s.goUpstream()
+		} else {
+			s.state = paused
+		}
+	}
+	return s.state == continued
+}
+
+func (s *nativeStream) Callout() (Callout, bool) {
+	if s.call == nil {
+		return Callout{}, false
+	}
+	return s.call.callout, true
+}
+
+func (s *nativeStream) RespondCallout(headers []Header, body []byte) {
+	v, c := s.vm, s.call
+	if c == nil {
+		v.t.Fatalf("filtertest: RespondCallout without a pending callout")
+	}
+	s.call = nil
+	delete(v.calls, c.token)
+	v.callback(v.rootID, func() {
+		v.response, v.respond, v.body = c, slices.Clone(headers), slices.Clone(body)
+		v.plugin.OnHTTPCallResponse(v.rootID, c.token, len(headers), len(body), 0)
+		v.response, v.respond, v.body = nil, nil, nil
+	})
+}
+
+func (s *nativeStream) Continued() bool { return s.wentUp }
+
+func (s *nativeStream) LocalReply() (Reply, bool) {
+	if s.reply == nil {
+		return Reply{}, false
+	}
+	return *s.reply, true
+}
+
+func (s *nativeStream) UpstreamHeaders() []Header { return slices.Clone(s.upstream) }
+
+func (s *nativeStream) ResponseHeaders(headers []Header) []Header {
+	if s.state != continued {
+		s.vm.t.Fatalf("filtertest: ResponseHeaders on a request that did not go upstream")
+	}
+	s.response = slices.Clone(headers)
+	s.inResponse = true
+	s.vm.callback(s.id, func() { s.vm.plugin.OnResponseHeaders(s.id, len(headers), true) })
+	s.inResponse = false
+	return slices.Clone(s.response)
+}
+
+func (s *nativeStream) Done() {
+	if s.state == done {
+		return
+	}
+	v := s.vm
+	v.callback(s.id, func() {
+		v.plugin.OnLog(s.id)
+		v.plugin.OnDone(s.id)
+		v.plugin.OnDelete(s.id)
+	})
+	s.state = done
+}

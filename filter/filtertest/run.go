@@ -1,0 +1,1074 @@
+package filtertest
+
+import (
+	"encoding/json"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/filter/limiter"
+)
+
+// Run is the filter's table of behaviour. It drives hosts made by newHost
+// through the Host and Stream interfaces only, so the same cases run
+// natively (NewNative) and against filter.wasm in the headless host. Every
+// host it makes is closed at the test's cleanup, and no host may log a
+// recovered panic.
+func Run(t *testing.T, newHost func(t *testing.T) Host) {
+	r := runner{newHost: newHost}
+	for _, c := range []struct {
+		name string
+		fn   func(*testing.T)
+	}{
+		{"config/valid", r.configValid},
+		{"config/invalid", r.configInvalid},
+		{"callout/default", r.calloutDefault},
+		{"callout/configured", r.calloutConfigured},
+		{"sidecar/allowed", r.allowed},
+		{"sidecar/denied", r.denied},
+		{"sidecar/fail-open", r.failOpen},
+		{"sidecar/dispatch-failure", r.dispatchFailure},
+		{"sidecar/fail-open-logs", r.failOpenLogs},
+		{"sidecar/hostile-answers", r.hostileAnswers},
+		{"deny-cache/window", r.denyCacheWindow},
+		{"deny-cache/costs", r.denyCacheCosts},
+		{"deny-cache/workers", r.denyCacheWorkers},
+		{"deny-cache/needs-exact-state", r.denyCacheNeedsExactState},
+		{"deny-cache/bucket-model", r.denyCacheBucketModel},
+		{"costs", r.costs},
+		{"mode/off", r.modeOff},
+		{"mode/shadow", r.modeShadow},
+		{"mode/canary", r.canary},
+		{"key/missing", r.missingKey},
+		{"key/invalid", r.invalidKey},
+		{"key/bearer", r.bearer},
+		{"key/header", r.keyHeader},
+		{"hostile/headers", r.hostileHeaders},
+		{"lifecycle", r.lifecycle},
+	} {
+		t.Run(c.name, c.fn)
+	}
+}
+
+type runner struct {
+	newHost func(t *testing.T) Host
+}
+
+// host returns a configured host, closed at cleanup.
+func (r runner) host(t *testing.T, config string) Host {
+	t.Helper()
+	h := r.unconfigured(t)
+	if !h.Configure(config) {
+		t.Fatalf("configuration %s rejected; logs:\n%s", config, strings.Join(h.Logs(), "\n"))
+	}
+	return h
+}
+
+func (r runner) unconfigured(t *testing.T) Host {
+	t.Helper()
+	h := r.newHost(t)
+	owned(t, h)
+	return h
+}
+
+// owned closes h at cleanup, after checking it never recovered a panic.
+func owned(t *testing.T, h Host) {
+	t.Cleanup(func() {
+		for _, l := range h.Logs() {
+			if strings.Contains(l, "internal error") || strings.Contains(l, "panic") {
+				t.Errorf("the plugin recovered a panic: %s", l)
+			}
+		}
+		h.Close()
+	})
+}
+
+// ---- requests and sidecar answers ----
+
+// get is a GET / request from a client with the given key.
+func get(key string, extra ...Header) []Header {
+	return request("GET", "/", key, extra...)
+}
+
+func request(method, path, key string, extra ...Header) []Header {
+	h := []Header{{":method", method}, {":path", path}, {":authority", "api.example.com"}, {":scheme", "https"}}
+	if key != "" {
+		h = append(h, Header{"x-api-key", key})
+	}
+	return append(h, extra...)
+}
+
+// send opens a stream and delivers headers.
+func send(h Host, headers []Header) (Stream, bool) {
+	s := h.NewStream()
+	return s, s.RequestHeaders(headers)
+}
+
+// waiting sends headers and requires the request to wait for a callout.
+func waiting(t *testing.T, h Host, headers []Header) (Stream, Callout) {
+	t.Helper()
+	s, cont := send(h, headers)
+	if cont {
+		t.Fatalf("request %q went on without waiting for the sidecar", headers)
+	}
+	if r, ok := s.LocalReply(); ok {
+		t.Fatalf("request %q answered %d by the filter, want a callout", headers, r.Status)
+	}
+	c, ok := s.Callout()
+	if !ok {
+		t.Fatalf("request %q paused without a callout", headers)
+	}
+	return s, c
+}
+
+func allowAnswer(limit, remaining, reset int64, plan string) []Header {
+	return []Header{
+		{":status", "200"},
+		{"content-type", "application/json"},
+		{"ratelimit-limit", strconv.FormatInt(limit, 10)},
+		{"ratelimit-remaining", strconv.FormatInt(remaining, 10)},
+		{"ratelimit-reset", strconv.FormatInt(reset, 10)},
+		{"x-ratelimit-tokens", strconv.FormatInt(remaining, 10)},
+		{"x-ratelimit-plan", plan},
+	}
+}
+
+// denyAnswer is a 429 as the sidecar sends it; tokens and retryMs are the
+// exact bucket state ("" leaves the header out).
+func denyAnswer(limit, remaining, reset, retryAfter int64, tokens, retryMs, plan string) []Header {
+	h := []Header{
+		{":status", "429"},
+		{"content-type", "application/json"},
+		{"ratelimit-limit", strconv.FormatInt(limit, 10)},
+		{"ratelimit-remaining", strconv.FormatInt(remaining, 10)},
+		{"ratelimit-reset", strconv.FormatInt(reset, 10)},
+		{"retry-after", strconv.FormatInt(retryAfter, 10)},
+		{"x-ratelimit-plan", plan},
+	}
+	if tokens != "" {
+		h = append(h, Header{"x-ratelimit-tokens", tokens})
+	}
+	if retryMs != "" {
+		h = append(h, Header{"x-ratelimit-retry-after-ms", retryMs})
+	}
+	return h
+}
+
+// ---- assertions ----
+
+// counters checks every requests.* counter: those in want have that value,
+// all others are 0.
+func counters(t *testing.T, h Host, want map[string]int64) {
+	t.Helper()
+	for _, name := range limiter.MetricNames() {
+		if !strings.HasPrefix(name, "edgelimit.requests.") {
+			continue
+		}
+		got, ok := h.Metric(name)
+		if !ok {
+			t.Errorf("metric %s not defined", name)
+			continue
+		}
+		if got != want[name] {
+			t.Errorf("metric %s = %d, want %d", name, got, want[name])
+		}
+	}
+}
+
+func metric(t *testing.T, h Host, name string) int64 {
+	t.Helper()
+	v, ok := h.Metric(name)
+	if !ok {
+		t.Fatalf("metric %s not defined", name)
+	}
+	return v
+}
+
+// header requires exactly one value of name.
+func header(t *testing.T, headers []Header, name string) string {
+	t.Helper()
+	var vals []string
+	for _, h := range headers {
+		if h[0] == name {
+			vals = append(vals, h[1])
+		}
+	}
+	if len(vals) != 1 {
+		t.Errorf("header %s: %d values %q in %q, want exactly one", name, len(vals), vals, headers)
+		return ""
+	}
+	return vals[0]
+}
+
+func absent(t *testing.T, headers []Header, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		if v, ok := Get(headers, n); ok {
+			t.Errorf("header %s: %q present, want none", n, v)
+		}
+	}
+}
+
+var rateLimitHeaderNames = []string{"ratelimit-policy", "ratelimit", "ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"}
+
+// wentOn requires the request to have reached the upstream, unanswered.
+func wentOn(t *testing.T, s Stream) {
+	t.Helper()
+	if !s.Continued() {
+		t.Error("request did not go on to the service")
+	}
+	if r, ok := s.LocalReply(); ok {
+		t.Errorf("request answered %d by the filter", r.Status)
+	}
+}
+
+// reply requires a local reply of status and returns it.
+func reply(t *testing.T, s Stream, status int) Reply {
+	t.Helper()
+	if s.Continued() {
+		t.Fatalf("request went on to the service, want a %d from the filter", status)
+	}
+	r, ok := s.LocalReply()
+	if !ok {
+		t.Fatalf("no local reply, want %d", status)
+	}
+	if r.Status != status {
+		t.Fatalf("local reply %d, want %d", r.Status, status)
+	}
+	return r
+}
+
+// jsonBody decodes a local reply's JSON body.
+func jsonBody(t *testing.T, r Reply) map[string]any {
+	t.Helper()
+	if ct := header(t, r.Headers, "content-type"); ct != "application/json" {
+		t.Errorf("content-type %q", ct)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(r.Body, &m); err != nil {
+		t.Fatalf("body %q: %v", r.Body, err)
+	}
+	return m
+}
+
+// denial requires a 429 from the filter with the rate-limit headers.
+func denial(t *testing.T, s Stream, policy, limit, remaining, reset, retryAfter string) Reply {
+	t.Helper()
+	r := reply(t, s, 429)
+	for _, c := range [][2]string{
+		{"retry-after", retryAfter},
+		{"ratelimit-policy", policy + ";q=" + limit},
+		{"ratelimit", policy + ";r=" + remaining + ";t=" + reset},
+		{"ratelimit-limit", limit},
+		{"ratelimit-remaining", remaining},
+		{"ratelimit-reset", reset},
+	} {
+		if got := header(t, r.Headers, c[0]); got != c[1] {
+			t.Errorf("429 header %s = %q, want %q", c[0], got, c[1])
+		}
+	}
+	body := jsonBody(t, r)
+	if body["error"] != "rate_limited" || strconv.FormatFloat(toFloat(body["retry_after"]), 'f', -1, 64) != retryAfter {
+		t.Errorf("429 body %s", r.Body)
+	}
+	return r
+}
+
+func toFloat(v any) float64 {
+	f, _ := v.(float64)
+	return f
+}
+
+// logged counts the log lines with prefix.
+func logged(h Host, prefix string) []string {
+	var lines []string
+	for _, l := range h.Logs() {
+		if strings.HasPrefix(l, prefix) {
+			lines = append(lines, l)
+		}
+	}
+	return lines
+}
+
+// ---- configuration ----
+
+func (r runner) configValid(t *testing.T) {
+	for _, f := range ValidConfigs {
+		t.Run(f, func(t *testing.T) {
+			h := r.unconfigured(t)
+			if !h.Configure(ValidConfig(f)) {
+				t.Fatalf("rejected; logs %q", h.Logs())
+			}
+			if len(logged(h, "edgelimit: configured: mode=")) != 1 {
+				t.Errorf("no start-up line in %q", h.Logs())
+			}
+		})
+	}
+	h := r.unconfigured(t)
+	if !h.Configure(ValidConfig("full.json")) {
+		t.Fatal("full.json rejected")
+	}
+	want := "edgelimit: configured: mode=enforce sidecar_cluster=edge_ratelimit sidecar_authority=ratelimit.internal:8080 " +
+		"timeout_ms=20 api_key_header=x-client-key on_missing_key=allow canary_clients=2 costs=3 region=eu-west-1"
+	if !slices.Contains(h.Logs(), want) {
+		t.Errorf("logs %q\nwant the line %q", h.Logs(), want)
+	}
+	for _, l := range h.Logs() {
+		if strings.Contains(l, "client-a") {
+			t.Errorf("a canary API key was logged: %s", l)
+		}
+	}
+}
+
+func (r runner) configInvalid(t *testing.T) {
+	for _, c := range InvalidConfigs {
+		t.Run(c.File, func(t *testing.T) {
+			h := r.unconfigured(t)
+			if h.Configure(InvalidConfig(c.File)) {
+				t.Fatal("accepted")
+			}
+			want := "edgelimit: invalid configuration: " + c.Error
+			if !slices.Contains(h.Logs(), want) {
+				t.Errorf("logs %q\nwant the line %q", h.Logs(), want)
+			}
+		})
+	}
+}
+
+// ---- the callout ----
+
+func (r runner) calloutDefault(t *testing.T) {
+	h := r.host(t, "")
+	_, c := waiting(t, h, get("key-1"))
+	if c.Cluster != "ratelimit_sidecar" || c.TimeoutMs != 5 || len(c.Body) != 0 {
+		t.Errorf("callout to %q, timeout %d ms, body %q; want ratelimit_sidecar, 5 ms, no body", c.Cluster, c.TimeoutMs, c.Body)
+	}
+	for _, want := range [][2]string{
+		{":method", "POST"}, {":path", "/v1/check"}, {":authority", "ratelimit-sidecar"},
+		{"x-api-key", "key-1"}, {"x-ratelimit-cost", "1"},
+	} {
+		if got := header(t, c.Headers, want[0]); got != want[1] {
+			t.Errorf("callout header %s = %q, want %q", want[0], got, want[1])
+		}
+	}
+	absent(t, c.Headers, "x-ratelimit-region", "authorization")
+}
+
+func (r runner) calloutConfigured(t *testing.T) {
+	h := r.host(t, `{"sidecar_cluster": "edge_rl", "sidecar_authority": "rl.internal:9000", "timeout_ms": 25, "region": "eu-west-1"}`)
+	_, c := waiting(t, h, get("key-2"))
+	if c.Cluster != "edge_rl" || c.TimeoutMs != 25 {
+		t.Errorf("callout to %q with timeout %d, want edge_rl and 25", c.Cluster, c.TimeoutMs)
+	}
+	if got := header(t, c.Headers, ":authority"); got != "rl.internal:9000" {
+		t.Errorf(":authority %q", got)
+	}
+	if got := header(t, c.Headers, "x-ratelimit-region"); got != "eu-west-1" {
+		t.Errorf("x-ratelimit-region %q", got)
+	}
+}
+
+// ---- sidecar answers ----
+
+func (r runner) allowed(t *testing.T) {
+	h := r.host(t, "")
+	s, _ := waiting(t, h, get("key-1"))
+	s.RespondCallout(allowAnswer(100, 42, 7, "gold"), []byte(`{"allowed":true}`))
+	wentOn(t, s)
+	up := s.UpstreamHeaders()
+	if got := header(t, up, "x-api-key"); got != "key-1" {
+		t.Errorf("upstream x-api-key %q", got)
+	}
+	absent(t, up, "x-ratelimit-shadow")
+	// A service's own (per-service limiter) headers are replaced, not doubled.
+	resp := s.ResponseHeaders([]Header{{":status", "200"}, {"ratelimit-limit", "999"}, {"RateLimit", "stale"}, {"content-type", "text/plain"}})
+	for _, want := range [][2]string{
+		{"ratelimit-policy", `"gold";q=100`},
+		{"ratelimit", `"gold";r=42;t=7`},
+		{"ratelimit-limit", "100"},
+		{"ratelimit-remaining", "42"},
+		{"ratelimit-reset", "7"},
+		{"content-type", "text/plain"},
+	} {
+		if got := header(t, resp, want[0]); got != want[1] {
+			t.Errorf("response header %s = %q, want %q", want[0], got, want[1])
+		}
+	}
+	s.Done()
+	counters(t, h, map[string]int64{limiter.MetricAllowed: 1})
+	if n := metric(t, h, limiter.MetricCalloutLatency); n != 1 {
+		t.Errorf("latency histogram has %d samples, want 1", n)
+	}
+}
+
+func (r runner) denied(t *testing.T) {
+	h := r.host(t, "")
+	s, _ := waiting(t, h, get("key-1"))
+	s.RespondCallout(denyAnswer(100, 0, 50, 3, "0.25", "2750", "gold"), []byte(`{"allowed":false}`))
+	rep := denial(t, s, `"gold"`, "100", "0", "50", "3")
+	if strings.ContainsAny(rep.Details, " \t") || rep.Details == "" {
+		t.Errorf("details %q: want a non-empty code without spaces", rep.Details)
+	}
+	s.Done()
+	counters(t, h, map[string]int64{limiter.MetricDenied: 1})
+
+	// retry-after 0 would send the client straight back into the denial.
+	s, _ = waiting(t, h, get("key-2"))
+	s.RespondCallout(denyAnswer(10, 0, 5, 0, "", "", "basic"), nil)
+	denial(t, s, `"basic"`, "10", "0", "5", "1")
+}
+
+func (r runner) failOpen(t *testing.T) {
+	text := Header{"content-type", "text/plain"}
+	for _, c := range []struct {
+		name   string
+		answer []Header
+		reason string
+	}{
+		{"503 unavailable", []Header{{":status", "503"}, text}, "unavailable"},
+		{"504 timeout", []Header{{":status", "504"}, text}, "timeout"},
+		{"500", []Header{{":status", "500"}, text}, "status"},
+		{"400", []Header{{":status", "400"}, text}, "status"},
+		{"302", []Header{{":status", "302"}, {"location", "/elsewhere"}}, "status"},
+		{"reset", nil, "reset"},
+		{"no status", []Header{text}, "malformed"},
+		{"status not a number", []Header{{":status", "2xx"}}, "malformed"},
+		{"status out of range", []Header{{":status", "20000"}}, "malformed"},
+		{"200 without rate-limit headers", []Header{{":status", "200"}}, "malformed"},
+		{"200 with a negative limit", []Header{{":status", "200"}, {"ratelimit-limit", "-1"}, {"ratelimit-remaining", "0"}, {"ratelimit-reset", "1"}}, "malformed"},
+		{"429 without retry-after", []Header{{":status", "429"}, {"ratelimit-limit", "10"}, {"ratelimit-remaining", "0"}, {"ratelimit-reset", "1"}}, "malformed"},
+		{"429 with an HTTP-date retry-after", []Header{{":status", "429"}, {"ratelimit-limit", "10"}, {"ratelimit-remaining", "0"},
+			{"ratelimit-reset", "1"}, {"retry-after", "Wed, 21 Oct 2026 07:28:00 GMT"}}, "malformed"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := r.host(t, "")
+			s, _ := waiting(t, h, get("key-1"))
+			s.RespondCallout(c.answer, []byte("upstream connect error"))
+			wentOn(t, s)
+			absent(t, s.UpstreamHeaders(), "x-ratelimit-shadow")
+			resp := s.ResponseHeaders([]Header{{":status", "200"}})
+			absent(t, resp, rateLimitHeaderNames...)
+			counters(t, h, map[string]int64{limiter.MetricFailedOpenPrefix + c.reason: 1})
+			if n := len(logged(h, "edgelimit: failing open ("+c.reason+"): ")); n != 1 {
+				t.Errorf("%d fail-open lines for %s in %q, want 1", n, c.reason, h.Logs())
+			}
+		})
+	}
+}
+
+func (r runner) dispatchFailure(t *testing.T) {
+	h := r.host(t, "")
+	h.FailNextDispatch()
+	s, cont := send(h, get("key-1"))
+	if !cont {
+		t.Fatal("request waits although no callback will ever come")
+	}
+	if _, ok := s.Callout(); ok {
+		t.Error("a callout is pending after a failed dispatch")
+	}
+	wentOn(t, s)
+	counters(t, h, map[string]int64{limiter.MetricFailedOpenPrefix + "dispatch": 1})
+	want := "edgelimit: failing open (dispatch): proxy_http_call failed: INTERNAL_FAILURE"
+	if !slices.Contains(h.Logs(), want) {
+		t.Errorf("logs %q, want %q", h.Logs(), want)
+	}
+	// Only the next dispatch failed.
+	s, _ = waiting(t, h, get("key-1"))
+	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	wentOn(t, s)
+}
+
+func (r runner) failOpenLogs(t *testing.T) {
+	h := r.host(t, "")
+	timeout := func() {
+		s, _ := waiting(t, h, get("key-1"))
+		s.RespondCallout([]Header{{":status", "504"}}, nil)
+		wentOn(t, s)
+	}
+	const prefix = "edgelimit: failing open (timeout): "
+	for range 3 {
+		timeout()
+	}
+	if got := logged(h, prefix); !slices.Equal(got, []string{prefix + "sidecar answered 504"}) {
+		t.Errorf("after 3 timeouts within the interval: %q, want one line", got)
+	}
+	// Another reason has its own budget.
+	s, _ := waiting(t, h, get("key-1"))
+	s.RespondCallout([]Header{{":status", "503"}}, nil)
+	if n := len(logged(h, "edgelimit: failing open (unavailable): ")); n != 1 {
+		t.Errorf("%d lines for unavailable, want 1", n)
+	}
+	h.Advance(10 * time.Second)
+	timeout()
+	got := logged(h, prefix)
+	if want := prefix + "sidecar answered 504; 2 more since the last report"; len(got) != 2 || got[1] != want {
+		t.Errorf("after the interval: %q, want a second line %q", got, want)
+	}
+	timeout()
+	timeout()
+	h.Tick()
+	if n := len(logged(h, prefix)); n != 2 {
+		t.Errorf("a tick within the interval logged: %q", logged(h, prefix))
+	}
+	h.Advance(10 * time.Second)
+	h.Tick()
+	got = logged(h, prefix)
+	if want := prefix + "2 more since the last report"; len(got) != 3 || got[2] != want {
+		t.Errorf("tick after the interval: %q, want a third line %q", got, want)
+	}
+	h.Advance(10 * time.Second)
+	h.Tick()
+	if n := len(logged(h, prefix)); n != 3 {
+		t.Errorf("a tick with nothing held back logged: %q", logged(h, prefix))
+	}
+	counters(t, h, map[string]int64{limiter.MetricFailedOpenPrefix + "timeout": 6, limiter.MetricFailedOpenPrefix + "unavailable": 1})
+}
+
+func (r runner) hostileAnswers(t *testing.T) {
+	for _, c := range []struct {
+		plan, policy string
+	}{
+		{`evil"plan\x`, `"evil\"plan\\x"`},
+		{"", `"default"`},
+		{"plan\tname", `"default"`},
+		{"план", `"default"`},
+		{strings.Repeat("p", 65), `"default"`},
+		{strings.Repeat("p", 64), `"` + strings.Repeat("p", 64) + `"`},
+	} {
+		h := r.host(t, "")
+		s, _ := waiting(t, h, get("key-1"))
+		s.RespondCallout(allowAnswer(10, 3, 2, c.plan), nil)
+		resp := s.ResponseHeaders([]Header{{":status", "200"}})
+		if got := header(t, resp, "ratelimit-policy"); got != c.policy+";q=10" {
+			t.Errorf("plan %q: ratelimit-policy %q, want %q", c.plan, got, c.policy+";q=10")
+		}
+	}
+	// Numbers the contract does not allow are a malformed answer.
+	for _, bad := range []string{"1e3", "0x10", "+5", "5.0", " 5", "1234567890123456", ""} {
+		h := r.host(t, "")
+		s, _ := waiting(t, h, get("key-1"))
+		s.RespondCallout([]Header{{":status", "200"}, {"ratelimit-limit", bad}, {"ratelimit-remaining", "1"}, {"ratelimit-reset", "1"}}, nil)
+		wentOn(t, s)
+		if n := metric(t, h, limiter.MetricFailedOpenPrefix+"malformed"); n != 1 {
+			t.Errorf("ratelimit-limit %q: malformed = %d, want 1", bad, n)
+		}
+	}
+}
+
+// ---- deny cache ----
+
+func (r runner) denyCacheWindow(t *testing.T) {
+	h := r.host(t, "")
+	// 0.5 tokens left, 2.5 s until 1 token: the refill is 0.2 tokens/s.
+	s, _ := waiting(t, h, get("key-1"))
+	s.RespondCallout(denyAnswer(10, 0, 48, 3, "0.5", "2500", "basic"), nil)
+	denial(t, s, `"basic"`, "10", "0", "48", "3")
+
+	s, cont := send(h, get("key-1"))
+	if cont {
+		t.Fatal("a denied client went on within the window")
+	}
+	if _, ok := s.Callout(); ok {
+		t.Fatal("callout within the window, want the cached denial")
+	}
+	denial(t, s, `"basic"`, "10", "0", "48", "3")
+
+	// Another client is not affected.
+	s, _ = waiting(t, h, get("key-2"))
+	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	wentOn(t, s)
+
+	// The cache may give up at most 1 ms early (rounding margin), never late.
+	h.Advance(2500*time.Millisecond - 2*time.Millisecond)
+	s, _ = send(h, get("key-1"))
+	if _, ok := s.Callout(); ok {
+		t.Fatal("callout 2 ms before the tokens can suffice")
+	}
+	// By now at most 0.5 + 0.2·2.498 = 0.9996 tokens: full in 45.002 s at
+	// the earliest.
+	denial(t, s, `"basic"`, "10", "0", "46", "1")
+	h.Advance(2 * time.Millisecond)
+	s, _ = waiting(t, h, get("key-1"))
+	s.RespondCallout(allowAnswer(10, 0, 50, "basic"), nil)
+	wentOn(t, s)
+	counters(t, h, map[string]int64{limiter.MetricDenied: 1, limiter.MetricDeniedCached: 2, limiter.MetricAllowed: 2})
+}
+
+func (r runner) denyCacheCosts(t *testing.T) {
+	h := r.host(t, `{"costs": [{"path_prefix": "/heavy", "cost": 5}, {"path_prefix": "/double", "cost": 2}]}`)
+	// A cost-5 request denied with 1 token left, 4 s until 5 tokens:
+	// the refill is 1 token/s.
+	s, c := waiting(t, h, request("GET", "/heavy", "key-1"))
+	if got := header(t, c.Headers, "x-ratelimit-cost"); got != "5" {
+		t.Fatalf("cost %q, want 5", got)
+	}
+	s.RespondCallout(denyAnswer(10, 1, 9, 4, "1", "4000", "basic"), nil)
+	reply(t, s, 429)
+
+	// Cost 1 can be met by the token left: ask the sidecar.
+	s, _ = waiting(t, h, get("key-1"))
+	s.RespondCallout(allowAnswer(10, 0, 10, "basic"), nil)
+	wentOn(t, s)
+
+	cached := func(path string, retryAfter string) {
+		t.Helper()
+		s, _ := send(h, request("GET", path, "key-1"))
+		if _, ok := s.Callout(); ok {
+			t.Fatalf("%s: callout, want the cached denial", path)
+		}
+		if got := header(t, reply(t, s, 429).Headers, "retry-after"); got != retryAfter {
+			t.Errorf("%s: retry-after %s, want %s", path, got, retryAfter)
+		}
+	}
+	asks := func(path string) {
+		t.Helper()
+		s, _ := waiting(t, h, request("GET", path, "key-1"))
+		s.RespondCallout(allowAnswer(10, 0, 10, "basic"), nil)
+	}
+	cached("/double", "1") // 2 tokens: not before 1 s
+	cached("/heavy", "4")  // 5 tokens: not before 4 s
+	h.Advance(998 * time.Millisecond)
+	cached("/double", "1")
+	h.Advance(2 * time.Millisecond)
+	asks("/double")
+	cached("/heavy", "3")
+	h.Advance(3 * time.Second)
+	asks("/heavy")
+}
+
+func (r runner) denyCacheWorkers(t *testing.T) {
+	const config = `{"sidecar_cluster": "rl"}`
+	h := r.host(t, config)
+	w := h.Worker()
+	owned(t, w)
+	if !w.Configure(config) {
+		t.Fatal("worker rejected the configuration")
+	}
+	s, _ := waiting(t, h, get("key-1"))
+	s.RespondCallout(denyAnswer(10, 0, 45, 5, "0", "5000", "basic"), nil)
+	reply(t, s, 429)
+
+	s, _ = send(w, get("key-1"))
+	if _, ok := s.Callout(); ok {
+		t.Fatal("the other worker asked the sidecar, want the shared cached denial")
+	}
+	reply(t, s, 429)
+	if n := metric(t, w, limiter.MetricDeniedCached); n != 1 {
+		t.Errorf("denied_cached = %d, want 1", n)
+	}
+
+	// A plugin limiting through another sidecar cluster has its own cache.
+	o := w.Worker()
+	owned(t, o)
+	if !o.Configure(`{"sidecar_cluster": "other"}`) {
+		t.Fatal("rejected")
+	}
+	waiting(t, o, get("key-1"))
+}
+
+func (r runner) denyCacheNeedsExactState(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		config string
+		path   string
+		answer []Header
+	}{
+		{"no tokens", "", "/", denyAnswer(10, 0, 5, 5, "", "5000", "basic")},
+		{"no retry ms", "", "/", denyAnswer(10, 0, 5, 5, "0", "", "basic")},
+		{"zero retry ms", "", "/", denyAnswer(10, 0, 5, 5, "0", "0", "basic")},
+		{"bad tokens", "", "/", denyAnswer(10, 0, 5, 5, "NaN", "5000", "basic")},
+		{"bad retry ms", "", "/", denyAnswer(10, 0, 5, 5, "0", "Inf", "basic")},
+		{"tokens would suffice", "", "/", denyAnswer(10, 1, 5, 5, "1.5", "5000", "basic")},
+		{"cost above capacity", `{"costs": [{"path_prefix": "/huge", "cost": 20}]}`, "/huge", denyAnswer(10, 0, 5, 5, "0", "5000", "basic")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := r.host(t, c.config)
+			s, _ := waiting(t, h, request("GET", c.path, "key-1"))
+			s.RespondCallout(c.answer, nil)
+			reply(t, s, 429)
+			waiting(t, h, request("GET", c.path, "key-1"))
+		})
+	}
+}
+
+// bucket is the token bucket the sidecar's script keeps, with time from
+// the test's clock (the host's, relative to the test's start).
+type bucket struct {
+	capacity, rate float64 // tokens, tokens per second
+	tokens         float64
+	at             time.Duration
+}
+
+func (b *bucket) level(now time.Duration) float64 {
+	return math.Min(b.capacity, b.tokens+b.rate*(now-b.at).Seconds())
+}
+
+// answer decides a request of cost at now and answers as the sidecar does.
+func (b *bucket) answer(now time.Duration, cost int64) []Header {
+	b.tokens, b.at = b.level(now), now
+	reset := int64(math.Ceil((b.capacity - b.tokens) / b.rate))
+	if b.tokens >= float64(cost) {
+		b.tokens -= float64(cost)
+		reset = int64(math.Ceil((b.capacity - b.tokens) / b.rate))
+		h := allowAnswer(int64(b.capacity), int64(math.Floor(b.tokens)), reset, "model")
+		return append(h[:len(h)-2], Header{"x-ratelimit-tokens", strconv.FormatFloat(b.tokens, 'g', 14, 64)}, Header{"x-ratelimit-plan", "model"})
+	}
+	waitMs := (float64(cost) - b.tokens) / b.rate * 1000
+	return denyAnswer(int64(b.capacity), int64(math.Floor(b.tokens)), reset, max(int64(math.Ceil(waitMs/1000)), 1),
+		strconv.FormatFloat(b.tokens, 'g', 14, 64), strconv.FormatFloat(waitMs, 'f', 3, 64), "model")
+}
+
+// denyCacheBucketModel drives the filter with a random mix of clients,
+// costs, pauses and callout latencies, answering every callout from a model
+// of the sidecar's bucket. Every request must be decided by the sidecar or
+// denied from the cache, and every cached denial must be one the bucket
+// would have made at that instant (its tokens below the cost).
+func (r runner) denyCacheBucketModel(t *testing.T) {
+	h := r.host(t, `{"costs": [{"path_prefix": "/c2", "cost": 2}, {"path_prefix": "/c3", "cost": 3}, {"path_prefix": "/c5", "cost": 5}]}`)
+	paths := []string{"/", "/c2", "/c3", "/c5"}
+	costs := []int64{1, 2, 3, 5}
+	buckets := map[string]*bucket{}
+	for _, k := range []string{"client-a", "client-b", "client-c"} {
+		buckets[k] = &bucket{capacity: 10, rate: 4, tokens: 10}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var now time.Duration
+	advance := func(d time.Duration) { h.Advance(d); now += d }
+	var calls, cached, sidecarDenied int
+	for i := 0; i < 3000; i++ {
+		key := []string{"client-a", "client-b", "client-c"}[rng.IntN(3)]
+		p := rng.IntN(len(paths))
+		s, cont := send(h, request("GET", paths[p], key))
+		if cont {
+			t.Fatalf("request %d went on without a decision", i)
+		}
+		if c, ok := s.Callout(); ok {
+			calls++
+			if got := header(t, c.Headers, "x-ratelimit-cost"); got != strconv.FormatInt(costs[p], 10) {
+				t.Fatalf("cost %s, want %d", got, costs[p])
+			}
+			// The sidecar decides up to 3 ms after the dispatch.
+			advance(time.Duration(rng.IntN(3000)) * time.Microsecond)
+			ans := buckets[key].answer(now, costs[p])
+			s.RespondCallout(ans, nil)
+			if v, _ := Get(ans, ":status"); v == "429" {
+				sidecarDenied++
+				reply(t, s, 429)
+			} else {
+				wentOn(t, s)
+			}
+		} else {
+			cached++
+			reply(t, s, 429)
+			if lvl := buckets[key].level(now); lvl >= float64(costs[p]) {
+				t.Fatalf("request %d: cached denial of cost %d while the bucket holds %.6f tokens", i, costs[p], lvl)
+			}
+		}
+		s.Done()
+		advance(time.Duration(rng.IntN(150)) * time.Millisecond)
+	}
+	t.Logf("%d callouts (%d denied by the sidecar), %d cached denials", calls, sidecarDenied, cached)
+	if cached == 0 || sidecarDenied == 0 {
+		t.Errorf("the mix did not exercise both the cache and the sidecar: %d cached, %d denied by the sidecar", cached, sidecarDenied)
+	}
+	counters(t, h, map[string]int64{
+		limiter.MetricAllowed:      int64(calls - sidecarDenied),
+		limiter.MetricDenied:       int64(sidecarDenied),
+		limiter.MetricDeniedCached: int64(cached),
+	})
+}
+
+// ---- costs, modes, canary ----
+
+func (r runner) costs(t *testing.T) {
+	h := r.host(t, `{"costs": [{"method": "POST", "path_prefix": "/upload", "cost": 5},
+		{"path_prefix": "/search", "cost": 2}, {"method": "DELETE", "cost": 3}]}`)
+	for _, c := range []struct {
+		method, path, cost string
+	}{
+		{"POST", "/upload/big?x=1", "5"},
+		{"GET", "/upload", "1"},
+		{"GET", "/search?q=go", "2"},
+		{"POST", "/search", "2"},
+		{"DELETE", "/upload", "3"},
+		{"DELETE", "/search", "2"},
+		{"GET", "/other", "1"},
+	} {
+		s, call := waiting(t, h, request(c.method, c.path, "key-1"))
+		if got := header(t, call.Headers, "x-ratelimit-cost"); got != c.cost {
+			t.Errorf("%s %s: cost %s, want %s", c.method, c.path, got, c.cost)
+		}
+		s.RespondCallout(allowAnswer(100, 50, 10, "basic"), nil)
+		s.Done()
+	}
+}
+
+func (r runner) modeOff(t *testing.T) {
+	h := r.host(t, `{"mode": "off"}`)
+	s, cont := send(h, get("key-1", Header{"x-ratelimit-shadow", "allow"}))
+	if !cont {
+		t.Fatal("mode off: request waits")
+	}
+	if _, ok := s.Callout(); ok {
+		t.Error("mode off: callout made")
+	}
+	absent(t, s.UpstreamHeaders(), "x-ratelimit-shadow")
+	absent(t, s.ResponseHeaders([]Header{{":status", "200"}}), rateLimitHeaderNames...)
+	_, cont = send(h, get(""))
+	if !cont {
+		t.Error("mode off: a request without key was stopped")
+	}
+	counters(t, h, map[string]int64{limiter.MetricUnchecked: 2})
+}
+
+func (r runner) modeShadow(t *testing.T) {
+	h := r.host(t, `{"mode": "shadow"}`)
+	// A client's own decision header never reaches the service.
+	s, _ := waiting(t, h, get("key-1", Header{"x-ratelimit-shadow", "allow"}))
+	s.RespondCallout(allowAnswer(10, 5, 3, "basic"), nil)
+	wentOn(t, s)
+	if got := header(t, s.UpstreamHeaders(), "x-ratelimit-shadow"); got != "allow" {
+		t.Errorf("shadow allow: header %q", got)
+	}
+	absent(t, s.ResponseHeaders([]Header{{":status", "200"}}), rateLimitHeaderNames...)
+
+	s, _ = waiting(t, h, get("key-2", Header{"x-ratelimit-shadow", "allow"}))
+	s.RespondCallout(denyAnswer(10, 0, 10, 2, "0", "2000", "basic"), nil)
+	wentOn(t, s)
+	if got := header(t, s.UpstreamHeaders(), "x-ratelimit-shadow"); got != "deny" {
+		t.Errorf("shadow deny: header %q", got)
+	}
+	absent(t, s.ResponseHeaders([]Header{{":status", "200"}}), rateLimitHeaderNames...)
+
+	// The cached decision is forwarded without a callout.
+	s, cont := send(h, get("key-2"))
+	if !cont {
+		t.Fatal("shadow: cached denial stopped the request")
+	}
+	if _, ok := s.Callout(); ok {
+		t.Error("shadow: callout within the cached window")
+	}
+	if got := header(t, s.UpstreamHeaders(), "x-ratelimit-shadow"); got != "deny" {
+		t.Errorf("shadow cached deny: header %q", got)
+	}
+
+	s, _ = waiting(t, h, get("key-3"))
+	s.RespondCallout([]Header{{":status", "504"}}, nil)
+	wentOn(t, s)
+	if got := header(t, s.UpstreamHeaders(), "x-ratelimit-shadow"); got != "unknown" {
+		t.Errorf("shadow fail-open: header %q", got)
+	}
+	h.FailNextDispatch()
+	s, _ = send(h, get("key-3"))
+	wentOn(t, s)
+	if got := header(t, s.UpstreamHeaders(), "x-ratelimit-shadow"); got != "unknown" {
+		t.Errorf("shadow dispatch failure: header %q", got)
+	}
+	counters(t, h, map[string]int64{
+		limiter.MetricShadowAllowed:                1,
+		limiter.MetricShadowWouldDeny:              2,
+		limiter.MetricFailedOpenPrefix + "timeout": 1, limiter.MetricFailedOpenPrefix + "dispatch": 1,
+	})
+}
+
+func (r runner) canary(t *testing.T) {
+	h := r.host(t, `{"canary_clients": ["vip-1", "vip-2"]}`)
+	s, _ := waiting(t, h, get("vip-1"))
+	s.RespondCallout(denyAnswer(10, 0, 10, 2, "0", "2000", "basic"), nil)
+	reply(t, s, 429)
+
+	s, _ = waiting(t, h, get("regular"))
+	s.RespondCallout(denyAnswer(10, 0, 10, 2, "0", "2000", "basic"), nil)
+	wentOn(t, s)
+	if got := header(t, s.UpstreamHeaders(), "x-ratelimit-shadow"); got != "deny" {
+		t.Errorf("non-canary client: header %q", got)
+	}
+
+	s, _ = waiting(t, h, get("vip-2"))
+	s.RespondCallout(allowAnswer(10, 4, 2, "basic"), nil)
+	wentOn(t, s)
+	absent(t, s.UpstreamHeaders(), "x-ratelimit-shadow")
+	if got := header(t, s.ResponseHeaders([]Header{{":status", "200"}}), "ratelimit-remaining"); got != "4" {
+		t.Errorf("canary client allowed: ratelimit-remaining %q", got)
+	}
+	counters(t, h, map[string]int64{limiter.MetricDenied: 1, limiter.MetricShadowWouldDeny: 1, limiter.MetricAllowed: 1})
+}
+
+// ---- keys ----
+
+func (r runner) missingKey(t *testing.T) {
+	h := r.host(t, "")
+	s, _ := send(h, get(""))
+	if _, ok := s.Callout(); ok {
+		t.Error("callout for a request without key")
+	}
+	rep := reply(t, s, 401)
+	if body := jsonBody(t, rep); body["error"] != "missing_api_key" {
+		t.Errorf("401 body %s", rep.Body)
+	}
+	counters(t, h, map[string]int64{limiter.MetricMissingKey: 1})
+
+	h = r.host(t, `{"on_missing_key": "allow"}`)
+	s, cont := send(h, get(""))
+	if !cont {
+		t.Error("on_missing_key allow: request stopped")
+	}
+	if _, ok := s.Callout(); ok {
+		t.Error("on_missing_key allow: callout made")
+	}
+	absent(t, s.ResponseHeaders([]Header{{":status", "200"}}), rateLimitHeaderNames...)
+	counters(t, h, map[string]int64{limiter.MetricMissingKey: 1})
+}
+
+func (r runner) invalidKey(t *testing.T) {
+	h := r.host(t, "")
+	bad := []string{"ctl\x01key", "has space", "tab\tkey", "del\x7fkey", "ключ", strings.Repeat("k", 257)}
+	for _, k := range bad {
+		s, _ := send(h, get(k))
+		if _, ok := s.Callout(); ok {
+			t.Errorf("key %q: callout made", k)
+		}
+		if body := jsonBody(t, reply(t, s, 401)); body["error"] != "invalid_api_key" {
+			t.Errorf("key %q: body %v", k, body)
+		}
+	}
+	counters(t, h, map[string]int64{limiter.MetricInvalidKey: int64(len(bad))})
+	// The longest key allowed goes to the sidecar.
+	long := strings.Repeat("k", 256)
+	_, c := waiting(t, h, get(long))
+	if header(t, c.Headers, "x-api-key") != long {
+		t.Error("256-byte key not passed on")
+	}
+
+	h = r.host(t, `{"on_missing_key": "allow"}`)
+	s, cont := send(h, get("has space"))
+	if !cont {
+		t.Error("on_missing_key allow: request with an invalid key stopped")
+	}
+	if _, ok := s.Callout(); ok {
+		t.Error("invalid key passed to the sidecar")
+	}
+	counters(t, h, map[string]int64{limiter.MetricInvalidKey: 1})
+}
+
+func (r runner) bearer(t *testing.T) {
+	h := r.host(t, "")
+	for _, c := range []struct {
+		headers []Header
+		key     string // "" for a 401
+		problem string // error in the 401 body
+	}{
+		{[]Header{{"authorization", "Bearer tok-1"}}, "tok-1", ""},
+		{[]Header{{"authorization", "bearer    tok-2"}}, "tok-2", ""},
+		{[]Header{{"authorization", "BEARER tok-3"}}, "tok-3", ""},
+		{[]Header{{"x-api-key", "key-4"}, {"authorization", "Bearer tok-4"}}, "key-4", ""},
+		{[]Header{{"x-api-key", ""}, {"authorization", "Bearer tok-5"}}, "tok-5", ""},
+		{[]Header{{"authorization", "Basic dXNlcjpwYXNz"}}, "", "missing_api_key"},
+		{[]Header{{"authorization", "Bearertok"}}, "", "missing_api_key"},
+		{[]Header{{"authorization", "Bearer a b"}}, "", "invalid_api_key"},
+		{[]Header{{"authorization", "Bearer \x01"}}, "", "invalid_api_key"},
+	} {
+		s, _ := send(h, request("GET", "/", "", c.headers...))
+		if c.key == "" {
+			if body := jsonBody(t, reply(t, s, 401)); body["error"] != c.problem {
+				t.Errorf("%q: body %v, want %s", c.headers, body, c.problem)
+			}
+			continue
+		}
+		call, ok := s.Callout()
+		if !ok {
+			t.Errorf("%q: no callout", c.headers)
+			continue
+		}
+		if got := header(t, call.Headers, "x-api-key"); got != c.key {
+			t.Errorf("%q: key %q, want %q", c.headers, got, c.key)
+		}
+		s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+		wentOn(t, s)
+	}
+}
+
+func (r runner) keyHeader(t *testing.T) {
+	h := r.host(t, `{"api_key_header": "X-Client-Key"}`)
+	_, c := waiting(t, h, request("GET", "/", "", Header{"x-client-key", "ck-1"}))
+	if got := header(t, c.Headers, "x-api-key"); got != "ck-1" {
+		t.Errorf("key %q, want ck-1", got)
+	}
+	// x-api-key means nothing once another header is configured.
+	s, _ := send(h, get("key-1"))
+	reply(t, s, 401)
+}
+
+// ---- hostile input ----
+
+func (r runner) hostileHeaders(t *testing.T) {
+	h := r.host(t, "")
+	// Two keys: the sidecar is asked about the first, and the service sees
+	// only that one, so it cannot authenticate a key that was not charged.
+	s, c := waiting(t, h, get("key-a", Header{"x-api-key", "key-b"}))
+	if got := header(t, c.Headers, "x-api-key"); got != "key-a" {
+		t.Errorf("charged %q, want key-a", got)
+	}
+	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	if got := header(t, s.UpstreamHeaders(), "x-api-key"); got != "key-a" {
+		t.Errorf("service sees x-api-key %q, want key-a alone", got)
+	}
+
+	// A flood of headers and a huge header value do not disturb the check.
+	var many []Header
+	for i := range 500 {
+		many = append(many, Header{"x-junk-" + strconv.Itoa(i), strings.Repeat("v", 100)})
+	}
+	s, c = waiting(t, h, get("key-c", many...))
+	if got := header(t, c.Headers, "x-api-key"); got != "key-c" {
+		t.Errorf("with 500 headers: key %q", got)
+	}
+	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	wentOn(t, s)
+	s, _ = send(h, get(strings.Repeat("x", 64<<10)))
+	reply(t, s, 401)
+
+	// A huge or binary answer body is ignored.
+	s, _ = waiting(t, h, get("key-d"))
+	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), []byte(strings.Repeat("\x00\xff", 1<<16)))
+	wentOn(t, s)
+}
+
+// ---- lifecycle ----
+
+func (r runner) lifecycle(t *testing.T) {
+	// Before configuration the filter lets everything through.
+	h := r.unconfigured(t)
+	s, cont := send(h, get("key-1"))
+	if !cont {
+		t.Error("unconfigured: request stopped")
+	}
+	if _, ok := s.Callout(); ok {
+		t.Error("unconfigured: callout made")
+	}
+
+	// A client that goes away before the answer: the late answer is dropped.
+	h = r.host(t, "")
+	s, _ = waiting(t, h, get("key-1"))
+	s.Done()
+	s.RespondCallout(denyAnswer(10, 0, 10, 2, "0", "2000", "basic"), nil)
+	if _, ok := s.LocalReply(); ok {
+		t.Error("a local reply was sent to a finished stream")
+	}
+	// The denial it carried is still worth caching.
+	s, _ = send(h, get("key-1"))
+	reply(t, s, 429)
+	s.Done()
+	s.Done()
+
+	// Streams keep working after all that.
+	s, _ = waiting(t, h, get("key-2"))
+	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	wentOn(t, s)
+	s.Done()
+	counters(t, h, map[string]int64{limiter.MetricDeniedCached: 1, limiter.MetricAllowed: 1})
+}

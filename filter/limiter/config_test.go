@@ -1,0 +1,190 @@
+package limiter_test
+
+import (
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/edgelimit/edgelimit/filter/filtertest"
+	"github.com/edgelimit/edgelimit/filter/limiter"
+)
+
+func TestParseRejectsEveryInvalidFixture(t *testing.T) {
+	for _, c := range filtertest.InvalidConfigs {
+		t.Run(c.File, func(t *testing.T) {
+			cfg, err := limiter.Parse([]byte(filtertest.InvalidConfig(c.File)))
+			if err == nil {
+				t.Fatalf("accepted: %+v", cfg)
+			}
+			if err.Error() != c.Error {
+				t.Errorf("error\n got %s\nwant %s", err, c.Error)
+			}
+		})
+	}
+}
+
+func TestEveryFixtureIsInATable(t *testing.T) {
+	listed := map[string]bool{}
+	for _, c := range filtertest.InvalidConfigs {
+		listed["invalid/"+c.File] = true
+	}
+	for _, f := range filtertest.ValidConfigs {
+		listed["valid/"+f] = true
+	}
+	files := filtertest.ConfigFixtures()
+	for _, f := range files {
+		if !listed[f] {
+			t.Errorf("fixture %s has no entry in filtertest's tables", f)
+		}
+	}
+	if len(files) != len(listed) {
+		t.Errorf("%d fixture files, %d table entries", len(files), len(listed))
+	}
+}
+
+func TestParseDefaults(t *testing.T) {
+	for _, f := range []string{"empty.json", "whitespace.json", "empty-object.json"} {
+		cfg, err := limiter.Parse([]byte(filtertest.ValidConfig(f)))
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		want := limiter.DefaultConfig()
+		if !equalConfig(cfg, want) {
+			t.Errorf("%s: got %+v, want the defaults %+v", f, cfg, want)
+		}
+	}
+	d := limiter.DefaultConfig()
+	if d.SidecarCluster != "ratelimit_sidecar" || d.SidecarAuthority != "ratelimit-sidecar" || d.TimeoutMs != 5 ||
+		d.APIKeyHeader != "x-api-key" || d.Mode != limiter.ModeEnforce || !d.RejectMissingKey ||
+		len(d.Costs) != 0 || len(d.CanaryClients) != 0 || d.Region != "" {
+		t.Errorf("defaults differ from the documented ones: %+v", d)
+	}
+}
+
+func TestParseFull(t *testing.T) {
+	cfg, err := limiter.Parse([]byte(filtertest.ValidConfig("full.json")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &limiter.Config{
+		SidecarCluster:   "edge_ratelimit",
+		SidecarAuthority: "ratelimit.internal:8080",
+		TimeoutMs:        20,
+		APIKeyHeader:     "x-client-key",
+		Mode:             limiter.ModeEnforce,
+		CanaryClients:    map[string]struct{}{"client-a": {}, "client-b": {}},
+		RejectMissingKey: false,
+		Costs: []limiter.CostRule{
+			{Method: "POST", PathPrefix: "/v1/upload", Cost: 10},
+			{PathPrefix: "/v1/search", Cost: 2},
+			{Method: "DELETE", Cost: 3},
+		},
+		Region: "eu-west-1",
+	}
+	if !equalConfig(cfg, want) {
+		t.Errorf("got %+v\nwant %+v", cfg, want)
+	}
+	if got := cfg.Summary(); got != "mode=enforce sidecar_cluster=edge_ratelimit sidecar_authority=ratelimit.internal:8080 "+
+		"timeout_ms=20 api_key_header=x-client-key on_missing_key=allow canary_clients=2 costs=3 region=eu-west-1" {
+		t.Errorf("summary %q", got)
+	}
+	esc, err := limiter.Parse([]byte(filtertest.ValidConfig("escapes.json")))
+	if err != nil || esc.Region != "eu-west" {
+		t.Errorf("escapes.json: region %q, err %v", esc.Region, err)
+	}
+}
+
+func TestParseTooLarge(t *testing.T) {
+	data := []byte(`{"region": "` + strings.Repeat(" ", limiter.MaxConfigBytes) + `"}`)
+	_, err := limiter.Parse(data)
+	want := "configuration: must be at most 65536 bytes, got " + strconv.Itoa(len(data))
+	if err == nil || err.Error() != want {
+		t.Errorf("got %v, want %s", err, want)
+	}
+}
+
+func TestParseLimits(t *testing.T) {
+	rules := make([]string, limiter.MaxCostRules+1)
+	for i := range rules {
+		rules[i] = `{"path_prefix": "/p` + strconv.Itoa(i) + `", "cost": 1}`
+	}
+	_, err := limiter.Parse([]byte(`{"costs": [` + strings.Join(rules, ",") + `]}`))
+	if want := "costs: must have at most 256 rules, got 257"; err == nil || err.Error() != want {
+		t.Errorf("got %v, want %s", err, want)
+	}
+	if _, err := limiter.Parse([]byte(`{"costs": [` + strings.Join(rules[:limiter.MaxCostRules], ",") + `]}`)); err != nil {
+		t.Errorf("256 rules: %v", err)
+	}
+	key := strings.Repeat("k", limiter.MaxKeyLen)
+	if _, err := limiter.Parse([]byte(`{"canary_clients": ["` + key + `"]}`)); err != nil {
+		t.Errorf("canary key of %d bytes: %v", len(key), err)
+	}
+	_, err = limiter.Parse([]byte(`{"canary_clients": ["` + key + `k"]}`))
+	if err == nil || strings.Contains(err.Error(), key) {
+		t.Errorf("over-long canary key: got %v (must fail without quoting the key)", err)
+	}
+	for _, ok := range []string{`{"timeout_ms": 1}`, `{"timeout_ms": 60000}`, `{"costs": [{"method": "GET", "cost": 1000000}]}`,
+		`{"region": ""}`, `{"api_key_header": "X-Api-Key"}`} {
+		if _, err := limiter.Parse([]byte(ok)); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+}
+
+func TestCost(t *testing.T) {
+	cfg, err := limiter.Parse([]byte(filtertest.ValidConfig("full.json")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		method, path string
+		want         int64
+	}{
+		{"POST", "/v1/upload", 10},
+		{"POST", "/v1/upload/big?x=1", 10},
+		{"GET", "/v1/upload", 1},
+		{"GET", "/v1/search?q=go", 2},
+		{"POST", "/v1/search", 2},
+		{"DELETE", "/v1/upload", 3},
+		{"DELETE", "/v1/search", 2},
+		{"GET", "/v1/other", 1},
+		{"post", "/v1/upload", 1},
+		{"", "", 1},
+	} {
+		if got := cfg.Cost(c.method, c.path); got != c.want {
+			t.Errorf("Cost(%q, %q) = %d, want %d", c.method, c.path, got, c.want)
+		}
+	}
+}
+
+func TestEnforced(t *testing.T) {
+	for _, c := range []struct {
+		config string
+		key    string
+		want   bool
+	}{
+		{`{}`, "anyone", true},
+		{`{"mode": "shadow"}`, "anyone", false},
+		{`{"mode": "off"}`, "anyone", false},
+		{`{"canary_clients": ["vip"]}`, "vip", true},
+		{`{"canary_clients": ["vip"]}`, "other", false},
+		{`{"mode": "shadow", "canary_clients": ["vip"]}`, "vip", false},
+	} {
+		cfg, err := limiter.Parse([]byte(c.config))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.Enforced(c.key); got != c.want {
+			t.Errorf("%s: Enforced(%q) = %v, want %v", c.config, c.key, got, c.want)
+		}
+	}
+}
+
+func equalConfig(a, b *limiter.Config) bool {
+	return a.SidecarCluster == b.SidecarCluster && a.SidecarAuthority == b.SidecarAuthority &&
+		a.TimeoutMs == b.TimeoutMs && a.APIKeyHeader == b.APIKeyHeader && a.Mode == b.Mode &&
+		maps.Equal(a.CanaryClients, b.CanaryClients) && a.RejectMissingKey == b.RejectMissingKey &&
+		slices.Equal(a.Costs, b.Costs) && a.Region == b.Region
+}

@@ -1,0 +1,143 @@
+package limiter
+
+import (
+	"bytes"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestParseJSONValues(t *testing.T) {
+	for in, want := range map[string]any{
+		`{"a": [1, -2.5e3, true, false, null, "x"]}`: map[string]any{"a": []any{json.Number("1"), json.Number("-2.5e3"), true, false, nil, "x"}},
+		`"\u00e9\ud83d\ude00\n\/\\\""`:               "é😀\n/\\\"",
+		` [ ] `:                                      []any{},
+		`{}`:                                         map[string]any{},
+		`0`:                                          json.Number("0"),
+		`-0.0E+1`:                                    json.Number("-0.0E+1"),
+		`"plain"`:                                    "plain",
+	} {
+		v, err := parseJSON([]byte(in))
+		if err != nil {
+			t.Errorf("%s: %v", in, err)
+			continue
+		}
+		if got, _ := toAny(v); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: %#v, want %#v", in, got, want)
+		}
+	}
+	for _, bad := range []string{``, ` `, `01`, `1.`, `.5`, `-`, `1e`, `+1`, `tru`, `nul`, `"\x"`, `"\u12"`, `"a`, `[1,]`,
+		`{"a"}`, `{"a":1,}`, `{,}`, `[1 2]`, `"` + "\x01" + `"`, `"\udc00"`, `"\ud800\u0041"`, `NaN`, `Infinity`, `'a'`} {
+		if v, err := parseJSON([]byte(bad)); err == nil {
+			t.Errorf("%q parsed as %+v", bad, v)
+		}
+	}
+}
+
+// toAny converts a parsed value to what encoding/json decodes (with
+// UseNumber); ok is false when an object repeats a name, which
+// encoding/json would merge.
+func toAny(v jsonValue) (any, bool) {
+	switch v.kind {
+	case jsonNull:
+		return nil, true
+	case jsonBool:
+		return v.b, true
+	case jsonNumber:
+		return json.Number(v.text), true
+	case jsonString:
+		return v.text, true
+	case jsonArray:
+		out := []any{}
+		for _, it := range v.items {
+			a, ok := toAny(it)
+			if !ok {
+				return nil, false
+			}
+			out = append(out, a)
+		}
+		return out, true
+	}
+	out := map[string]any{}
+	for _, f := range v.fields {
+		if _, dup := out[f.name]; dup {
+			return nil, false
+		}
+		a, ok := toAny(f.value)
+		if !ok {
+			return nil, false
+		}
+		out[f.name] = a
+	}
+	return out, true
+}
+
+// FuzzParseJSON compares the reader with encoding/json: whatever it accepts
+// encoding/json accepts too and decodes to the same value; what it refuses
+// and encoding/json accepts is one of its documented extra rules.
+func FuzzParseJSON(f *testing.F) {
+	for _, s := range []string{`{"mode":"shadow","costs":[{"cost":2}]}`, `[1,2,{"a":"\u00e9"}]`, `"\ud800"`, `{"a":1,"a":2}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		v, err := parseJSON(data)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "invalid JSON at offset ") {
+				t.Fatalf("error %q", err)
+			}
+			return
+		}
+		if !json.Valid(data) {
+			t.Fatalf("accepted %q, which encoding/json refuses", data)
+		}
+		mine, ok := toAny(v)
+		if !ok {
+			return
+		}
+		d := json.NewDecoder(bytes.NewReader(data))
+		d.UseNumber()
+		var theirs any
+		if err := d.Decode(&theirs); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(mine, theirs) {
+			t.Fatalf("%q: %#v, encoding/json %#v", data, mine, theirs)
+		}
+	})
+}
+
+// FuzzParse: the configuration parser never panics, every error names what
+// it is about, and every accepted configuration is within its limits.
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{``, `{}`, `{"timeout_ms": -3}`, `{"mode": "shadow", "canary_clients": ["a", "b c"]}`,
+		`{"costs": [{"method": "POST", "path_prefix": "/x", "cost": 2}]}`, `{"api_key_header": "X-Key", "region": "eu"}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse(data)
+		if err != nil {
+			msg := err.Error()
+			i := strings.Index(msg, ": ")
+			if i <= 0 || !strings.HasPrefix(msg, "configuration") && !strings.ContainsAny(msg[:1], "abcdefghijklmnopqrstuvwxyz") {
+				t.Fatalf("error %q does not start with the field", msg)
+			}
+			return
+		}
+		if c.TimeoutMs < 1 || c.TimeoutMs > MaxTimeoutMs || !isVisible(c.SidecarCluster) || c.SidecarCluster == "" ||
+			!isVisible(c.SidecarAuthority) || !isHeaderName(c.APIKeyHeader) || c.Mode > ModeOff ||
+			len(c.Region) > MaxRegionLen || (c.Region != "" && !isVisible(c.Region)) || len(c.Costs) > MaxCostRules {
+			t.Fatalf("accepted out-of-range config %+v", c)
+		}
+		for k := range c.CanaryClients {
+			if !ValidKey(k) {
+				t.Fatalf("accepted canary key %q", k)
+			}
+		}
+		for _, r := range c.Costs {
+			if r.Cost < 1 || r.Cost > MaxCost || (r.Method == "" && r.PathPrefix == "") {
+				t.Fatalf("accepted rule %+v", r)
+			}
+		}
+	})
+}
