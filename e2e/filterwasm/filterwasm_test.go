@@ -101,3 +101,9 @@ func TestFilterSmoke(t *testing.T) {
 		s.Done()
 	}
 }
+
+// TestFilterBehaviour runs the filter's whole table of behaviour against
+// the compiled module, the same table filter/filtertest runs natively.
+func TestFilterBehaviour(t *testing.T) {
+	filtertest.Run(t, newHost)
+}
