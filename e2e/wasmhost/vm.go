@@ -75,9 +75,10 @@ type VM struct {
 	closed bool
 	exited chan struct{}
 
-	failed  atomic.Bool
-	failMu  sync.Mutex
-	failErr error
+	failed    atomic.Bool
+	failMu    sync.Mutex
+	failErr   error
+	pollCalls atomic.Int64
 
 	// State below is touched only on the VM's goroutine.
 	mem         api.Memory
@@ -441,6 +442,13 @@ func (vm *VM) MemoryBytes() uint32 {
 	})
 	return n
 }
+
+// PollOneoffCalls returns how many times the module called WASI
+// poll_oneoff. A standard-Go module calls it only once its runtime started
+// the network poller (its first timer, or os/fmt opening stdio): from then
+// on at every garbage collection, which Envoy's older ENOSYS answer turns
+// into a crash.
+func (vm *VM) PollOneoffCalls() int64 { return vm.pollCalls.Load() }
 
 // Stats returns the metrics store the VM writes to.
 func (vm *VM) Stats() *Stats { return vm.o.Stats }
