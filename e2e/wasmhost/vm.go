@@ -471,6 +471,12 @@ func (vm *VM) Close() {
 			c.finish()
 			delete(vm.calls, token)
 		}
+		// Streams still waiting are torn down with the VM.
+		for _, c := range vm.contexts {
+			if s := c.stream; s != nil && s.state == Paused {
+				s.reset()
+			}
+		}
 	})
 	vm.qmu.Lock()
 	if !vm.closed {
@@ -510,11 +516,25 @@ func (vm *VM) loop() {
 func (vm *VM) run(f func()) {
 	defer func() {
 		if r := recover(); r != nil {
+			// Whatever was deferred belonged to the broken call; what
+			// fail queues (answers to waiting streams) must still run.
+			vm.after, vm.draining = nil, false
 			vm.fail(fmt.Errorf("host panic: %v\n%s", r, debug.Stack()))
-			vm.after = nil
+			vm.drainQuietly()
 		}
 	}()
 	f()
+}
+
+// drainQuietly runs the deferred actions after a host panic, dropping any
+// further panic: the VM is failed already.
+func (vm *VM) drainQuietly() {
+	defer func() {
+		if recover() != nil {
+			vm.after, vm.draining = nil, false
+		}
+	}()
+	vm.drain()
 }
 
 // post queues f to run on the VM's goroutine and returns at once; it
