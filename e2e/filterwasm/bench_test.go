@@ -13,8 +13,7 @@ import (
 // answered at once, response headers and the end of the stream. It measures
 // the filter plus the host, without any network.
 func BenchmarkFilterRequest(b *testing.B) {
-	t := &testing.T{}
-	mod := filterModule(t)
+	mod := filterModule(b)
 	vm, err := mod.NewVM(context.Background(), wasmhost.Options{Dispatcher: instantSidecar{}, VMID: "bench",
 		SharedData: wasmhost.NewSharedData(), Log: func(wasmhost.LogLevel, string) {}})
 	if err != nil {

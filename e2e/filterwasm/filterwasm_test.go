@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 }
 
 // filterModule builds and compiles filter.wasm once for the test binary.
-func filterModule(t *testing.T) *wasmhost.Module {
+func filterModule(t testing.TB) *wasmhost.Module {
 	t.Helper()
 	modOnce.Do(func() {
 		modDir, modErr = os.MkdirTemp("", "filterwasm-")

@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 }
 
 // modules builds filter.wasm and the host's probe module once.
-func modules(t *testing.T) (filter, probe string) {
+func modules(t testing.TB) (filter, probe string) {
 	t.Helper()
 	buildOnce.Do(func() {
 		buildDir, buildErr = os.MkdirTemp("", "gateway-test-")
@@ -69,7 +69,7 @@ type service struct {
 	last http.Header
 }
 
-func newService(t *testing.T, name string, delay time.Duration) *service {
+func newService(t testing.TB, name string, delay time.Duration) *service {
 	s := &service{}
 	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.hits.Add(1)
@@ -93,7 +93,7 @@ func (s *service) header(name string) string {
 
 // sidecar answers checks by key: "deny..." is over its limit, "slow..."
 // answers after 100 ms, anything else is allowed.
-func newSidecar(t *testing.T) *httptest.Server {
+func newSidecar(t testing.TB) *httptest.Server {
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("x-api-key")
 		h := w.Header()
@@ -120,7 +120,7 @@ func newSidecar(t *testing.T) *httptest.Server {
 }
 
 // closedAddr returns a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
+func closedAddr(t testing.TB) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -458,5 +458,53 @@ func TestNormalizePath(t *testing.T) {
 	}
 	if _, ok := normalizePath("*"); ok {
 		t.Error("normalizePath accepted *")
+	}
+}
+
+// BenchmarkGateway sends allowed requests through the whole gateway in
+// parallel: the filter, its callout to a loopback sidecar, the service.
+func BenchmarkGateway(b *testing.B) {
+	filter, _ := modules(b)
+	orders := newService(b, "orders", 0)
+	sidecar := newSidecar(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan [2]string, 1)
+	errc := make(chan error, 1)
+	go func() {
+		errc <- run(ctx, []string{"-config", envoyYAML, "-wasm", filter, "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0",
+			"-cluster", "orders=" + orders.Listener.Addr().String(), "-cluster", "billing=" + closedAddr(b),
+			"-cluster", "ratelimit_sidecar=" + sidecar.Listener.Addr().String()}, io.Discard, io.Discard, ready)
+	}()
+	var addr string
+	select {
+	case a := <-ready:
+		addr = a[0]
+	case err := <-errc:
+		b.Fatal(err)
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			req, _ := http.NewRequest("GET", "http://"+addr+"/orders/1", nil)
+			req.Header.Set("x-api-key", "alice")
+			resp, err := client.Do(req)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				b.Errorf("status %d", resp.StatusCode)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	cancel()
+	if err := <-errc; err != nil {
+		b.Error(err)
 	}
 }
