@@ -5,12 +5,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/tetratelabs/wazero"
@@ -22,20 +24,36 @@ import (
 // the way a proxy does when it loads it. The behaviour tests run it in the
 // headless host under e2e/.
 
+var module struct {
+	once sync.Once
+	wasm []byte
+	err  error
+}
+
+// buildModule builds filter.wasm once for all the tests of the package.
 func buildModule(t *testing.T) []byte {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "filter.wasm")
-	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-buildmode=c-shared", "-o", out, ".")
-	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, b)
+	module.once.Do(func() {
+		dir, err := os.MkdirTemp("", "filter-wasm-")
+		if err != nil {
+			module.err = err
+			return
+		}
+		defer os.RemoveAll(dir)
+		out := filepath.Join(dir, "filter.wasm")
+		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-buildmode=c-shared", "-o", out, ".")
+		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			module.err = fmt.Errorf("go build: %v\n%s", err, b)
+			return
+		}
+		module.wasm, module.err = os.ReadFile(out)
+	})
+	if module.err != nil {
+		t.Fatal(module.err)
 	}
-	wasm, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("filter.wasm: %d bytes", len(wasm))
-	return wasm
+	t.Logf("filter.wasm: %d bytes", len(module.wasm))
+	return module.wasm
 }
 
 const (

@@ -34,20 +34,34 @@ func Build(repoRoot, dir string) (string, error) {
 // Start is the clock time a host starts at.
 var Start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// NewHost returns a filtertest.Host: one VM of mod with its own clock,
-// shared data, metrics and log, callouts answered by the test. Callout
-// timeouts run on the host's clock, as in Envoy with simulated time: a
-// callout still unanswered when Advance passes its timeout gets Envoy's 504.
+// NewHost returns a filtertest.Host: one VM of mod in a proxy process of
+// its own (clock, shared data and metrics, which Worker VMs share), with its
+// own log, its callouts answered by the test. Callout timeouts run on the
+// process clock, as in Envoy with simulated time: a callout still
+// unanswered when Advance passes its timeout gets Envoy's 504.
 func NewHost(t *testing.T, mod *wasmhost.Module) filtertest.Host {
-	h := &host{t: t, clock: wasmhost.NewManualClock(Start), stats: wasmhost.NewStats()}
-	vm, err := mod.NewVM(context.Background(), wasmhost.Options{
+	p := &process{mod: mod, clock: wasmhost.NewManualClock(Start), stats: wasmhost.NewStats(), shared: wasmhost.NewSharedData()}
+	return p.newHost(t)
+}
+
+// process is what the VMs of one proxy process share.
+type process struct {
+	mod    *wasmhost.Module
+	clock  *wasmhost.ManualClock
+	stats  *wasmhost.Stats
+	shared *wasmhost.SharedData
+}
+
+func (p *process) newHost(t *testing.T) *host {
+	h := &host{t: t, p: p, clock: p.clock, stats: p.stats}
+	vm, err := p.mod.NewVM(context.Background(), wasmhost.Options{
 		PluginName:  "edgelimit",
 		RootID:      "edgelimit",
 		VMID:        "edgelimit",
 		Dispatcher:  h,
-		Clock:       h.clock,
-		Stats:       h.stats,
-		SharedData:  wasmhost.NewSharedData(),
+		Clock:       p.clock,
+		Stats:       p.stats,
+		SharedData:  p.shared,
 		Log:         h.log,
 		LogLevel:    wasmhost.LogInfo,
 		ManualTicks: true,
@@ -62,6 +76,7 @@ func NewHost(t *testing.T, mod *wasmhost.Module) filtertest.Host {
 
 type host struct {
 	t     *testing.T
+	p     *process
 	vm    *wasmhost.VM
 	clock *wasmhost.ManualClock
 	stats *wasmhost.Stats
@@ -134,6 +149,8 @@ func (h *host) Advance(d time.Duration) {
 	h.clock.Advance(d)
 	h.vm.Sync() // timeouts that fell due deliver their callbacks
 }
+
+func (h *host) Worker() filtertest.Host { return h.p.newHost(h.t) }
 
 func (h *host) Tick() {
 	if err := h.vm.Tick(); err != nil {

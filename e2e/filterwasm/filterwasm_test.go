@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 }
 
 // filterModule builds and compiles filter.wasm once for the test binary.
-func filterModule(t *testing.T) *wasmhost.Module {
+func filterModule(t testing.TB) *wasmhost.Module {
 	t.Helper()
 	modOnce.Do(func() {
 		modDir, modErr = os.MkdirTemp("", "filterwasm-")
@@ -100,4 +100,10 @@ func TestFilterSmoke(t *testing.T) {
 		}
 		s.Done()
 	}
+}
+
+// TestFilterBehaviour runs the filter's whole table of behaviour against
+// the compiled module, the same table filter/filtertest runs natively.
+func TestFilterBehaviour(t *testing.T) {
+	filtertest.Run(t, newHost)
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,6 +40,10 @@ type gateway struct {
 	counters  counters
 	accessLog io.Writer
 	logMu     sync.Mutex
+	// pluginErrors collects the plugin's error lines while it is being
+	// configured, to say why it refused its configuration.
+	pluginErrors []string
+	configuring  bool
 }
 
 // upstream is one cluster the router forwards to.
@@ -102,8 +107,19 @@ func newGateway(ctx context.Context, o options, log *slog.Logger) (*gateway, err
 			return nil, fmt.Errorf("worker %d: %w", i, err)
 		}
 		g.workers = append(g.workers, vm)
-		if err := vm.Configure(cfg.Wasm.Configuration); err != nil {
+		g.logMu.Lock()
+		g.configuring, g.pluginErrors = true, nil
+		g.logMu.Unlock()
+		err = vm.Configure(cfg.Wasm.Configuration)
+		g.logMu.Lock()
+		g.configuring = false
+		why := strings.Join(g.pluginErrors, "; ")
+		g.logMu.Unlock()
+		if err != nil {
 			g.close()
+			if why != "" {
+				return nil, fmt.Errorf("plugin %s: %w: %s", cfg.Wasm.Name, err, why)
+			}
 			return nil, fmt.Errorf("plugin %s: %w", cfg.Wasm.Name, err)
 		}
 	}
@@ -140,6 +156,13 @@ func (g *gateway) pluginLog(worker int) func(wasmhost.LogLevel, string) {
 			sl = slog.LevelWarn
 		case level >= wasmhost.LogError:
 			sl = slog.LevelError
+		}
+		if level >= wasmhost.LogError {
+			g.logMu.Lock()
+			if g.configuring {
+				g.pluginErrors = append(g.pluginErrors, msg)
+			}
+			g.logMu.Unlock()
 		}
 		g.log.Log(context.Background(), sl, "wasm log", "plugin", g.cfg.Wasm.Name, "worker", worker, "msg", msg)
 	}

@@ -173,15 +173,17 @@ func envFunctions() []hostFunc {
 		}),
 		env("proxy_replace_header_map_value", 5, func(vm *VM, s []uint64) {
 			editMap(vm, s, func(m []Header, key, val string) []Header {
-				// Envoy's setCopy: the first entry gets the value, any
-				// later duplicates stay; absent, it is added.
-				for i := range m {
-					if m[i][0] == key {
-						m[i][1] = val
-						return m
+				// Envoy's setCopy (HeaderMapImpl, since the runtime flag
+				// http_set_copy_replace_all_headers became the only
+				// behaviour): every value of key is removed, then one is
+				// added at the end.
+				out := m[:0]
+				for _, h := range m {
+					if h[0] != key {
+						out = append(out, h)
 					}
 				}
-				return append(m, Header{key, val})
+				return append(out, Header{key, val})
 			})
 		}),
 		env("proxy_remove_header_map_value", 3, func(vm *VM, s []uint64) {

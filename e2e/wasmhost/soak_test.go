@@ -14,7 +14,7 @@ var soakRounds = flag.Int("soak.rounds", 40, "GC-heavy callbacks per poll_oneoff
 // soak runs rounds callbacks that each allocate and collect (the probe's
 // "gc" command: 1 MiB of garbage and runtime.GC, 4 times) and returns after
 // how many the VM failed (0: it did not) and why.
-func soak(t *testing.T, poll PollMode, rounds int) (int, error) {
+func soak(t *testing.T, poll PollMode, rounds int) (int, int64, error) {
 	vm := newProbeVM(t, poll, Options{ManualTicks: true})
 	if err := vm.Configure(script(map[string]string{"tick": "gc 4"})); err != nil {
 		t.Fatal(err)
@@ -22,13 +22,13 @@ func soak(t *testing.T, poll PollMode, rounds int) (int, error) {
 	for i := 1; i <= rounds; i++ {
 		vm.Tick()
 		if vm.Failed() {
-			return i, vm.Err()
+			return i, vm.PollOneoffCalls(), vm.Err()
 		}
 	}
 	if n := len(vm.logs.results("gc")); n != rounds {
 		t.Fatalf("%d of %d rounds reported", n, rounds)
 	}
-	return 0, nil
+	return 0, vm.PollOneoffCalls(), nil
 }
 
 // TestSoakPollOneoff is the GC-heavy soak under each poll_oneoff answer. A
@@ -41,8 +41,11 @@ func TestSoakPollOneoff(t *testing.T) {
 		survives bool
 	}{{PollSleep, true}, {PollNoEvents, true}, {PollENOSYS, false}} {
 		t.Run(c.poll.String(), func(t *testing.T) {
-			failedAt, err := soak(t, c.poll, *soakRounds)
-			t.Logf("poll_oneoff %s: %d rounds, failed at round %d: %v", c.poll, *soakRounds, failedAt, err)
+			failedAt, polls, err := soak(t, c.poll, *soakRounds)
+			t.Logf("poll_oneoff %s: %d rounds, %d poll_oneoff calls, failed at round %d: %v", c.poll, *soakRounds, polls, failedAt, err)
+			if polls == 0 {
+				t.Error("the probe never polled: the soak did not exercise poll_oneoff")
+			}
 			if c.survives && failedAt != 0 {
 				t.Fatalf("the VM failed at round %d: %v", failedAt, err)
 			}

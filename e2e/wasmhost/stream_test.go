@@ -375,3 +375,16 @@ func errString(err error) string {
 	}
 	return err.Error()
 }
+
+func TestCloseEndsWaitingStreams(t *testing.T) {
+	vm, _, s := pausedStream(t, Options{}, map[string]string{})
+	vm.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if st, err := s.Wait(ctx); err != nil || st != Reset {
+		t.Errorf("Wait after Close = %v, %v; want reset", st, err)
+	}
+	if _, err := s.RequestHeaders(getReq, true); err != ErrClosed {
+		t.Errorf("a call into a closed VM: %v", err)
+	}
+}

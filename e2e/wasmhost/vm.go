@@ -75,9 +75,10 @@ type VM struct {
 	closed bool
 	exited chan struct{}
 
-	failed  atomic.Bool
-	failMu  sync.Mutex
-	failErr error
+	failed    atomic.Bool
+	failMu    sync.Mutex
+	failErr   error
+	pollCalls atomic.Int64
 
 	// State below is touched only on the VM's goroutine.
 	mem         api.Memory
@@ -442,6 +443,13 @@ func (vm *VM) MemoryBytes() uint32 {
 	return n
 }
 
+// PollOneoffCalls returns how many times the module called WASI
+// poll_oneoff. A standard-Go module calls it only once its runtime started
+// the network poller (its first timer, or os/fmt opening stdio): from then
+// on at every garbage collection, which Envoy's older ENOSYS answer turns
+// into a crash.
+func (vm *VM) PollOneoffCalls() int64 { return vm.pollCalls.Load() }
+
 // Stats returns the metrics store the VM writes to.
 func (vm *VM) Stats() *Stats { return vm.o.Stats }
 
@@ -462,6 +470,12 @@ func (vm *VM) Close() {
 		for token, c := range vm.calls {
 			c.finish()
 			delete(vm.calls, token)
+		}
+		// Streams still waiting are torn down with the VM.
+		for _, c := range vm.contexts {
+			if s := c.stream; s != nil && s.state == Paused {
+				s.reset()
+			}
 		}
 	})
 	vm.qmu.Lock()
@@ -502,11 +516,25 @@ func (vm *VM) loop() {
 func (vm *VM) run(f func()) {
 	defer func() {
 		if r := recover(); r != nil {
+			// Whatever was deferred belonged to the broken call; what
+			// fail queues (answers to waiting streams) must still run.
+			vm.after, vm.draining = nil, false
 			vm.fail(fmt.Errorf("host panic: %v\n%s", r, debug.Stack()))
-			vm.after = nil
+			vm.drainQuietly()
 		}
 	}()
 	f()
+}
+
+// drainQuietly runs the deferred actions after a host panic, dropping any
+// further panic: the VM is failed already.
+func (vm *VM) drainQuietly() {
+	defer func() {
+		if recover() != nil {
+			vm.after, vm.draining = nil, false
+		}
+	}()
+	vm.drain()
 }
 
 // post queues f to run on the VM's goroutine and returns at once; it

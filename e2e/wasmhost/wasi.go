@@ -328,6 +328,7 @@ const (
 )
 
 func (vm *VM) pollOneoff(in, out, nsubs, neventsPtr uint32) uint32 {
+	vm.pollCalls.Add(1)
 	switch vm.mod.poll {
 	case PollENOSYS:
 		return errnoNosys

@@ -55,7 +55,9 @@ type Stream interface {
 	Callout() (Callout, bool)
 	// RespondCallout answers the pending callout as Envoy would deliver it:
 	// headers (including ":status") and body; nil headers deliver a reset
-	// (a callback with zero headers).
+	// (a callback with zero headers). It works after Done too: the callout
+	// belongs to the root context, which gets the answer even when the
+	// stream is gone.
 	RespondCallout(headers []Header, body []byte)
 	// Continued reports whether the request went on to the upstream.
 	Continued() bool

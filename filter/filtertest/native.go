@@ -34,7 +34,13 @@ import (
 // never see (a CR, LF or NUL in a header it sets, a log level above
 // critical), fails the test.
 func NewNative(t *testing.T) Host {
-	p := &process{clock: nativeEpoch, shared: map[string]*sharedValue{}, metrics: map[string]*metricValue{}}
+	return newEmulated(t, func(h abi.Host) abi.Plugin { return limiter.New(h) })
+}
+
+// newEmulated starts a process with one VM running the plugin made by
+// load.
+func newEmulated(t *testing.T, load func(abi.Host) abi.Plugin) *vm {
+	p := &process{clock: nativeEpoch, shared: map[string]*sharedValue{}, metrics: map[string]*metricValue{}, load: load}
 	return p.newVM(t)
 }
 
@@ -47,6 +53,7 @@ type process struct {
 	cas     uint32
 	shared  map[string]*sharedValue
 	metrics map[string]*metricValue
+	load    func(abi.Host) abi.Plugin
 }
 
 type sharedValue struct {
@@ -95,7 +102,7 @@ type call struct {
 
 func (p *process) newVM(t *testing.T) *vm {
 	v := &vm{t: t, proc: p, metricIDs: map[uint32]*metricValue{}, calls: map[uint32]*call{}, streams: map[uint32]*nativeStream{}}
-	v.plugin = limiter.New(v)
+	v.plugin = p.load(v)
 	v.started = true
 	v.rootID = v.newID()
 	v.callback(v.rootID, func() { v.plugin.OnContextCreate(v.rootID, 0) })
@@ -335,10 +342,6 @@ func (v *vm) SendLocalResponse(status uint32, details string, body []byte, heade
 
 func (v *vm) HTTPCall(cluster string, headers [][2]string, body []byte, trailers [][2]string, timeoutMs uint32) (uint32, abi.Status) {
 	v.refuse("proxy_http_call")
-	if v.failNext {
-		v.failNext = false
-		return 0, abi.StatusInternalFailure
-	}
 	if cluster == "" {
 		return 0, abi.StatusBadArgument
 	}
@@ -352,6 +355,11 @@ func (v *vm) HTTPCall(cluster string, headers [][2]string, body []byte, trailers
 			v.t.Errorf("filtertest: callout header %q: CR, LF or NUL", h)
 			return 0, abi.StatusBadArgument
 		}
+	}
+	if v.failNext {
+		// A failure of the send itself, after the arguments were accepted.
+		v.failNext = false
+		return 0, abi.StatusInternalFailure
 	}
 	v.nextToken += 4
 	c := &call{token: v.nextToken, stream: v.streams[v.effective], callout: Callout{

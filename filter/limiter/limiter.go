@@ -52,6 +52,8 @@ type root struct {
 	fails failLog
 }
 
+func newRoot() *root { return &root{calls: map[uint32]*stream{}} }
+
 // stream is one HTTP request.
 type stream struct {
 	id      uint32
@@ -80,7 +82,7 @@ var _ abi.Plugin = (*Limiter)(nil)
 func (l *Limiter) OnContextCreate(id, parent uint32) {
 	defer l.recoverLog("proxy_on_context_create")
 	if parent == 0 {
-		l.roots[id] = &root{calls: map[uint32]*stream{}}
+		l.roots[id] = newRoot()
 		return
 	}
 	if r := l.roots[parent]; r != nil {
@@ -104,7 +106,7 @@ func (l *Limiter) OnConfigure(rootID uint32, size int) (ok bool) {
 	h := l.host
 	r := l.roots[rootID]
 	if r == nil {
-		r = &root{calls: map[uint32]*stream{}}
+		r = newRoot()
 		l.roots[rootID] = r
 	}
 	var data []byte
@@ -172,7 +174,8 @@ func (l *Limiter) check(s *stream) abi.Action {
 	}
 	if keyHeader != "" {
 		// The proxy reads the first of repeated headers; the service may
-		// read another. Leave it only the key that was charged.
+		// read another. Leave it only the key that was charged: Envoy's
+		// replace removes every value of the name before adding one.
 		h.ReplaceHeader(abi.MapRequestHeaders, cfg.APIKeyHeader, key)
 	}
 	s.key, s.cost, s.enforce = key, 1, cfg.Enforced(key)

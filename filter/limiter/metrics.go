@@ -3,8 +3,8 @@ package limiter
 import "github.com/edgelimit/edgelimit/filter/abi"
 
 // Metric names, as defined with proxy_define_metric; Envoy shows each as
-// wasmcustom.<name>. Every request the filter sees while configured is
-// counted in exactly one of the requests.* counters.
+// wasmcustom.<name>. Every request the filter decides is counted in one of
+// the requests.* counters.
 const (
 	MetricAllowed         = "edgelimit.requests.allowed"
 	MetricDenied          = "edgelimit.requests.denied"

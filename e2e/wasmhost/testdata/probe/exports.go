@@ -40,6 +40,13 @@ func onConfigure(root, size uint32) uint32 {
 //go:wasmexport proxy_on_request_headers
 func onRequestHeaders(id, n, eos uint32) uint32 {
 	logf("request_headers n=%d eos=%d", n, eos)
+	// A request carrying x-probe-panic makes the module panic (the VM
+	// fails), for tests that have no way to give the probe a script.
+	key := []byte("x-probe-panic")
+	var ptr, size uint32
+	if proxyGetHeaderMapValue(0, ptrOf(key), uint32(len(key)), &ptr, &size) == 0 {
+		panic("x-probe-panic: " + string(hostBytes(ptr, size)))
+	}
 	return run("request_headers", id)
 }
 

@@ -1,0 +1,395 @@
+package e2e_test
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/e2e/harness"
+)
+
+// calloutTimeout and redisTimeout are the filter's callout timeout and the
+// sidecar's Redis deadline in the tests that check decisions rather than
+// failures. The deployed 5 ms and 3 ms are a latency budget for a quiet
+// production host; on a shared 2-core test machine a scheduling hiccup can
+// exceed them, and a request that fails open is admitted, which would blur
+// what these tests measure: the bucket's arithmetic. The fail-open tests use
+// the deployed values.
+const (
+	calloutTimeout = 250
+	redisTimeout   = "200ms"
+)
+
+// A burst over the plan gets 200s up to the capacity, then 429s whose
+// Retry-After is the ceiling of the exact wait; only admitted requests reach
+// a service; after the Retry-After the client is admitted again.
+func TestBurstRetryAfterRefill(t *testing.T) {
+	const capacity, rate = 5, 0.5 // one token every 2 s
+	s := startStack(t, stackConfig{
+		plans:        "default_plan: free\nplans:\n  free: {capacity: 5, rate: 0.5}\n",
+		redisTimeout: redisTimeout,
+		filter:       filterConfig{TimeoutMs: calloutTimeout},
+	})
+	const client = "burst-client"
+	start := time.Now()
+	var admitted, denied int
+	var last reply
+	for i := 0; i < 12; i++ {
+		r := s.do(0, "GET", "/orders/1", "x-api-key", client)
+		switch r.status {
+		case http.StatusOK:
+			admitted++
+			if got := r.header.Get("ratelimit-limit"); got != "5" {
+				t.Errorf("ratelimit-limit on 200 = %q, want 5", got)
+			}
+		case http.StatusTooManyRequests:
+			denied++
+			last = r
+			// The wait for one token is at most 1/rate = 2 s and more
+			// than 0; Retry-After is its ceiling, at least 1.
+			if r.retryAfter < 1 || r.retryAfter > int(math.Ceil(1/rate)) {
+				t.Errorf("retry-after = %d, want 1..%d", r.retryAfter, int(math.Ceil(1/rate)))
+			}
+			mustContain(t, "429 content-type", r.header.Get("content-type"), "json")
+		default:
+			t.Fatalf("request %d: status %d, body %q", i, r.status, r.body)
+		}
+	}
+	elapsed := time.Since(start).Seconds()
+	// The bucket starts full and refills rate×elapsed tokens meanwhile.
+	maxAdmitted := capacity + int(math.Floor(rate*elapsed))
+	if admitted < capacity || admitted > maxAdmitted {
+		t.Fatalf("admitted %d of 12 in %.2fs, want %d..%d", admitted, elapsed, capacity, maxAdmitted)
+	}
+	if got := s.received(client); got != int64(admitted) {
+		t.Fatalf("services received %d requests, %d were admitted", got, admitted)
+	}
+	if denied == 0 {
+		t.Fatal("no request was denied")
+	}
+	if got := s.stat(counter("denied")) + s.stat(counter("denied_cached")); got != int64(denied) {
+		t.Errorf("gateway counted %d denials, clients saw %d", got, denied)
+	}
+
+	// The Retry-After is a promise: after it, one token is back.
+	time.Sleep(time.Duration(last.retryAfter) * time.Second)
+	if r := s.do(0, "GET", "/billing/1", "x-api-key", client); r.status != http.StatusOK {
+		t.Fatalf("after waiting retry-after %d s: status %d", last.retryAfter, r.status)
+	}
+	if got := s.received(client); got != int64(admitted+1) {
+		t.Fatalf("services received %d, want %d", got, admitted+1)
+	}
+}
+
+// Three gateways with two sidecars share one Redis; one client sends five
+// times its rate for several seconds, spread over all of them. Admissions
+// stay within 5% of capacity + rate × duration.
+func TestOneLimitAcrossGateways(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for 10 s")
+	}
+	const capacity, rate = 20.0, 20.0
+	const offered = 5 * rate // requests per second
+	const duration = 10 * time.Second
+	s := startStack(t, stackConfig{
+		plans:        "plans:\n  gold: {capacity: 20, rate: 20}\nclients:\n  \"spread-client\": gold\n",
+		filter:       filterConfig{TimeoutMs: calloutTimeout},
+		redisTimeout: redisTimeout,
+		sidecars:     2,
+		gateways:     3,
+	})
+	const client = "spread-client"
+	var ok, tooMany, other atomic.Int64
+	var wg sync.WaitGroup
+	tick := time.NewTicker(time.Duration(float64(time.Second) / offered))
+	defer tick.Stop()
+	start := time.Now()
+	var lastSent time.Time
+	for i := 0; time.Since(start) < duration; i++ {
+		<-tick.C
+		lastSent = time.Now()
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			r := s.do(g, "GET", "/orders/spread", "x-api-key", client)
+			switch r.status {
+			case http.StatusOK:
+				ok.Add(1)
+			case http.StatusTooManyRequests:
+				tooMany.Add(1)
+			default:
+				other.Add(1)
+			}
+		}(i % len(s.gateways))
+	}
+	wg.Wait()
+	window := lastSent.Sub(start).Seconds()
+	if n := other.Load(); n != 0 {
+		t.Fatalf("%d requests got neither 200 nor 429", n)
+	}
+	if n := s.stat(counter("failed_open.timeout")) + s.stat(counter("failed_open.unavailable")); n != 0 {
+		t.Fatalf("%d requests failed open; the count below would not measure the bucket", n)
+	}
+	// Redis sees the first and last request within the window the client
+	// saw (plus one request's latency, far below one token's 50 ms), so
+	// the bucket admits capacity + rate × window; the goal is 5%.
+	want := capacity + rate*window
+	got := float64(ok.Load())
+	t.Logf("sent %d over %.2fs across %d gateways: admitted %.0f, want %.1f (±5%%), denied %d",
+		ok.Load()+tooMany.Load(), window, len(s.gateways), got, want, tooMany.Load())
+	if math.Abs(got-want) > 0.05*want {
+		t.Fatalf("admitted %.0f, want %.1f within 5%%", got, want)
+	}
+	if r := s.received(client); r != ok.Load() {
+		t.Fatalf("services received %d, %d were admitted", r, ok.Load())
+	}
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// failedOpen sums the fail-open counters over every reason.
+func (s *stack) failedOpen() int64 {
+	var n int64
+	for _, r := range []string{"timeout", "unavailable", "reset", "dispatch", "status", "malformed", "internal"} {
+		n += s.stat(counter("failed_open." + r))
+	}
+	return n
+}
+
+// hangBound is how long a fail-open request may take in these tests before
+// it counts as hung: the 5 ms timeout plus a wide margin for a loaded
+// machine. It detects a request that waits for the sidecar indefinitely; it
+// is not a latency measurement (the benchmarks measure that).
+const hangBound = 2 * time.Second
+
+// Redis stopped: requests pass and are counted as failed open; Redis back
+// (empty, as after a crash): limiting resumes with no restart of anything.
+func TestFailOpenWhenRedisStops(t *testing.T) {
+	s := startStack(t, stackConfig{
+		plans:  "default_plan: tiny\nplans:\n  tiny: {capacity: 2, rate: 0.001}\n",
+		filter: filterConfig{TimeoutMs: 5},
+	})
+	// Each phase uses its own client: once a client is denied, the
+	// filter's deny cache answers it without a callout until its tokens
+	// can be back, which would hide the outage from that client.
+	expectDenied := func(what, client string) {
+		t.Helper()
+		waitFor(t, what, 30*time.Second, func() bool {
+			return s.do(0, "GET", "/orders/1", "x-api-key", client).status == http.StatusTooManyRequests
+		})
+	}
+	expectDenied("limited before the outage", "before-outage")
+
+	if err := s.redis.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	const client = "during-outage"
+	before := s.failedOpen()
+	for i := 0; i < 10; i++ {
+		start := time.Now()
+		r := s.do(0, "GET", "/orders/1", "x-api-key", client)
+		if r.status != http.StatusOK {
+			t.Fatalf("Redis down, request %d: status %d, want 200 (fail open)", i, r.status)
+		}
+		if d := time.Since(start); d > hangBound {
+			t.Fatalf("Redis down, request %d took %v", i, d)
+		}
+	}
+	if got := s.failedOpen() - before; got != 10 {
+		t.Fatalf("fail-open counters rose by %d, want 10", got)
+	}
+
+	if err := s.redis.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing was spent while Redis was down, and the restarted Redis is
+	// empty: the client starts with a full bucket of 2 and is limited once
+	// it has spent it.
+	expectDenied("limited again after Redis came back", client)
+}
+
+// A sidecar killed, and a sidecar that accepts connections but never
+// answers: requests pass after the timeout, counted by reason.
+func TestFailOpenWhenSidecarFails(t *testing.T) {
+	s := startStack(t, stackConfig{
+		plans:  "default_plan: tiny\nplans:\n  tiny: {capacity: 1, rate: 0.001}\n",
+		filter: filterConfig{TimeoutMs: 5},
+	})
+	const client = "sidecar-outage"
+	s.do(0, "GET", "/orders/1", "x-api-key", client)
+
+	// Hung: SIGSTOP keeps its listening socket open, so connections are
+	// accepted by the kernel and never answered.
+	if err := s.sidecars[0].Pause(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		start := time.Now()
+		if r := s.do(0, "GET", "/orders/1", "x-api-key", client); r.status != http.StatusOK {
+			t.Fatalf("sidecar hung: status %d, want 200", r.status)
+		}
+		if d := time.Since(start); d > hangBound {
+			t.Fatalf("sidecar hung: request took %v", d)
+		}
+	}
+	if got := s.stat(counter("failed_open.timeout")); got != 5 {
+		t.Errorf("failed_open.timeout = %d, want 5", got)
+	}
+	if err := s.sidecars[0].Resume(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Killed: connections are refused; Envoy answers the callout 503.
+	s.sidecars[0].Kill()
+	for i := 0; i < 5; i++ {
+		if r := s.do(0, "GET", "/orders/1", "x-api-key", client); r.status != http.StatusOK {
+			t.Fatalf("sidecar killed: status %d, want 200", r.status)
+		}
+	}
+	if got := s.stat(counter("failed_open.unavailable")); got < 5 {
+		t.Errorf("failed_open.unavailable = %d, want >= 5", got)
+	}
+	if got := s.received(client); got != 11 {
+		t.Errorf("services received %d, want 11 (1 admitted + 10 failed open)", got)
+	}
+}
+
+// Shadow mode decides and counts but never rejects, and tells the service.
+func TestShadowMode(t *testing.T) {
+	s := startStack(t, stackConfig{
+		plans:        "default_plan: tiny\nplans:\n  tiny: {capacity: 3, rate: 0.001}\n",
+		redisTimeout: redisTimeout,
+		filter:       filterConfig{TimeoutMs: calloutTimeout, Mode: "shadow"},
+	})
+	const client = "shadowed"
+	for i := 0; i < 10; i++ {
+		if r := s.do(0, "GET", "/billing/1", "x-api-key", client); r.status != http.StatusOK {
+			t.Fatalf("shadow mode rejected request %d: %d", i, r.status)
+		}
+	}
+	allow, deny := s.billing.Shadow(client, "allow"), s.billing.Shadow(client, "deny")
+	if allow != 3 || deny != 7 {
+		t.Fatalf("service saw shadow allow=%d deny=%d, want 3 and 7", allow, deny)
+	}
+	if got := s.stat(counter("shadow_would_deny")); got != 7 {
+		t.Fatalf("shadow_would_deny = %d, want 7", got)
+	}
+}
+
+// With a canary list, only the listed clients are enforced; the others run
+// in shadow.
+func TestCanaryClients(t *testing.T) {
+	s := startStack(t, stackConfig{
+		plans:        "default_plan: tiny\nplans:\n  tiny: {capacity: 2, rate: 0.001}\n",
+		redisTimeout: redisTimeout,
+		filter:       filterConfig{TimeoutMs: calloutTimeout, CanaryClients: []string{"canary"}},
+	})
+	statuses := func(client string) (ok, denied int) {
+		for i := 0; i < 5; i++ {
+			switch s.do(0, "GET", "/orders/1", "x-api-key", client).status {
+			case http.StatusOK:
+				ok++
+			case http.StatusTooManyRequests:
+				denied++
+			}
+		}
+		return
+	}
+	if ok, denied := statuses("canary"); ok != 2 || denied != 3 {
+		t.Errorf("canary client: %d admitted, %d denied; want 2 and 3", ok, denied)
+	}
+	if ok, denied := statuses("everyone-else"); ok != 5 || denied != 0 {
+		t.Errorf("non-canary client: %d admitted, %d denied; want 5 and 0", ok, denied)
+	}
+	if got := s.orders.Shadow("everyone-else", "deny"); got != 3 {
+		t.Errorf("non-canary would-deny seen by the service = %d, want 3", got)
+	}
+}
+
+// A missing key is rejected by the filter; a Bearer key is the same client
+// as the header; a per-route cost spends more tokens.
+func TestKeysAndCosts(t *testing.T) {
+	s := startStack(t, stackConfig{
+		plans:        "default_plan: ten\nplans:\n  ten: {capacity: 10, rate: 0.001}\n",
+		redisTimeout: redisTimeout,
+		filter: filterConfig{TimeoutMs: calloutTimeout, Costs: []cost{
+			{Method: "POST", PathPrefix: "/orders", Cost: 4},
+		}},
+	})
+	r := s.do(0, "GET", "/orders/1")
+	if r.status != http.StatusUnauthorized {
+		t.Fatalf("no key: status %d, want 401", r.status)
+	}
+	var body map[string]any
+	if err := json.Unmarshal([]byte(r.body), &body); err != nil {
+		t.Fatalf("401 body %q is not JSON: %v", r.body, err)
+	}
+	if got := s.orders.Total() + s.billing.Total(); got != 0 {
+		t.Fatalf("a request without a key reached a service (%d)", got)
+	}
+
+	// 10 tokens: two POSTs to /orders cost 8, then a third (4) is denied,
+	// a GET (1) by Bearer is admitted from the same bucket, leaving 1.
+	for i, want := range []int{200, 200, 429} {
+		if got := s.do(0, "POST", "/orders/new", "x-api-key", "payer").status; got != want {
+			t.Fatalf("POST %d: status %d, want %d", i, got, want)
+		}
+	}
+	if got := s.do(0, "GET", "/billing/1", "authorization", "Bearer payer").status; got != 200 {
+		t.Fatalf("GET with bearer: status %d, want 200", got)
+	}
+	r = s.do(0, "GET", "/billing/1", "authorization", "Bearer payer")
+	if r.status != 200 {
+		t.Fatalf("second GET with bearer: status %d, want 200 (1 token left)", r.status)
+	}
+	if r := s.do(0, "GET", "/billing/1", "x-api-key", "payer"); r.status != 429 {
+		t.Fatalf("GET with the bucket empty: status %d, want 429", r.status)
+	}
+}
+
+// A bad filter configuration stops the gateway at start, naming the field,
+// as Envoy rejects the configuration.
+func TestBadFilterConfigRejectedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	path, err := harness.WithFilterConfig(repoFile(t, "envoy/envoy.yaml"), dir, `{"timeout_ms": -3}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := harness.FreeAddr()
+	admin, _ := harness.FreeAddr()
+	p, err := harness.StartProcess("gateway", bins.Gateway, "-config", path, "-listen", addr, "-admin", admin,
+		"-wasm", bins.Filter, "-cluster", "orders=127.0.0.1:1", "-cluster", "billing=127.0.0.1:1",
+		"-cluster", "ratelimit_sidecar=127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Kill)
+	waitFor(t, "gateway exits on a bad filter config", 30*time.Second, func() bool {
+		exited, _ := p.Exited()
+		return exited
+	})
+	_, err = p.Exited()
+	if err == nil {
+		t.Fatalf("gateway exited with status 0 on a bad config; output:\n%s", p.Output())
+	}
+	mustContain(t, "gateway output", p.Output(), "timeout_ms")
+	mustContain(t, "gateway output", p.Output(), "-3")
+	_ = os.Remove(filepath.Join(dir, "envoy.yaml"))
+}

@@ -1,0 +1,245 @@
+package e2e_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/internal/redisproc"
+)
+
+// bins are the deliverables under test: `make test` builds them into
+// build/ and passes the folder in EDGELIMIT_BIN_DIR; a plain `go test`
+// builds them into a temporary folder.
+var bins harness.Binaries
+
+func TestMain(m *testing.M) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	dir := os.Getenv("EDGELIMIT_BIN_DIR")
+	tmp := ""
+	if dir == "" {
+		var err error
+		if tmp, err = os.MkdirTemp("", "edgelimit-e2e-bin-"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		dir = tmp
+	}
+	var err error
+	bins, err = harness.Locate(ctx, dir)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "build the binaries under test:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if tmp != "" {
+		os.RemoveAll(tmp)
+	}
+	os.Exit(code)
+}
+
+// filterConfig is the filter's JSON configuration as a test sets it.
+type filterConfig struct {
+	SidecarCluster   string   `json:"sidecar_cluster,omitempty"`
+	SidecarAuthority string   `json:"sidecar_authority,omitempty"`
+	TimeoutMs        int      `json:"timeout_ms,omitempty"`
+	Mode             string   `json:"mode,omitempty"`
+	CanaryClients    []string `json:"canary_clients,omitempty"`
+	OnMissingKey     string   `json:"on_missing_key,omitempty"`
+	Region           string   `json:"region,omitempty"`
+	Costs            []cost   `json:"costs,omitempty"`
+}
+
+type cost struct {
+	Method     string `json:"method,omitempty"`
+	PathPrefix string `json:"path_prefix,omitempty"`
+	Cost       int    `json:"cost"`
+}
+
+// stackConfig describes a whole deployment: one Redis, some sidecars, some
+// gateways, the two services of envoy.yaml.
+type stackConfig struct {
+	plans    string
+	filter   filterConfig
+	sidecars int // default 1
+	gateways int // default 1
+	// redisTimeout is the sidecar's -redis-timeout; default the deployed
+	// 3 ms.
+	redisTimeout string
+}
+
+type stack struct {
+	t        *testing.T
+	redis    *redisproc.Server
+	plans    string
+	sidecars []*harness.Process
+	scAddrs  []string
+	gateways []*harness.Gateway
+	orders   *harness.Service
+	billing  *harness.Service
+	http     *http.Client
+}
+
+func repoFile(t *testing.T, rel string) string {
+	t.Helper()
+	root, err := harness.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(root, rel)
+}
+
+// startStack starts everything and registers its teardown. Gateway i uses
+// sidecar i % len(sidecars), as each gateway has its own sidecar next to it.
+func startStack(t *testing.T, c stackConfig) *stack {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if c.sidecars == 0 {
+		c.sidecars = 1
+	}
+	if c.gateways == 0 {
+		c.gateways = 1
+	}
+	s := &stack{t: t, http: &http.Client{Timeout: 10 * time.Second}}
+	s.redis = redisproc.StartT(t, redisproc.Options{})
+	dir := t.TempDir()
+	s.plans = filepath.Join(dir, "plans.yaml")
+	if err := os.WriteFile(s.plans, []byte(c.plans), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < c.sidecars; i++ {
+		sc := harness.SidecarConfig{Redis: s.redis.URL(), Plans: s.plans}
+		if c.redisTimeout != "" {
+			sc.Extra = []string{"-redis-timeout", c.redisTimeout}
+		}
+		p, addr, err := harness.StartSidecar(ctx, bins, sc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.own(p)
+		s.sidecars = append(s.sidecars, p)
+		s.scAddrs = append(s.scAddrs, addr)
+	}
+	var err error
+	if s.orders, err = harness.StartService("orders", "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.orders.Close() })
+	if s.billing, err = harness.StartService("billing", "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.billing.Close() })
+
+	cfg, err := json.Marshal(c.filter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	yamlPath, err := harness.WithFilterConfig(repoFile(t, "envoy/envoy.yaml"), dir, string(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < c.gateways; i++ {
+		g, err := harness.StartGateway(ctx, bins, harness.GatewayConfig{
+			Config: yamlPath,
+			Clusters: map[string]string{
+				"orders": s.orders.Addr, "billing": s.billing.Addr,
+				"ratelimit_sidecar": s.scAddrs[i%len(s.scAddrs)],
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.own(g.Process)
+		s.gateways = append(s.gateways, g)
+	}
+	return s
+}
+
+// own stops p at cleanup and shows its output if the test failed.
+func (s *stack) own(p *harness.Process) {
+	s.t.Cleanup(func() {
+		if err := p.Stop(10 * time.Second); err != nil {
+			s.t.Errorf("%s: %v", p.Name, err)
+		}
+		if s.t.Failed() {
+			out := p.Output()
+			if len(out) > 8000 {
+				out = "…" + out[len(out)-8000:]
+			}
+			s.t.Logf("%s output:\n%s", p.Name, out)
+		}
+	})
+}
+
+// reply is what a client saw.
+type reply struct {
+	status     int
+	header     http.Header
+	body       string
+	retryAfter int
+}
+
+// do sends one request through gateway g.
+func (s *stack) do(g int, method, path string, headers ...string) reply {
+	s.t.Helper()
+	req, err := http.NewRequest(method, "http://"+s.gateways[g].Addr+path, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := s.http.Do(req)
+	if err != nil {
+		s.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	r := reply{status: resp.StatusCode, header: resp.Header, body: string(body)}
+	if v := resp.Header.Get("retry-after"); v != "" {
+		r.retryAfter, err = strconv.Atoi(v)
+		if err != nil {
+			s.t.Fatalf("retry-after %q is not a whole number of seconds", v)
+		}
+	}
+	return r
+}
+
+// received is what reached both services from client.
+func (s *stack) received(client string) int64 {
+	return s.orders.Received(client) + s.billing.Received(client)
+}
+
+// stat sums a gateway counter over every gateway.
+func (s *stack) stat(name string) int64 {
+	s.t.Helper()
+	var n int64
+	for _, g := range s.gateways {
+		st, err := g.Stats()
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		n += st[name]
+	}
+	return n
+}
+
+func counter(name string) string { return "wasmcustom.edgelimit.requests." + name }
+
+func mustContain(t *testing.T, what, s, want string) {
+	t.Helper()
+	if !strings.Contains(s, want) {
+		t.Errorf("%s = %q, want it to contain %q", what, s, want)
+	}
+}
