@@ -59,7 +59,12 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func startSidecar(t *testing.T, redisURL, plansYAML string, timeout time.Duration) *sidecar {
+func startSidecar(t testing.TB, redisURL, plansYAML string, timeout time.Duration) *sidecar {
+	t.Helper()
+	return startSidecarLog(t, redisURL, plansYAML, timeout, slog.LevelDebug)
+}
+
+func startSidecarLog(t testing.TB, redisURL, plansYAML string, timeout time.Duration, level slog.Level) *sidecar {
 	t.Helper()
 	spec, err := redisconn.Parse(redisURL)
 	if err != nil {
@@ -76,7 +81,7 @@ func startSidecar(t *testing.T, redisURL, plansYAML string, timeout time.Duratio
 		PlansPath:    path,
 		RedisTimeout: timeout,
 		PlansPoll:    10 * time.Millisecond,
-	}, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	}, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level})))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,8 +54,8 @@ const DefaultTimeout = 3 * time.Millisecond
 // Decider makes decisions on Redis (decide.Decider in production).
 type Decider interface {
 	// Decide takes cost tokens from bucket key under limit l, or returns
-	// ctx's error once ctx ends.
-	Decide(ctx context.Context, key string, l lua.Limit, cost int64) (lua.Result, error)
+	// an error wrapping context.DeadlineExceeded at deadline.
+	Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error)
 	// Ready reports whether decisions can be made now.
 	Ready(ctx context.Context) error
 }
@@ -136,9 +136,7 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 	}
 	bucket := s.o.Keys.BucketKey(req.Key)
 
-	dctx, cancel := context.WithDeadline(context.Background(), start.Add(s.o.Timeout))
-	res, err := s.o.Decider.Decide(dctx, bucket, lua.Limit{Capacity: plan.Capacity, Rate: plan.Rate}, req.Cost)
-	cancel()
+	res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), bucket, lua.Limit{Capacity: plan.Capacity, Rate: plan.Rate}, req.Cost)
 	s.o.Stats.Latency.UpdateDuration(start)
 	if err != nil {
 		s.o.Stats.Errors.Inc()

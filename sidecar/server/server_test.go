@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -38,14 +39,14 @@ type fakeCall struct {
 	cost  int64
 }
 
-func (f *fakeDecider) Decide(ctx context.Context, key string, l lua.Limit, cost int64) (lua.Result, error) {
+func (f *fakeDecider) Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error) {
 	f.mu.Lock()
 	f.calls = append(f.calls, fakeCall{key, l, cost})
 	res, err, block := f.res, f.err, f.block
 	f.mu.Unlock()
 	if block {
-		<-ctx.Done()
-		return lua.Result{}, ctx.Err()
+		time.Sleep(time.Until(deadline))
+		return lua.Result{}, fmt.Errorf("fake: %w", context.DeadlineExceeded)
 	}
 	return res, err
 }
