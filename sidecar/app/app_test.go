@@ -128,6 +128,9 @@ func (s *sidecar) do(t testing.TB, method, path string, headers ...string) reply
 	return r
 }
 
+// bucket is the Redis key of apiKey's bucket (these sidecars run unsalted).
+func (s *sidecar) bucket(apiKey string) string { return keys.New(nil).BucketKey([]byte(apiKey)) }
+
 func (s *sidecar) check(t testing.TB, key string, extra ...string) reply {
 	t.Helper()
 	return s.do(t, "POST", "/v1/check", append([]string{"x-api-key", key}, extra...)...)
