@@ -48,7 +48,9 @@ var ErrNotInstalled = errors.New("run `make test`, which installs it")
 // Options configures Start. The zero value is a plain in-memory server.
 type Options struct {
 	// Args are extra redis-server arguments appended after the defaults,
-	// e.g. "--maxmemory", "1mb". Later arguments win in redis-server.
+	// e.g. "--maxmemory", "1mb". Later arguments win in redis-server. With
+	// "--cluster-enabled", "yes" the cluster bus gets a free port of its
+	// own (--cluster-port).
 	Args []string
 	// Dir is the server's working directory (its log file lives there).
 	// Defaults to a new temporary directory, removed by Stop.
@@ -61,6 +63,7 @@ type Server struct {
 	Addr string
 
 	port    int
+	busPort int      // cluster bus port; 0 unless cluster mode is on
 	args    []string // extra arguments from Options
 	dir     string
 	ownDir  bool // dir was created by Start and is removed by Stop
@@ -107,6 +110,17 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 			return nil, err
 		}
 		s.setPort(port)
+		if clusterEnabled(s.args) {
+			// The bus port defaults to port+10000, which may be taken or
+			// (for ports above 55535) invalid: pick a free one too. It
+			// stays the same across restarts, as the other nodes know it.
+			for s.busPort == 0 || s.busPort == port {
+				if s.busPort, err = freePort(); err != nil {
+					s.removeDir()
+					return nil, err
+				}
+			}
+		}
 		p, err := s.launch(ctx)
 		if err == nil {
 			s.proc = p
@@ -258,6 +272,9 @@ func (s *Server) launch(ctx context.Context) (*process, error) {
 		"--logfile", "",
 		"--daemonize", "no",
 	}
+	if s.busPort != 0 {
+		args = append(args, "--cluster-port", strconv.Itoa(s.busPort))
+	}
 	args = append(args, s.args...)
 	logFile, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -408,6 +425,16 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// clusterEnabled reports whether args turn on cluster mode.
+func clusterEnabled(args []string) bool {
+	for i, a := range args {
+		if a == "--cluster-enabled" && i+1 < len(args) && strings.EqualFold(args[i+1], "yes") {
+			return true
+		}
+	}
+	return false
 }
 
 // infoField returns the value of "name:value" in an INFO or CLUSTER INFO reply.

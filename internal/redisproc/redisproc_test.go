@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -281,8 +282,15 @@ func TestCluster(t *testing.T) {
 				t.Fatalf("masters %v, want %d", masters, tc.masters)
 			}
 			for _, a := range c.Addrs {
-				if c.Node(a) == nil || c.Node(a).Addr != a {
-					t.Errorf("Node(%s) = %v", a, c.Node(a))
+				n := c.Node(a)
+				if n == nil || n.Addr != a {
+					t.Fatalf("Node(%s) = %v", a, n)
+				}
+				// The bus runs on a port of its own, not port+10000
+				// (which exceeds 65535 for ports above 55535).
+				got, err := n.Client(t).ConfigGet(ctx, "cluster-port").Result()
+				if err != nil || got["cluster-port"] != strconv.Itoa(n.busPort) || n.busPort == 0 {
+					t.Errorf("node %s: cluster-port %v, %v; want %d", a, got, err, n.busPort)
 				}
 			}
 			if c.Node("127.0.0.1:1") != nil {
