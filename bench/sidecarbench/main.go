@@ -1,16 +1,21 @@
 // Command sidecarbench measures the sidecar against the Redis it sits on.
 //
-// In one run it starts a private redis-server, then:
+//	go run ./bench/sidecarbench [-rounds 3] [-d 3s] [-c 50] [-keys 10000] [-load wrk|go] [-out FILE]
+//
+// In one run it starts a private redis-server and the real sidecar binary on
+// it, then, for each round:
 //
 //  1. runs `redis-benchmark -c 50 -P 1` of EVALSHA of the token-bucket script
 //     over 10,000 keys: the raw Redis figure, one round trip per decision;
-//  2. starts the real sidecar binary on that Redis and loads it over HTTP from
-//     this process (a separate process from the sidecar) with 50 concurrent
-//     clients over 10,000 API keys, as fast as it answers: checks/s and
-//     p50/p99/p99.9 latency, and the ratio to the raw figure;
-//  3. loads it again at a fixed rate of half the raw Redis figure, timing
-//     each request from when it was due (so a stall is not hidden by the
-//     generator waiting), and prints p50/p99/p99.9.
+//  2. loads the sidecar over HTTP from another process (wrk, or this one)
+//     with 50 concurrent clients over 10,000 API keys, as fast as it
+//     answers: checks/s, p50/p99/p99.9, and the CPU each process spent per
+//     check.
+//
+// The ratio of the two is printed per round and as the median (the machine
+// is shared; rounds expose its noise). Then the sidecar is loaded at a fixed
+// rate of half the raw Redis figure, each request timed from when it was due
+// (so a stall is not hidden by the generator waiting), for p50/p99/p99.9.
 //
 // Every plan is big enough that all checks are allowed: an allowed check is
 // the script's most expensive path (it writes the bucket), and it is the same
@@ -24,17 +29,20 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -47,31 +55,45 @@ import (
 // The plan every benchmark key gets, and the same limit for redis-benchmark.
 var benchLimit = lua.Limit{Capacity: 1_000_000_000, Rate: 1_000_000}
 
+type config struct {
+	sidecarBin  string
+	loader      string
+	concurrency int
+	keys        int
+	duration    time.Duration
+	warmup      time.Duration
+	rounds      int
+	redisN      int
+	pipelines   int
+	out         string
+}
+
 func main() {
-	var (
-		sidecarBin  = flag.String("sidecar", "", "sidecar binary to run; empty: build ./sidecar into a temporary directory")
-		concurrency = flag.Int("c", 50, "concurrent clients (HTTP connections, and redis-benchmark clients)")
-		keys        = flag.Int("keys", 10000, "distinct API keys (and redis-benchmark -r)")
-		duration    = flag.Duration("d", 5*time.Second, "length of each sidecar load phase")
-		warmup      = flag.Duration("warmup", time.Second, "load before each measured phase, not measured")
-		redisN      = flag.Int("redis-n", 300000, "requests redis-benchmark sends")
-		pipelines   = flag.Int("redis-pipelines", 0, "sidecar -redis-pipelines; 0 keeps its default")
-		loader      = flag.String("load", "wrk", "closed-loop load generator: wrk (falls back to go when wrk is not installed) or go")
-	)
+	var cfg config
+	flag.StringVar(&cfg.sidecarBin, "sidecar", "", "sidecar binary; empty: $EDGELIMIT_BIN_DIR/sidecar if it exists (make bench builds it), else ./sidecar is built")
+	flag.IntVar(&cfg.concurrency, "c", 50, "concurrent clients: HTTP connections, and redis-benchmark clients")
+	flag.IntVar(&cfg.keys, "keys", 10000, "distinct API keys (and redis-benchmark -r)")
+	flag.DurationVar(&cfg.duration, "d", 3*time.Second, "length of each measured sidecar load phase")
+	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "load before the first measured phase, not measured")
+	flag.IntVar(&cfg.rounds, "rounds", 3, "rounds of redis-benchmark then the sidecar at full load; the ratio is their median")
+	flag.IntVar(&cfg.redisN, "redis-n", 0, "requests redis-benchmark sends per round; 0: what the sidecar answered in the previous round (150000 in the first)")
+	flag.IntVar(&cfg.pipelines, "redis-pipelines", 0, "sidecar -redis-pipelines; 0 keeps its default")
+	flag.StringVar(&cfg.loader, "load", "wrk", "full-load generator: wrk (the Go generator when wrk is not installed) or go")
+	flag.StringVar(&cfg.out, "out", "", "also write the report to this file (e.g. bench/results/sidecarbench.txt)")
 	flag.Parse()
-	if *loader == "wrk" {
+	if cfg.loader == "wrk" {
 		if _, err := exec.LookPath("wrk"); err != nil {
 			fmt.Fprintln(os.Stderr, "sidecarbench: wrk not found, using the Go load generator")
-			*loader = "go"
+			cfg.loader = "go"
 		}
 	}
-	if err := run(*sidecarBin, *loader, *concurrency, *keys, *duration, *warmup, *redisN, *pipelines); err != nil {
+	if err := run(cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "sidecarbench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(sidecarBin, loader string, concurrency, nkeys int, duration, warmup time.Duration, redisN, pipelines int) error {
+func run(cfg config) error {
 	ctx := context.Background()
 	tmp, err := os.MkdirTemp("", "sidecarbench-")
 	if err != nil {
@@ -79,11 +101,31 @@ func run(sidecarBin, loader string, concurrency, nkeys int, duration, warmup tim
 	}
 	defer os.RemoveAll(tmp)
 
-	if sidecarBin == "" {
-		sidecarBin = filepath.Join(tmp, "sidecar")
-		out, err := exec.Command("go", "build", "-o", sidecarBin, "./sidecar").CombinedOutput()
+	var out io.Writer = os.Stdout
+	if cfg.out != "" {
+		if err := os.MkdirAll(filepath.Dir(cfg.out), 0o755); err != nil {
+			return err
+		}
+		f, err := os.Create(cfg.out)
 		if err != nil {
-			return fmt.Errorf("go build ./sidecar (run from the repository root): %v\n%s", err, out)
+			return err
+		}
+		defer f.Close()
+		out = io.MultiWriter(os.Stdout, f)
+	}
+
+	if cfg.sidecarBin == "" {
+		if dir := os.Getenv("EDGELIMIT_BIN_DIR"); dir != "" {
+			if _, err := os.Stat(filepath.Join(dir, "sidecar")); err == nil {
+				cfg.sidecarBin = filepath.Join(dir, "sidecar")
+			}
+		}
+	}
+	if cfg.sidecarBin == "" {
+		cfg.sidecarBin = filepath.Join(tmp, "sidecar")
+		b, err := exec.Command("go", "build", "-o", cfg.sidecarBin, "./sidecar").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("go build ./sidecar (run from the repository root): %v\n%s", err, b)
 		}
 	}
 
@@ -92,98 +134,140 @@ func run(sidecarBin, loader string, concurrency, nkeys int, duration, warmup tim
 		return err
 	}
 	defer srv.Stop()
-	fmt.Printf("redis-server %s, %d clients, %d keys\n\n", srv.Addr, concurrency, nkeys)
-
-	raw, err := redisBenchmark(ctx, srv, concurrency, nkeys, redisN)
-	if err != nil {
-		return err
-	}
-
-	sc, err := startSidecar(sidecarBin, tmp, srv.URL(), pipelines)
+	sc, err := startSidecar(cfg.sidecarBin, tmp, srv.URL(), cfg.pipelines)
 	if err != nil {
 		return err
 	}
 	defer sc.stop()
+	load, _ := os.ReadFile("/proc/loadavg")
+	fmt.Fprintf(out, "sidecar %s on redis-server %s; %d clients, %d API keys; %d CPUs, load average %s\n",
+		cfg.sidecarBin, srv.Addr, cfg.concurrency, cfg.keys, runtime.NumCPU(), strings.Join(strings.Fields(string(load))[:3], " "))
+	fmt.Fprintf(out, "every check is allowed (the script's writing path); redis-benchmark runs the same script and arguments\n\n")
 
-	keys := make([][]byte, nkeys)
+	keys := make([][]byte, cfg.keys)
 	for i := range keys {
 		keys[i] = []byte(fmt.Sprintf("bench-key-%06d", i))
 	}
-	lg := &loadgen{addr: sc.addr, keys: keys, concurrency: concurrency}
-	closedLoop := lg.closed
-	if loader == "wrk" {
-		closedLoop = func(d time.Duration) (figures, error) { return wrk(tmp, sc.addr, concurrency, nkeys, d) }
+	lg := &loadgen{addr: sc.addr, keys: keys, concurrency: cfg.concurrency}
+	fullLoad := lg.closed
+	if cfg.loader == "wrk" {
+		fullLoad = func(d time.Duration) (figures, error) { return wrk(tmp, sc.addr, cfg.concurrency, cfg.keys, d) }
 	}
-
-	if _, err := closedLoop(warmup); err != nil {
-		return err
-	}
-	batch0, err := sc.batchStats()
-	if err != nil {
-		return err
-	}
-	cpu0, err := cpuNow(ctx, sc, srv)
-	if err != nil {
-		return err
-	}
-	full, err := closedLoop(duration)
-	if err != nil {
-		return err
-	}
-	cpu1, err := cpuNow(ctx, sc, srv)
-	if err != nil {
-		return err
-	}
-	batch1, err := sc.batchStats()
-	if err != nil {
+	if _, err := fullLoad(cfg.warmup); err != nil {
 		return err
 	}
 
-	half := raw.rps / 2
-	if _, err := lg.open(warmup, half); err != nil {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "round\tside\tchecks/s\tp50\tp99\tp99.9\tnot decided\tmean batch\tCPU µs/check: sidecar\tredis\tload gen\t")
+	var ratios, rawRates []float64
+	var lastFull, lastRaw figures
+	n := cfg.redisN
+	if n == 0 {
+		n = 150000
+	}
+	for r := 1; r <= cfg.rounds; r++ {
+		raw, err := redisBenchmark(ctx, srv, cfg.concurrency, cfg.keys, n)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "%d\tredis-benchmark EVALSHA -P 1\t%.0f\t%s\t%s\t-\t-\t1\t-\t-\t-\t\n", r, raw.rps, ms(raw.p50), ms(raw.p99))
+
+		m0, err := sc.scrape()
+		if err != nil {
+			return err
+		}
+		cpu0, err := cpuNow(ctx, sc, srv)
+		if err != nil {
+			return err
+		}
+		full, err := fullLoad(cfg.duration)
+		if err != nil {
+			return err
+		}
+		cpu1, err := cpuNow(ctx, sc, srv)
+		if err != nil {
+			return err
+		}
+		m1, err := sc.scrape()
+		if err != nil {
+			return err
+		}
+		checks := float64(full.decisions + full.errors)
+		per := func(a, b time.Duration) string { return fmt.Sprintf("%.1f", (b-a).Seconds()*1e6/checks) }
+		fmt.Fprintf(w, "%d\tsidecar over HTTP (%s)\t%.0f\t%s\t%s\t%s\t%d\t%.1f\t%s\t%s\t%s\t\n", r, cfg.loader,
+			full.rps, ms(full.p50), ms(full.p99), ms(full.p999), full.errors, meanBatch(m0, m1),
+			per(cpu0.sidecar, cpu1.sidecar), per(cpu0.redis, cpu1.redis), per(cpu0.loadgen, cpu1.loadgen))
+		ratios = append(ratios, full.rps/raw.rps)
+		rawRates = append(rawRates, raw.rps)
+		lastFull, lastRaw = full, raw
+		if cfg.redisN == 0 {
+			n = max(10000, int(full.decisions))
+		}
+	}
+	w.Flush()
+	_ = lastRaw
+
+	// Half of the raw Redis figure (its median over the rounds), open loop.
+	half := median(rawRates) / 2
+	if _, err := lg.open(cfg.warmup, half); err != nil {
 		return err
 	}
-	batch2, err := sc.batchStats()
+	m2, err := sc.scrape()
 	if err != nil {
 		return err
 	}
-	open, err := lg.open(duration, half)
+	open, err := lg.open(cfg.duration, half)
 	if err != nil {
 		return err
 	}
-	batch3, err := sc.batchStats()
+	m3, err := sc.scrape()
 	if err != nil {
 		return err
 	}
 
-	avgBatch := (batch1.sum - batch0.sum) / max(1, batch1.count-batch0.count)
-	fmt.Printf("%-44s %10s %9s %9s %9s\n", "", "checks/s", "p50", "p99", "p99.9")
-	fmt.Printf("%-44s %10.0f %9s %9s %9s\n", fmt.Sprintf("redis-benchmark EVALSHA -c %d -P 1", concurrency),
-		raw.rps, ms(raw.p50), ms(raw.p99), "-")
-	fmt.Printf("%-44s %10.0f %9s %9s %9s\n", fmt.Sprintf("sidecar HTTP, %d clients, closed loop (%s)", concurrency, loader),
-		full.rps, ms(full.p50), ms(full.p99), ms(full.p999))
-	fmt.Printf("%-44s %10.0f %9s %9s %9s\n", fmt.Sprintf("sidecar HTTP at half the Redis rate (%.0f/s)", half),
-		open.rps, ms(open.p50), ms(open.p99), ms(open.p999))
-	fmt.Println()
-	fmt.Printf("ratio sidecar / redis-benchmark: %.2f (target >= 0.80)\n", full.rps/raw.rps)
-	fmt.Printf("p99 at half the Redis rate: %s (target < 2 ms); the load generator's own send delay, p99: %s\n", ms(open.p99), ms(open.lateP99))
-	fmt.Printf("sidecar's own decision latency, p99: full load %s, half rate %s\n", decisionP99(batch0, batch1), decisionP99(batch2, batch3))
-	fmt.Printf("mean pipeline batch at full load: %.1f decisions\n", avgBatch)
-	n := float64(full.decisions + full.errors)
-	fmt.Printf("CPU per check at full load: sidecar %.1fµs, redis-server %.1fµs, load generator %.1fµs\n",
-		(cpu1.sidecar-cpu0.sidecar).Seconds()*1e6/n, (cpu1.redis-cpu0.redis).Seconds()*1e6/n, (cpu1.self-cpu0.self).Seconds()*1e6/n)
+	fmt.Fprintf(out, "\nratio sidecar / redis-benchmark, checks/s: median %.2f over %d rounds (%s); target >= 0.80\n",
+		median(ratios), len(ratios), joinRatios(ratios))
+	fmt.Fprintf(out, "\nat half the raw Redis rate, %.0f checks/s offered (open loop, timed from when each was due):\n", half)
+	fmt.Fprintf(out, "  answered %.0f/s; p50 %s, p99 %s, p99.9 %s; not decided %d; target p99 < 2 ms\n",
+		open.rps, ms(open.p50), ms(open.p99), ms(open.p999), open.errors)
+	fmt.Fprintf(out, "  the sidecar's own decision latency (its histogram), p99 %s; the load generator's lateness in sending, p99 %s\n",
+		decisionP99(m2, m3), ms(open.lateP99))
 	for _, f := range []struct {
 		name string
 		f    figures
-	}{{"full load", full}, {"half rate", open}} {
+	}{{"full load (last round)", lastFull}, {"half rate", open}} {
 		if f.f.errors > 0 {
-			fmt.Printf("%s: %d of %d checks not decided (first: %s)\n", f.name, f.f.errors, f.f.decisions+f.f.errors, f.f.firstErr)
+			fmt.Fprintf(out, "%s: %d of %d checks not decided, first: %s\n", f.name, f.f.errors, f.f.decisions+f.f.errors, f.f.firstErr)
 		}
 	}
 	return nil
 }
 
-type cpuTimes struct{ sidecar, redis, self time.Duration }
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func joinRatios(v []float64) string {
+	parts := make([]string, len(v))
+	for i, r := range v {
+		parts[i] = fmt.Sprintf("%.2f", r)
+	}
+	return strings.Join(parts, ", ")
+}
+
+func meanBatch(a, b scrape) float64 {
+	return (b.batchSum - a.batchSum) / max(1, b.batchCount-a.batchCount)
+}
+
+type cpuTimes struct{ sidecar, redis, loadgen time.Duration }
 
 // cpuNow reads the CPU time (user + system) used so far by the sidecar
 // process (/proc), by redis-server (INFO cpu) and by this process.
@@ -223,7 +307,7 @@ func cpuNow(ctx context.Context, sc *sidecar, srv *redisproc.Server) (cpuTimes, 
 		if err := syscall.Getrusage(who, &ru); err != nil {
 			return c, err
 		}
-		c.self += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		c.loadgen += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	return c, nil
 }
@@ -346,15 +430,16 @@ func (s *sidecar) stop() {
 	}
 }
 
-type histSum struct {
-	sum, count float64
-	buckets    map[string]float64 // sidecar_decision_duration_seconds, le → cumulative count
+// scrape is what the benchmark reads from the sidecar's /metrics.
+type scrape struct {
+	batchSum, batchCount float64            // sidecar_pipeline_batch_size
+	buckets              map[string]float64 // sidecar_decision_duration_seconds, le → cumulative count
 }
 
 // decisionP99 returns the upper bound of the sidecar's own decision latency
 // histogram bucket holding the 99th percentile of the decisions made between
 // two scrapes: the sidecar's view, without the network and load generator.
-func decisionP99(a, b histSum) string {
+func decisionP99(a, b scrape) string {
 	total := b.buckets["+Inf"] - a.buckets["+Inf"]
 	if total <= 0 {
 		return "-"
@@ -375,24 +460,23 @@ func decisionP99(a, b histSum) string {
 	return "> " + ms(time.Duration(les[len(les)-1]*float64(time.Second)))
 }
 
-// batchStats reads the pipeline batch histogram's sum and count from
-// /metrics.
-func (s *sidecar) batchStats() (histSum, error) {
+// scrape reads /metrics.
+func (s *sidecar) scrape() (scrape, error) {
 	code, body, err := fasthttp.Get(nil, "http://"+s.addr+"/metrics")
 	if err != nil || code != 200 {
-		return histSum{}, fmt.Errorf("GET /metrics: %d %v", code, err)
+		return scrape{}, fmt.Errorf("GET /metrics: %d %v", code, err)
 	}
-	h := histSum{buckets: map[string]float64{}}
+	h := scrape{buckets: map[string]float64{}}
 	le := regexp.MustCompile(`^sidecar_decision_duration_seconds_bucket\{le="([^"]+)"\} (\S+)$`)
 	for line := range strings.SplitSeq(string(body), "\n") {
 		if m := le.FindStringSubmatch(line); m != nil {
 			h.buckets[m[1]], _ = strconv.ParseFloat(m[2], 64)
 		}
 		if v, ok := strings.CutPrefix(line, "sidecar_pipeline_batch_size_sum "); ok {
-			h.sum, _ = strconv.ParseFloat(v, 64)
+			h.batchSum, _ = strconv.ParseFloat(v, 64)
 		}
 		if v, ok := strings.CutPrefix(line, "sidecar_pipeline_batch_size_count "); ok {
-			h.count, _ = strconv.ParseFloat(v, 64)
+			h.batchCount, _ = strconv.ParseFloat(v, 64)
 		}
 	}
 	return h, nil
