@@ -220,8 +220,8 @@ func TestContract(t *testing.T) {
 
 	t.Run("cost above capacity never succeeds", func(t *testing.T) {
 		r := s.check(t, "never-client", "x-ratelimit-cost", "11")
-		if r.status != 429 || r.h("x-ratelimit-never") != "true" || r.has("retry-after") || r.has("x-ratelimit-retry-after-ms") {
-			t.Fatalf("cost 11 of 10: %d %v", r.status, r.headers)
+		if r.status != 429 || r.h("x-ratelimit-never") != "true" || r.h("retry-after") != "1" || r.has("x-ratelimit-retry-after-ms") {
+			t.Fatalf("cost 11 of 10: %d %v; want 429, never, retry-after 1 (full bucket), no retry-after-ms", r.status, r.headers)
 		}
 		// Nothing was spent.
 		if r.h("ratelimit-remaining") != "10" {
