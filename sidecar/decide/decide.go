@@ -170,9 +170,13 @@ func (d *Decider) args(l lua.Limit, cost int64) []any {
 		return v.([]any)
 	}
 	a := lua.Args(l, cost)
-	if d.argsCount.Add(1) <= maxCachedArgs {
-		d.argsCache.Store(k, a)
+	// Past the bound (plans edited many times, unusual costs) start over
+	// rather than stop caching: the entries in use come back at once.
+	if d.argsCount.Add(1) > maxCachedArgs {
+		d.argsCache.Clear()
+		d.argsCount.Store(1)
 	}
+	d.argsCache.Store(k, a)
 	return a
 }
 
