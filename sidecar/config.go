@@ -59,7 +59,8 @@ the process list). Sidecars sharing a Redis must share the salt.
 
 x-ratelimit-cost: a whole number from 1 to %d; default 1.
 A cost larger than the plan's capacity is answered 429 with
-x-ratelimit-never: true and no retry-after (no wait can help).
+x-ratelimit-never: true (no wait can help), no x-ratelimit-retry-after-ms, and
+retry-after set to the seconds until the bucket is full (at least 1).
 `
 
 // parseOptions reads args and the environment (through getenv). Bad values

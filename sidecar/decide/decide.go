@@ -12,6 +12,7 @@ package decide
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,7 +24,7 @@ import (
 
 // Defaults for Options.
 const (
-	DefaultPipelines   = 4
+	DefaultPipelines   = 2
 	DefaultMaxBatch    = 128
 	DefaultQueue       = 4096
 	DefaultExecTimeout = time.Second
@@ -32,11 +33,17 @@ const (
 // ErrClosed is returned by Decide after Close.
 var ErrClosed = errors.New("decider closed")
 
+// ErrTimeout is returned by Decide when Redis has not answered by the
+// deadline. It wraps context.DeadlineExceeded.
+var ErrTimeout = fmt.Errorf("no answer from redis in time: %w", context.DeadlineExceeded)
+
 // Options tune a Decider. The zero value uses the defaults.
 type Options struct {
 	// Pipelines is how many batches may be in flight to Redis at once, each
-	// on its own connection. Defaults to 4: enough to keep one Redis busy
-	// while replies of the other batches travel and are parsed.
+	// on its own connection. Defaults to 2: Redis runs one batch while the
+	// reply of the other travels and is parsed. More loops only make batches
+	// smaller (more round trips for the same work); fewer leave Redis idle
+	// during each round trip.
 	Pipelines int
 	// MaxBatch caps the decisions sent in one pipeline. Defaults to 128.
 	MaxBatch int
@@ -65,15 +72,19 @@ type Decider struct {
 	closed atomic.Bool
 	calls  sync.Pool
 	ready  readyCache
+
+	argsCache sync.Map // argsKey → []any
+	argsCount atomic.Int64
 }
 
 type call struct {
-	ctx  context.Context
-	key  string
-	args []any
-	res  lua.Result
-	err  error
-	done chan struct{} // buffered(1): the loop never blocks on delivery
+	deadline time.Time
+	key      string
+	args     []any
+	res      lua.Result
+	err      error
+	done     chan struct{} // buffered(1): the loop never blocks on delivery
+	timer    *time.Timer   // fires at deadline; reused with the call
 }
 
 // New starts the batching loops on client. Call Close to stop them.
@@ -96,7 +107,11 @@ func New(client redis.UniversalClient, opt Options) *Decider {
 		queue:  make(chan *call, opt.Queue),
 		quit:   make(chan struct{}),
 	}
-	d.calls.New = func() any { return &call{done: make(chan struct{}, 1)} }
+	d.calls.New = func() any {
+		t := time.NewTimer(time.Hour)
+		t.Stop()
+		return &call{done: make(chan struct{}, 1), timer: t}
+	}
 	for range opt.Pipelines {
 		d.wg.Add(1)
 		go d.loop()
@@ -105,36 +120,69 @@ func New(client redis.UniversalClient, opt Options) *Decider {
 }
 
 // Decide takes cost tokens from the bucket key with limit l. It returns when
-// Redis has answered or when ctx ends, whichever is first: at ctx's deadline
-// it returns ctx.Err() at once, without waiting for Redis.
-func (d *Decider) Decide(ctx context.Context, key string, l lua.Limit, cost int64) (lua.Result, error) {
+// Redis has answered or at deadline, whichever is first: at the deadline it
+// returns ErrTimeout at once, without waiting for Redis.
+//
+// A deadline rather than a context keeps the hot path free of allocations:
+// the timer lives in a pooled call.
+func (d *Decider) Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error) {
 	if d.closed.Load() {
 		return lua.Result{}, ErrClosed
 	}
 	c := d.calls.Get().(*call)
-	c.ctx, c.key, c.args = ctx, key, lua.Args(l, cost)
+	c.deadline, c.key, c.args = deadline, key, d.args(l, cost)
+	// Go >= 1.23 timers: Reset and Stop leave no stale tick in C.
+	c.timer.Reset(time.Until(deadline))
 	select {
 	case d.queue <- c:
-	case <-ctx.Done():
-		c.reset()
-		d.calls.Put(c)
-		return lua.Result{}, ctx.Err()
+	case <-c.timer.C:
+		d.release(c)
+		return lua.Result{}, ErrTimeout
 	}
 	select {
 	case <-c.done:
 		res, err := c.res, c.err
-		c.reset()
-		d.calls.Put(c)
+		d.release(c)
 		return res, err
-	case <-ctx.Done():
+	case <-c.timer.C:
 		// The loop still holds c and will deliver into its buffered channel
 		// later; c is left to the garbage collector rather than reused.
-		return lua.Result{}, ctx.Err()
+		return lua.Result{}, ErrTimeout
 	}
 }
 
-func (c *call) reset() {
-	c.ctx, c.key, c.args, c.res, c.err = nil, "", nil, lua.Result{}, nil
+func (d *Decider) release(c *call) {
+	c.timer.Stop()
+	c.key, c.args, c.res, c.err = "", nil, lua.Result{}, nil
+	d.calls.Put(c)
+}
+
+// maxCachedArgs bounds the argument cache: plans are few, and almost every
+// request costs 1, so a handful of entries serve nearly all calls.
+const maxCachedArgs = 4096
+
+// args returns lua.Args(l, cost), cached: formatting two floats for every
+// decision is measurable work at tens of thousands of checks per second. The
+// slices are shared read-only; go-redis copies arguments into each command.
+func (d *Decider) args(l lua.Limit, cost int64) []any {
+	k := argsKey{l, cost}
+	if v, ok := d.argsCache.Load(k); ok {
+		return v.([]any)
+	}
+	a := lua.Args(l, cost)
+	// Past the bound (plans edited many times, unusual costs) start over
+	// rather than stop caching: the entries in use come back at once.
+	if d.argsCount.Add(1) > maxCachedArgs {
+		d.argsCache.Clear()
+		d.argsCount.Store(1)
+	}
+	d.argsCache.Store(k, a)
+	return a
+}
+
+type argsKey struct {
+	l    lua.Limit
+	cost int64
 }
 
 // Close stops the loops after the decisions already queued are answered.
@@ -191,10 +239,11 @@ func (d *Decider) loop() {
 func (d *Decider) run(batch []*call) {
 	// A caller already past its deadline has answered 503; spending its
 	// tokens now would charge the client for a request it was not refused.
-	live := batch[:0:0]
+	now := time.Now()
+	live := batch[:0]
 	for _, c := range batch {
-		if err := c.ctx.Err(); err != nil {
-			c.err = err
+		if !now.Before(c.deadline) {
+			c.err = ErrTimeout
 			c.done <- struct{}{}
 			continue
 		}
@@ -216,7 +265,7 @@ func (d *Decider) run(batch []*call) {
 	var retry []*call
 	var retryIdx []int
 	for i, cmd := range cmds {
-		if lua.IsNoScript(cmd.Err()) {
+		if err := cmd.Err(); err != nil && lua.IsNoScript(err) {
 			retry = append(retry, live[i])
 			retryIdx = append(retryIdx, i)
 		}

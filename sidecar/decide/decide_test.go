@@ -37,19 +37,18 @@ func standalone(t *testing.T) (*redisproc.Server, *redis.Client) {
 func TestDecideBurst(t *testing.T) {
 	_, c := standalone(t)
 	d := newDecider(t, c, Options{})
-	ctx := context.Background()
 	for i := range 5 {
-		r, err := d.Decide(ctx, "rl:{burst}", slow, 1)
+		r, err := d.Decide(far(), "rl:{burst}", slow, 1)
 		if err != nil || !r.Allowed {
 			t.Fatalf("call %d: %+v, %v; want allowed", i, r, err)
 		}
 	}
-	r, err := d.Decide(ctx, "rl:{burst}", slow, 1)
+	r, err := d.Decide(far(), "rl:{burst}", slow, 1)
 	if err != nil || r.Allowed || r.RetryAfter <= 0 {
 		t.Fatalf("call 6: %+v, %v; want denied with a retry time", r, err)
 	}
 	// Cost above capacity: never, not a retry.
-	r, err = d.Decide(ctx, "rl:{big}", slow, 6)
+	r, err = d.Decide(far(), "rl:{big}", slow, 6)
 	if err != nil || r.Allowed || !r.Never || r.RetryAfter != 0 {
 		t.Fatalf("cost 6 of 5: %+v, %v; want never", r, err)
 	}
@@ -76,7 +75,7 @@ func TestConcurrentExact(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 10 {
-				r, err := d.Decide(context.Background(), "rl:{shared}", limit, 1)
+				r, err := d.Decide(far(), "rl:{shared}", limit, 1)
 				if err != nil {
 					t.Error(err)
 					return
@@ -115,7 +114,7 @@ func TestBatching(t *testing.T) {
 	errs := make(chan error, queued+1)
 	decide := func(key string) {
 		defer wg.Done()
-		r, err := d.Decide(ctx, key, slow, 1)
+		r, err := d.Decide(far(), key, slow, 1)
 		if err == nil && !r.Allowed {
 			err = fmt.Errorf("%s denied", key)
 		}
@@ -168,16 +167,14 @@ func TestDeadline(t *testing.T) {
 	// The first call occupies the only loop until Redis is unpaused.
 	firstDone := make(chan error, 1)
 	go func() {
-		_, err := d.Decide(bg, "rl:{holder}", slow, 1)
+		_, err := d.Decide(far(), "rl:{holder}", slow, 1)
 		firstDone <- err
 	}()
 	<-batches
 
-	ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
-	defer cancel()
-	_, err := d.Decide(ctx, "rl:{expired}", slow, 1)
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Decide = %v, want context.DeadlineExceeded", err)
+	_, err := d.Decide(time.Now().Add(20*time.Millisecond), "rl:{expired}", slow, 1)
+	if !errors.Is(err, ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Decide = %v, want ErrTimeout wrapping context.DeadlineExceeded", err)
 	}
 	// Redis is still paused (unpaused only below): the answer did not wait.
 	if err := ctl.Do(bg, "CLIENT", "UNPAUSE").Err(); err != nil {
@@ -189,7 +186,7 @@ func TestDeadline(t *testing.T) {
 	}
 	// Flush the loop with one more call: the expired one sat before it in
 	// the queue, so by the time this returns it has been dropped.
-	if _, err := d.Decide(bg, "rl:{after}", slow, 1); err != nil {
+	if _, err := d.Decide(far(), "rl:{after}", slow, 1); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := ctl.Exists(bg, "rl:{expired}").Result(); err != nil || n != 0 {
@@ -206,7 +203,7 @@ func TestNoScriptAfterFlush(t *testing.T) {
 	d := newDecider(t, c, Options{OnNoScript: func() { reloads.Add(1) }})
 	ctx := context.Background()
 	// The first call finds Redis without the script, too.
-	if _, err := d.Decide(ctx, "rl:{a}", slow, 1); err != nil {
+	if _, err := d.Decide(far(), "rl:{a}", slow, 1); err != nil {
 		t.Fatal(err)
 	}
 	if reloads.Load() != 1 {
@@ -215,7 +212,7 @@ func TestNoScriptAfterFlush(t *testing.T) {
 	if err := srv.Client(t).ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	r, err := d.Decide(ctx, "rl:{a}", slow, 1)
+	r, err := d.Decide(far(), "rl:{a}", slow, 1)
 	if err != nil || !r.Allowed || r.Tokens < 3 || r.Tokens > 3.01 {
 		t.Fatalf("after SCRIPT FLUSH: %+v, %v; want allowed with 3 tokens left", r, err)
 	}
@@ -228,7 +225,7 @@ func TestRedisRestart(t *testing.T) {
 	srv, c := standalone(t)
 	d := newDecider(t, c, Options{})
 	ctx := context.Background()
-	if _, err := d.Decide(ctx, "rl:{a}", slow, 1); err != nil {
+	if _, err := d.Decide(far(), "rl:{a}", slow, 1); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Ready(ctx); err != nil {
@@ -237,7 +234,7 @@ func TestRedisRestart(t *testing.T) {
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.Decide(ctx, "rl:{a}", slow, 1); err == nil {
+	if _, err := d.Decide(far(), "rl:{a}", slow, 1); err == nil {
 		t.Fatal("Decide succeeded with Redis killed")
 	}
 	d.ready.mu.Lock()
@@ -254,7 +251,7 @@ func TestRedisRestart(t *testing.T) {
 	var r lua.Result
 	var err error
 	waitFor(t, "decisions to resume", func() bool {
-		r, err = d.Decide(ctx, "rl:{a}", slow, 1)
+		r, err = d.Decide(far(), "rl:{a}", slow, 1)
 		return err == nil
 	})
 	if !r.Allowed || r.Tokens < 4 || r.Tokens > 4.01 {
@@ -278,12 +275,12 @@ func TestReadyLoadsScript(t *testing.T) {
 func TestClose(t *testing.T) {
 	_, c := standalone(t)
 	d := New(c, Options{})
-	if _, err := d.Decide(context.Background(), "rl:{a}", slow, 1); err != nil {
+	if _, err := d.Decide(far(), "rl:{a}", slow, 1); err != nil {
 		t.Fatal(err)
 	}
 	d.Close()
 	d.Close() // idempotent
-	if _, err := d.Decide(context.Background(), "rl:{a}", slow, 1); !errors.Is(err, ErrClosed) {
+	if _, err := d.Decide(far(), "rl:{a}", slow, 1); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Decide after Close = %v, want ErrClosed", err)
 	}
 }
@@ -304,7 +301,7 @@ func TestCluster(t *testing.T) {
 			defer wg.Done()
 			key := fmt.Sprintf("rl:{client-%d}", i)
 			for j := range 6 {
-				r, err := d.Decide(ctx, key, slow, 1)
+				r, err := d.Decide(far(), key, slow, 1)
 				if err != nil {
 					t.Errorf("%s call %d: %v", key, j, err)
 					return
@@ -336,6 +333,9 @@ func TestCluster(t *testing.T) {
 	}
 }
 
+// far is a deadline no test reaches: these calls wait for Redis.
+func far() time.Time { return time.Now().Add(time.Minute) }
+
 // waitFor polls cond every few milliseconds for up to 30 s, a bound far
 // above anything these conditions need even on a loaded machine.
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -346,5 +346,34 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestArgsCache(t *testing.T) {
+	d := &Decider{}
+	tests := []struct {
+		l    lua.Limit
+		cost int64
+	}{{slow, 1}, {slow, 2}, {lua.Limit{Capacity: 10, Rate: 0.5}, 1}, {slow, 1}}
+	for _, tt := range tests {
+		got, want := d.args(tt.l, tt.cost), lua.Args(tt.l, tt.cost)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("args(%v, %d) = %v, want %v", tt.l, tt.cost, got, want)
+		}
+	}
+	if n := d.argsCount.Load(); n != 3 {
+		t.Errorf("cache grew %d times for 3 distinct calls", n)
+	}
+	// Past the bound the cache starts over: it never holds more than the
+	// bound, and answers stay right.
+	for i := range maxCachedArgs + 10 {
+		if got := d.args(slow, int64(i+100)); fmt.Sprint(got) != fmt.Sprint(lua.Args(slow, int64(i+100))) {
+			t.Fatalf("args(slow, %d) = %v", i+100, got)
+		}
+	}
+	n := 0
+	d.argsCache.Range(func(any, any) bool { n++; return true })
+	if n > maxCachedArgs || n == 0 {
+		t.Errorf("cache holds %d entries, bound %d", n, maxCachedArgs)
 	}
 }

@@ -31,7 +31,6 @@ const (
 func (s *Server) HTTPServer() *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler:                      s.Handle,
-		Name:                         "edgelimit-sidecar",
 		NoDefaultServerHeader:        true,
 		NoDefaultDate:                true,
 		NoDefaultContentType:         true,

@@ -14,9 +14,11 @@
 // retry-after (seconds until cost tokens are back, rounded up, at least 1) and
 // x-ratelimit-retry-after-ms (the same wait in milliseconds, rounded up to
 // the next whole millisecond). A cost larger than the plan's capacity can
-// never succeed: it gets 429 with x-ratelimit-never: true and no retry-after
-// headers, because no wait would help. It is a denial, not a 400, so that
-// a gateway that fails open on errors still rejects it.
+// never succeed: it gets 429 with x-ratelimit-never: true, no
+// x-ratelimit-retry-after-ms (there is no such wait), and retry-after set to
+// the seconds until the bucket is full (at least 1) so that every 429 carries
+// retry-after as the contract says. It is a denial, not a 400, so that a
+// gateway that fails open on errors still rejects it.
 package server
 
 import (
@@ -54,8 +56,8 @@ const DefaultTimeout = 3 * time.Millisecond
 // Decider makes decisions on Redis (decide.Decider in production).
 type Decider interface {
 	// Decide takes cost tokens from bucket key under limit l, or returns
-	// ctx's error once ctx ends.
-	Decide(ctx context.Context, key string, l lua.Limit, cost int64) (lua.Result, error)
+	// an error wrapping context.DeadlineExceeded at deadline.
+	Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error)
 	// Ready reports whether decisions can be made now.
 	Ready(ctx context.Context) error
 }
@@ -136,9 +138,7 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 	}
 	bucket := s.o.Keys.BucketKey(req.Key)
 
-	dctx, cancel := context.WithDeadline(context.Background(), start.Add(s.o.Timeout))
-	res, err := s.o.Decider.Decide(dctx, bucket, lua.Limit{Capacity: plan.Capacity, Rate: plan.Rate}, req.Cost)
-	cancel()
+	res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), bucket, lua.Limit{Capacity: plan.Capacity, Rate: plan.Rate}, req.Cost)
 	s.o.Stats.Latency.UpdateDuration(start)
 	if err != nil {
 		s.o.Stats.Errors.Inc()
@@ -168,8 +168,12 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 		s.o.Stats.Allowed.Inc()
 		ctx.SetStatusCode(fasthttp.StatusOK)
 	case res.Never:
+		// No wait helps; retry-after is still sent (the bucket's time to
+		// full, a lower bound on anything changing) because gateways treat
+		// a 429 without it as malformed and would fail open.
 		s.o.Stats.Denied.Inc()
 		h.Set(HeaderNever, "true")
+		setInt(h, HeaderRetryAfter, max(1, ceilDiv(res.ResetAfter, time.Second)))
 		ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
 	default:
 		s.o.Stats.Denied.Inc()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -38,14 +39,14 @@ type fakeCall struct {
 	cost  int64
 }
 
-func (f *fakeDecider) Decide(ctx context.Context, key string, l lua.Limit, cost int64) (lua.Result, error) {
+func (f *fakeDecider) Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error) {
 	f.mu.Lock()
 	f.calls = append(f.calls, fakeCall{key, l, cost})
 	res, err, block := f.res, f.err, f.block
 	f.mu.Unlock()
 	if block {
-		<-ctx.Done()
-		return lua.Result{}, ctx.Err()
+		time.Sleep(time.Until(deadline))
+		return lua.Result{}, fmt.Errorf("fake: %w", context.DeadlineExceeded)
 	}
 	return res, err
 }
@@ -129,8 +130,11 @@ func TestCheckHeaders(t *testing.T) {
 		{"denied, just over a second", lua.Result{Tokens: 0, RetryAfter: 1000*time.Millisecond + time.Microsecond, ResetAfter: 10 * time.Second}, 429, map[string]string{
 			HeaderRetryAfter: "2", HeaderRetryAfterMs: "1001",
 		}},
-		{"never", lua.Result{Never: true, Tokens: 10, ResetAfter: 0}, 429, map[string]string{
-			HeaderNever: "true", HeaderRetryAfter: "", HeaderRetryAfterMs: "", HeaderRemaining: "10", HeaderPlan: "free",
+		{"never, full bucket", lua.Result{Never: true, Tokens: 10, ResetAfter: 0}, 429, map[string]string{
+			HeaderNever: "true", HeaderRetryAfter: "1", HeaderRetryAfterMs: "", HeaderRemaining: "10", HeaderPlan: "free",
+		}},
+		{"never, bucket refilling", lua.Result{Never: true, Tokens: 2.5, ResetAfter: 7500 * time.Millisecond}, 429, map[string]string{
+			HeaderNever: "true", HeaderRetryAfter: "8", HeaderRetryAfterMs: "", HeaderRemaining: "2", HeaderReset: "8",
 		}},
 	}
 	for _, tt := range tests {
