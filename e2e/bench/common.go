@@ -1,16 +1,13 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"math"
-	"net/http"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/bench/rig"
-	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/e2e/services/bucket"
 	"github.com/edgelimit/edgelimit/e2e/services/safety"
 )
@@ -114,9 +111,4 @@ func counterDelta(before, after map[string]int64) map[string]int64 {
 func callouts(d map[string]int64) int64 {
 	return d["requests.allowed"] + d["requests.denied"] + d["requests.shadow_allowed"] +
 		d["requests.shadow_would_deny"] + rig.FailedOpen(d)
-}
-
-// harnessWaitHTTP polls url until it answers 200.
-func harnessWaitHTTP(ctx context.Context, url string) error {
-	return harness.WaitHTTP(ctx, nil, url, http.StatusOK)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/edgelimit/edgelimit/e2e/bench/report"
 	"github.com/edgelimit/edgelimit/e2e/bench/rig"
 	"github.com/edgelimit/edgelimit/e2e/bench/stat"
+	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/e2e/services"
 	"github.com/edgelimit/edgelimit/e2e/services/bucket"
 )
@@ -308,5 +310,5 @@ func shortNames(ns []string) []string {
 func waitReady(ctx context.Context, b *rig.Backend) error {
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return harnessWaitHTTP(wctx, "http://"+b.SidecarAddr+"/readyz")
+	return harness.WaitHTTP(wctx, nil, "http://"+b.SidecarAddr+"/readyz", http.StatusOK)
 }

@@ -38,7 +38,6 @@ type env struct {
 	runs    int     // repetitions whose median is reported
 	scale   float64 // multiplies every phase's duration
 	command string  // how this run was started, for the reports
-	quiet   bool    // no tables on stdout (tests)
 	prog    *progress
 }
 
