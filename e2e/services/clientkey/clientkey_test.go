@@ -2,6 +2,7 @@ package clientkey
 
 import (
 	"net/http/httptest"
+	"strings"
 	"testing"
 )
 
@@ -30,4 +31,25 @@ func TestFromRequest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzFromRequest: whatever the headers hold, the key is trimmed and comes
+// from one of them.
+func FuzzFromRequest(f *testing.F) {
+	f.Add("k1", "")
+	f.Add("", "Bearer k2")
+	f.Add(" ", "bearer  \t")
+	f.Add("", "Basic x")
+	f.Fuzz(func(t *testing.T, apiKey, auth string) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header["X-Api-Key"] = []string{apiKey}
+		r.Header["Authorization"] = []string{auth}
+		got := FromRequest(r)
+		if got != strings.TrimSpace(got) {
+			t.Fatalf("key %q not trimmed", got)
+		}
+		if got != "" && !strings.Contains(apiKey, got) && !strings.Contains(auth, got) {
+			t.Fatalf("key %q from neither %q nor %q", got, apiKey, auth)
+		}
+	})
 }
