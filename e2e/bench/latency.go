@@ -64,7 +64,7 @@ func measureLatency(ctx context.Context, e *env, f *rig.Front, run, ri int, rate
 }
 
 func runLatency(ctx context.Context, e *env) (*report.Scenario, error) {
-	rates := []float64{50, 100, 200, 400, 800, 1600}
+	rates := []float64{50, 100, 200, 400, 800}
 	const clients = 20
 	phase := e.dur(3 * time.Second)
 	pl := plans{Default: "unlimited", Plans: map[string]bucket.Limit{"unlimited": {Capacity: 1e9, Rate: 1e9}}}
