@@ -110,8 +110,9 @@ func runThroughput(ctx context.Context, e *env) (*report.Scenario, error) {
 	}
 
 	t := report.Table{
-		Title:  fmt.Sprintf("Gateway throughput per filter path (closed loop, %d concurrent requests, %v per run, median of %d runs)", workers, phase, e.runs),
-		Header: []string{"path", "what happens", "req/s", "vs callout deny", "p50 ms", "p99 ms", "callouts/request", "failed open", "answers"},
+		Title:       fmt.Sprintf("Gateway throughput per filter path (closed loop, %d concurrent requests, %v per run, median of %d runs)", workers, phase, e.runs),
+		TextColumns: 2,
+		Header:      []string{"path", "what happens", "req/s", "vs callout deny", "p50 ms", "p99 ms", "callouts/request", "failed open", "answers"},
 	}
 	callout := stat.Median(paths[1].rates) // the same answer as a cached deny, through the sidecar
 	var names []string

@@ -54,6 +54,7 @@ type Attachment struct {
 // Benchmarks is everything BENCHMARKS.md shows.
 type Benchmarks struct {
 	Command     string // the command that regenerates the file
+	Run         string // the command line of this run, when it differs
 	Method      []string
 	Machine     Machine
 	Generated   time.Time
@@ -84,14 +85,21 @@ func (bm Benchmarks) Markdown() string {
 		b.WriteString("- " + m + "\n")
 	}
 	b.WriteString("\n## Machine\n\n")
-	mt := Table{Header: []string{"", ""}}
+	mt := Table{Header: []string{"", ""}, TextColumns: 2}
 	mt.Add("CPU", bm.Machine.CPU)
 	mt.Add("cores", bm.Machine.Cores)
 	mt.Add("OS", bm.Machine.OS+", kernel "+bm.Machine.Kernel)
 	mt.Add("Go", bm.Machine.Go)
 	mt.Add("Redis", bm.Machine.Redis)
+	if len(bm.Scenarios) > 0 {
+		mt.Add("load average", fmt.Sprintf("%.1f when the first scenario started: the machine is shared, and each scenario below gives its own", bm.Scenarios[0].Load[0]))
+	}
 	b.WriteString(mt.Markdown())
-	fmt.Fprintf(&b, "\n## Command\n\n```\n%s\n```\n\n", bm.Command)
+	fmt.Fprintf(&b, "\n## Command\n\n```\n%s\n", bm.Command)
+	if bm.Run != "" && bm.Run != bm.Command {
+		fmt.Fprintf(&b, "# this run: %s\n", bm.Run)
+	}
+	b.WriteString("```\n\n")
 
 	for _, s := range bm.Scenarios {
 		b.WriteString(s.Markdown(bm.ResultsDir, 2))

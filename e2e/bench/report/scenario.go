@@ -87,7 +87,7 @@ func (s *Scenario) Markdown(chartDir string, level int) string {
 }
 
 func checksTable(checks []Check) Table {
-	t := Table{Header: []string{"claim", "target", "measured", "holds"}}
+	t := Table{Header: []string{"claim", "target", "measured", "holds"}, TextColumns: 4}
 	for _, c := range checks {
 		holds := "no"
 		if c.Holds {

@@ -16,6 +16,9 @@ type Table struct {
 	Header []string   `json:"header"`
 	Rows   [][]string `json:"rows"`
 	Notes  []string   `json:"notes,omitempty"` // lines printed under the table
+	// TextColumns is how many leading columns hold text (left-aligned in
+	// markdown); the rest hold numbers (right-aligned). Defaults to 1.
+	TextColumns int `json:"text_columns,omitempty"`
 }
 
 // Add appends a row; each cell is formatted with %v (floats with %.3g
@@ -51,7 +54,7 @@ func (t Table) WriteText(w io.Writer) {
 	}
 }
 
-// Markdown returns the table as GitHub-flavoured markdown, the first column
+// Markdown returns the table as GitHub-flavoured markdown, the text columns
 // left-aligned and the rest right-aligned.
 func (t Table) Markdown() string {
 	var b strings.Builder
@@ -59,8 +62,12 @@ func (t Table) Markdown() string {
 		fmt.Fprintf(&b, "**%s**\n\n", t.Title)
 	}
 	b.WriteString("| " + strings.Join(escape(t.Header), " | ") + " |\n|")
+	text := t.TextColumns
+	if text == 0 {
+		text = 1
+	}
 	for i := range t.Header {
-		if i == 0 {
+		if i < text {
 			b.WriteString(" :--- |")
 		} else {
 			b.WriteString(" ---: |")
