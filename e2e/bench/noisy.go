@@ -162,9 +162,11 @@ func runNoisy(ctx context.Context, e *env) (*report.Scenario, error) {
 		Header: []string{"day", "per-service p99 ms", "edge p99 ms", "edge / per-service", "per-service p50 ms", "edge p50 ms", "quiet served per-service", "quiet served edge", "noisy admitted per-service", "noisy admitted edge", "edge checks failed open"},
 	}
 	var x, ps, eg, ratios []float64
+	var dayNames []string
 	for d, dy := range days {
 		r := float64(dy.p99[1]) / float64(dy.p99[0])
-		x, ratios = append(x, float64(d+1)), append(ratios, r)
+		x, ratios = append(x, float64(d)), append(ratios, r)
+		dayNames = append(dayNames, dayName(d))
 		ps, eg = append(ps, stat.Ms(dy.p99[0])), append(eg, stat.Ms(dy.p99[1]))
 		t.Add(dayName(d), ms(dy.p99[0]), ms(dy.p99[1]), ratio(r), ms(dy.p50[0]), ms(dy.p50[1]),
 			pctOf(dy.served[0], dy.sent[0]), pctOf(dy.served[1], dy.sent[1]),
@@ -187,7 +189,7 @@ func runNoisy(ctx context.Context, e *env) (*report.Scenario, error) {
 
 	chart := "noisy.png"
 	if err := report.LineChart(filepath.Join(e.out, chart), "p99 of the other 95% while the noisiest 5% bursts", "day", "p99 latency, ms (log scale)",
-		[]report.Line{{Name: designs[0], X: x, Y: ps}, {Name: designs[1], X: x, Y: eg}}, report.LineOptions{LogY: true}); err != nil {
+		[]report.Line{{Name: designs[0], X: x, Y: ps}, {Name: designs[1], X: x, Y: eg}}, report.LineOptions{LogY: true, XNames: dayNames}); err != nil {
 		return nil, err
 	}
 	return &report.Scenario{

@@ -66,6 +66,9 @@ type LineOptions struct {
 	Reference *Reference
 	// LogX and LogY put an axis on a log scale; their values must be > 0.
 	LogX, LogY bool
+	// XNames, when set, labels the x values 0, 1, 2, ... with names (days,
+	// say) instead of numbers.
+	XNames []string
 }
 
 // LineChart writes a line chart with points to path (PNG).
@@ -79,6 +82,9 @@ func LineChart(path, title, xlabel, ylabel string, series []Line, o LineOptions)
 	}
 	if o.LogY {
 		p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	}
+	if o.XNames != nil {
+		p.NominalX(o.XNames...)
 	}
 	p.Add(plotter.NewGrid())
 	ymax := math.Inf(-1)

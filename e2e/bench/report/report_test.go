@@ -82,6 +82,9 @@ func TestCharts(t *testing.T) {
 	if err := LineChart(line, "p99", "burst", "ms", []Line{{"edge", []float64{1, 2}, []float64{50, 60}}}, LineOptions{Reference: &Reference{"2 ms", 2}, LogX: true, LogY: true}); err != nil {
 		t.Fatal(err)
 	}
+	if err := LineChart(line, "p99", "day", "ms", []Line{{"edge", []float64{0, 1}, []float64{5, 6}}}, LineOptions{XNames: []string{"Mon", "Tue"}}); err != nil {
+		t.Fatal(err)
+	}
 	for _, p := range []string{bar, line} {
 		b, err := os.ReadFile(p)
 		if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG\r\n")) {
