@@ -59,8 +59,12 @@ type incidentRun struct {
 	// that timed out may still have taken a token, so the client's
 	// admitted count lies between Decided - FailedOpen and
 	// Decided + FailedOpen.
-	Decided  int64
-	Replicas []replicaCount
+	Decided int64
+	// Unavailable counts the checks the sidecar answered 503 because Redis
+	// missed its deadline; Redis may still have run them, taking a token
+	// the sidecar did not count as allowed.
+	Unavailable int64
+	Replicas    []replicaCount
 }
 
 // Ratio is admitted over contract.
@@ -153,7 +157,8 @@ func measureIncident(ctx context.Context, e *env, p incidentParams) ([][2]incide
 		if err != nil {
 			return nil, err
 		}
-		res[1].FailedOpen = rig.FailedOpen(counterDelta(before[1], after))
+		delta := counterDelta(before[1], after)
+		res[1].FailedOpen, res[1].Unavailable = rig.FailedOpen(delta), delta["requests.failed_open.unavailable"]
 		scAfter, err := settledMetrics(ctx, b)
 		if err != nil {
 			return nil, err

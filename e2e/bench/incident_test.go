@@ -85,10 +85,14 @@ func TestIncidentSmall(t *testing.T) {
 	// and up to one token of refill after the last check, while the
 	// filter answers from its deny cache). With W_R within 0.1 s of W and
 	// a contract of about 60 tokens, that is within [0.95, 1.02] of the
-	// contract: the design's "within 5%".
+	// contract: the design's "within 5%". The sidecar counts as allowed
+	// only what it answered in time; a check it answered 503 (Redis past
+	// the sidecar's deadline) may still have taken a token, so those lower
+	// the floor.
 	decided := float64(edge.Decided) / edge.Contract
-	if math.Abs(decided-1) > 0.05 {
-		t.Errorf("the Redis bucket allowed %d for a contract of %.1f: ratio %.3f, want within 5%% of 1", edge.Decided, edge.Contract, decided)
+	if floor := 0.95 - float64(edge.Unavailable)/edge.Contract; decided < floor || decided > 1.05 {
+		t.Errorf("the Redis bucket allowed %d for a contract of %.1f (%d answered 503): ratio %.3f, want in [%.3f, 1.05]",
+			edge.Decided, edge.Contract, edge.Unavailable, decided, floor)
 	}
 	// What the client saw differs from the bucket's decisions only by the
 	// checks that failed open (admitted whatever the bucket said; a check
