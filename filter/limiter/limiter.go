@@ -176,7 +176,8 @@ func (l *Limiter) check(s *stream) abi.Action {
 	}
 	if keyHeader != "" {
 		// The proxy reads the first of repeated headers; the service may
-		// read another. Leave it only the key that was charged.
+		// read another. Leave it only the key that was charged: Envoy's
+		// replace removes every value of the name before adding one.
 		h.ReplaceHeader(abi.MapRequestHeaders, cfg.APIKeyHeader, key)
 	}
 	s.key, s.cost, s.enforce = key, 1, cfg.Enforced(key)

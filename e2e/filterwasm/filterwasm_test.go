@@ -1,0 +1,109 @@
+package filterwasm
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/edgelimit/edgelimit/e2e/wasmhost"
+	"github.com/edgelimit/edgelimit/filter/filtertest"
+)
+
+var (
+	modOnce sync.Once
+	mod     *wasmhost.Module
+	modErr  error
+	modDir  string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if mod != nil {
+		mod.Close(context.Background())
+	}
+	if modDir != "" {
+		os.RemoveAll(modDir)
+	}
+	os.Exit(code)
+}
+
+// filterModule builds and compiles filter.wasm once for the test binary.
+func filterModule(t testing.TB) *wasmhost.Module {
+	t.Helper()
+	modOnce.Do(func() {
+		modDir, modErr = os.MkdirTemp("", "filterwasm-")
+		if modErr != nil {
+			return
+		}
+		root, err := filepath.Abs(filepath.Join("..", ".."))
+		if err != nil {
+			modErr = err
+			return
+		}
+		path, err := Build(root, modDir)
+		if err != nil {
+			modErr = err
+			return
+		}
+		mod, modErr = wasmhost.LoadFile(context.Background(), path, wasmhost.ModuleOptions{})
+	})
+	if modErr != nil {
+		t.Fatal(modErr)
+	}
+	return mod
+}
+
+func newHost(t *testing.T) filtertest.Host { return NewHost(t, filterModule(t)) }
+
+// TestFilterSmoke drives the compiled filter through the main paths by hand:
+// a missing key, an allowed request and a denied one.
+func TestFilterSmoke(t *testing.T) {
+	h := newHost(t)
+	if !h.Configure(`{"timeout_ms": 50}`) {
+		t.Fatalf("configuration refused; logs:\n%s", strings.Join(h.Logs(), "\n"))
+	}
+	req := []filtertest.Header{{":method", "GET"}, {":path", "/orders"}, {":authority", "shop"}, {":scheme", "http"}}
+
+	s := h.NewStream()
+	if s.RequestHeaders(req) {
+		t.Fatal("a request without a key went on")
+	}
+	if r, ok := s.LocalReply(); !ok || r.Status != 401 {
+		t.Fatalf("no key: reply %+v, %t", r, ok)
+	}
+	s.Done()
+
+	for _, c := range []struct {
+		status string
+		want   int // 0: continued
+	}{{"200", 0}, {"429", 429}} {
+		s = h.NewStream()
+		if s.RequestHeaders(append(req, filtertest.Header{"x-api-key", "k-" + c.status})) {
+			t.Fatal("a request went on before its check")
+		}
+		call, ok := s.Callout()
+		if !ok || call.Cluster != "ratelimit_sidecar" {
+			t.Fatalf("callout %+v, %t", call, ok)
+		}
+		s.RespondCallout([]filtertest.Header{{":status", c.status}, {"ratelimit-limit", "10"}, {"ratelimit-remaining", "0"},
+			{"ratelimit-reset", "5"}, {"retry-after", "2"}, {"x-ratelimit-plan", "free"}, {"x-ratelimit-tokens", "0.5"},
+			{"x-ratelimit-retry-after-ms", "1500"}}, nil)
+		if c.want == 0 {
+			if !s.Continued() {
+				t.Errorf("sidecar said %s: not continued; logs:\n%s", c.status, strings.Join(h.Logs(), "\n"))
+			}
+		} else if r, ok := s.LocalReply(); !ok || r.Status != c.want {
+			t.Errorf("sidecar said %s: reply %+v, %t", c.status, r, ok)
+		}
+		s.Done()
+	}
+}
+
+// TestFilterBehaviour runs the filter's whole table of behaviour against
+// the compiled module, the same table filter/filtertest runs natively.
+func TestFilterBehaviour(t *testing.T) {
+	filtertest.Run(t, newHost)
+}

@@ -1,0 +1,510 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/e2e/filterwasm"
+)
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+// modules builds filter.wasm and the host's probe module once.
+func modules(t testing.TB) (filter, probe string) {
+	t.Helper()
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "gateway-test-")
+		if buildErr != nil {
+			return
+		}
+		root, _ := filepath.Abs(filepath.Join("..", ".."))
+		if _, buildErr = filterwasm.Build(root, buildDir); buildErr != nil {
+			return
+		}
+		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-buildmode=c-shared", "-o", filepath.Join(buildDir, "probe.wasm"), ".")
+		cmd.Dir = filepath.Join("..", "wasmhost", "testdata", "probe")
+		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = err
+			t.Log(string(out))
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(buildDir, "filter.wasm"), filepath.Join(buildDir, "probe.wasm")
+}
+
+// service is a demo upstream that counts and records what reaches it.
+type service struct {
+	*httptest.Server
+	hits atomic.Int64
+	mu   sync.Mutex
+	last http.Header
+}
+
+func newService(t testing.TB, name string, delay time.Duration) *service {
+	s := &service{}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.hits.Add(1)
+		s.mu.Lock()
+		s.last = r.Header.Clone()
+		s.last.Set("host", r.Host)
+		s.mu.Unlock()
+		time.Sleep(delay)
+		w.Header().Set("x-service", name)
+		io.WriteString(w, name+" "+r.URL.Path)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *service) header(name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last.Get(name)
+}
+
+// sidecar answers checks by key: "deny..." is over its limit, "slow..."
+// answers after 100 ms, anything else is allowed.
+func newSidecar(t testing.TB) *httptest.Server {
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("x-api-key")
+		h := w.Header()
+		h.Set("ratelimit-limit", "10")
+		h.Set("ratelimit-reset", "5")
+		h.Set("x-ratelimit-plan", "free")
+		switch {
+		case strings.HasPrefix(key, "deny"):
+			h.Set("ratelimit-remaining", "0")
+			h.Set("x-ratelimit-tokens", "0.2")
+			h.Set("retry-after", "3")
+			h.Set("x-ratelimit-retry-after-ms", "2500")
+			w.WriteHeader(http.StatusTooManyRequests)
+		case strings.HasPrefix(key, "slow"):
+			time.Sleep(100 * time.Millisecond)
+			fallthrough
+		default:
+			h.Set("ratelimit-remaining", "9")
+			h.Set("x-ratelimit-tokens", "9.5")
+		}
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// closedAddr returns a loopback address nothing listens on.
+func closedAddr(t testing.TB) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+type running struct {
+	addr, admin string
+	stderr      *lockedBuffer
+	stop        func() error
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// start runs the gateway in this process on free ports; it is stopped (as
+// by SIGTERM) at cleanup.
+func start(t *testing.T, args ...string) *running {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan [2]string, 1)
+	errc := make(chan error, 1)
+	stderr := &lockedBuffer{}
+	args = append([]string{"-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0"}, args...)
+	go func() { errc <- run(ctx, args, io.Discard, stderr, ready) }()
+	select {
+	case a := <-ready:
+		var once sync.Once
+		var stopErr error
+		stop := func() error {
+			once.Do(func() {
+				cancel()
+				stopErr = <-errc
+			})
+			return stopErr
+		}
+		t.Cleanup(func() {
+			if err := stop(); err != nil {
+				t.Errorf("gateway stopped with %v", err)
+			}
+		})
+		return &running{addr: a[0], admin: a[1], stderr: stderr, stop: stop}
+	case err := <-errc:
+		cancel()
+		t.Fatalf("gateway did not start: %v\n%s", err, stderr.String())
+	}
+	return nil
+}
+
+func get(t *testing.T, url string, headers ...string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+func stat(t *testing.T, admin, name string) int64 {
+	t.Helper()
+	_, body := get(t, "http://"+admin+"/stats")
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+": "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+const envoyYAML = "../../envoy/envoy.yaml"
+
+func TestGatewayWithTheFilter(t *testing.T) {
+	filter, _ := modules(t)
+	orders, billing := newService(t, "orders", 0), newService(t, "billing", 0)
+	sidecar := newSidecar(t)
+	g := start(t, "-config", envoyYAML, "-wasm", filter,
+		"-cluster", "orders="+orders.Listener.Addr().String(),
+		"-cluster", "billing="+billing.Listener.Addr().String(),
+		"-cluster", "ratelimit_sidecar="+sidecar.Listener.Addr().String())
+	base := "http://" + g.addr
+
+	cases := []struct {
+		name       string
+		path, key  string
+		wantStatus int
+		wantBody   string
+		wantHeader [2]string
+	}{
+		{"allowed", "/orders/1", "alice", 200, "orders /orders/1", [2]string{"ratelimit-limit", "10"}},
+		{"second service", "/billing/7", "alice", 200, "billing /billing/7", [2]string{"x-service", "billing"}},
+		{"path normalised before routing", "/billing/../orders//2", "alice", 200, "orders /orders/2", [2]string{"server", "envoy"}},
+		{"denied", "/orders/1", "deny-bob", 429, `{"error":"rate_limited","retry_after":3}`, [2]string{"retry-after", "3"}},
+		{"no key", "/orders/1", "", 401, "", [2]string{"www-authenticate", "Bearer"}},
+		{"slow sidecar fails open after timeout_ms", "/orders/3", "slow-carol", 200, "orders /orders/3", [2]string{"x-service", "orders"}},
+		{"no route", "/elsewhere", "alice", 404, "", [2]string{"server", "envoy"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			before := orders.hits.Load()
+			var hdrs []string
+			if c.key != "" {
+				hdrs = []string{"x-api-key", c.key}
+			}
+			resp, body := get(t, base+c.path, hdrs...)
+			if resp.StatusCode != c.wantStatus {
+				t.Fatalf("status %d, want %d; body %q", resp.StatusCode, c.wantStatus, body)
+			}
+			if c.wantBody != "" && body != c.wantBody {
+				t.Errorf("body %q, want %q", body, c.wantBody)
+			}
+			if got := resp.Header.Get(c.wantHeader[0]); got != c.wantHeader[1] {
+				t.Errorf("header %s = %q, want %q", c.wantHeader[0], got, c.wantHeader[1])
+			}
+			if c.wantStatus != 200 && orders.hits.Load() != before {
+				t.Error("a request that was not admitted reached the service")
+			}
+		})
+	}
+	// What the service saw of an admitted request.
+	get(t, base+"/orders/9?x=1", "x-api-key", "alice", "x-ratelimit-shadow", "forged")
+	if orders.header("x-request-id") == "" || orders.header("x-forwarded-for") != "127.0.0.1" ||
+		orders.header("x-api-key") != "alice" || orders.header("x-ratelimit-shadow") != "" {
+		t.Errorf("upstream request headers: %v", orders.last)
+	}
+	if n := stat(t, g.admin, "wasmcustom.edgelimit.requests.allowed"); n < 3 {
+		t.Errorf("allowed counter %d, want >= 3", n)
+	}
+	if n := stat(t, g.admin, "wasmcustom.edgelimit.requests.denied"); n != 1 {
+		t.Errorf("denied counter %d, want 1", n)
+	}
+	if n := stat(t, g.admin, "http.edge.downstream_rq_total"); n < int64(len(cases)) {
+		t.Errorf("downstream_rq_total %d", n)
+	}
+	if n := stat(t, g.admin, "cluster.ratelimit_sidecar.upstream_rq_total"); n < 5 {
+		t.Errorf("sidecar callouts counted: %d", n)
+	}
+	if resp, _ := get(t, "http://"+g.admin+"/ready"); resp.StatusCode != 200 {
+		t.Errorf("/ready %d", resp.StatusCode)
+	}
+}
+
+func TestGatewayUpstreamFailures(t *testing.T) {
+	filter, _ := modules(t)
+	billing := newService(t, "billing", 0)
+	g := start(t, "-config", envoyYAML, "-wasm", filter, "-concurrency", "1",
+		"-cluster", "orders="+closedAddr(t),
+		"-cluster", "billing="+billing.Listener.Addr().String(),
+		"-cluster", "ratelimit_sidecar="+closedAddr(t))
+	resp, body := get(t, "http://"+g.addr+"/orders/1", "x-api-key", "alice")
+	if resp.StatusCode != 503 || !strings.HasPrefix(body, "upstream connect error or disconnect/reset before headers") {
+		t.Errorf("service down: %d %q", resp.StatusCode, body)
+	}
+	// The sidecar is down: its connect failure is a 503 to the filter,
+	// which fails open.
+	resp, body = get(t, "http://"+g.addr+"/billing/1", "x-api-key", "alice")
+	if resp.StatusCode != 200 || body != "billing /billing/1" {
+		t.Errorf("sidecar down: %d %q", resp.StatusCode, body)
+	}
+	var failedOpen int64
+	_, stats := get(t, "http://"+g.admin+"/stats")
+	for _, line := range strings.Split(stats, "\n") {
+		if strings.HasPrefix(line, "wasmcustom.edgelimit.requests.failed_open.") {
+			n, _ := strconv.ParseInt(line[strings.LastIndex(line, " ")+1:], 10, 64)
+			failedOpen += n
+		}
+	}
+	if failedOpen != 2 {
+		t.Errorf("failed-open counters sum to %d, want 2:\n%s", failedOpen, stats)
+	}
+}
+
+func TestGatewayFailedVM(t *testing.T) {
+	_, probe := modules(t)
+	yaml, err := os.ReadFile(envoyYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, failOpen := range []bool{false, true} {
+		t.Run("fail_open="+strconv.FormatBool(failOpen), func(t *testing.T) {
+			cfg := filepath.Join(t.TempDir(), "envoy.yaml")
+			text := strings.Replace(string(yaml), "fail_open: true", "fail_open: "+strconv.FormatBool(failOpen), 1)
+			if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			orders := newService(t, "orders", 0)
+			g := start(t, "-config", cfg, "-wasm", probe, "-concurrency", "1",
+				"-cluster", "orders="+orders.Listener.Addr().String(),
+				"-cluster", "billing="+closedAddr(t), "-cluster", "ratelimit_sidecar="+closedAddr(t))
+			if resp, _ := get(t, "http://"+g.addr+"/orders/1"); resp.StatusCode != 200 {
+				t.Fatalf("before the failure: %d", resp.StatusCode)
+			}
+			want := 503
+			if failOpen {
+				want = 200
+			}
+			for i, h := range [][]string{{"x-probe-panic", "now"}, nil} {
+				resp, _ := get(t, "http://"+g.addr+"/orders/1", h...)
+				if resp.StatusCode != want {
+					t.Errorf("request %d after the panic: %d, want %d", i, resp.StatusCode, want)
+				}
+			}
+			if n := stat(t, g.admin, "wasm.vm.edge_ratelimit.failed"); n != 1 {
+				t.Errorf("failed VMs %d", n)
+			}
+			if !strings.Contains(g.stderr.String(), "x-probe-panic: now") {
+				t.Error("the module's panic is not in the log")
+			}
+		})
+	}
+}
+
+func TestGatewayDrainsOnStop(t *testing.T) {
+	filter, _ := modules(t)
+	orders := newService(t, "orders", 300*time.Millisecond)
+	sidecar := newSidecar(t)
+	g := start(t, "-config", envoyYAML, "-wasm", filter,
+		"-cluster", "orders="+orders.Listener.Addr().String(),
+		"-cluster", "billing="+closedAddr(t), "-cluster", "ratelimit_sidecar="+sidecar.Listener.Addr().String())
+	done := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", "http://"+g.addr+"/orders/slow", nil)
+		req.Header.Set("x-api-key", "alice")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			done <- -1
+			return
+		}
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	// Stop once the request reached the service (which takes 300 ms to
+	// answer it).
+	deadline := time.Now().Add(10 * time.Second)
+	for orders.hits.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never reached the service")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if err := g.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if code := <-done; code != 200 {
+		t.Errorf("in-flight request ended with %d, want 200", code)
+	}
+	if _, err := http.Get("http://" + g.addr + "/orders/1"); err == nil {
+		t.Error("the listener still accepts after the stop")
+	}
+}
+
+func TestCheckFlag(t *testing.T) {
+	filter, _ := modules(t)
+	yaml, err := os.ReadFile(envoyYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte(strings.Replace(string(yaml), `"timeout_ms": 5`, `"timeout_ms": 0`, 1)), 0o644)
+	cases := []struct {
+		name    string
+		args    []string
+		wantErr string
+		wantOut string
+	}{
+		{"good", []string{"-config", envoyYAML, "-wasm", filter, "-check"}, "", "configuration OK"},
+		{"missing module", []string{"-config", envoyYAML, "-wasm", "/nonexistent.wasm", "-check"}, "/nonexistent.wasm", ""},
+		{"unknown cluster", []string{"-config", envoyYAML, "-cluster", "nope=127.0.0.1:1", "-check"}, `cluster "nope"`, ""},
+		{"bad cluster flag", []string{"-cluster", "nope"}, "want NAME=HOST:PORT", ""},
+		{"bad concurrency", []string{"-concurrency", "0"}, "-concurrency: want 1..256, got 0", ""},
+		{"bad poll mode", []string{"-config", envoyYAML, "-wasm", filter, "-poll-oneoff", "x", "-check"}, "poll_oneoff mode", ""},
+	}
+	if _, err := os.Stat(bad); err == nil {
+		cases = append(cases, struct {
+			name    string
+			args    []string
+			wantErr string
+			wantOut string
+		}{"filter config rejected", []string{"-config", bad, "-wasm", filter, "-check"}, "timeout_ms", ""})
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			err := run(context.Background(), c.args, &out, &errb, nil)
+			if c.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+					t.Errorf("err %v, want %q", err, c.wantErr)
+				}
+				return
+			}
+			if err != nil || !strings.Contains(out.String(), c.wantOut) {
+				t.Errorf("err %v, out %q", err, out.String())
+			}
+		})
+	}
+}
+
+func TestNormalizePath(t *testing.T) {
+	cases := map[string]string{
+		"/":                  "/",
+		"/orders":            "/orders",
+		"//orders///1":       "/orders/1",
+		"/billing/../orders": "/orders",
+		"/a/./b/":            "/a/b/",
+		"/../..":             "/",
+		"/a/b/..?x=/../y":    "/a/?x=/../y",
+	}
+	for in, want := range cases {
+		if got, ok := normalizePath(in); !ok || got != want {
+			t.Errorf("normalizePath(%q) = %q, %t; want %q", in, got, ok, want)
+		}
+	}
+	if _, ok := normalizePath("*"); ok {
+		t.Error("normalizePath accepted *")
+	}
+}
+
+// BenchmarkGateway sends allowed requests through the whole gateway in
+// parallel: the filter, its callout to a loopback sidecar, the service.
+func BenchmarkGateway(b *testing.B) {
+	filter, _ := modules(b)
+	orders := newService(b, "orders", 0)
+	sidecar := newSidecar(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan [2]string, 1)
+	errc := make(chan error, 1)
+	go func() {
+		errc <- run(ctx, []string{"-config", envoyYAML, "-wasm", filter, "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0",
+			"-cluster", "orders=" + orders.Listener.Addr().String(), "-cluster", "billing=" + closedAddr(b),
+			"-cluster", "ratelimit_sidecar=" + sidecar.Listener.Addr().String()}, io.Discard, io.Discard, ready)
+	}()
+	var addr string
+	select {
+	case a := <-ready:
+		addr = a[0]
+	case err := <-errc:
+		b.Fatal(err)
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			req, _ := http.NewRequest("GET", "http://"+addr+"/orders/1", nil)
+			req.Header.Set("x-api-key", "alice")
+			resp, err := client.Do(req)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				b.Errorf("status %d", resp.StatusCode)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	cancel()
+	if err := <-errc; err != nil {
+		b.Error(err)
+	}
+}

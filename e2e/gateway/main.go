@@ -1,0 +1,122 @@
+// Command gateway is the headless stand-in for Envoy: it serves HTTP from
+// envoy/envoy.yaml, running filter.wasm in the proxy-wasm host of package
+// wasmhost (one VM per worker, as Envoy runs one per worker thread), routes
+// by path prefix to the configured clusters, and sends the filter's callouts
+// to its clusters over HTTP with Envoy's timeout and failure answers.
+//
+//	gateway -config envoy/envoy.yaml [-listen HOST:PORT] [-admin HOST:PORT]
+//	        [-cluster NAME=HOST:PORT ...] [-wasm PATH] [-concurrency N]
+//
+// The admin listener serves /stats (Envoy's "name: value" text, the
+// plugin's wasmcustom.* metrics included) and /ready. SIGTERM or SIGINT
+// drains in-flight requests and stops.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, nil); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		os.Exit(1)
+	}
+}
+
+// clusterFlags collects repeated -cluster NAME=HOST:PORT flags.
+type clusterFlags map[string]string
+
+func (c clusterFlags) String() string {
+	var parts []string
+	for k, v := range c {
+		parts = append(parts, k+"="+v)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (c clusterFlags) Set(s string) error {
+	name, addr, ok := strings.Cut(s, "=")
+	if !ok || name == "" || addr == "" {
+		return fmt.Errorf("want NAME=HOST:PORT, got %q", s)
+	}
+	if _, dup := c[name]; dup {
+		return fmt.Errorf("cluster %q given twice", name)
+	}
+	c[name] = addr
+	return nil
+}
+
+// options are the gateway's command line.
+type options struct {
+	config      string
+	listen      string
+	admin       string
+	clusters    clusterFlags
+	wasm        string
+	concurrency int
+	poll        string
+	check       bool
+	accessLog   bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	o := options{clusters: clusterFlags{}}
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.config, "config", "envoy/envoy.yaml", "Envoy bootstrap to serve")
+	fs.StringVar(&o.listen, "listen", "", "HOST:PORT of the HTTP listener (default: the file's)")
+	fs.StringVar(&o.admin, "admin", "", "HOST:PORT of the admin listener (default: the file's)")
+	fs.Var(o.clusters, "cluster", "NAME=HOST:PORT: the cluster's only endpoint (repeatable)")
+	fs.StringVar(&o.wasm, "wasm", "", "the proxy-wasm module (default: the file's vm_config.code.local.filename)")
+	fs.IntVar(&o.concurrency, "concurrency", 2, "worker VMs, like Envoy's --concurrency")
+	fs.StringVar(&o.poll, "poll-oneoff", "sleep", "WASI poll_oneoff answer: sleep (real), noevents (Envoy with the 2026 WASI update), enosys (Envoy 1.33 until then)")
+	fs.BoolVar(&o.check, "check", false, "load the configuration and the module, configure the plugin once, and exit")
+	fs.BoolVar(&o.accessLog, "access-log", false, "write one line per request to stdout")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if o.concurrency < 1 || o.concurrency > 256 {
+		return o, fmt.Errorf("-concurrency: want 1..256, got %d", o.concurrency)
+	}
+	return o, nil
+}
+
+// run starts the gateway and serves until ctx ends. ready, if not nil,
+// receives the listener and admin addresses once both accept connections.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready chan<- [2]string) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	g, err := newGateway(ctx, o, log)
+	if err != nil {
+		return err
+	}
+	if o.check {
+		g.close()
+		fmt.Fprintf(stdout, "configuration OK: %s (module %s, %d routes, %d clusters)\n", o.config, g.wasmPath, len(g.cfg.Routes), len(g.cfg.Clusters))
+		return nil
+	}
+	if o.accessLog {
+		g.accessLog = stdout
+	}
+	return g.serve(ctx, ready)
+}

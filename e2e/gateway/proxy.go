@@ -1,0 +1,374 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/edgelimit/edgelimit/e2e/wasmhost"
+)
+
+// hopHeaders are connection-level headers a proxy does not forward.
+var hopHeaders = map[string]bool{
+	"connection": true, "keep-alive": true, "proxy-connection": true, "transfer-encoding": true,
+	"upgrade": true, "te": true, "trailer": true, "host": true,
+}
+
+// exchange is one request's way through the gateway, for the stats and
+// the access log.
+type exchange struct {
+	start   time.Time
+	status  int
+	cluster string
+	details string
+}
+
+// ServeHTTP runs one request through the filter chain of the listener: the
+// wasm filter, then the router.
+func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	x := &exchange{start: time.Now()}
+	g.counters.inc("http.edge.downstream_rq_total")
+	defer func() {
+		if x.status != 0 {
+			g.counters.inc("http.edge.downstream_rq_" + statusClass(x.status))
+		}
+		g.writeAccessLog(r, x)
+	}()
+	path, ok := normalizePath(r.URL.RequestURI())
+	if !ok {
+		x.status, x.details = http.StatusBadRequest, "path_normalization_failed"
+		http.Error(w, "Bad Request", http.StatusBadRequest)
+		return
+	}
+	worker, _ := r.Context().Value(workerKey{}).(int)
+	vm := g.workers[worker%len(g.workers)]
+	s, err := vm.NewStream(wasmhost.StreamInfo{SourceAddr: r.RemoteAddr, DestinationAddr: localAddr(r), Protocol: r.Proto})
+	if err != nil {
+		x.status, x.details = http.StatusServiceUnavailable, "wasm_vm_closed"
+		http.Error(w, "", http.StatusServiceUnavailable)
+		return
+	}
+	defer s.Done()
+
+	endOfStream := r.Body == nil || r.Body == http.NoBody
+	st, err := s.RequestHeaders(requestHeaders(r, path), endOfStream)
+	if err == nil && st == wasmhost.Paused {
+		// The request waits here, unsent, until the filter resumes or
+		// answers it.
+		st, err = s.Wait(r.Context())
+	}
+	if err != nil {
+		x.details = "downstream_remote_disconnect"
+		return
+	}
+	switch st {
+	case wasmhost.Replied:
+		reply, _ := s.LocalReply()
+		x.details = reply.Details
+		g.writeReply(w, x, reply.Headers, reply.Body)
+		return
+	case wasmhost.Reset:
+		x.details = "wasm_close_stream"
+		panic(http.ErrAbortHandler)
+	}
+	g.route(w, r, s, x)
+}
+
+// route is Envoy's router: the first route whose prefix matches sends the
+// request to its cluster; no match is a 404.
+func (g *gateway) route(w http.ResponseWriter, r *http.Request, s *wasmhost.Stream, x *exchange) {
+	headers := s.UpstreamHeaders()
+	path := firstValue(headers, ":path")
+	var cluster string
+	for _, rt := range g.cfg.Routes {
+		if strings.HasPrefix(path, rt.Prefix) {
+			cluster = rt.Cluster
+			break
+		}
+	}
+	if cluster == "" {
+		x.details = "route_not_found"
+		g.localReply(w, s, x, http.StatusNotFound, "")
+		return
+	}
+	u := g.upstreams[cluster]
+	x.cluster = cluster
+	prefix := "cluster." + cluster + "."
+	g.counters.inc(prefix + "upstream_rq_total")
+	ctx, cancel := context.WithTimeout(r.Context(), routeTimeout)
+	defer cancel()
+	endpoint := u.endpoints[u.next.Add(1)%uint64(len(u.endpoints))]
+	req, err := upstreamRequest(ctx, r, endpoint, headers)
+	if err != nil {
+		x.details = "upstream_request_invalid"
+		g.localReply(w, s, x, http.StatusBadRequest, "")
+		return
+	}
+	start := time.Now()
+	resp, err := u.client.Do(req)
+	if err != nil {
+		switch {
+		case r.Context().Err() != nil:
+			x.details = "downstream_remote_disconnect"
+		case errors.Is(err, context.DeadlineExceeded):
+			g.counters.inc(prefix + "upstream_rq_timeout")
+			x.details = "upstream_response_timeout"
+			g.localReply(w, s, x, http.StatusGatewayTimeout, "upstream request timeout")
+		default:
+			g.counters.inc(prefix + "upstream_cx_connect_fail")
+			x.details = "upstream_reset_before_response_started{connection_failure}"
+			g.localReply(w, s, x, http.StatusServiceUnavailable, upstreamFailureBody(err))
+		}
+		return
+	}
+	defer resp.Body.Close()
+	g.counters.inc(prefix + "upstream_rq_" + statusClass(resp.StatusCode))
+	rh := []wasmhost.Header{{":status", strconv.Itoa(resp.StatusCode)}}
+	for name, values := range resp.Header {
+		lname := strings.ToLower(name)
+		if hopHeaders[lname] {
+			continue
+		}
+		for _, v := range values {
+			rh = append(rh, wasmhost.Header{lname, v})
+		}
+	}
+	rh = append(rh, wasmhost.Header{"x-envoy-upstream-service-time", strconv.FormatInt(time.Since(start).Milliseconds(), 10)})
+	st, out, err := s.ResponseHeaders(rh, false)
+	if err == nil && st == wasmhost.Paused {
+		st, err = s.Wait(r.Context())
+		out = s.ResponseHeadersOut()
+	}
+	if err != nil {
+		return
+	}
+	switch st {
+	case wasmhost.Replied:
+		reply, _ := s.LocalReply()
+		x.details = reply.Details
+		g.writeReply(w, x, reply.Headers, reply.Body)
+		return
+	case wasmhost.Reset:
+		panic(http.ErrAbortHandler)
+	}
+	x.details = "via_upstream"
+	g.writeHeaders(w, x, out)
+	if err := copyBody(w, resp.Body); err != nil {
+		// Headers are out: all Envoy can do is reset the stream.
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// localReply answers on the router's behalf, as Envoy does, through the
+// filter's encoder path: the plugin sees the reply's headers.
+func (g *gateway) localReply(w http.ResponseWriter, s *wasmhost.Stream, x *exchange, status int, body string) {
+	h := []wasmhost.Header{{":status", strconv.Itoa(status)}}
+	if body != "" {
+		h = append(h, wasmhost.Header{"content-length", strconv.Itoa(len(body))}, wasmhost.Header{"content-type", "text/plain"})
+	}
+	st, out, err := s.ResponseHeaders(h, body == "")
+	if err == nil && st == wasmhost.Paused {
+		_, err = s.Wait(context.Background())
+		out = s.ResponseHeadersOut()
+	}
+	if err == nil && st == wasmhost.Replied {
+		reply, _ := s.LocalReply()
+		g.writeReply(w, x, reply.Headers, reply.Body)
+		return
+	}
+	g.writeReply(w, x, out, []byte(body))
+}
+
+func (g *gateway) writeReply(w http.ResponseWriter, x *exchange, headers []wasmhost.Header, body []byte) {
+	g.writeHeaders(w, x, headers)
+	w.Write(body)
+}
+
+func (g *gateway) writeHeaders(w http.ResponseWriter, x *exchange, headers []wasmhost.Header) {
+	status := http.StatusOK
+	out := w.Header()
+	for _, h := range headers {
+		if h[0] == ":status" {
+			if n, err := strconv.Atoi(h[1]); err == nil && n >= 100 && n <= 999 {
+				status = n
+			}
+			continue
+		}
+		if strings.HasPrefix(h[0], ":") || hopHeaders[h[0]] {
+			continue
+		}
+		out.Add(h[0], h[1])
+	}
+	if out.Get("server") == "" {
+		out.Set("server", "envoy")
+	}
+	x.status = status
+	w.WriteHeader(status)
+}
+
+func copyBody(w http.ResponseWriter, body io.Reader) error {
+	flusher, _ := w.(http.Flusher)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return werr
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// requestHeaders is the request as Envoy's connection manager hands it to
+// the filters: pseudo-headers first, lower-case names, connection headers
+// dropped, and the edge's own x-forwarded-for, x-forwarded-proto and a fresh
+// x-request-id (use_remote_address: true).
+func requestHeaders(r *http.Request, path string) []wasmhost.Header {
+	h := []wasmhost.Header{{":authority", r.Host}, {":path", path}, {":method", r.Method}, {":scheme", "http"}}
+	var xff string
+	for name, values := range r.Header {
+		lname := strings.ToLower(name)
+		switch {
+		case hopHeaders[lname], lname == "x-request-id", lname == "x-forwarded-proto":
+			continue
+		case lname == "x-forwarded-for":
+			xff = strings.Join(values, ",")
+			continue
+		}
+		for _, v := range values {
+			h = append(h, wasmhost.Header{lname, v})
+		}
+	}
+	if r.ContentLength > 0 && firstValue(h, "content-length") == "" {
+		h = append(h, wasmhost.Header{"content-length", strconv.FormatInt(r.ContentLength, 10)})
+	}
+	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		if xff != "" {
+			xff += ","
+		}
+		xff += ip
+	}
+	if xff != "" {
+		h = append(h, wasmhost.Header{"x-forwarded-for", xff})
+	}
+	return append(h, wasmhost.Header{"x-forwarded-proto", "http"}, wasmhost.Header{"x-request-id", newRequestID()})
+}
+
+// upstreamRequest builds the request to an endpoint from the headers the
+// filter left.
+func upstreamRequest(ctx context.Context, r *http.Request, endpoint string, headers []wasmhost.Header) (*http.Request, error) {
+	var body io.Reader
+	if r.Body != nil && r.Body != http.NoBody {
+		body = r.Body
+	}
+	req, err := http.NewRequestWithContext(ctx, firstValue(headers, ":method"), "http://"+endpoint+firstValue(headers, ":path"), body)
+	if err != nil {
+		return nil, err
+	}
+	req.Host = firstValue(headers, ":authority")
+	req.ContentLength = r.ContentLength
+	for _, h := range headers {
+		if strings.HasPrefix(h[0], ":") || hopHeaders[h[0]] || h[0] == "content-length" {
+			continue
+		}
+		req.Header.Add(h[0], h[1])
+	}
+	req.Header.Set("x-envoy-expected-rq-timeout-ms", strconv.FormatInt(routeTimeout.Milliseconds(), 10))
+	return req, nil
+}
+
+// upstreamFailureBody is Envoy's local reply text when no response came.
+func upstreamFailureBody(err error) string {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		if op.Timeout() {
+			return "upstream connect error or disconnect/reset before headers. reset reason: connection timeout"
+		}
+		var errno syscall.Errno
+		reason := op.Err.Error()
+		if errors.As(err, &errno) {
+			reason = strconv.Itoa(int(errno))
+		}
+		return "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure, transport failure reason: delayed connect error: " + reason
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return "upstream request timeout"
+	}
+	return "upstream connect error or disconnect/reset before headers. reset reason: connection termination"
+}
+
+// normalizePath applies Envoy's normalize_path and merge_slashes to a
+// request target: dot segments resolved, repeated slashes merged, the query
+// kept. A target that is not a path fails.
+func normalizePath(target string) (string, bool) {
+	p, query, hasQuery := strings.Cut(target, "?")
+	if !strings.HasPrefix(p, "/") {
+		return "", false
+	}
+	var out []string
+	for _, seg := range strings.Split(p[1:], "/") {
+		switch seg {
+		case "", ".":
+			continue
+		case "..":
+			if len(out) > 0 {
+				out = out[:len(out)-1]
+			}
+		default:
+			out = append(out, seg)
+		}
+	}
+	np := "/" + strings.Join(out, "/")
+	if len(out) > 0 && (strings.HasSuffix(p, "/") || strings.HasSuffix(p, "/.") || strings.HasSuffix(p, "/..")) {
+		np += "/"
+	}
+	if hasQuery {
+		np += "?" + query
+	}
+	return np, true
+}
+
+func firstValue(h []wasmhost.Header, name string) string {
+	for _, x := range h {
+		if x[0] == name {
+			return x[1]
+		}
+	}
+	return ""
+}
+
+func localAddr(r *http.Request) string {
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+		return a.String()
+	}
+	return ""
+}
+
+// writeAccessLog writes Envoy's default access-log fields, when enabled.
+func (g *gateway) writeAccessLog(r *http.Request, x *exchange) {
+	if g.accessLog == nil {
+		return
+	}
+	g.logMu.Lock()
+	defer g.logMu.Unlock()
+	fmt.Fprintf(g.accessLog, "[%s] %q %d %s %d %q %q %q\n", x.start.UTC().Format(time.RFC3339Nano),
+		r.Method+" "+r.URL.RequestURI()+" "+r.Proto, x.status, x.details, time.Since(x.start).Milliseconds(),
+		r.UserAgent(), r.Header.Get("x-forwarded-for"), x.cluster)
+}

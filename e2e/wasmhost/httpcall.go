@@ -1,0 +1,220 @@
+package wasmhost
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Dispatcher sends the HTTP calls plugins make with proxy_http_call, like
+// Envoy's cluster manager and async HTTP client.
+type Dispatcher interface {
+	// Cluster reports whether a cluster of that name exists. A call to an
+	// unknown cluster fails with BAD_ARGUMENT and no callback.
+	Cluster(name string) bool
+	// Dispatch starts call and returns at once. It must call respond
+	// exactly once, from any goroutine (also before returning), unless it
+	// returns an error: then the call fails with INTERNAL_FAILURE and no
+	// callback comes. ctx ends when the host stops waiting (the timeout
+	// passed, or the VM closed); a response after that is dropped.
+	// Transport failures are answered the way an Envoy cluster answers
+	// them: a local reply (ConnectFailure), or Reset once a response had
+	// begun.
+	Dispatch(ctx context.Context, call Callout, respond func(CalloutResponse)) error
+}
+
+// Callout is one HTTP call a plugin dispatched.
+type Callout struct {
+	Token     uint32
+	ContextID uint32 // the context that made the call (callbacks go to the root)
+	Cluster   string
+	Headers   []Header // lower-case names, pseudo-headers included
+	Body      []byte
+	Trailers  []Header
+	Timeout   time.Duration // 0: none
+}
+
+// CalloutResponse is what answers a Callout.
+type CalloutResponse struct {
+	Headers  []Header // ":status" first
+	Body     []byte
+	Trailers []Header
+	// Reset delivers the callback with no headers, body or trailers, as
+	// Envoy does when the stream is reset after the response began.
+	Reset bool
+}
+
+// Status returns the response's ":status" (0 if absent or not a number).
+func (r CalloutResponse) Status() int {
+	for _, h := range r.Headers {
+		if h[0] == ":status" {
+			n, _ := strconv.Atoi(h[1])
+			return n
+		}
+	}
+	return 0
+}
+
+// ErrNoSuchCluster may be returned by Dispatch for a cluster that vanished
+// between Cluster and Dispatch; the call fails with BAD_ARGUMENT.
+var ErrNoSuchCluster = errors.New("no such cluster")
+
+// LocalReplyResponse is a response as Envoy's router makes it up when it
+// answers on an upstream's behalf: the status, and for a non-empty body its
+// content-length and content-type text/plain.
+func LocalReplyResponse(status int, body string) CalloutResponse {
+	h := []Header{{":status", strconv.Itoa(status)}}
+	if body != "" {
+		h = append(h, Header{"content-length", strconv.Itoa(len(body))}, Header{"content-type", "text/plain"})
+	}
+	return CalloutResponse{Headers: h, Body: []byte(body)}
+}
+
+// TimeoutResponse is what a callout that timed out delivers: Envoy's 504
+// local reply.
+func TimeoutResponse() CalloutResponse { return LocalReplyResponse(504, "upstream request timeout") }
+
+// ConnectFailure is what a callout delivers when no connection to the
+// cluster could be made: Envoy's 503 local reply with its reset reason.
+func ConnectFailure(reason string) CalloutResponse {
+	return LocalReplyResponse(503, "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure, transport failure reason: "+reason)
+}
+
+// pendingCall is a dispatched call waiting for its response.
+type pendingCall struct {
+	cancel    context.CancelFunc
+	stopTimer func() bool
+	once      sync.Once
+}
+
+func (p *pendingCall) finish() {
+	p.once.Do(func() {
+		p.cancel()
+		if p.stopTimer != nil {
+			p.stopTimer()
+		}
+	})
+}
+
+// httpCall is proxy_http_call(cluster ptr/len, headers ptr/len, body
+// ptr/len, trailers ptr/len, timeout_ms, token ptr).
+func (vm *VM) httpCall(s []uint64) Status {
+	cluster, ok1 := vm.readString(u32(s[0]), u32(s[1]))
+	hdrs, ok2 := vm.read(u32(s[2]), u32(s[3]))
+	body, ok3 := vm.read(u32(s[4]), u32(s[5]))
+	trls, ok4 := vm.read(u32(s[6]), u32(s[7]))
+	if !ok1 || !ok2 || !ok3 || !ok4 {
+		return StatusInvalidMemAccess
+	}
+	tokenPtr := u32(s[9])
+	// Envoy writes the token slot first, to learn it is writable before
+	// anything starts.
+	if !vm.writeU32(tokenPtr, 0) {
+		return StatusInvalidMemAccess
+	}
+	// The timeout is an int in Envoy: above 2^31-1 ms it is negative.
+	timeoutMs := int32(u32(s[8]))
+	if timeoutMs < 0 {
+		return StatusBadArgument
+	}
+	if vm.o.Dispatcher == nil || !vm.o.Dispatcher.Cluster(cluster) {
+		return StatusBadArgument
+	}
+	headers := lowerKeys(DecodePairs(hdrs))
+	var path, method, authority bool
+	for _, h := range headers {
+		switch h[0] {
+		case ":path":
+			path = true
+		case ":method":
+			method = true
+		case ":authority":
+			authority = true
+		}
+	}
+	if !path || !method || !authority {
+		return StatusBadArgument
+	}
+	if len(body) > 0 {
+		headers = setHeader(headers, "content-length", strconv.Itoa(len(body)))
+	}
+	caller := vm.ctxOrEffective()
+	vm.nextCallID += 4 // tokens 4, 8, 12, ... as Envoy numbers HTTP calls
+	token := vm.nextCallID
+	call := Callout{
+		Token:     token,
+		ContextID: caller.id,
+		Cluster:   cluster,
+		Headers:   headers,
+		Body:      body,
+		Trailers:  lowerKeys(DecodePairs(trls)),
+		Timeout:   time.Duration(timeoutMs) * time.Millisecond,
+	}
+	ctx, cancel := context.WithCancel(vm.ctx)
+	p := &pendingCall{cancel: cancel}
+	vm.calls[token] = p
+	respond := func(r CalloutResponse) {
+		vm.post(func() { vm.deliver(token, r) })
+	}
+	if err := vm.o.Dispatcher.Dispatch(ctx, call, respond); err != nil {
+		delete(vm.calls, token)
+		cancel()
+		if errors.Is(err, ErrNoSuchCluster) {
+			return StatusBadArgument
+		}
+		return StatusInternalFailure
+	}
+	if call.Timeout > 0 {
+		p.stopTimer = vm.o.Clock.AfterFunc(call.Timeout, func() { respond(TimeoutResponse()) })
+	}
+	vm.writeU32(tokenPtr, token)
+	return StatusOK
+}
+
+// setHeader replaces name's first value in h, or adds it.
+func setHeader(h []Header, name, value string) []Header {
+	for i := range h {
+		if h[i][0] == name {
+			h[i][1] = value
+			return h
+		}
+	}
+	return append(h, Header{name, value})
+}
+
+// deliver runs proxy_on_http_call_response for the first response to a
+// call; later ones (a response after the timeout fired) are dropped. The
+// response is readable only during the callback.
+func (vm *VM) deliver(token uint32, r CalloutResponse) {
+	p := vm.calls[token]
+	if p == nil {
+		return
+	}
+	delete(vm.calls, token)
+	p.finish()
+	if vm.failed.Load() || vm.root == nil {
+		return
+	}
+	if r.Reset {
+		// No response exists: its headers and body are not readable.
+		vm.status, vm.statusMsg = uint32(StatusBrokenConnection), "reset"
+		vm.call(vm.root, "proxy_on_http_call_response", uint64(vm.root.id), uint64(token), 0, 0, 0)
+		vm.statusMsg = ""
+	} else {
+		vm.callResp = &r
+		vm.call(vm.root, "proxy_on_http_call_response", uint64(vm.root.id), uint64(token),
+			uint64(len(r.Headers)), uint64(len(r.Body)), uint64(len(r.Trailers)))
+	}
+	vm.callResp = nil
+	vm.stopIter = false
+	vm.drain()
+}
+
+// PendingCalls returns how many dispatched calls await their response.
+func (vm *VM) PendingCalls() int {
+	n := 0
+	vm.do(func() { n = len(vm.calls) })
+	return n
+}

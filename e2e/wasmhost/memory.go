@@ -1,0 +1,77 @@
+package wasmhost
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// trap is a panic value a host function raises to abort the call into the
+// module, as a V8 trap does in Envoy; the VM is then marked failed.
+type trap struct{ reason string }
+
+func (t trap) Error() string { return t.reason }
+
+// read copies n bytes at ptr out of the module's memory.
+func (vm *VM) read(ptr, n uint32) ([]byte, bool) {
+	b, ok := vm.mem.Read(ptr, n)
+	if !ok {
+		return nil, false
+	}
+	return append([]byte(nil), b...), true
+}
+
+func (vm *VM) readString(ptr, n uint32) (string, bool) {
+	b, ok := vm.mem.Read(ptr, n)
+	if !ok {
+		return "", false
+	}
+	return string(b), true
+}
+
+func (vm *VM) writeU32(ptr, v uint32) bool { return vm.mem.WriteUint32Le(ptr, v) }
+
+func (vm *VM) writeU64(ptr uint32, v uint64) bool { return vm.mem.WriteUint64Le(ptr, v) }
+
+func (vm *VM) write(ptr uint32, b []byte) bool { return vm.mem.Write(ptr, b) }
+
+// alloc asks the module for n bytes with its allocator (malloc, else
+// proxy_on_memory_allocate). Meanwhile only the host calls Envoy allows
+// during an allocation may run. It returns 0 when the module has none to
+// give; a trap inside the allocator traps the calling host function too.
+func (vm *VM) alloc(n uint32) uint32 {
+	f := vm.fns[vm.mod.alloc]
+	prev := vm.allowed
+	vm.allowed = mallocAllowed(vm.mod.poll)
+	res, err := f.Call(vm.ctx, uint64(n))
+	vm.allowed = prev
+	if err != nil {
+		panic(trap{fmt.Sprintf("%s(%d): %v", vm.mod.alloc, n, err)})
+	}
+	ptr := uint32(res[0])
+	if ptr == 0 {
+		return 0
+	}
+	if _, ok := vm.mem.Read(ptr, n); !ok {
+		return 0
+	}
+	return ptr
+}
+
+// copyOut hands data to the module as Envoy's copyToPointerSize does: it
+// allocates a copy (none for empty data, whose pointer is 0) and writes the
+// pointer and the length where the module asked.
+func (vm *VM) copyOut(data []byte, ptrPtr, sizePtr uint32) Status {
+	var ptr uint32
+	if len(data) > 0 {
+		ptr = vm.alloc(uint32(len(data)))
+		if ptr == 0 || !vm.write(ptr, data) {
+			return StatusInvalidMemAccess
+		}
+	}
+	if !vm.writeU32(ptrPtr, ptr) || !vm.writeU32(sizePtr, uint32(len(data))) {
+		return StatusInvalidMemAccess
+	}
+	return StatusOK
+}
+
+func le32(b []byte) uint32 { return binary.LittleEndian.Uint32(b) }

@@ -1,0 +1,425 @@
+package wasmhost
+
+import (
+	"context"
+	"strconv"
+	"sync"
+)
+
+// State is where the current phase of a stream (its request, then its
+// response) stands.
+type State int
+
+const (
+	// Paused: the plugin holds the phase, e.g. until its HTTP call is
+	// answered.
+	Paused State = iota
+	// Continued: the phase goes on (the request to the upstream, the
+	// response to the client).
+	Continued
+	// Replied: the plugin, or a failed VM, answered with a local reply.
+	Replied
+	// Reset: the plugin closed the stream (proxy_close_stream).
+	Reset
+)
+
+func (s State) String() string {
+	switch s {
+	case Paused:
+		return "paused"
+	case Continued:
+		return "continued"
+	case Replied:
+		return "replied"
+	case Reset:
+		return "reset"
+	}
+	return "State(" + strconv.Itoa(int(s)) + ")"
+}
+
+// StreamInfo describes the connection and protocol of a stream, for the
+// properties a plugin may read.
+type StreamInfo struct {
+	SourceAddr      string // client "ip:port"
+	DestinationAddr string // listener "ip:port"
+	Protocol        string // e.g. "HTTP/1.1"
+}
+
+// LocalReply is a response sent without the upstream: by the plugin with
+// proxy_send_local_response, or a 503 for a failed VM.
+type LocalReply struct {
+	Status     int
+	Headers    []Header // as the client receives them, ":status" first
+	Body       []byte
+	Details    string // response code details, e.g. "wasm_fail_stream"
+	GRPCStatus int32  // -1: none
+}
+
+// Stream is one HTTP stream through the plugin, a filter instance in
+// Envoy's terms. Its methods may be called from any goroutine, one at a
+// time, in lifecycle order: RequestHeaders, Wait while Paused, then
+// ResponseHeaders (unless Replied or Reset), then Done.
+type Stream struct {
+	vm   *VM
+	c    *vmContext
+	info StreamInfo
+
+	// Touched only on the VM's goroutine.
+	reqHeaders  []Header
+	respHeaders []Header
+	reqActive   bool // the plugin may read and change the request headers
+	respActive  bool
+	logPhase    bool
+	logRequest  []Header
+	logResponse []Header
+	inResponse  bool
+	failReplied bool
+	respCode    int
+	done        bool
+
+	mu        sync.Mutex
+	state     State
+	changed   chan struct{}
+	upstream  []Header
+	forwarded bool
+	reply     *LocalReply
+}
+
+// NewStream opens a stream context whose parent is the root context.
+// proxy_on_context_create runs with the request headers, as in Envoy.
+func (vm *VM) NewStream(info StreamInfo) (*Stream, error) {
+	s := &Stream{vm: vm, info: info, changed: make(chan struct{})}
+	err := vm.do(func() {
+		var root uint32
+		if vm.root != nil {
+			root = vm.root.id
+		}
+		s.c = vm.newContext(root)
+		s.c.stream = s
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// ID returns the stream's context id.
+func (s *Stream) ID() uint32 { return s.c.id }
+
+func (s *Stream) setState(st State) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.state = st
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// State returns where the current phase stands.
+func (s *Stream) State() State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state
+}
+
+// Wait blocks while the current phase is Paused and returns the state it
+// reached, or ctx's error.
+func (s *Stream) Wait(ctx context.Context) (State, error) {
+	for {
+		s.mu.Lock()
+		st, ch := s.state, s.changed
+		s.mu.Unlock()
+		if st != Paused {
+			return st, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return Paused, ctx.Err()
+		}
+	}
+}
+
+// UpstreamHeaders returns the request headers as they go on to the
+// upstream, once the request Continued.
+func (s *Stream) UpstreamHeaders() []Header {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Header(nil), s.upstream...)
+}
+
+// LocalReply returns the local reply, once the stream was Replied.
+func (s *Stream) LocalReply() (LocalReply, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.reply == nil {
+		return LocalReply{}, false
+	}
+	r := *s.reply
+	r.Headers = append([]Header(nil), r.Headers...)
+	return r, true
+}
+
+func (s *Stream) create() {
+	if s.c.created {
+		return
+	}
+	s.c.created = true
+	var root uint64
+	if s.vm.root != nil {
+		root = uint64(s.vm.root.id)
+	}
+	s.vm.callDrain(s.c, "proxy_on_context_create", uint64(s.c.id), root)
+}
+
+// RequestHeaders runs proxy_on_request_headers and the actions it deferred,
+// and returns the request's state: Continued, Paused (wait for it), Replied
+// or Reset. Names are lower-cased as Envoy's header map does.
+func (s *Stream) RequestHeaders(headers []Header, endOfStream bool) (State, error) {
+	var st State
+	err := s.vm.do(func() { st = s.requestHeaders(headers, endOfStream) })
+	return st, err
+}
+
+func (s *Stream) requestHeaders(headers []Header, eos bool) State {
+	vm := s.vm
+	s.reqHeaders = lowerKeys(headers)
+	if vm.failed.Load() {
+		s.c.created = true
+		s.failStream()
+		return s.state
+	}
+	s.create()
+	s.reqActive = true
+	r, ok := vm.call(s.c, "proxy_on_request_headers", uint64(s.c.id), uint64(len(s.reqHeaders)), b2u(eos))
+	stopped := vm.stopIter
+	vm.stopIter = false
+	switch {
+	case vm.failed.Load():
+		s.failStream()
+	case ok && (stopped || r != actionContinue):
+		// Envoy turns a pause on headers into StopAllIterationAndWatermark:
+		// nothing goes upstream until the plugin resumes the stream.
+	default:
+		s.continueRequest()
+	}
+	vm.drain()
+	return s.State()
+}
+
+func (s *Stream) continueRequest() {
+	s.reqActive = false
+	s.mu.Lock()
+	s.upstream = append([]Header(nil), s.reqHeaders...)
+	s.forwarded = true
+	s.mu.Unlock()
+	s.setState(Continued)
+}
+
+// Forwarded reports whether the request went on to the upstream.
+func (s *Stream) Forwarded() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.forwarded
+}
+
+// resume is the deferred part of proxy_continue_stream.
+func (s *Stream) resume(t StreamType) {
+	if s.done || s.State() != Paused {
+		return
+	}
+	switch {
+	case t == StreamRequest && !s.inResponse:
+		s.continueRequest()
+	case t == StreamResponse && s.inResponse:
+		s.respActive = false
+		s.setState(Continued)
+	}
+}
+
+// reset is the deferred part of proxy_close_stream.
+func (s *Stream) reset() {
+	if s.done {
+		return
+	}
+	s.setState(Reset)
+}
+
+// sendLocalReply is the deferred part of proxy_send_local_response. During
+// the request it goes through the encoder path, as Envoy's local replies
+// do: the plugin's proxy_on_response_headers sees (and may change) its own
+// reply. Once response headers have arrived it replaces them directly.
+func (s *Stream) sendLocalReply(r LocalReply) {
+	if s.done || s.State() != Paused {
+		return
+	}
+	headers := localReplyHeaders(r.Status, r.Headers, len(r.Body))
+	if !s.inResponse {
+		s.inResponse = true
+		s.respHeaders = headers
+		s.respActive = true
+		s.vm.call(s.c, "proxy_on_response_headers", uint64(s.c.id), uint64(len(headers)), b2u(len(r.Body) == 0))
+		s.vm.stopIter = false
+		s.respActive = false
+		headers = s.respHeaders
+		if code, err := strconv.Atoi(firstValue(headers, ":status")); err == nil {
+			r.Status = code
+		}
+	}
+	r.Headers = headers
+	s.finish(r)
+}
+
+func (s *Stream) finish(r LocalReply) {
+	s.respCode = r.Status
+	s.logResponse = r.Headers
+	s.mu.Lock()
+	s.reply = &r
+	s.mu.Unlock()
+	s.setState(Replied)
+}
+
+// failStream is Envoy's answer when the VM has failed: with fail_open the
+// phase goes on without the plugin, otherwise a 503 local reply that the
+// plugin never sees.
+func (s *Stream) failStream() {
+	if s.done || s.State() != Paused {
+		return
+	}
+	if s.vm.o.FailOpen {
+		if s.inResponse {
+			s.respActive = false
+			s.setState(Continued)
+		} else {
+			s.continueRequest()
+		}
+		return
+	}
+	s.failReplied = true
+	s.finish(LocalReply{
+		Status:     503,
+		Headers:    []Header{{":status", "503"}},
+		Details:    "wasm_fail_stream",
+		GRPCStatus: 14, // UNAVAILABLE
+	})
+}
+
+// localReplyHeaders builds a local reply's headers as Envoy does: the
+// status, the plugin's additional headers, then for a body its length and,
+// unless given, content-type text/plain; without a body neither.
+func localReplyHeaders(status int, extra []Header, bodyLen int) []Header {
+	h := []Header{{":status", strconv.Itoa(status)}}
+	h = append(h, extra...)
+	if bodyLen > 0 {
+		h = setHeader(h, "content-length", strconv.Itoa(bodyLen))
+		if firstValue(h, "content-type") == "" {
+			h = append(h, Header{"content-type", "text/plain"})
+		}
+		return h
+	}
+	out := h[:0]
+	for _, x := range h {
+		if x[0] != "content-length" && x[0] != "content-type" {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func firstValue(h []Header, name string) string {
+	for _, x := range h {
+		if x[0] == name {
+			return x[1]
+		}
+	}
+	return ""
+}
+
+// ResponseHeaders runs proxy_on_response_headers on the upstream's response
+// headers and returns the response's state and its headers as the client
+// should receive them. When Paused, Wait, then read ResponseHeadersOut.
+// Replied means the plugin (or a failed VM) replaced the response.
+func (s *Stream) ResponseHeaders(headers []Header, endOfStream bool) (State, []Header, error) {
+	var st State
+	var out []Header
+	err := s.vm.do(func() {
+		st = s.responseHeaders(headers, endOfStream)
+		out = append([]Header(nil), s.respHeaders...)
+	})
+	return st, out, err
+}
+
+// ResponseHeadersOut returns the response headers as they stand (after a
+// paused response was resumed).
+func (s *Stream) ResponseHeadersOut() []Header {
+	var out []Header
+	s.vm.do(func() { out = append([]Header(nil), s.respHeaders...) })
+	return out
+}
+
+func (s *Stream) responseHeaders(headers []Header, eos bool) State {
+	vm := s.vm
+	s.inResponse = true
+	s.respHeaders = lowerKeys(headers)
+	if code, err := strconv.Atoi(firstValue(s.respHeaders, ":status")); err == nil {
+		s.respCode = code
+	}
+	s.setState(Paused)
+	// Envoy leaves a stream alone whose context never started or whose
+	// failure reply went out.
+	if !s.c.created || s.failReplied {
+		s.setState(Continued)
+		return Continued
+	}
+	if vm.failed.Load() {
+		s.failStream()
+		return s.State()
+	}
+	s.respActive = true
+	r, ok := vm.call(s.c, "proxy_on_response_headers", uint64(s.c.id), uint64(len(s.respHeaders)), b2u(eos))
+	stopped := vm.stopIter
+	vm.stopIter = false
+	switch {
+	case vm.failed.Load():
+		s.failStream()
+	case ok && (stopped || r != actionContinue):
+	default:
+		s.respActive = false
+		s.setState(Continued)
+	}
+	vm.drain()
+	s.logResponse = s.respHeaders
+	return s.State()
+}
+
+// Done ends the stream as Envoy does: proxy_on_log (the access-log phase,
+// where the final request and response headers are readable), then
+// proxy_on_done and proxy_on_delete.
+func (s *Stream) Done() {
+	s.vm.do(func() {
+		if s.done {
+			return
+		}
+		vm := s.vm
+		if !vm.failed.Load() {
+			s.create()
+			s.logPhase = true
+			s.logRequest = s.reqHeaders
+			if s.logResponse == nil {
+				s.logResponse = s.respHeaders
+			}
+			vm.callDrain(s.c, "proxy_on_log", uint64(s.c.id))
+			s.logPhase = false
+			vm.callDrain(s.c, "proxy_on_done", uint64(s.c.id))
+			vm.callDrain(s.c, "proxy_on_delete", uint64(s.c.id))
+		}
+		s.done = true
+		delete(vm.contexts, s.c.id)
+	})
+}
+
+func b2u(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}

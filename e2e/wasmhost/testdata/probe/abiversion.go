@@ -1,0 +1,6 @@
+//go:build wasip1 && !noabi
+
+package main
+
+//go:wasmexport proxy_abi_version_0_2_1
+func abiVersion() {}

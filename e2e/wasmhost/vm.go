@@ -1,0 +1,579 @@
+package wasmhost
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+)
+
+// Options configure one VM and the plugin it runs.
+type Options struct {
+	// PluginName, RootID and VMID are the plugin's name, root_id and vm_id
+	// from the Envoy configuration. VMID partitions shared data.
+	PluginName, RootID, VMID string
+	// VMConfig is the vm_config.configuration handed to proxy_on_vm_start.
+	VMConfig string
+	// FailOpen lets requests through, unfiltered, once the VM has failed;
+	// otherwise they get a 503 as in Envoy.
+	FailOpen bool
+	// Env is vm_config.environment_variables, what WASI environ_get sees.
+	// Defaults to none.
+	Env map[string]string
+	// Dispatcher sends the plugin's proxy_http_call requests. Without one
+	// every cluster is unknown (BAD_ARGUMENT).
+	Dispatcher Dispatcher
+	// Clock is the time source; defaults to SystemClock.
+	Clock Clock
+	// Stats receives the plugin's metrics; defaults to a store of its own.
+	// Give every worker's VM the same one, as Envoy shares its stats scope.
+	Stats *Stats
+	// SharedData is the shared key/value store; defaults to
+	// DefaultSharedData, which is process-wide like Envoy's.
+	SharedData *SharedData
+	// Log receives every line the plugin logs (proxy_log, and WASI stdout
+	// at info and stderr at error), and the host's own reports about the
+	// VM. Defaults to slog.Default in Envoy's "wasm log <root_id> <vm_id>:"
+	// form.
+	Log func(level LogLevel, msg string)
+	// LogLevel is what proxy_get_log_level answers. Defaults to trace (0),
+	// every level; Envoy's default is info.
+	LogLevel LogLevel
+	// ManualTicks leaves proxy_on_tick to VM.Tick: the period a plugin sets
+	// is recorded but no timer runs. For deterministic tests.
+	ManualTicks bool
+}
+
+// ErrClosed is returned by a VM that has been closed.
+var ErrClosed = errors.New("wasm VM closed")
+
+// ErrConfigRejected is wrapped by Configure when the plugin refuses its
+// configuration (proxy_on_vm_start or proxy_on_configure returned false).
+var ErrConfigRejected = errors.New("plugin rejected its configuration")
+
+// VM is one instance of a module, as Envoy runs one per worker thread. Every
+// call into it runs on its own goroutine, one at a time.
+type VM struct {
+	mod  *Module
+	o    Options
+	inst api.Module
+	ctx  context.Context // carries the VM to its host functions
+	stop context.CancelFunc
+	id   int64
+
+	// The executor: tasks run in order on the VM's goroutine.
+	qmu    sync.Mutex
+	qcond  *sync.Cond
+	queue  []func()
+	closed bool
+	exited chan struct{}
+
+	failed    atomic.Bool
+	failMu    sync.Mutex
+	failErr   error
+	pollCalls atomic.Int64
+
+	// State below is touched only on the VM's goroutine.
+	mem         api.Memory
+	fns         map[string]api.Function
+	allowed     map[string]bool // non-nil: only these host calls may run
+	contexts    map[uint32]*vmContext
+	nextCtxID   uint32
+	root        *vmContext
+	current     *vmContext
+	effective   uint32
+	after       []func()
+	draining    bool
+	stopIter    bool
+	configuring *string // plugin configuration while it may be read
+	callResp    *CalloutResponse
+	nextCallID  uint32
+	calls       map[uint32]*pendingCall
+	metricIDs   map[uint32]*metric
+	nextMetric  [3]uint32
+	tickPeriod  time.Duration
+	tickStop    func() bool
+	tickGen     int
+	status      uint32
+	statusMsg   string
+	configured  bool
+	pluginConfg string
+}
+
+// vmContext is a proxy-wasm context: the root context or one stream's.
+type vmContext struct {
+	id      uint32
+	parent  uint32 // 0 for the root context
+	stream  *Stream
+	created bool // proxy_on_context_create has run (in_vm_context_created_)
+	props   map[string][]byte
+}
+
+type vmKey struct{}
+
+// NewVM instantiates the module and runs its initialization: _initialize
+// (then main or __main_void if exported), or _start. Only proxy_log and the
+// WASI calls Envoy allows may run meanwhile; any other host call traps and
+// NewVM fails.
+func (m *Module) NewVM(ctx context.Context, o Options) (*VM, error) {
+	if o.Clock == nil {
+		o.Clock = SystemClock{}
+	}
+	if o.Stats == nil {
+		o.Stats = NewStats()
+	}
+	if o.SharedData == nil {
+		o.SharedData = DefaultSharedData
+	}
+	if o.LogLevel > logLevelMax {
+		return nil, fmt.Errorf("log level: want 0..5, got %d", o.LogLevel)
+	}
+	vm := &VM{
+		mod:       m,
+		o:         o,
+		id:        m.vms.Add(1),
+		exited:    make(chan struct{}),
+		fns:       map[string]api.Function{},
+		contexts:  map[uint32]*vmContext{},
+		nextCtxID: 1, // 0 is the VM itself
+		calls:     map[uint32]*pendingCall{},
+		metricIDs: map[uint32]*metric{},
+		// Metric ids carry their kind in the low two bits and step by 4,
+		// as Envoy numbers them.
+		nextMetric: [3]uint32{uint32(MetricCounter), uint32(MetricGauge), uint32(MetricHistogram)},
+	}
+	if vm.o.Log == nil {
+		vm.o.Log = vm.defaultLog
+	}
+	vm.qcond = sync.NewCond(&vm.qmu)
+	base, stop := context.WithCancel(context.WithoutCancel(ctx))
+	vm.ctx = context.WithValue(base, vmKey{}, vm)
+	vm.stop = stop
+	go vm.loop()
+
+	var err error
+	if e := vm.do(func() { err = vm.initialize() }); e != nil {
+		return nil, e
+	}
+	if err != nil {
+		vm.Close()
+		return nil, err
+	}
+	return vm, nil
+}
+
+func (vm *VM) defaultLog(level LogLevel, msg string) {
+	slevel := slog.LevelInfo
+	switch {
+	case level <= LogDebug:
+		slevel = slog.LevelDebug
+	case level == LogWarn:
+		slevel = slog.LevelWarn
+	case level >= LogError:
+		slevel = slog.LevelError
+	}
+	slog.Default().Log(context.Background(), slevel, fmt.Sprintf("wasm log %s %s: %s", vm.o.RootID, vm.o.VMID, msg))
+}
+
+func (vm *VM) initialize() error {
+	inst, err := vm.mod.rt.InstantiateModule(vm.ctx, vm.mod.compiled,
+		wazero.NewModuleConfig().WithName("").WithStartFunctions())
+	if err != nil {
+		return fmt.Errorf("instantiate: %w", err)
+	}
+	vm.inst = inst
+	vm.mem = inst.Memory()
+	for name := range vm.mod.exports {
+		if f := inst.ExportedFunction(name); f != nil {
+			vm.fns[name] = f
+		}
+	}
+	vm.allowed = initAllowed(vm.mod.poll)
+	defer func() { vm.allowed = nil }()
+	run := func(name string, args ...uint64) error {
+		if _, err := vm.fns[name].Call(vm.ctx, args...); err != nil {
+			vm.fail(fmt.Errorf("%s: %w", name, err))
+			return vm.Err()
+		}
+		return nil
+	}
+	switch {
+	case vm.fns["_initialize"] != nil:
+		if err := run("_initialize"); err != nil {
+			return err
+		}
+		if vm.fns["main"] != nil {
+			return run("main", 0, 0)
+		} else if vm.fns["__main_void"] != nil {
+			return run("__main_void")
+		}
+	case vm.fns["_start"] != nil:
+		return run("_start")
+	}
+	return nil
+}
+
+// Configure starts the plugin in this VM as Envoy does: proxy_on_context_create
+// for the root context, proxy_on_vm_start with the VM configuration, then
+// proxy_on_configure with config. A false return from either wraps
+// ErrConfigRejected; a trap fails the VM and is returned.
+func (vm *VM) Configure(config string) error {
+	var err error
+	if e := vm.do(func() { err = vm.configure(config) }); e != nil {
+		return e
+	}
+	return err
+}
+
+func (vm *VM) configure(config string) error {
+	if vm.failed.Load() {
+		return vm.Err()
+	}
+	if vm.root == nil {
+		vm.root = vm.newContext(0)
+	}
+	vm.pluginConfg = config
+	root := vm.root
+	// The plugin configuration is readable while the root context is
+	// created and while it is configured (Envoy's temp_plugin_), not in
+	// proxy_on_vm_start.
+	vm.configuring = &vm.pluginConfg
+	if !root.created {
+		root.created = true
+		vm.callDrain(root, "proxy_on_context_create", uint64(root.id), 0)
+	}
+	vm.configuring = nil
+	if !vm.configured {
+		if r, ok := vm.callDrain(root, "proxy_on_vm_start", uint64(root.id), uint64(len(vm.o.VMConfig))); ok && r == 0 {
+			return fmt.Errorf("proxy_on_vm_start returned false: %w", ErrConfigRejected)
+		}
+	}
+	if vm.failed.Load() {
+		return vm.Err()
+	}
+	vm.configuring = &vm.pluginConfg
+	r, ok := vm.callDrain(root, "proxy_on_configure", uint64(root.id), uint64(len(config)))
+	vm.configuring = nil
+	if vm.failed.Load() {
+		return vm.Err()
+	}
+	if ok && r == 0 {
+		return fmt.Errorf("proxy_on_configure returned false: %w", ErrConfigRejected)
+	}
+	vm.configured = true
+	return nil
+}
+
+func (vm *VM) newContext(parent uint32) *vmContext {
+	for vm.contexts[vm.nextCtxID] != nil || vm.nextCtxID == 0 {
+		vm.nextCtxID++
+	}
+	c := &vmContext{id: vm.nextCtxID, parent: parent}
+	vm.nextCtxID++
+	vm.contexts[c.id] = c
+	return c
+}
+
+// RootContextID returns the id of the plugin's root context (0 before
+// Configure).
+func (vm *VM) RootContextID() uint32 {
+	var id uint32
+	vm.do(func() {
+		if vm.root != nil {
+			id = vm.root.id
+		}
+	})
+	return id
+}
+
+// Failed reports whether the VM has failed (trapped); Err says why.
+func (vm *VM) Failed() bool { return vm.failed.Load() }
+
+// Err returns why the VM failed, or nil.
+func (vm *VM) Err() error {
+	vm.failMu.Lock()
+	defer vm.failMu.Unlock()
+	return vm.failErr
+}
+
+// fail marks the VM failed, as Envoy does on a trap: no more calls go into
+// it, streams are answered 503 (or let through with FailOpen).
+func (vm *VM) fail(err error) {
+	vm.failMu.Lock()
+	first := vm.failErr == nil
+	if first {
+		vm.failErr = fmt.Errorf("wasm VM failed: %w", err)
+	}
+	vm.failMu.Unlock()
+	if !first {
+		return
+	}
+	vm.failed.Store(true)
+	vm.o.Log(LogCritical, vm.failErr.Error())
+	if vm.tickStop != nil {
+		vm.tickStop()
+	}
+	for token, c := range vm.calls {
+		c.finish()
+		delete(vm.calls, token)
+	}
+	// Streams waiting for a callback would wait forever now; answer them
+	// as a failed VM answers new ones (RATIONALE.md: a failed VM).
+	for _, c := range vm.contexts {
+		if s := c.stream; s != nil && s.state == Paused {
+			vm.after = append(vm.after, s.failStream)
+		}
+	}
+}
+
+// call runs an export for context c (nil: no context) and reports its
+// result. It returns ok false if the export is absent or the VM failed.
+func (vm *VM) call(c *vmContext, name string, args ...uint64) (uint64, bool) {
+	if vm.failed.Load() {
+		return 0, false
+	}
+	f := vm.fns[name]
+	if f == nil {
+		return 0, false
+	}
+	prevCur, prevEff := vm.current, vm.effective
+	vm.current, vm.effective = c, 0
+	res, err := f.Call(vm.ctx, args...)
+	vm.current, vm.effective = prevCur, prevEff
+	if err != nil {
+		vm.fail(fmt.Errorf("%s: %w", name, err))
+		return 0, false
+	}
+	if len(res) == 0 {
+		return 0, true
+	}
+	return res[0], true
+}
+
+// callDrain is call followed by the deferred actions, as every callback in
+// Envoy is wrapped in DeferAfterCallActions.
+func (vm *VM) callDrain(c *vmContext, name string, args ...uint64) (uint64, bool) {
+	r, ok := vm.call(c, name, args...)
+	vm.stopIter = false
+	vm.drain()
+	return r, ok
+}
+
+// defer_ queues work for when the current call into the VM has returned.
+func (vm *VM) defer_(f func()) { vm.after = append(vm.after, f) }
+
+// drain runs the deferred actions, including any they add.
+func (vm *VM) drain() {
+	if vm.draining {
+		return
+	}
+	vm.draining = true
+	defer func() { vm.draining = false }()
+	for len(vm.after) > 0 {
+		f := vm.after[0]
+		vm.after = vm.after[1:]
+		f()
+	}
+}
+
+// Tick runs proxy_on_tick on the root context now, on the VM's goroutine.
+func (vm *VM) Tick() error {
+	return vm.do(vm.onTick)
+}
+
+func (vm *VM) onTick() {
+	if vm.root == nil || vm.failed.Load() {
+		return
+	}
+	vm.callDrain(vm.root, "proxy_on_tick", uint64(vm.root.id))
+}
+
+// TickPeriod returns the period the plugin set with
+// proxy_set_tick_period_milliseconds (0: none).
+func (vm *VM) TickPeriod() time.Duration {
+	var d time.Duration
+	vm.do(func() { d = vm.tickPeriod })
+	return d
+}
+
+func (vm *VM) setTickPeriod(d time.Duration) {
+	vm.tickPeriod = d
+	vm.tickGen++
+	if vm.tickStop != nil {
+		vm.tickStop()
+		vm.tickStop = nil
+	}
+	if d > 0 && !vm.o.ManualTicks {
+		vm.armTick(vm.tickGen)
+	}
+}
+
+// armTick schedules the next tick; like Envoy it re-arms the timer after
+// each proxy_on_tick returns, so the period runs from the end of a tick.
+func (vm *VM) armTick(gen int) {
+	vm.tickStop = vm.o.Clock.AfterFunc(vm.tickPeriod, func() {
+		vm.post(func() {
+			if gen != vm.tickGen || vm.failed.Load() {
+				return
+			}
+			vm.onTick()
+			if gen == vm.tickGen && vm.tickPeriod > 0 {
+				vm.armTick(gen)
+			}
+		})
+	})
+}
+
+// MemoryBytes returns the size of the module's linear memory, which grows
+// with its heap and never shrinks.
+func (vm *VM) MemoryBytes() uint32 {
+	var n uint32
+	vm.do(func() {
+		if vm.mem != nil {
+			n = vm.mem.Size()
+		}
+	})
+	return n
+}
+
+// PollOneoffCalls returns how many times the module called WASI
+// poll_oneoff. A standard-Go module calls it only once its runtime started
+// the network poller (its first timer, or os/fmt opening stdio): from then
+// on at every garbage collection, which Envoy's older ENOSYS answer turns
+// into a crash.
+func (vm *VM) PollOneoffCalls() int64 { return vm.pollCalls.Load() }
+
+// Stats returns the metrics store the VM writes to.
+func (vm *VM) Stats() *Stats { return vm.o.Stats }
+
+// Close shuts the plugin down as Envoy does (proxy_on_done, then
+// proxy_on_delete, on the root context), then stops the VM. Safe to call
+// more than once.
+func (vm *VM) Close() {
+	_ = vm.do(func() {
+		if vm.root != nil && vm.root.created && !vm.failed.Load() {
+			if r, ok := vm.callDrain(vm.root, "proxy_on_done", uint64(vm.root.id)); !ok || r != 0 {
+				vm.callDrain(vm.root, "proxy_on_delete", uint64(vm.root.id))
+			}
+		}
+		if vm.tickStop != nil {
+			vm.tickStop()
+		}
+		vm.tickGen++
+		for token, c := range vm.calls {
+			c.finish()
+			delete(vm.calls, token)
+		}
+		// Streams still waiting are torn down with the VM.
+		for _, c := range vm.contexts {
+			if s := c.stream; s != nil && s.state == Paused {
+				s.reset()
+			}
+		}
+	})
+	vm.qmu.Lock()
+	if !vm.closed {
+		vm.closed = true
+		vm.qcond.Broadcast()
+	}
+	vm.qmu.Unlock()
+	// Ends a call stuck in the module (wazero closes it on ctx done).
+	vm.stop()
+	<-vm.exited
+	if vm.inst != nil {
+		vm.inst.Close(context.Background())
+	}
+}
+
+// loop is the VM's goroutine: it runs tasks one at a time, in order.
+func (vm *VM) loop() {
+	defer close(vm.exited)
+	for {
+		vm.qmu.Lock()
+		for len(vm.queue) == 0 && !vm.closed {
+			vm.qcond.Wait()
+		}
+		if len(vm.queue) == 0 {
+			vm.qmu.Unlock()
+			return
+		}
+		f := vm.queue[0]
+		vm.queue = vm.queue[1:]
+		vm.qmu.Unlock()
+		vm.run(f)
+	}
+}
+
+// run runs one task; a panic in the host's own code fails the VM instead of
+// the process.
+func (vm *VM) run(f func()) {
+	defer func() {
+		if r := recover(); r != nil {
+			// Whatever was deferred belonged to the broken call; what
+			// fail queues (answers to waiting streams) must still run.
+			vm.after, vm.draining = nil, false
+			vm.fail(fmt.Errorf("host panic: %v\n%s", r, debug.Stack()))
+			vm.drainQuietly()
+		}
+	}()
+	f()
+}
+
+// drainQuietly runs the deferred actions after a host panic, dropping any
+// further panic: the VM is failed already.
+func (vm *VM) drainQuietly() {
+	defer func() {
+		if recover() != nil {
+			vm.after, vm.draining = nil, false
+		}
+	}()
+	vm.drain()
+}
+
+// post queues f to run on the VM's goroutine and returns at once; it
+// reports false if the VM is closed.
+func (vm *VM) post(f func()) bool {
+	vm.qmu.Lock()
+	defer vm.qmu.Unlock()
+	if vm.closed {
+		return false
+	}
+	vm.queue = append(vm.queue, f)
+	vm.qcond.Signal()
+	return true
+}
+
+// do runs f on the VM's goroutine and waits for it. It must not be called
+// from that goroutine.
+func (vm *VM) do(f func()) error {
+	done := make(chan struct{})
+	if !vm.post(func() { defer close(done); f() }) {
+		return ErrClosed
+	}
+	select {
+	case <-done:
+		return nil
+	case <-vm.exited:
+		// Closed while f was queued or running.
+		select {
+		case <-done:
+			return nil
+		default:
+			return ErrClosed
+		}
+	}
+}
+
+// Sync waits until every task queued so far (HTTP-call callbacks included)
+// has run.
+func (vm *VM) Sync() error { return vm.do(func() {}) }
+
+// log sends a line to the configured log.
+func (vm *VM) log(level LogLevel, msg string) { vm.o.Log(level, msg) }
