@@ -279,14 +279,3 @@ func decodeBreaker(b []byte) (breakerState, bool) {
 	}
 	return st, true
 }
-
-// String names the phase for log lines and test failures.
-func (p breakerPhase) String() string {
-	switch p {
-	case phaseOpen:
-		return "open"
-	case phaseHalfOpen:
-		return "half-open"
-	}
-	return "closed"
-}

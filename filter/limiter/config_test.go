@@ -136,6 +136,32 @@ func TestParseLimits(t *testing.T) {
 	}
 }
 
+func TestParseBreaker(t *testing.T) {
+	for _, c := range []struct {
+		config string
+		want   limiter.BreakerConfig
+	}{
+		{filtertest.ValidConfig("breaker-off.json"), limiter.BreakerConfig{Failures: 0, MinOpenMs: 100, MaxOpenMs: 5000}},
+		// An omitted max_open_ms is raised to min_open_ms.
+		{filtertest.ValidConfig("breaker-min-only.json"), limiter.BreakerConfig{Failures: 5, MinOpenMs: 10000, MaxOpenMs: 10000}},
+		{`{"breaker": {}}`, limiter.BreakerConfig{Failures: 5, MinOpenMs: 100, MaxOpenMs: 5000}},
+		{`{"breaker": {"failures": 1}}`, limiter.BreakerConfig{Failures: 1, MinOpenMs: 100, MaxOpenMs: 5000}},
+		{`{"breaker": {"max_open_ms": 100}}`, limiter.BreakerConfig{Failures: 5, MinOpenMs: 100, MaxOpenMs: 100}},
+		{`{"breaker": {"failures": 10000, "min_open_ms": 60000, "max_open_ms": 60000}}`,
+			limiter.BreakerConfig{Failures: 10000, MinOpenMs: 60000, MaxOpenMs: 60000}},
+		{`{"breaker": {"max_open_ms": 300, "min_open_ms": 1}}`, limiter.BreakerConfig{Failures: 5, MinOpenMs: 1, MaxOpenMs: 300}},
+	} {
+		cfg, err := limiter.Parse([]byte(c.config))
+		if err != nil {
+			t.Errorf("%s: %v", c.config, err)
+			continue
+		}
+		if cfg.Breaker != c.want {
+			t.Errorf("%s: breaker %+v, want %+v", c.config, cfg.Breaker, c.want)
+		}
+	}
+}
+
 func TestCost(t *testing.T) {
 	cfg, err := limiter.Parse([]byte(filtertest.ValidConfig("full.json")))
 	if err != nil {

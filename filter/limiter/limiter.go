@@ -1,6 +1,7 @@
 // Package limiter is the rate-limit filter's logic in plain Go: the plugin
 // configuration, API-key extraction, per-route costs, the sidecar callout
-// and what each answer means, the shared deny cache, metrics and logs.
+// and what each answer means, the shared deny cache, the circuit breaker on
+// the callout, metrics and logs.
 //
 // It talks to the proxy only through abi.Host and implements abi.Plugin, so
 // it runs unchanged inside Envoy (wired by filter/main.go) and natively
