@@ -64,9 +64,14 @@ func measureLatency(ctx context.Context, e *env, f *rig.Front, run, ri int, rate
 }
 
 func runLatency(ctx context.Context, e *env) (*report.Scenario, error) {
-	rates := []float64{50, 100, 200, 400, 800}
+	rates := []float64{100, 200, 400, 800, 1600}
 	const clients = 20
-	phase := e.dur(3 * time.Second)
+	// Each point's p99 should rest on at least ten requests beyond it:
+	// 1000 requests, or 3 s at the higher rates.
+	minSamples := 1000.0
+	phaseAt := func(rate float64) time.Duration {
+		return e.dur(max(3*time.Second, time.Duration(minSamples/rate*float64(time.Second))))
+	}
 	pl := plans{Default: "unlimited", Plans: map[string]bucket.Limit{"unlimited": {Capacity: 1e9, Rate: 1e9}}}
 	e.prog.Printf("latency: starting redis, sidecar, two gateways")
 	b, err := rig.StartBackend(ctx, e.bin, pl.YAML())
@@ -98,7 +103,7 @@ func runLatency(ctx context.Context, e *env) (*report.Scenario, error) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					pts[f], errs[f] = measureLatency(ctx, e, fronts[f], run, ri, rate, clients, phase, paths, f == 0)
+					pts[f], errs[f] = measureLatency(ctx, e, fronts[f], run, ri, rate, clients, phaseAt(rate), paths, f == 0)
 				}()
 			}
 			wg.Wait()
@@ -112,7 +117,7 @@ func runLatency(ctx context.Context, e *env) (*report.Scenario, error) {
 	}
 
 	t := report.Table{
-		Title: fmt.Sprintf("Latency through the gateway with and without the limiter (open loop, %d clients per gateway, %v per rate and run, median of %d runs)", clients, phase, e.runs),
+		Title: fmt.Sprintf("Latency through the gateway with and without the limiter (open loop, %d clients per gateway, at least %.0f requests or %v per rate and run, median of %d runs)", clients, minSamples, e.dur(3*time.Second), e.runs),
 		Header: []string{"offered req/s", "off p50", "off p99", "off p99.9", "limiter p50", "limiter p99", "limiter p99.9",
 			"added p50", "added p99", "added p99.9", "failed open", "answered 200", "state"},
 	}
@@ -175,7 +180,7 @@ func runLatency(ctx context.Context, e *env) (*report.Scenario, error) {
 	t.Notes = []string{
 		"Latencies in ms, from when each request was due to the end of its answer, for requests answered 200. \"Added\" is the limiter's p-th percentile minus the same percentile without it, in the same run. Every request is allowed (an unlimited plan), so each one makes a callout: sidecar, Redis script, answer.",
 		"\"Without the limiter\" is the same gateway with the filter loaded and its mode off (the gateway, like Envoy's configuration here, always has the filter; mode off skips the check). A rate is marked saturated when fewer than 99% of requests are answered 200, more than 1% of checks fail open, or p99 without the limiter exceeds 50 ms.",
-		"Both gateways run at the same time, each at the offered rate, so the machine carries twice that. p99.9 rests on few samples at the low rates (300 requests per run at 100 req/s: it is the largest).",
+		"Both gateways run at the same time, each at the offered rate, so the machine carries twice that. p99.9 rests on few samples (1000 requests per run at 100 req/s: the second largest).",
 	}
 	chart1, chart2 := "latency.png", "latency-added.png"
 	if err := report.LineChart(filepath.Join(e.out, chart1), "Latency through the gateway, with and without the limiter", "offered requests per second (log scale)", "latency, ms (log scale)",
