@@ -255,7 +255,7 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 	t.Notes = []string{
 		fmt.Sprintf("Plans: quiet clients %g/s (burst %g), the noisy client %g/s (burst %g). While Redis is out, every check fails open and the services' coarse safety limit (10x the plan, per replica) is what is left: 9 replicas x 10 x %g/s = %.0f/s for the noisy client, plus the safety buckets' bursts (9 x 10 x %g) spread over the %v outage: %.0f/s. Failed-open counts are summed over the runs.",
 			standard.Rate, standard.Capacity, small.Rate, small.Capacity, small.Rate, capPerSec, small.Capacity, outPhase, outageCap),
-		"Latency runs from when a request was due to its answer; \"added\" is the phase's quiet percentile minus the same run's with Redis up. The typical request (p50) pays the wait for the check to fail; the tail also pays for the extra work an outage brings (every request of the noisy client now makes a callout and reaches a service).",
+		"Latency runs from when a request was due to its answer; \"added\" is the phase's quiet percentile minus the same run's with Redis up. A request pays at most the wait for its check to fail, and nothing once the circuit breaker is open; the tail also pays for the extra work an outage brings (every request of the noisy client now reaches a service).",
 	}
 	chart := "failopen.png"
 	var limits []float64
@@ -276,7 +276,7 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 	return &report.Scenario{
 		Title:  "Fail open: Redis hung and stopped mid-run",
 		Claim:  "if Redis or the sidecar is unavailable, requests fail open after the 5 ms timeout and keep flowing, while the services' coarse safety limit (10x the plan rate) still caps a noisy client.",
-		Method: "One gateway enforcing through the sidecar, services with only the 10x safety limit, under steady open-loop load. Redis changes state phase by phase: up; hung (CLIENT PAUSE ALL: commands wait, so the sidecar answers 503 at its own 3 ms deadline or the filter's 5 ms timeout passes); up again; killed (connections refused: the sidecar answers 503 at once); restarted empty. Requests are counted in the phase they were due in; a first second with Redis up, before the phases, lets connections settle and is not reported.",
+		Method: "One gateway enforcing through the sidecar, services with only the 10x safety limit, under steady open-loop load. Redis changes state phase by phase: up; hung (CLIENT PAUSE ALL: commands wait, so the sidecar answers 503 at its own 3 ms deadline or the filter's 5 ms timeout passes); up again; killed (connections refused: the sidecar answers 503 at once); restarted empty. In both outages the filter's circuit breaker opens after a few failed checks, and requests then fail open at once without a callout (failed_open.circuit_open) until a probe gets an answer. Requests are counted in the phase they were due in; a first second with Redis up, before the phases, lets connections settle and is not reported.",
 		Tables: []report.Table{t},
 		Charts: []report.Chart{{File: chart, Alt: "noisy client's admitted rate per phase against the safety cap"}},
 		Checks: []report.Check{
