@@ -58,6 +58,7 @@ type App struct {
 	plans     *plans.Store
 	client    redis.UniversalClient
 	decider   *decide.Decider
+	hot       *hot.Sharder // nil without sharding
 	http      *fasthttp.Server
 	ln        net.Listener
 	served    chan error
@@ -92,6 +93,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	var sharder *hot.Sharder
 	if !cfg.NoHotSharding {
 		sharder = hot.New(a.client, log)
+		a.hot = sharder
 	}
 	srv := server.New(server.Options{
 		Plans:   a.plans.Current,
