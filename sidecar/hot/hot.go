@@ -60,7 +60,8 @@ type Sharder struct {
 	client redis.UniversalClient
 	id     string // this sidecar's lease identity
 	log    *slog.Logger
-	states sync.Map // base bucket key → *state
+	mu     sync.Mutex // serialises creating a state
+	states sync.Map   // base bucket key → *state
 }
 
 // New returns a Sharder on client. Call Run to reconcile.
@@ -116,27 +117,39 @@ func Keys(base string, regions []string) []string {
 
 // regionKey returns "rl:{digest.region.N}" with the smallest N whose slot is
 // target. CRC16 spreads consecutive N evenly, so a few tens of thousands of
-// tries find every slot; the nearest slot found is the fallback.
+// tries find every slot; the nearest slot found is the fallback. The CRC of
+// the common prefix is computed once, so a try costs a few digits.
 func regionKey(digest, region string, target int) string {
 	prefix := digest + "." + region + "."
-	best, bestDist := "", SlotCount
+	pc := crc16Update(0, prefix)
+	var buf [20]byte
+	best, bestDist := 0, SlotCount
 	for n := 0; n < 1<<20; n++ {
-		tag := prefix + strconv.Itoa(n)
-		d := Slot("{"+tag+"}") - target
+		d := int(crc16Update(pc, string(strconv.AppendInt(buf[:0], int64(n), 10))))%SlotCount - target
 		if d < 0 {
 			d = -d
 		}
 		if d < bestDist {
-			best, bestDist = tag, d
+			best, bestDist = n, d
 			if d == 0 {
 				break
 			}
 		}
 	}
-	return "rl:{" + best + "}"
+	return "rl:{" + prefix + strconv.Itoa(best) + "}"
 }
 
 func (s *Sharder) state(base string, regions []string) *state {
+	if v, ok := s.states.Load(base); ok {
+		st := v.(*state)
+		if sameRegions(st.regions, regions) {
+			return st
+		}
+	}
+	// Finding the keys takes a fraction of a millisecond; under a burst of
+	// first checks one goroutine does it and the others take its result.
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if v, ok := s.states.Load(base); ok {
 		st := v.(*state)
 		if sameRegions(st.regions, regions) {

@@ -20,8 +20,10 @@ var crcTable = func() (t [256]uint16) {
 	return t
 }()
 
-func crc16(s string) uint16 {
-	var c uint16
+func crc16(s string) uint16 { return crc16Update(0, s) }
+
+// crc16Update continues the CRC c over s, so a common prefix is hashed once.
+func crc16Update(c uint16, s string) uint16 {
 	for i := 0; i < len(s); i++ {
 		c = c<<8 ^ crcTable[byte(c>>8)^s[i]]
 	}
