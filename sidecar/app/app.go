@@ -18,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/edgelimit/edgelimit/sidecar/decide"
+	"github.com/edgelimit/edgelimit/sidecar/hot"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 	"github.com/edgelimit/edgelimit/sidecar/plans"
 	"github.com/edgelimit/edgelimit/sidecar/redisconn"
@@ -42,6 +43,12 @@ type Config struct {
 	PlansPoll time.Duration
 	// Pipelines and MaxBatch tune the decider (see decide.Options).
 	Pipelines, MaxBatch int
+	// HotInterval is how often hot clients' demand is flushed and their
+	// shares reconciled (default hot.DefaultInterval, 1 s).
+	HotInterval time.Duration
+	// NoHotSharding gives hot clients one bucket like any other client (for
+	// comparisons); the plans file's regions are then ignored.
+	NoHotSharding bool
 }
 
 // App is a running sidecar.
@@ -51,6 +58,7 @@ type App struct {
 	plans     *plans.Store
 	client    redis.UniversalClient
 	decider   *decide.Decider
+	hot       *hot.Sharder // nil without sharding
 	http      *fasthttp.Server
 	ln        net.Listener
 	served    chan error
@@ -82,8 +90,14 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 		OnBatch:    a.stats.ObserveBatch,
 		OnNoScript: a.stats.ScriptLoads.Inc,
 	})
+	var sharder *hot.Sharder
+	if !cfg.NoHotSharding {
+		sharder = hot.New(a.client, log)
+		a.hot = sharder
+	}
 	srv := server.New(server.Options{
 		Plans:   a.plans.Current,
+		Hot:     sharder,
 		Decider: a.decider,
 		Keys:    keys.New(cfg.KeySalt),
 		Timeout: cfg.RedisTimeout,
@@ -100,6 +114,9 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	var watchCtx context.Context
 	watchCtx, a.stopWatch = context.WithCancel(context.Background())
 	go a.plans.Watch(watchCtx, cfg.PlansPoll)
+	if sharder != nil {
+		go sharder.Run(watchCtx, cfg.HotInterval)
+	}
 	go func() { a.served <- a.http.Serve(a.ln) }()
 
 	// Load the script now rather than on the first request, and say whether
@@ -111,7 +128,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 		log.Warn("redis not ready yet; checks answer 503 until it is", "redis", cfg.Redis.Redacted, "err", err)
 	}
 	log.Info("sidecar listening", "addr", a.Addr(), "redis", cfg.Redis.Redacted, "redis_kind", cfg.Redis.Kind.String(),
-		"plans", cfg.PlansPath, "plan_count", len(p.ByName), "clients", p.Clients(),
+		"plans", cfg.PlansPath, "plan_count", len(p.ByName), "clients", p.Clients(), "hot_clients", p.HotClients(),
 		"redis_timeout", serverTimeout(cfg.RedisTimeout), "key_salt", len(cfg.KeySalt) > 0)
 	return a, nil
 }
