@@ -1,0 +1,646 @@
+// Command sidecarbench measures the sidecar against the Redis it sits on.
+//
+//	go run ./bench/sidecarbench [-rounds 3] [-d 3s] [-c 50] [-keys 10000] [-load wrk|go] [-out FILE]
+//
+// In one run it starts a private redis-server and the real sidecar binary on
+// it, then, for each round:
+//
+//  1. runs `redis-benchmark -c 50 -P 1` of EVALSHA of the token-bucket script
+//     over 10,000 keys: the raw Redis figure, one round trip per decision;
+//  2. loads the sidecar over HTTP from another process (wrk, or this one)
+//     with 50 concurrent clients over 10,000 API keys, as fast as it
+//     answers: checks/s, p50/p99/p99.9, and the CPU each process spent per
+//     check.
+//
+// The ratio of the two is printed per round and as the median (the machine
+// is shared; rounds expose its noise). Then the sidecar is loaded at a fixed
+// rate of half the raw Redis figure, each request timed from when it was due
+// (so a stall is not hidden by the generator waiting), for p50/p99/p99.9.
+//
+// Every plan is big enough that all checks are allowed: an allowed check is
+// the script's most expensive path (it writes the bucket), and it is the same
+// script and arguments redis-benchmark runs.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/csv"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/valyala/fasthttp"
+
+	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/lua"
+)
+
+// The plan every benchmark key gets, and the same limit for redis-benchmark.
+var benchLimit = lua.Limit{Capacity: 1_000_000_000, Rate: 1_000_000}
+
+type config struct {
+	sidecarBin  string
+	loader      string
+	concurrency int
+	keys        int
+	duration    time.Duration
+	warmup      time.Duration
+	rounds      int
+	redisN      int
+	pipelines   int
+	out         string
+}
+
+func main() {
+	var cfg config
+	flag.StringVar(&cfg.sidecarBin, "sidecar", "", "sidecar binary; empty: $EDGELIMIT_BIN_DIR/sidecar if it exists (make bench builds it), else ./sidecar is built")
+	flag.IntVar(&cfg.concurrency, "c", 50, "concurrent clients: HTTP connections, and redis-benchmark clients")
+	flag.IntVar(&cfg.keys, "keys", 10000, "distinct API keys (and redis-benchmark -r)")
+	flag.DurationVar(&cfg.duration, "d", 3*time.Second, "length of each measured sidecar load phase")
+	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "load before the first measured phase, not measured")
+	flag.IntVar(&cfg.rounds, "rounds", 3, "rounds of redis-benchmark then the sidecar at full load; the ratio is their median")
+	flag.IntVar(&cfg.redisN, "redis-n", 0, "requests redis-benchmark sends per round; 0: what the sidecar answered in the previous round (150000 in the first)")
+	flag.IntVar(&cfg.pipelines, "redis-pipelines", 0, "sidecar -redis-pipelines; 0 keeps its default")
+	flag.StringVar(&cfg.loader, "load", "wrk", "full-load generator: wrk (the Go generator when wrk is not installed) or go")
+	flag.StringVar(&cfg.out, "out", "", "also write the report to this file (e.g. bench/results/sidecarbench.txt)")
+	flag.Parse()
+	if cfg.loader == "wrk" {
+		if _, err := exec.LookPath("wrk"); err != nil {
+			fmt.Fprintln(os.Stderr, "sidecarbench: wrk not found, using the Go load generator")
+			cfg.loader = "go"
+		}
+	}
+	if err := run(cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "sidecarbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(cfg config) error {
+	ctx := context.Background()
+	tmp, err := os.MkdirTemp("", "sidecarbench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+
+	var out io.Writer = os.Stdout
+	if cfg.out != "" {
+		if err := os.MkdirAll(filepath.Dir(cfg.out), 0o755); err != nil {
+			return err
+		}
+		f, err := os.Create(cfg.out)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		out = io.MultiWriter(os.Stdout, f)
+	}
+
+	if cfg.sidecarBin == "" {
+		if dir := os.Getenv("EDGELIMIT_BIN_DIR"); dir != "" {
+			if _, err := os.Stat(filepath.Join(dir, "sidecar")); err == nil {
+				cfg.sidecarBin = filepath.Join(dir, "sidecar")
+			}
+		}
+	}
+	if cfg.sidecarBin == "" {
+		cfg.sidecarBin = filepath.Join(tmp, "sidecar")
+		b, err := exec.Command("go", "build", "-o", cfg.sidecarBin, "./sidecar").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("go build ./sidecar (run from the repository root): %v\n%s", err, b)
+		}
+	}
+
+	srv, err := redisproc.Start(ctx, redisproc.Options{})
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+	sc, err := startSidecar(cfg.sidecarBin, tmp, srv.URL(), cfg.pipelines)
+	if err != nil {
+		return err
+	}
+	defer sc.stop()
+	load, _ := os.ReadFile("/proc/loadavg")
+	fmt.Fprintf(out, "sidecar %s on redis-server %s; %d clients, %d API keys; %d CPUs, load average %s\n",
+		cfg.sidecarBin, srv.Addr, cfg.concurrency, cfg.keys, runtime.NumCPU(), strings.Join(strings.Fields(string(load))[:3], " "))
+	fmt.Fprintf(out, "every check is allowed (the script's writing path); redis-benchmark runs the same script and arguments\n\n")
+
+	keys := make([][]byte, cfg.keys)
+	for i := range keys {
+		keys[i] = []byte(fmt.Sprintf("bench-key-%06d", i))
+	}
+	lg := &loadgen{addr: sc.addr, keys: keys, concurrency: cfg.concurrency}
+	fullLoad := lg.closed
+	if cfg.loader == "wrk" {
+		fullLoad = func(d time.Duration) (figures, error) { return wrk(tmp, sc.addr, cfg.concurrency, cfg.keys, d) }
+	}
+	if _, err := fullLoad(cfg.warmup); err != nil {
+		return err
+	}
+
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "round\tside\tchecks/s\tp50\tp99\tp99.9\tnot decided\tmean batch\tCPU µs/check: sidecar\tredis\tload gen\t")
+	var ratios, rawRates []float64
+	var lastFull, lastRaw figures
+	n := cfg.redisN
+	if n == 0 {
+		n = 150000
+	}
+	for r := 1; r <= cfg.rounds; r++ {
+		raw, err := redisBenchmark(ctx, srv, cfg.concurrency, cfg.keys, n)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "%d\tredis-benchmark EVALSHA -P 1\t%.0f\t%s\t%s\t-\t-\t1\t-\t-\t-\t\n", r, raw.rps, ms(raw.p50), ms(raw.p99))
+
+		m0, err := sc.scrape()
+		if err != nil {
+			return err
+		}
+		cpu0, err := cpuNow(ctx, sc, srv)
+		if err != nil {
+			return err
+		}
+		full, err := fullLoad(cfg.duration)
+		if err != nil {
+			return err
+		}
+		cpu1, err := cpuNow(ctx, sc, srv)
+		if err != nil {
+			return err
+		}
+		m1, err := sc.scrape()
+		if err != nil {
+			return err
+		}
+		checks := float64(full.decisions + full.errors)
+		per := func(a, b time.Duration) string { return fmt.Sprintf("%.1f", (b-a).Seconds()*1e6/checks) }
+		fmt.Fprintf(w, "%d\tsidecar over HTTP (%s)\t%.0f\t%s\t%s\t%s\t%d\t%.1f\t%s\t%s\t%s\t\n", r, cfg.loader,
+			full.rps, ms(full.p50), ms(full.p99), ms(full.p999), full.errors, meanBatch(m0, m1),
+			per(cpu0.sidecar, cpu1.sidecar), per(cpu0.redis, cpu1.redis), per(cpu0.loadgen, cpu1.loadgen))
+		ratios = append(ratios, full.rps/raw.rps)
+		rawRates = append(rawRates, raw.rps)
+		lastFull, lastRaw = full, raw
+		if cfg.redisN == 0 {
+			n = max(10000, int(full.decisions))
+		}
+	}
+	w.Flush()
+	_ = lastRaw
+
+	// Half of the raw Redis figure (its median over the rounds), open loop.
+	half := median(rawRates) / 2
+	if _, err := lg.open(cfg.warmup, half); err != nil {
+		return err
+	}
+	m2, err := sc.scrape()
+	if err != nil {
+		return err
+	}
+	open, err := lg.open(cfg.duration, half)
+	if err != nil {
+		return err
+	}
+	m3, err := sc.scrape()
+	if err != nil {
+		return err
+	}
+
+	fmt.Fprintf(out, "\nratio sidecar / redis-benchmark, checks/s: median %.2f over %d rounds (%s); target >= 0.80\n",
+		median(ratios), len(ratios), joinRatios(ratios))
+	fmt.Fprintf(out, "\nat half the raw Redis rate, %.0f checks/s offered (open loop, timed from when each was due):\n", half)
+	fmt.Fprintf(out, "  answered %.0f/s; p50 %s, p99 %s, p99.9 %s; not decided %d; target p99 < 2 ms\n",
+		open.rps, ms(open.p50), ms(open.p99), ms(open.p999), open.errors)
+	fmt.Fprintf(out, "  the sidecar's own decision latency (its histogram), p99 %s; the load generator's lateness in sending, p99 %s\n",
+		decisionP99(m2, m3), ms(open.lateP99))
+	for _, f := range []struct {
+		name string
+		f    figures
+	}{{"full load (last round)", lastFull}, {"half rate", open}} {
+		if f.f.errors > 0 {
+			fmt.Fprintf(out, "%s: %d of %d checks not decided, first: %s\n", f.name, f.f.errors, f.f.decisions+f.f.errors, f.f.firstErr)
+		}
+	}
+	return nil
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func joinRatios(v []float64) string {
+	parts := make([]string, len(v))
+	for i, r := range v {
+		parts[i] = fmt.Sprintf("%.2f", r)
+	}
+	return strings.Join(parts, ", ")
+}
+
+func meanBatch(a, b scrape) float64 {
+	return (b.batchSum - a.batchSum) / max(1, b.batchCount-a.batchCount)
+}
+
+type cpuTimes struct{ sidecar, redis, loadgen time.Duration }
+
+// cpuNow reads the CPU time (user + system) used so far by the sidecar
+// process (/proc), by redis-server (INFO cpu) and by this process.
+func cpuNow(ctx context.Context, sc *sidecar, srv *redisproc.Server) (cpuTimes, error) {
+	var c cpuTimes
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", sc.cmd.Process.Pid))
+	if err != nil {
+		return c, err
+	}
+	// Fields after the ")" closing the command name: state is field 3, utime
+	// and stime are fields 14 and 15, in clock ticks (100 per second on
+	// Linux).
+	_, rest, _ := strings.Cut(string(stat), ") ")
+	f := strings.Fields(rest)
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	c.sidecar = time.Duration(ut+st) * 10 * time.Millisecond
+
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rc.Close()
+	info, err := rc.Info(ctx, "cpu").Result()
+	if err != nil {
+		return c, err
+	}
+	for line := range strings.SplitSeq(info, "\r\n") {
+		for _, k := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(line, k); ok {
+				sec, _ := strconv.ParseFloat(v, 64)
+				c.redis += time.Duration(sec * float64(time.Second))
+			}
+		}
+	}
+	// The load generator: this process, plus finished children (wrk; also
+	// redis-benchmark, which ended before the first reading).
+	for _, who := range []int{syscall.RUSAGE_SELF, syscall.RUSAGE_CHILDREN} {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(who, &ru); err != nil {
+			return c, err
+		}
+		c.loadgen += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	return c, nil
+}
+
+func ms(d time.Duration) string {
+	return fmt.Sprintf("%.3fms", float64(d)/float64(time.Millisecond))
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, v := range s {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+type figures struct {
+	rps            float64 // decisions (200 or 429) per second
+	p50, p99, p999 time.Duration
+	decisions      int64
+	errors         int64 // answers other than 200/429, and transport errors
+	firstErr       string
+	// lateP99 (open loop only) is the 99th percentile of how late the load
+	// generator itself sent a request: large values mean the machine, not
+	// the sidecar, held requests back.
+	lateP99 time.Duration
+}
+
+// redisBenchmark runs redis-benchmark's EVALSHA of the bucket script with
+// the arguments the sidecar sends, on keys shaped like the sidecar's.
+func redisBenchmark(ctx context.Context, srv *redisproc.Server, clients, nkeys, n int) (figures, error) {
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	sha, err := c.ScriptLoad(ctx, lua.Source).Result()
+	if err != nil {
+		return figures{}, fmt.Errorf("SCRIPT LOAD: %w", err)
+	}
+	host, port, _ := strings.Cut(srv.Addr, ":")
+	args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(clients), "-P", "1", "-n", strconv.Itoa(n),
+		"-r", strconv.Itoa(nkeys), "--csv", "EVALSHA", sha, "1", "rl:{__rand_int__}"}
+	for _, a := range lua.Args(benchLimit, 1) {
+		args = append(args, fmt.Sprint(a))
+	}
+	out, err := exec.CommandContext(ctx, "redis-benchmark", args...).Output()
+	if err != nil {
+		return figures{}, fmt.Errorf("redis-benchmark: %w", err)
+	}
+	// --csv: a header, then "test","rps","avg_latency_ms","min_latency_ms",
+	// "p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms".
+	rows, err := csv.NewReader(strings.NewReader(string(out))).ReadAll()
+	if err != nil || len(rows) < 2 || len(rows[1]) < 7 {
+		return figures{}, fmt.Errorf("redis-benchmark output not understood: %v\n%s", err, out)
+	}
+	num := func(i int) float64 { f, _ := strconv.ParseFloat(rows[1][i], 64); return f }
+	msDur := func(f float64) time.Duration { return time.Duration(f * float64(time.Millisecond)) }
+	if num(1) <= 0 {
+		return figures{}, fmt.Errorf("redis-benchmark reported no throughput:\n%s", out)
+	}
+	return figures{rps: num(1), p50: msDur(num(4)), p99: msDur(num(6))}, nil
+}
+
+type sidecar struct {
+	cmd  *exec.Cmd
+	addr string
+	done chan error
+}
+
+func startSidecar(bin, dir, redisURL string, pipelines int) (*sidecar, error) {
+	plans := filepath.Join(dir, "plans.yaml")
+	content := fmt.Sprintf("default_plan: bench\nplans:\n  bench: {capacity: %d, rate: %d}\n", int64(benchLimit.Capacity), int64(benchLimit.Rate))
+	if err := os.WriteFile(plans, []byte(content), 0o600); err != nil {
+		return nil, err
+	}
+	// The listening address (port 0: a free one) is in the start-up log line.
+	args := []string{"-listen", "127.0.0.1:0", "-redis", redisURL, "-plans", plans}
+	if pipelines > 0 {
+		args = append(args, "-redis-pipelines", strconv.Itoa(pipelines))
+	}
+	cmd := exec.Command(bin, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s := &sidecar{cmd: cmd, done: make(chan error, 1)}
+	addrRE := regexp.MustCompile(`msg="sidecar listening" addr=([0-9.:]+)`)
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if m := addrRE.FindStringSubmatch(sc.Text()); m != nil {
+				found <- m[1]
+			} else if strings.Contains(sc.Text(), "level=ERROR") || strings.Contains(sc.Text(), "level=WARN") {
+				fmt.Fprintln(os.Stderr, "sidecar:", sc.Text())
+			}
+		}
+		s.done <- cmd.Wait()
+	}()
+	select {
+	case s.addr = <-found:
+	case err := <-s.done:
+		return nil, fmt.Errorf("sidecar exited at start: %v", err)
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		return nil, errors.New("sidecar did not start in 30s")
+	}
+	return s, nil
+}
+
+func (s *sidecar) stop() {
+	s.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-s.done:
+	case <-time.After(10 * time.Second):
+		s.cmd.Process.Kill()
+		<-s.done
+	}
+}
+
+// scrape is what the benchmark reads from the sidecar's /metrics.
+type scrape struct {
+	batchSum, batchCount float64            // sidecar_pipeline_batch_size
+	buckets              map[string]float64 // sidecar_decision_duration_seconds, le → cumulative count
+}
+
+// decisionP99 returns the upper bound of the sidecar's own decision latency
+// histogram bucket holding the 99th percentile of the decisions made between
+// two scrapes: the sidecar's view, without the network and load generator.
+func decisionP99(a, b scrape) string {
+	total := b.buckets["+Inf"] - a.buckets["+Inf"]
+	if total <= 0 {
+		return "-"
+	}
+	var les []float64
+	for le := range b.buckets {
+		if f, err := strconv.ParseFloat(le, 64); err == nil {
+			les = append(les, f)
+		}
+	}
+	slices.Sort(les)
+	for _, le := range les {
+		k := strconv.FormatFloat(le, 'g', -1, 64)
+		if b.buckets[k]-a.buckets[k] >= 0.99*total {
+			return "<= " + ms(time.Duration(le*float64(time.Second)))
+		}
+	}
+	return "> " + ms(time.Duration(les[len(les)-1]*float64(time.Second)))
+}
+
+// scrape reads /metrics.
+func (s *sidecar) scrape() (scrape, error) {
+	code, body, err := fasthttp.Get(nil, "http://"+s.addr+"/metrics")
+	if err != nil || code != 200 {
+		return scrape{}, fmt.Errorf("GET /metrics: %d %v", code, err)
+	}
+	h := scrape{buckets: map[string]float64{}}
+	le := regexp.MustCompile(`^sidecar_decision_duration_seconds_bucket\{le="([^"]+)"\} (\S+)$`)
+	for line := range strings.SplitSeq(string(body), "\n") {
+		if m := le.FindStringSubmatch(line); m != nil {
+			h.buckets[m[1]], _ = strconv.ParseFloat(m[2], 64)
+		}
+		if v, ok := strings.CutPrefix(line, "sidecar_pipeline_batch_size_sum "); ok {
+			h.batchSum, _ = strconv.ParseFloat(v, 64)
+		}
+		if v, ok := strings.CutPrefix(line, "sidecar_pipeline_batch_size_count "); ok {
+			h.batchCount, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	return h, nil
+}
+
+// wrkScript makes wrk send POST /v1/check with a random one of nkeys API
+// keys per request (requests are formatted once, in init) and print its
+// figures on one line.
+const wrkScript = `
+local n = %d
+local reqs = {}
+function init(args)
+  for i = 1, n do
+    reqs[i] = wrk.format("POST", "/v1/check", {["x-api-key"] = string.format("bench-key-%%06d", i - 1)})
+  end
+end
+function request()
+  return reqs[math.random(n)]
+end
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("WRKRESULT %%d %%d %%d %%d %%d %%d\n", summary.requests, summary.duration,
+    e.connect + e.read + e.write + e.timeout + e.status,
+    latency:percentile(50), latency:percentile(99), latency:percentile(99.9)))
+end
+`
+
+// wrk runs wrk for d with concurrency connections on 2 threads.
+func wrk(dir, addr string, concurrency, nkeys int, d time.Duration) (figures, error) {
+	script := filepath.Join(dir, "check.lua")
+	if err := os.WriteFile(script, []byte(fmt.Sprintf(wrkScript, nkeys)), 0o600); err != nil {
+		return figures{}, err
+	}
+	secs := max(1, int(d.Round(time.Second)/time.Second))
+	out, err := exec.Command("wrk", "-t2", "-c"+strconv.Itoa(concurrency), "-d"+strconv.Itoa(secs)+"s",
+		"-s", script, "http://"+addr+"/").CombinedOutput()
+	if err != nil {
+		return figures{}, fmt.Errorf("wrk: %v\n%s", err, out)
+	}
+	m := regexp.MustCompile(`WRKRESULT (\d+) (\d+) (\d+) (\d+) (\d+) (\d+)`).FindStringSubmatch(string(out))
+	if m == nil {
+		return figures{}, fmt.Errorf("wrk output not understood:\n%s", out)
+	}
+	v := make([]int64, 7)
+	for i := 1; i <= 6; i++ {
+		v[i], _ = strconv.ParseInt(m[i], 10, 64)
+	}
+	requests, micros, errs := v[1], v[2], v[3]
+	us := func(x int64) time.Duration { return time.Duration(x) * time.Microsecond }
+	f := figures{rps: float64(requests-errs) / (float64(micros) / 1e6), p50: us(v[4]), p99: us(v[5]), p999: us(v[6]),
+		decisions: requests - errs, errors: errs}
+	if errs > 0 {
+		f.firstErr = "wrk counted errors or non-2xx answers"
+	}
+	return f, nil
+}
+
+// loadgen sends POST /v1/check over keep-alive connections.
+type loadgen struct {
+	addr        string
+	keys        [][]byte
+	concurrency int
+}
+
+// closed runs concurrency clients back to back for d: the most the sidecar
+// answers.
+func (l *loadgen) closed(d time.Duration) (figures, error) {
+	return l.load(d, 0)
+}
+
+// open sends rate checks per second for d, spread over the clients, and
+// times each from when it was due.
+func (l *loadgen) open(d time.Duration, rate float64) (figures, error) {
+	return l.load(d, rate)
+}
+
+func (l *loadgen) load(d time.Duration, rate float64) (figures, error) {
+	hc := &fasthttp.HostClient{Addr: l.addr, MaxConns: l.concurrency, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
+	var (
+		wg       sync.WaitGroup
+		errs     atomic.Int64
+		firstErr atomic.Value
+		lat      = make([][]time.Duration, l.concurrency)
+		late     = make([][]time.Duration, l.concurrency)
+	)
+	start := time.Now()
+	end := start.Add(d)
+	var interval time.Duration
+	if rate > 0 {
+		interval = time.Duration(float64(l.concurrency) / rate * float64(time.Second))
+	}
+	for w := range l.concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
+			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+			defer fasthttp.ReleaseRequest(req)
+			defer fasthttp.ReleaseResponse(resp)
+			req.SetRequestURI("http://" + l.addr + "/v1/check")
+			req.Header.SetMethod("POST")
+			samples := make([]time.Duration, 0, 1<<16)
+			var lateness []time.Duration
+			// Open loop: each client owns every concurrency-th slot of the
+			// schedule, offset so the clients interleave.
+			due := start.Add(time.Duration(w) * interval / time.Duration(l.concurrency))
+			for {
+				var t0 time.Time
+				if interval > 0 {
+					if due.After(end) {
+						break
+					}
+					if wait := time.Until(due); wait > 0 {
+						time.Sleep(wait)
+					}
+					t0 = due
+					due = due.Add(interval)
+				} else {
+					t0 = time.Now()
+					if t0.After(end) {
+						break
+					}
+				}
+				req.Header.SetBytesV("x-api-key", l.keys[rng.IntN(len(l.keys))])
+				if interval > 0 {
+					lateness = append(lateness, time.Since(t0))
+				}
+				err := hc.Do(req, resp)
+				samples = append(samples, time.Since(t0))
+				if err == nil && resp.StatusCode() != 200 && resp.StatusCode() != 429 {
+					err = fmt.Errorf("status %d: %q", resp.StatusCode(), resp.Body())
+				}
+				if err != nil {
+					if errs.Add(1) == 1 {
+						firstErr.Store(err.Error())
+					}
+				}
+			}
+			lat[w], late[w] = samples, lateness
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	var all []time.Duration
+	for _, s := range lat {
+		all = append(all, s...)
+	}
+	if len(all) == 0 {
+		return figures{}, errors.New("no requests completed")
+	}
+	slices.Sort(all)
+	pct := func(p float64) time.Duration { return all[min(len(all)-1, int(p*float64(len(all))))] }
+	decided := int64(len(all)) - errs.Load()
+	f := figures{rps: float64(decided) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99), p999: pct(0.999), decisions: decided, errors: errs.Load()}
+	if v, ok := firstErr.Load().(string); ok {
+		f.firstErr = v
+	}
+	var lates []time.Duration
+	for _, s := range late {
+		lates = append(lates, s...)
+	}
+	if len(lates) > 0 {
+		slices.Sort(lates)
+		f.lateP99 = lates[min(len(lates)-1, int(0.99*float64(len(lates))))]
+	}
+	return f, nil
+}

@@ -1,0 +1,163 @@
+// Package app assembles the sidecar from its parts (plans, Redis client,
+// batching decider, HTTP server, metrics) and runs it: start, reload, graceful
+// shutdown. The binary in package main only turns flags and environment into
+// a Config and signals into calls; tests and benchmarks run the same App in
+// process.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/valyala/fasthttp"
+
+	"github.com/edgelimit/edgelimit/sidecar/decide"
+	"github.com/edgelimit/edgelimit/sidecar/keys"
+	"github.com/edgelimit/edgelimit/sidecar/plans"
+	"github.com/edgelimit/edgelimit/sidecar/redisconn"
+	"github.com/edgelimit/edgelimit/sidecar/server"
+	"github.com/edgelimit/edgelimit/sidecar/stats"
+)
+
+// Config is everything the sidecar is told at start.
+type Config struct {
+	// Listen is the HTTP address. Port 0 picks a free port (see App.Addr).
+	Listen string
+	// Redis is the parsed -redis URL.
+	Redis *redisconn.Spec
+	// PlansPath is the plans file.
+	PlansPath string
+	// RedisTimeout is the deadline for one decision (default 3 ms).
+	RedisTimeout time.Duration
+	// KeySalt, if set, keys the bucket-key digest (HMAC-SHA256).
+	KeySalt []byte
+	// PlansPoll is how often the plans file is checked for changes
+	// (default 1 s).
+	PlansPoll time.Duration
+	// Pipelines and MaxBatch tune the decider (see decide.Options).
+	Pipelines, MaxBatch int
+}
+
+// App is a running sidecar.
+type App struct {
+	log       *slog.Logger
+	stats     *stats.Stats
+	plans     *plans.Store
+	client    redis.UniversalClient
+	decider   *decide.Decider
+	http      *fasthttp.Server
+	ln        net.Listener
+	served    chan error
+	stopWatch context.CancelFunc
+	shutdown  sync.Once
+}
+
+// Start loads the plans, opens Redis, binds the listener and serves in the
+// background. Redis need not be up: until it is, checks get 503 and /readyz
+// says why. A bad plans file or an address that cannot be bound is an error.
+func Start(cfg Config, log *slog.Logger) (*App, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	redis.SetLogger(redisLogger{log})
+	a := &App{log: log, stats: stats.New(), served: make(chan error, 1)}
+	var err error
+	if a.plans, err = plans.Open(cfg.PlansPath, log, a.stats.Reload); err != nil {
+		return nil, err
+	}
+	pipelines := cfg.Pipelines
+	if pipelines <= 0 {
+		pipelines = decide.DefaultPipelines
+	}
+	a.client = cfg.Redis.NewClient(redisconn.Tuning{PoolSize: pipelines + 4})
+	a.decider = decide.New(a.client, decide.Options{
+		Pipelines:  pipelines,
+		MaxBatch:   cfg.MaxBatch,
+		OnBatch:    a.stats.ObserveBatch,
+		OnNoScript: a.stats.ScriptLoads.Inc,
+	})
+	srv := server.New(server.Options{
+		Plans:   a.plans.Current,
+		Decider: a.decider,
+		Keys:    keys.New(cfg.KeySalt),
+		Timeout: cfg.RedisTimeout,
+		Stats:   a.stats,
+		Log:     log,
+	})
+	a.http = srv.HTTPServer()
+	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		a.decider.Close()
+		a.client.Close()
+		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+
+	var watchCtx context.Context
+	watchCtx, a.stopWatch = context.WithCancel(context.Background())
+	go a.plans.Watch(watchCtx, cfg.PlansPoll)
+	go func() { a.served <- a.http.Serve(a.ln) }()
+
+	// Load the script now rather than on the first request, and say whether
+	// Redis is there; neither is fatal.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	p := a.plans.Current()
+	if err := a.decider.Ready(ctx); err != nil {
+		log.Warn("redis not ready yet; checks answer 503 until it is", "redis", cfg.Redis.Redacted, "err", err)
+	}
+	log.Info("sidecar listening", "addr", a.Addr(), "redis", cfg.Redis.Redacted, "redis_kind", cfg.Redis.Kind.String(),
+		"plans", cfg.PlansPath, "plan_count", len(p.ByName), "clients", p.Clients(),
+		"redis_timeout", serverTimeout(cfg.RedisTimeout), "key_salt", len(cfg.KeySalt) > 0)
+	return a, nil
+}
+
+func serverTimeout(d time.Duration) time.Duration {
+	if d <= 0 {
+		return server.DefaultTimeout
+	}
+	return d
+}
+
+// Addr is the address the HTTP server listens on.
+func (a *App) Addr() string { return a.ln.Addr().String() }
+
+// Stats exposes the metrics (for tests and benchmarks).
+func (a *App) Stats() *stats.Stats { return a.stats }
+
+// Reload re-reads the plans file now (SIGHUP). A bad file is logged and the
+// plans in force kept; the error is returned too.
+func (a *App) Reload() error { return a.plans.Reload("SIGHUP") }
+
+// Done is closed, with the serving error if any, when the HTTP server stops.
+func (a *App) Done() <-chan error { return a.served }
+
+// Shutdown stops accepting connections, lets in-flight checks finish (until
+// ctx ends), then stops the decider and closes Redis. It is safe to call more
+// than once.
+func (a *App) Shutdown(ctx context.Context) error {
+	var err error
+	a.shutdown.Do(func() {
+		a.stopWatch()
+		err = a.http.ShutdownWithContext(ctx)
+		a.decider.Close()
+		if cerr := a.client.Close(); cerr != nil && !errors.Is(cerr, redis.ErrClosed) {
+			err = errors.Join(err, cerr)
+		}
+		a.log.Info("sidecar stopped")
+	})
+	return err
+}
+
+// redisLogger sends go-redis's own messages (mostly dial failures while Redis
+// is down) to slog at debug level; the decisions they fail are already
+// logged, throttled, at warn.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.Debug("redis client", "msg", fmt.Sprintf(format, v...))
+}

@@ -1,0 +1,309 @@
+// Package decide runs token-bucket decisions on Redis, batching the decisions
+// that are in flight at the same moment into one pipeline.
+//
+// A fixed set of loops (Options.Pipelines) each take one waiting decision,
+// then whatever else is already queued (up to Options.MaxBatch), and send
+// them as one pipeline of EVALSHA calls: one round trip for the batch. When
+// the sidecar is idle a decision goes out alone at once; nothing ever waits
+// for a batch to fill. Under load the batches grow by themselves, so
+// throughput is bounded by Redis's work rather than by round trips.
+package decide
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/edgelimit/edgelimit/lua"
+)
+
+// Defaults for Options.
+const (
+	DefaultPipelines   = 2
+	DefaultMaxBatch    = 128
+	DefaultQueue       = 4096
+	DefaultExecTimeout = time.Second
+)
+
+// ErrClosed is returned by Decide after Close.
+var ErrClosed = errors.New("decider closed")
+
+// ErrTimeout is returned by Decide when Redis has not answered by the
+// deadline. It wraps context.DeadlineExceeded.
+var ErrTimeout = fmt.Errorf("no answer from redis in time: %w", context.DeadlineExceeded)
+
+// Options tune a Decider. The zero value uses the defaults.
+type Options struct {
+	// Pipelines is how many batches may be in flight to Redis at once, each
+	// on its own connection. Defaults to 2: Redis runs one batch while the
+	// reply of the other travels and is parsed. More loops only make batches
+	// smaller (more round trips for the same work); fewer leave Redis idle
+	// during each round trip.
+	Pipelines int
+	// MaxBatch caps the decisions sent in one pipeline. Defaults to 128.
+	MaxBatch int
+	// Queue is how many decisions may wait for a free loop. Defaults to
+	// 4096; a caller finding it full waits until its own deadline.
+	Queue int
+	// ExecTimeout bounds one pipeline's round trip, so a loop stuck on a dead
+	// connection is freed. Callers give up earlier, at their own deadline.
+	// Defaults to 1 s.
+	ExecTimeout time.Duration
+	// OnBatch, if set, is called with the size of every pipeline sent (for
+	// the batch-size histogram).
+	OnBatch func(size int)
+	// OnNoScript, if set, is called each time Redis had lost the script (a
+	// restart, failover or SCRIPT FLUSH) and it was sent again.
+	OnNoScript func()
+}
+
+// Decider takes tokens from buckets in Redis. It is safe for concurrent use.
+type Decider struct {
+	client redis.UniversalClient
+	opt    Options
+	queue  chan *call
+	quit   chan struct{}
+	wg     sync.WaitGroup
+	closed atomic.Bool
+	calls  sync.Pool
+	ready  readyCache
+
+	argsCache sync.Map // argsKey → []any
+	argsCount atomic.Int64
+}
+
+type call struct {
+	deadline time.Time
+	key      string
+	args     []any
+	res      lua.Result
+	err      error
+	done     chan struct{} // buffered(1): the loop never blocks on delivery
+	timer    *time.Timer   // fires at deadline; reused with the call
+}
+
+// New starts the batching loops on client. Call Close to stop them.
+func New(client redis.UniversalClient, opt Options) *Decider {
+	if opt.Pipelines <= 0 {
+		opt.Pipelines = DefaultPipelines
+	}
+	if opt.MaxBatch <= 0 {
+		opt.MaxBatch = DefaultMaxBatch
+	}
+	if opt.Queue <= 0 {
+		opt.Queue = DefaultQueue
+	}
+	if opt.ExecTimeout <= 0 {
+		opt.ExecTimeout = DefaultExecTimeout
+	}
+	d := &Decider{
+		client: client,
+		opt:    opt,
+		queue:  make(chan *call, opt.Queue),
+		quit:   make(chan struct{}),
+	}
+	d.calls.New = func() any {
+		t := time.NewTimer(time.Hour)
+		t.Stop()
+		return &call{done: make(chan struct{}, 1), timer: t}
+	}
+	for range opt.Pipelines {
+		d.wg.Add(1)
+		go d.loop()
+	}
+	return d
+}
+
+// Decide takes cost tokens from the bucket key with limit l. It returns when
+// Redis has answered or at deadline, whichever is first: at the deadline it
+// returns ErrTimeout at once, without waiting for Redis.
+//
+// A deadline rather than a context keeps the hot path free of allocations:
+// the timer lives in a pooled call.
+func (d *Decider) Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error) {
+	if d.closed.Load() {
+		return lua.Result{}, ErrClosed
+	}
+	c := d.calls.Get().(*call)
+	c.deadline, c.key, c.args = deadline, key, d.args(l, cost)
+	// Go >= 1.23 timers: Reset and Stop leave no stale tick in C.
+	c.timer.Reset(time.Until(deadline))
+	select {
+	case d.queue <- c:
+	case <-c.timer.C:
+		d.release(c)
+		return lua.Result{}, ErrTimeout
+	}
+	select {
+	case <-c.done:
+		res, err := c.res, c.err
+		d.release(c)
+		return res, err
+	case <-c.timer.C:
+		// The loop still holds c and will deliver into its buffered channel
+		// later; c is left to the garbage collector rather than reused.
+		return lua.Result{}, ErrTimeout
+	}
+}
+
+func (d *Decider) release(c *call) {
+	c.timer.Stop()
+	c.key, c.args, c.res, c.err = "", nil, lua.Result{}, nil
+	d.calls.Put(c)
+}
+
+// maxCachedArgs bounds the argument cache: plans are few, and almost every
+// request costs 1, so a handful of entries serve nearly all calls.
+const maxCachedArgs = 4096
+
+// args returns lua.Args(l, cost), cached: formatting two floats for every
+// decision is measurable work at tens of thousands of checks per second. The
+// slices are shared read-only; go-redis copies arguments into each command.
+func (d *Decider) args(l lua.Limit, cost int64) []any {
+	k := argsKey{l, cost}
+	if v, ok := d.argsCache.Load(k); ok {
+		return v.([]any)
+	}
+	a := lua.Args(l, cost)
+	// Past the bound (plans edited many times, unusual costs) start over
+	// rather than stop caching: the entries in use come back at once.
+	if d.argsCount.Add(1) > maxCachedArgs {
+		d.argsCache.Clear()
+		d.argsCount.Store(1)
+	}
+	d.argsCache.Store(k, a)
+	return a
+}
+
+type argsKey struct {
+	l    lua.Limit
+	cost int64
+}
+
+// Close stops the loops after the decisions already queued are answered.
+// Decide returns ErrClosed afterwards.
+func (d *Decider) Close() {
+	if d.closed.Swap(true) {
+		return
+	}
+	close(d.quit)
+	d.wg.Wait()
+	// Anything that slipped into the queue after the loops saw quit.
+	for {
+		select {
+		case c := <-d.queue:
+			c.err = ErrClosed
+			c.done <- struct{}{}
+		default:
+			return
+		}
+	}
+}
+
+func (d *Decider) loop() {
+	defer d.wg.Done()
+	batch := make([]*call, 0, d.opt.MaxBatch)
+	for {
+		var first *call
+		select {
+		case first = <-d.queue:
+		case <-d.quit:
+			// Drain what is queued, then stop.
+			select {
+			case first = <-d.queue:
+			default:
+				return
+			}
+		}
+		batch = append(batch[:0], first)
+	fill:
+		for len(batch) < d.opt.MaxBatch {
+			select {
+			case c := <-d.queue:
+				batch = append(batch, c)
+			default:
+				break fill
+			}
+		}
+		d.run(batch)
+		clear(batch) // drop references for the GC
+	}
+}
+
+// run sends one batch as a pipeline and delivers every result.
+func (d *Decider) run(batch []*call) {
+	// A caller already past its deadline has answered 503; spending its
+	// tokens now would charge the client for a request it was not refused.
+	now := time.Now()
+	live := batch[:0]
+	for _, c := range batch {
+		if !now.Before(c.deadline) {
+			c.err = ErrTimeout
+			c.done <- struct{}{}
+			continue
+		}
+		live = append(live, c)
+	}
+	if len(live) == 0 {
+		return
+	}
+	if d.opt.OnBatch != nil {
+		d.opt.OnBatch(len(live))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d.opt.ExecTimeout)
+	defer cancel()
+
+	cmds := d.exec(ctx, live, false)
+	// NOSCRIPT: Redis lost the script (restart, failover to a node that never
+	// saw it, SCRIPT FLUSH). Send those calls again as EVAL with the source,
+	// which also puts the script back in Redis's cache for the next EVALSHA.
+	var retry []*call
+	var retryIdx []int
+	for i, cmd := range cmds {
+		if err := cmd.Err(); err != nil && lua.IsNoScript(err) {
+			retry = append(retry, live[i])
+			retryIdx = append(retryIdx, i)
+		}
+	}
+	if len(retry) > 0 {
+		if d.opt.OnNoScript != nil {
+			d.opt.OnNoScript()
+		}
+		again := d.exec(ctx, retry, true)
+		for j, i := range retryIdx {
+			cmds[i] = again[j]
+		}
+	}
+	for i, c := range live {
+		v, err := cmds[i].Result()
+		if err == nil {
+			c.res, c.err = lua.ParseReply(v)
+		} else {
+			c.err = err
+		}
+		c.done <- struct{}{}
+	}
+}
+
+func (d *Decider) exec(ctx context.Context, calls []*call, withSource bool) []*redis.Cmd {
+	pipe := d.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(calls))
+	sha := lua.Script.Hash()
+	for i, c := range calls {
+		keys := []string{c.key}
+		if withSource {
+			cmds[i] = pipe.Eval(ctx, lua.Source, keys, c.args...)
+		} else {
+			cmds[i] = pipe.EvalSha(ctx, sha, keys, c.args...)
+		}
+	}
+	// Per-command errors are read from each Cmd; a transport failure is set
+	// on every Cmd of the pipeline, so the returned error adds nothing.
+	_, _ = pipe.Exec(ctx)
+	return cmds
+}

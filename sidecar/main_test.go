@@ -1,0 +1,294 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/edgelimit/edgelimit/internal/redisproc"
+)
+
+func envOf(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestParseOptions(t *testing.T) {
+	tests := []struct {
+		name  string
+		args  []string
+		env   map[string]string
+		check func(t *testing.T, o *options)
+	}{
+		{"defaults", []string{"-plans", "p.yaml"}, nil, func(t *testing.T, o *options) {
+			if o.cfg.Listen != "127.0.0.1:8081" || o.cfg.RedisTimeout != 3*time.Millisecond ||
+				o.cfg.Redis.Redacted != "redis://127.0.0.1:6379/0" || o.cfg.PlansPath != "p.yaml" ||
+				o.cfg.Pipelines != 2 || o.cfg.MaxBatch != 128 || o.cfg.PlansPoll != time.Second || o.check {
+				t.Errorf("defaults: %+v", o.cfg)
+			}
+		}},
+		{"environment", nil, map[string]string{
+			"SIDECAR_LISTEN": "0.0.0.0:9000", "SIDECAR_REDIS": "redis+cluster://h1:1,h2:2", "SIDECAR_PLANS": "/etc/plans.yaml",
+			"SIDECAR_REDIS_TIMEOUT": "5ms", "SIDECAR_KEY_SALT": "pepper", "SIDECAR_CHECK": "true", "SIDECAR_LOG_LEVEL": "debug",
+		}, func(t *testing.T, o *options) {
+			if o.cfg.Listen != "0.0.0.0:9000" || o.cfg.Redis.Kind.String() != "cluster" || o.cfg.PlansPath != "/etc/plans.yaml" ||
+				o.cfg.RedisTimeout != 5*time.Millisecond || string(o.cfg.KeySalt) != "pepper" || !o.check || o.logLevel.String() != "DEBUG" {
+				t.Errorf("from env: %+v check=%v level=%v", o.cfg, o.check, o.logLevel)
+			}
+		}},
+		{"flag wins over environment", []string{"-redis-timeout", "7ms", "-plans", "flag.yaml"},
+			map[string]string{"SIDECAR_REDIS_TIMEOUT": "5ms", "SIDECAR_PLANS": "env.yaml"}, func(t *testing.T, o *options) {
+				if o.cfg.RedisTimeout != 7*time.Millisecond || o.cfg.PlansPath != "flag.yaml" {
+					t.Errorf("precedence: %+v", o.cfg)
+				}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := parseOptions(tt.args, envOf(tt.env), io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, o)
+		})
+	}
+}
+
+func TestParseOptionsErrors(t *testing.T) {
+	tests := []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{nil, nil, "-plans (SIDECAR_PLANS): required: the path of the plans file"},
+		{[]string{"-plans", "p", "-listen", "localhost"}, nil, `-listen (SIDECAR_LISTEN): must be host:port, got "localhost"`},
+		{[]string{"-plans", "p", "-listen", "127.0.0.1:70000"}, nil, `-listen (SIDECAR_LISTEN): must be host:port, got "127.0.0.1:70000"`},
+		{[]string{"-plans", "p", "-redis", "http://h:1"}, nil, `-redis (SIDECAR_REDIS): http://h:1: scheme "http" is not one of redis, rediss, unix, redis+cluster, rediss+cluster, redis+sentinel, rediss+sentinel`},
+		{[]string{"-plans", "p", "-redis", "redis://u:hunter2@h:0"}, nil, `-redis (SIDECAR_REDIS): redis://u:xxxxx@h:0: address "h:0": port must be 1 to 65535`},
+		{[]string{"-plans", "p", "-redis-timeout", "0s"}, nil, "-redis-timeout (SIDECAR_REDIS_TIMEOUT): must be > 0 and <= 1m, got 0s"},
+		{[]string{"-plans", "p", "-redis-pipelines", "0"}, nil, "-redis-pipelines (SIDECAR_REDIS_PIPELINES): must be 1 to 256, got 0"},
+		{[]string{"-plans", "p", "-redis-max-batch", "0"}, nil, "-redis-max-batch (SIDECAR_REDIS_MAX_BATCH): must be 1 to 10000, got 0"},
+		{[]string{"-plans", "p", "-plans-poll", "1ms"}, nil, "-plans-poll (SIDECAR_PLANS_POLL): must be >= 10ms, got 1ms"},
+		{[]string{"-plans", "p", "-log-level", "loud"}, nil, `-log-level (SIDECAR_LOG_LEVEL): must be debug, info, warn or error, got "loud"`},
+		{[]string{"-plans", "p", "-log-format", "xml"}, nil, `-log-format (SIDECAR_LOG_FORMAT): must be text or json, got "xml"`},
+		{nil, map[string]string{"SIDECAR_REDIS_TIMEOUT": "soon"}, `SIDECAR_REDIS_TIMEOUT (-redis-timeout): want a duration such as 3ms or 1s, got "soon"`},
+		{nil, map[string]string{"SIDECAR_REDIS_PIPELINES": "many"}, `SIDECAR_REDIS_PIPELINES (-redis-pipelines): want a whole number, got "many"`},
+		{nil, map[string]string{"SIDECAR_CHECK": "maybe"}, `SIDECAR_CHECK (-check): want true or false, got "maybe"`},
+		{[]string{"-plans", "p", "extra"}, nil, `unexpected argument "extra": every setting is a flag`},
+		{[]string{"-nope"}, nil, "flag provided but not defined: -nope"},
+	}
+	for _, tt := range tests {
+		_, err := parseOptions(tt.args, envOf(tt.env), io.Discard)
+		if err == nil || err.Error() != tt.want {
+			t.Errorf("parseOptions(%q, %v) = %v\nwant %s", tt.args, tt.env, err, tt.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("error leaks the Redis password: %v", err)
+		}
+	}
+}
+
+func TestUsageListsEveryEnvVar(t *testing.T) {
+	var out bytes.Buffer
+	if code := run([]string{"-h"}, envOf(nil), io.Discard, &out); code != 0 {
+		t.Fatalf("-h exit %d", code)
+	}
+	for _, want := range []string{
+		"SIDECAR_LISTEN", "SIDECAR_REDIS (", "SIDECAR_PLANS\n", "SIDECAR_REDIS_TIMEOUT", "SIDECAR_CHECK", "SIDECAR_KEY_SALT",
+		"SIDECAR_PLANS_POLL", "SIDECAR_REDIS_PIPELINES", "SIDECAR_REDIS_MAX_BATCH", "SIDECAR_LOG_LEVEL", "SIDECAR_LOG_FORMAT",
+		"redis+cluster://", "redis+sentinel://", "rediss://", `(default "3ms")`, `(default "127.0.0.1:8081")`,
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("-h does not mention %q", want)
+		}
+	}
+}
+
+func TestCheckFlag(t *testing.T) {
+	tests := []struct {
+		name   string
+		plans  string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{"valid", "plans/testdata/valid.yaml", 0, "ok: plans/testdata/valid.yaml: 3 plans, 3 clients, default plan free; redis redis://127.0.0.1:6379/0 (standalone)\n", ""},
+		{"invalid", "plans/testdata/invalid/default-unknown.yaml", 1, "", "sidecar: plans/testdata/invalid/default-unknown.yaml:1: default_plan: no plan named \"gold\" (plans: free)\n"},
+		{"missing", "nope.yaml", 1, "", "sidecar: read plans: open nope.yaml: no such file or directory\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := run([]string{"-check", "-plans", tt.plans}, envOf(nil), &stdout, &stderr)
+			if code != tt.code || stdout.String() != tt.stdout || stderr.String() != tt.stderr {
+				t.Fatalf("exit %d\nstdout %q\nstderr %q\nwant %d %q %q", code, stdout.String(), stderr.String(), tt.code, tt.stdout, tt.stderr)
+			}
+		})
+	}
+}
+
+// TestBinary builds the real binary and drives it as a user would: start it
+// with environment settings, wait for /healthz, check, reload on SIGHUP,
+// stop with SIGTERM.
+func TestBinary(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "sidecar")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+
+	// -check on a bad config: exit 1, the error names file, field and value.
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("plans:\n  free: {capacity: 10, rate: -2}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "-check", "-plans", bad).CombinedOutput()
+	if code := exitCode(err); code != 1 || !strings.Contains(string(out), bad+":2: plans.free.rate: must be a number of tokens per second > 0 and <= 1000000000, got -2") {
+		t.Fatalf("-check bad: exit %d\n%s", code, out)
+	}
+
+	srv := redisproc.StartT(t, redisproc.Options{})
+	plansPath := filepath.Join(dir, "plans.yaml")
+	if err := os.WriteFile(plansPath, []byte("default_plan: free\nplans:\n  free: {capacity: 2, rate: 0.001}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-listen", "127.0.0.1:0", "-log-format", "json")
+	cmd.Env = append(os.Environ(), "SIDECAR_REDIS="+srv.URL(), "SIDECAR_PLANS="+plansPath, "SIDECAR_REDIS_TIMEOUT=1s", "SIDECAR_KEY_SALT=s3cret")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	var logs bytes.Buffer
+	logLines := make(chan string, 100)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			logs.WriteString(sc.Text() + "\n")
+			select {
+			case logLines <- sc.Text():
+			default:
+			}
+		}
+		exited <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("sidecar log:\n%s", logs.String())
+		}
+	})
+
+	// The listening address is in the start-up log line.
+	addrRE := regexp.MustCompile(`"msg":"sidecar listening","addr":"([0-9.:]+)"`)
+	var addr string
+	timeout := time.After(30 * time.Second)
+	for addr == "" {
+		select {
+		case line := <-logLines:
+			if m := addrRE.FindStringSubmatch(line); m != nil {
+				addr = m[1]
+			}
+		case <-timeout:
+			t.Fatal("no start-up log line")
+		}
+	}
+	get := func(method, path string, headers ...string) (int, string) {
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		req.SetRequestURI("http://" + addr + path)
+		req.Header.SetMethod(method)
+		for i := 0; i+1 < len(headers); i += 2 {
+			req.Header.Set(headers[i], headers[i+1])
+		}
+		if err := fasthttp.DoTimeout(req, resp, 10*time.Second); err != nil {
+			return 0, err.Error()
+		}
+		return resp.StatusCode(), string(resp.Header.Peek("x-ratelimit-plan")) + string(resp.Header.Peek("ratelimit-limit"))
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for code, _ := get("GET", "/healthz"); code != 200; code, _ = get("GET", "/healthz") {
+		if time.Now().After(deadline) {
+			t.Fatal("/healthz never answered 200")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for i, want := range []int{200, 200, 429} {
+		if code, _ := get("POST", "/v1/check", "x-api-key", "binary-client"); code != want {
+			t.Fatalf("check %d: %d, want %d", i+1, code, want)
+		}
+	}
+	// With SIDECAR_KEY_SALT set the bucket is an HMAC, not a plain SHA-256.
+	names, err := srv.Client(t).Keys(context.Background(), "*").Result()
+	if err != nil || len(names) != 1 || strings.Contains(names[0], "binary-client") ||
+		names[0] == "rl:{"+fmt.Sprintf("%x", sha256Of("binary-client"))+"}" {
+		t.Fatalf("Redis keys %v, %v: want one salted digest key", names, err)
+	}
+
+	// SIGHUP reloads a changed file at once (the poll would too, later).
+	if err := os.WriteFile(plansPath, []byte("default_plan: big\nplans:\n  big: {capacity: 500, rate: 1}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for _, plan := get("POST", "/v1/check", "x-api-key", "other"); plan != "big500"; _, plan = get("POST", "/v1/check", "x-api-key", "other") {
+		if time.Now().After(deadline) {
+			t.Fatalf("new plan not in force after SIGHUP (got %q)", plan)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no exit after SIGTERM")
+	}
+	for _, secret := range []string{"binary-client", "s3cret"} {
+		if strings.Contains(logs.String(), secret) {
+			t.Errorf("log contains %q", secret)
+		}
+	}
+	if !strings.Contains(logs.String(), `"msg":"plans reloaded"`) || !strings.Contains(logs.String(), `"msg":"sidecar stopped"`) {
+		t.Errorf("log lacks the reload or the stop")
+	}
+}
+
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	return -1
+}
+
+func sha256Of(s string) [32]byte { return sha256.Sum256([]byte(s)) }

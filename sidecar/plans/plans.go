@@ -1,0 +1,428 @@
+// Package plans reads the sidecar's plans file: which limit (capacity and
+// refill rate) applies to which API key.
+//
+// The file is YAML:
+//
+//	default_plan: free          # plan for API keys not listed; omit to answer 403 for unknown keys
+//	plans:
+//	  free: {capacity: 10, rate: 1}      # rate in tokens per second, fractions allowed
+//	  pro:  {capacity: 200, rate: 100}
+//	clients:
+//	  "client-key-123": pro
+//
+// Parse is the one place the file is validated. Every problem is reported,
+// each as "file:line: field: what is wrong, got value"; unknown fields are
+// errors. API keys from the clients section are never quoted in an error.
+package plans
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/edgelimit/edgelimit/sidecar/keys"
+)
+
+// Limits on what a plans file may say. Capacity and cost share their upper
+// bound so that every cost the sidecar accepts can fit some plan.
+const (
+	MaxCapacity   = 1_000_000_000 // tokens
+	MaxRate       = 1_000_000_000 // tokens per second
+	MaxRefillSecs = 365 * 24 * 3600
+	MaxNameLen    = 64
+	MaxFileSize   = 16 << 20 // bytes
+)
+
+// Plan is one named limit.
+type Plan struct {
+	Name     string
+	Capacity float64 // whole tokens, 1 to MaxCapacity
+	Rate     float64 // tokens added per second, > 0, fractions allowed
+
+	// LimitHeader is Capacity formatted for the ratelimit-limit header,
+	// computed once here rather than on every request.
+	LimitHeader string
+}
+
+// Plans is one parsed plans file. It is immutable once returned by Parse, so
+// readers may share it without locks.
+type Plans struct {
+	File    string           // the file it came from, for logs
+	Default *Plan            // plan for unknown keys; nil means answer 403
+	ByName  map[string]*Plan // every plan
+	clients map[string]*Plan // API key → plan
+}
+
+// Lookup returns the plan of apiKey: its own, else the default plan. ok is
+// false when the key is not listed and there is no default plan.
+func (p *Plans) Lookup(apiKey []byte) (plan *Plan, ok bool) {
+	// string(apiKey) in a map index does not allocate.
+	if plan, ok := p.clients[string(apiKey)]; ok {
+		return plan, true
+	}
+	return p.Default, p.Default != nil
+}
+
+// Clients returns how many API keys the file lists.
+func (p *Plans) Clients() int { return len(p.clients) }
+
+// FieldError is one problem found in a plans file.
+type FieldError struct {
+	File  string
+	Line  int // 1-based; 0 when the problem is not tied to a line
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string {
+	loc := e.File
+	if e.Line > 0 {
+		loc += ":" + strconv.Itoa(e.Line)
+	}
+	if e.Field == "" {
+		return loc + ": " + e.Msg
+	}
+	return loc + ": " + e.Field + ": " + e.Msg
+}
+
+// Load reads and parses the plans file at path.
+func Load(path string) (*Plans, error) {
+	data, err := ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data)
+}
+
+// ReadFile reads a plans file, refusing one larger than MaxFileSize.
+func ReadFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("read plans: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read plans %s: %w", path, err)
+	}
+	if len(data) > MaxFileSize {
+		return nil, &FieldError{File: path, Msg: fmt.Sprintf("file larger than %d bytes", MaxFileSize)}
+	}
+	return data, nil
+}
+
+// Parse validates data, the content of the plans file named file (used in
+// error messages only). The error, if any, joins one *FieldError per
+// problem, ordered by line.
+func Parse(file string, data []byte) (*Plans, error) {
+	p := &parser{file: file, declared: map[string]bool{}}
+	plans := p.parse(data)
+	if len(p.errs) > 0 {
+		slices.SortStableFunc(p.errs, func(a, b *FieldError) int { return a.Line - b.Line })
+		errs := make([]error, len(p.errs))
+		for i, e := range p.errs {
+			errs[i] = e
+		}
+		return nil, errors.Join(errs...)
+	}
+	return plans, nil
+}
+
+type parser struct {
+	file string
+	errs []*FieldError
+	// declared holds every well-formed plan name, valid body or not, so a
+	// reference to a plan with a bad body is not reported a second time as
+	// a reference to a missing plan.
+	declared map[string]bool
+}
+
+// resolve returns the plan called name, reporting a reference to a plan that
+// is not declared at all.
+func (p *parser) resolve(n *yaml.Node, field, name string, out *Plans) *Plan {
+	if plan := out.ByName[name]; plan != nil {
+		return plan
+	}
+	// With no plan declared at all the plans section is already reported;
+	// every reference failing too would only bury that one error.
+	if !p.declared[name] && len(p.declared) > 0 {
+		p.fail(n, field, "no plan named %q%s", name, known(p.declared))
+	}
+	return nil
+}
+
+func (p *parser) fail(n *yaml.Node, field, format string, args ...any) {
+	line := 0
+	if n != nil {
+		line = n.Line
+	}
+	p.errs = append(p.errs, &FieldError{File: p.file, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (p *parser) parse(data []byte) *Plans {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if err == io.EOF {
+			p.fail(nil, "", "empty file: a plans mapping is required")
+		} else {
+			p.fail(nil, "", "%v", err)
+		}
+		return nil
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err != io.EOF {
+		p.fail(&extra, "", "more than one YAML document; put everything in one")
+		return nil
+	}
+	root := deref(&doc)
+	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		root = deref(root.Content[0])
+	}
+	if root.Kind != yaml.MappingNode {
+		p.fail(root, "", "top level must be a mapping with plans, clients and default_plan, got %s", describe(root))
+		return nil
+	}
+
+	out := &Plans{File: p.file, ByName: map[string]*Plan{}, clients: map[string]*Plan{}}
+	var defaultNode, plansNode, clientsNode *yaml.Node
+	p.eachPair(root, "", func(k, v *yaml.Node) {
+		switch k.Value {
+		case "default_plan":
+			defaultNode = v
+		case "plans":
+			plansNode = v
+		case "clients":
+			clientsNode = v
+		default:
+			p.fail(k, fieldName(k.Value), "unknown field (known: default_plan, plans, clients)")
+		}
+	})
+
+	if plansNode == nil || isNull(plansNode) {
+		p.fail(root, "plans", "required: at least one plan")
+	} else {
+		p.parsePlans(plansNode, out)
+	}
+	if defaultNode != nil && !isNull(defaultNode) {
+		if name, ok := p.str(defaultNode, "default_plan"); ok {
+			out.Default = p.resolve(defaultNode, "default_plan", name, out)
+		}
+	}
+	if clientsNode != nil && !isNull(clientsNode) {
+		p.parseClients(clientsNode, out)
+	}
+	return out
+}
+
+func (p *parser) parsePlans(n *yaml.Node, out *Plans) {
+	if n.Kind != yaml.MappingNode {
+		p.fail(n, "plans", "must be a mapping of plan name to {capacity, rate}, got %s", describe(n))
+		return
+	}
+	if len(n.Content) == 0 {
+		p.fail(n, "plans", "required: at least one plan")
+		return
+	}
+	p.eachPair(n, "plans", func(k, v *yaml.Node) {
+		name := k.Value
+		field := "plans." + name
+		if !validName(name) {
+			p.fail(k, "plans", "plan name must be 1 to %d characters of A-Z a-z 0-9 . _ -, got %q", MaxNameLen, name)
+			return
+		}
+		p.declared[name] = true
+		if plan := p.parsePlan(v, field); plan != nil {
+			plan.Name = name
+			out.ByName[name] = plan
+		}
+	})
+}
+
+func (p *parser) parsePlan(n *yaml.Node, field string) *Plan {
+	if n.Kind != yaml.MappingNode {
+		p.fail(n, field, "must be a mapping {capacity: N, rate: R}, got %s", describe(n))
+		return nil
+	}
+	var capNode, rateNode *yaml.Node
+	p.eachPair(n, field, func(k, v *yaml.Node) {
+		switch k.Value {
+		case "capacity":
+			capNode = v
+		case "rate":
+			rateNode = v
+		default:
+			p.fail(k, field+"."+fieldName(k.Value), "unknown field (known: capacity, rate)")
+		}
+	})
+	errsBefore := len(p.errs)
+	plan := &Plan{}
+	if capNode == nil {
+		p.fail(n, field+".capacity", "required")
+	} else if c, ok := p.number(capNode, field+".capacity"); ok {
+		if c < 1 || c > MaxCapacity || c != math.Trunc(c) {
+			p.fail(capNode, field+".capacity", "must be a whole number from 1 to %d, got %s", MaxCapacity, capNode.Value)
+		}
+		plan.Capacity = c
+	}
+	if rateNode == nil {
+		p.fail(n, field+".rate", "required")
+	} else if r, ok := p.number(rateNode, field+".rate"); ok {
+		if !(r > 0) || r > MaxRate {
+			p.fail(rateNode, field+".rate", "must be a number of tokens per second > 0 and <= %d, got %s", MaxRate, rateNode.Value)
+		}
+		plan.Rate = r
+	}
+	if len(p.errs) > errsBefore {
+		return nil
+	}
+	// The bucket's Redis key expires once it would be full again; bound that
+	// time so a typo such as rate: 0.0000001 cannot pin keys for decades.
+	if refill := plan.Capacity / plan.Rate; refill > MaxRefillSecs {
+		p.fail(rateNode, field+".rate", "refilling %s tokens at %s/s takes %.0f s, more than the %d s (365 days) allowed; raise the rate",
+			capNode.Value, rateNode.Value, refill, MaxRefillSecs)
+		return nil
+	}
+	plan.LimitHeader = strconv.FormatFloat(plan.Capacity, 'f', -1, 64)
+	return plan
+}
+
+func (p *parser) parseClients(n *yaml.Node, out *Plans) {
+	if n.Kind != yaml.MappingNode {
+		p.fail(n, "clients", "must be a mapping of API key to plan name, got %s", describe(n))
+		return
+	}
+	// Keys are secrets: errors below point at the line, never quote the key.
+	p.eachPair(n, "clients", func(k, v *yaml.Node) {
+		if err := keys.Check([]byte(k.Value)); err != nil {
+			p.fail(k, "clients", "the API key on this line is not acceptable: %v", err)
+			return
+		}
+		name, ok := p.str(v, "clients")
+		if !ok {
+			return
+		}
+		if plan := p.resolve(v, "clients", name, out); plan != nil {
+			out.clients[k.Value] = plan
+		}
+	})
+}
+
+// eachPair calls f for each key/value of mapping n, rejecting non-scalar and
+// duplicate keys. A duplicate is an error rather than "last one wins" because
+// a silently ignored line in a limits file is a limit nobody enforces.
+func (p *parser) eachPair(n *yaml.Node, field string, f func(k, v *yaml.Node)) {
+	seen := make(map[string]int, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := deref(n.Content[i]), deref(n.Content[i+1])
+		if k.Kind != yaml.ScalarNode {
+			p.fail(k, field, "keys must be plain strings, got %s", describe(k))
+			continue
+		}
+		if line, dup := seen[k.Value]; dup {
+			what := strconv.Quote(k.Value)
+			if field == "clients" {
+				what = "an API key"
+			}
+			p.fail(k, field, "%s is listed twice (first on line %d)", what, line)
+			continue
+		}
+		seen[k.Value] = k.Line
+		f(k, v)
+	}
+}
+
+func (p *parser) number(n *yaml.Node, field string) (float64, bool) {
+	if n.Kind != yaml.ScalarNode || (n.Tag != "!!int" && n.Tag != "!!float") {
+		p.fail(n, field, "must be a number, got %s", describe(n))
+		return 0, false
+	}
+	var f float64
+	if err := n.Decode(&f); err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		p.fail(n, field, "must be a finite number, got %s", n.Value)
+		return 0, false
+	}
+	return f, true
+}
+
+func (p *parser) str(n *yaml.Node, field string) (string, bool) {
+	if n.Kind != yaml.ScalarNode || (n.Tag != "!!str" && n.Tag != "!!int") {
+		p.fail(n, field, "must be a plan name, got %s", describe(n))
+		return "", false
+	}
+	return n.Value, true
+}
+
+// deref follows an alias (*anchor) to the node it names. Aliases are not
+// expanded recursively, so a file cannot blow up in memory through them.
+func deref(n *yaml.Node) *yaml.Node {
+	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 8; i++ {
+		n = n.Alias
+	}
+	return n
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.Tag == "!!null"
+}
+
+// describe says what a node is, for "got ..." in errors.
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		switch n.Tag {
+		case "!!null":
+			return "nothing (null)"
+		case "!!str":
+			return "string " + strconv.Quote(n.Value)
+		}
+		return n.Value
+	}
+	return "an unsupported YAML node"
+}
+
+// fieldName returns s as it should appear in a field path: as is when it is
+// a plain name, quoted otherwise.
+func fieldName(s string) string {
+	if validName(s) {
+		return s
+	}
+	return strconv.Quote(s)
+}
+
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > MaxNameLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func known(declared map[string]bool) string {
+	if len(declared) == 0 {
+		return ""
+	}
+	names := make([]string, 0, len(declared))
+	for n := range declared {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return " (plans: " + strings.Join(names, ", ") + ")"
+}

@@ -1,0 +1,156 @@
+package plans
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestParseValid(t *testing.T) {
+	p, err := Load("testdata/valid.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		key      string
+		ok       bool
+		plan     string
+		capacity float64
+		rate     float64
+		header   string
+	}{
+		{"client-key-123", true, "pro", 200, 100, "200"},
+		{"client-key-456", true, "slow", 5, 0.25, "5"},
+		{"spaces are fine", true, "free", 10, 1, "10"},
+		{"someone-else", true, "free", 10, 1, "10"},
+		// Keys are compared byte for byte: no trimming, no case folding.
+		{"CLIENT-KEY-123", true, "free", 10, 1, "10"},
+		{"client-key-123 ", true, "free", 10, 1, "10"},
+	}
+	for _, tt := range tests {
+		plan, ok := p.Lookup([]byte(tt.key))
+		if ok != tt.ok || plan == nil {
+			t.Fatalf("Lookup(%q) ok = %v, plan %v", tt.key, ok, plan)
+		}
+		if plan.Name != tt.plan || plan.Capacity != tt.capacity || plan.Rate != tt.rate || plan.LimitHeader != tt.header {
+			t.Errorf("Lookup(%q) = %+v, want %s {%v %v %q}", tt.key, *plan, tt.plan, tt.capacity, tt.rate, tt.header)
+		}
+	}
+	if p.Default == nil || p.Default.Name != "free" {
+		t.Errorf("Default = %+v, want free", p.Default)
+	}
+	if p.Clients() != 3 || len(p.ByName) != 3 {
+		t.Errorf("Clients() = %d, plans = %d; want 3 and 3", p.Clients(), len(p.ByName))
+	}
+	if p.File != "testdata/valid.yaml" {
+		t.Errorf("File = %q", p.File)
+	}
+}
+
+func TestNoDefaultPlan(t *testing.T) {
+	p, err := Load("testdata/anchors.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan, ok := p.Lookup([]byte("unknown")); ok || plan != nil {
+		t.Errorf("Lookup(unknown) = %v, %v; want nil, false without default_plan", plan, ok)
+	}
+	plan, ok := p.Lookup([]byte("k1"))
+	if !ok || plan.Name != "pro-eu" || plan.Capacity != 200 || plan.Rate != 100 {
+		t.Errorf("Lookup(k1) = %+v, %v; want pro-eu 200/100 through the alias", plan, ok)
+	}
+}
+
+// TestParseInvalid checks the exact message for each invalid fixture: the
+// file, the line, the field and the offending value.
+func TestParseInvalid(t *testing.T) {
+	tests := []struct {
+		file string
+		want string // with F standing for the fixture's path
+	}{
+		{"bad-plan-name.yaml", `F:2: plans: plan name must be 1 to 64 characters of A-Z a-z 0-9 . _ -, got "fr ee"`},
+		{"bad-plan-referenced.yaml", `F:3: plans.free.capacity: must be a whole number from 1 to 1000000000, got 0`},
+		{"capacity-fraction.yaml", `F:2: plans.free.capacity: must be a whole number from 1 to 1000000000, got 2.5`},
+		{"capacity-huge.yaml", `F:2: plans.free.capacity: must be a whole number from 1 to 1000000000, got 1000000001`},
+		{"capacity-string.yaml", `F:2: plans.free.capacity: must be a number, got string "10"`},
+		{"capacity-zero.yaml", `F:2: plans.free.capacity: must be a whole number from 1 to 1000000000, got 0`},
+		{"client-control-char.yaml", `F:4: clients: the API key on this line is not acceptable: api key contains a control character`},
+		{"client-duplicate.yaml", `F:5: clients: an API key is listed twice (first on line 4)`},
+		{"client-empty-key.yaml", `F:4: clients: the API key on this line is not acceptable: empty api key`},
+		{"client-long-key.yaml", `F:4: clients: the API key on this line is not acceptable: api key longer than 256 bytes`},
+		{"client-unknown-plan.yaml", `F:4: clients: no plan named "gold" (plans: free)`},
+		{"comment-only.yaml", `F: empty file: a plans mapping is required`},
+		{"default-unknown.yaml", `F:1: default_plan: no plan named "gold" (plans: free)`},
+		{"empty-plans.yaml", `F:1: plans: required: at least one plan`},
+		{"empty.yaml", `F: empty file: a plans mapping is required`},
+		{"list.yaml", `F:1: top level must be a mapping with plans, clients and default_plan, got a list`},
+		{"many-errors.yaml", "F:2: plans.free.capacity: must be a whole number from 1 to 1000000000, got 0\n" +
+			"F:2: plans.free.rate: must be a number of tokens per second > 0 and <= 1000000000, got 0\n" +
+			"F:3: plans.pro: must be a mapping {capacity: N, rate: R}, got a list\n" +
+			"F:4: clients: must be a mapping of API key to plan name, got a list"},
+		{"no-plans.yaml", `F:1: plans: required: at least one plan`},
+		{"plan-duplicate.yaml", `F:3: plans: "free" is listed twice (first on line 2)`},
+		{"plan-scalar.yaml", `F:2: plans.free: must be a mapping {capacity: N, rate: R}, got 10`},
+		{"rate-inf.yaml", `F:2: plans.free.rate: must be a finite number, got .inf`},
+		{"rate-missing.yaml", `F:2: plans.free.rate: required`},
+		{"rate-nan.yaml", `F:2: plans.free.rate: must be a finite number, got .nan`},
+		{"rate-negative.yaml", `F:2: plans.free.rate: must be a number of tokens per second > 0 and <= 1000000000, got -1`},
+		{"refill-too-slow.yaml", `F:2: plans.free.rate: refilling 100 tokens at 0.000001/s takes 100000000 s, more than the 31536000 s (365 days) allowed; raise the rate`},
+		{"syntax.yaml", `F: yaml: line 1: did not find expected ',' or '}'`},
+		{"two-documents.yaml", `F:3: more than one YAML document; put everything in one`},
+		{"unknown-plan-field.yaml", `F:2: plans.free.burst: unknown field (known: capacity, rate)`},
+		{"unknown-top.yaml", `F:3: limits: unknown field (known: default_plan, plans, clients)`},
+	}
+	seen := map[string]bool{}
+	for _, tt := range tests {
+		seen[tt.file] = true
+		t.Run(tt.file, func(t *testing.T) {
+			path := filepath.Join("testdata", "invalid", tt.file)
+			p, err := Load(path)
+			if err == nil {
+				t.Fatalf("Load(%s) = %+v, want an error", path, p)
+			}
+			// "F:" at the start of each message stands for the path.
+			want := strings.ReplaceAll(tt.want, "F:", path+":")
+			if got := err.Error(); got != want {
+				t.Errorf("error:\n got %s\nwant %s", got, want)
+			}
+			var fe *FieldError
+			if !errors.As(err, &fe) {
+				t.Errorf("error %T does not unwrap to *FieldError", err)
+			}
+			// Secrets from the clients section never appear in errors.
+			if strings.Contains(err.Error(), "secret") {
+				t.Errorf("error quotes an API key: %s", err)
+			}
+		})
+	}
+	// Every fixture is in the table, so none is silently untested.
+	files, _ := filepath.Glob("testdata/invalid/*.yaml")
+	for _, f := range files {
+		if !seen[filepath.Base(f)] {
+			t.Errorf("fixture %s has no expected message in the table", f)
+		}
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "nope.yaml"))
+	if err == nil || !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "nope.yaml") {
+		t.Fatalf("Load(missing) = %v, want a not-exist error naming the file", err)
+	}
+}
+
+func TestLoadTooLarge(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "big.yaml")
+	if err := os.WriteFile(path, make([]byte, MaxFileSize+1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(path)
+	want := path + ": file larger than 16777216 bytes"
+	if err == nil || err.Error() != want {
+		t.Fatalf("Load(big) = %v, want %q", err, want)
+	}
+}

@@ -1,0 +1,165 @@
+package plans
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultPollInterval is how often Store.Watch looks at the file.
+const DefaultPollInterval = time.Second
+
+// Store holds the plans in force and replaces them when the file changes.
+// Readers call Current on every request; a reload swaps one pointer, so a
+// request sees either the old plans or the new ones, never a mix, and never
+// waits.
+type Store struct {
+	path     string
+	log      *slog.Logger
+	onReload func(ok bool)
+
+	cur atomic.Pointer[Plans]
+
+	mu       sync.Mutex // serialises reloads (SIGHUP and the watcher)
+	goodSum  [sha256.Size]byte
+	badSum   [sha256.Size]byte // last content rejected, not reported twice
+	lastStat os.FileInfo
+	readAt   time.Time // when the file was last read
+	statErr  string
+}
+
+// racyWindow is how close to the last read a modification time must be for
+// an unchanged stat to be distrusted. File timestamps come from a coarse
+// clock, so two writes of the same size within one tick leave identical stats;
+// like git with "racily clean" index entries, the content is read again until
+// the file's mtime is safely older than the last read.
+const racyWindow = 2 * time.Second
+
+// Open loads the plans file at path; the first load must succeed. log
+// receives one line per reload; onReload, if not nil, is called after every
+// reload attempt with its outcome (for metrics).
+func Open(path string, log *slog.Logger, onReload func(ok bool)) (*Store, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{path: path, log: log, onReload: onReload}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("read plans: %w", err)
+	}
+	data, err := ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	p, err := Parse(path, data)
+	if err != nil {
+		return nil, err
+	}
+	s.cur.Store(p)
+	s.goodSum = sha256.Sum256(data)
+	s.lastStat, s.readAt = fi, time.Now()
+	return s, nil
+}
+
+// Current returns the plans in force. It never returns nil.
+func (s *Store) Current() *Plans { return s.cur.Load() }
+
+// Path returns the plans file's path.
+func (s *Store) Path() string { return s.path }
+
+// Reload reads the file and, if it is valid, puts it in force. A file that
+// does not parse is logged and the plans in force are kept. reason goes into
+// the log line ("SIGHUP", "file changed").
+func (s *Store) Reload(reason string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reloadLocked(reason, true)
+}
+
+// Watch polls the file every interval (DefaultPollInterval if <= 0) until ctx
+// ends, reloading when its identity (inode), size or modification time
+// changes and its content differs from the plans in force. Polling by path
+// follows editors and tools that replace the file by renaming a new one over
+// it (and Kubernetes' symlink swaps), which a watch on the old inode misses.
+func (s *Store) Watch(ctx context.Context, interval time.Duration) {
+	if interval <= 0 {
+		interval = DefaultPollInterval
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.poll()
+		}
+	}
+}
+
+func (s *Store) poll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fi, err := os.Stat(s.path)
+	if err != nil {
+		// Often transient (an editor between delete and write): say so once,
+		// keep the plans in force, look again next tick.
+		if msg := err.Error(); msg != s.statErr {
+			s.statErr = msg
+			s.log.Warn("plans file unreadable, keeping the plans in force", "file", s.path, "err", err)
+		}
+		return
+	}
+	s.statErr = ""
+	if prev := s.lastStat; prev != nil && os.SameFile(prev, fi) &&
+		prev.Size() == fi.Size() && prev.ModTime().Equal(fi.ModTime()) &&
+		fi.ModTime().Before(s.readAt.Add(-racyWindow)) {
+		return
+	}
+	s.lastStat = fi
+	_ = s.reloadLocked("file changed", false)
+}
+
+// reloadLocked reads and parses the file. With force false, content equal to
+// the plans in force or to the last rejected content is skipped, so a touch
+// does not reload and a bad file is reported once, not on every tick.
+func (s *Store) reloadLocked(reason string, force bool) error {
+	s.readAt = time.Now()
+	data, err := ReadFile(s.path)
+	if err != nil {
+		s.log.Error("plans reload failed, keeping the plans in force", "file", s.path, "reason", reason, "err", err)
+		s.report(false)
+		return err
+	}
+	sum := sha256.Sum256(data)
+	if !force && (sum == s.goodSum || sum == s.badSum) {
+		return nil
+	}
+	p, err := Parse(s.path, data)
+	if err != nil {
+		s.badSum = sum
+		s.log.Error("plans reload rejected, keeping the plans in force", "file", s.path, "reason", reason, "err", err)
+		s.report(false)
+		return err
+	}
+	s.cur.Store(p)
+	s.goodSum, s.badSum = sum, [sha256.Size]byte{}
+	def := ""
+	if p.Default != nil {
+		def = p.Default.Name
+	}
+	s.log.Info("plans reloaded", "file", s.path, "reason", reason, "plans", len(p.ByName), "clients", p.Clients(), "default_plan", def)
+	s.report(true)
+	return nil
+}
+
+func (s *Store) report(ok bool) {
+	if s.onReload != nil {
+		s.onReload(ok)
+	}
+}

@@ -1,0 +1,207 @@
+package plans
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func planFile(capacity int) string {
+	return fmt.Sprintf("default_plan: free\nplans:\n  free: {capacity: %d, rate: 1}\n", capacity)
+}
+
+// replace writes content the way careful editors and config tools do: to a
+// temporary file, then renamed over the old one (a new inode).
+func replace(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type reloads struct{ ok, failed atomic.Int64 }
+
+func (r *reloads) observe(ok bool) {
+	if ok {
+		r.ok.Add(1)
+	} else {
+		r.failed.Add(1)
+	}
+}
+
+func openStore(t *testing.T, content string) (*Store, string, *reloads, *bytes.Buffer) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "plans.yaml")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	r := &reloads{}
+	s, err := Open(path, slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil)), r.observe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, path, r, &logs
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func capacity(s *Store) float64 { return s.Current().Default.Capacity }
+
+func TestStoreChanges(t *testing.T) {
+	tests := []struct {
+		name       string
+		write      func(t *testing.T, path string)
+		wantCap    float64
+		wantOK     int64
+		wantFailed int64
+	}{
+		{"rename over", func(t *testing.T, path string) { replace(t, path, planFile(20)) }, 20, 1, 0},
+		{"write in place, same size", func(t *testing.T, path string) {
+			// Same length as planFile(10): only the content tells the change,
+			// which the coarse mtime clock may not.
+			if err := os.WriteFile(path, []byte(planFile(30)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, 30, 1, 0},
+		{"invalid file keeps the old plans", func(t *testing.T, path string) {
+			replace(t, path, "plans:\n  free: {capacity: -1, rate: 1}\n")
+		}, 10, 0, 1},
+		{"touch without change", func(t *testing.T, path string) {
+			now := time.Now().Add(time.Minute)
+			if err := os.Chtimes(path, now, now); err != nil {
+				t.Fatal(err)
+			}
+		}, 10, 0, 0},
+		{"file removed keeps the old plans", func(t *testing.T, path string) {
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+		}, 10, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, path, r, _ := openStore(t, planFile(10))
+			tt.write(t, path)
+			s.poll()
+			s.poll() // a second look must not reload or report again
+			if got := capacity(s); got != tt.wantCap {
+				t.Errorf("capacity = %v, want %v", got, tt.wantCap)
+			}
+			if r.ok.Load() != tt.wantOK || r.failed.Load() != tt.wantFailed {
+				t.Errorf("reloads ok=%d failed=%d, want %d and %d", r.ok.Load(), r.failed.Load(), tt.wantOK, tt.wantFailed)
+			}
+		})
+	}
+}
+
+func TestStoreBadThenGood(t *testing.T) {
+	s, path, r, logs := openStore(t, planFile(10))
+	replace(t, path, "plans: [\n")
+	s.poll()
+	if capacity(s) != 10 || r.failed.Load() != 1 {
+		t.Fatalf("after a bad file: capacity %v, failed %d; want 10 and 1", capacity(s), r.failed.Load())
+	}
+	if !strings.Contains(logs.String(), "plans reload rejected") || !strings.Contains(logs.String(), path) {
+		t.Errorf("log does not report the rejected file:\n%s", logs)
+	}
+	replace(t, path, planFile(40))
+	s.poll()
+	if capacity(s) != 40 || r.ok.Load() != 1 {
+		t.Fatalf("after fixing the file: capacity %v, ok %d; want 40 and 1", capacity(s), r.ok.Load())
+	}
+}
+
+func TestStoreReloadForced(t *testing.T) {
+	s, path, r, _ := openStore(t, planFile(10))
+	if err := s.Reload("SIGHUP"); err != nil {
+		t.Fatal(err)
+	}
+	replace(t, path, "nonsense: true\n")
+	err := s.Reload("SIGHUP")
+	if err == nil || !strings.Contains(err.Error(), path+":1: nonsense: unknown field") {
+		t.Fatalf("Reload(bad) = %v, want the field error", err)
+	}
+	if capacity(s) != 10 || r.ok.Load() != 1 || r.failed.Load() != 1 {
+		t.Fatalf("capacity %v ok %d failed %d; want 10, 1, 1", capacity(s), r.ok.Load(), r.failed.Load())
+	}
+}
+
+func TestOpenInvalid(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "plans.yaml")
+	if err := os.WriteFile(path, []byte("plans: {}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(path, nil, nil); err == nil || err.Error() != path+":1: plans: required: at least one plan" {
+		t.Fatalf("Open = %v", err)
+	}
+	if _, err := Open(path+".missing", nil, nil); err == nil {
+		t.Fatal("Open(missing) succeeded")
+	}
+}
+
+// TestWatchUnderReaders swaps plans while readers hammer Current: every read
+// must see a complete plan set (old or new), and the watcher must pick up the
+// last file.
+func TestWatchUnderReaders(t *testing.T) {
+	s, path, _, _ := openStore(t, planFile(10))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.Watch(ctx, 5*time.Millisecond)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				plan, ok := s.Current().Lookup([]byte("anyone"))
+				if !ok || plan.Capacity < 10 || plan.Capacity > 59 || plan.LimitHeader == "" {
+					t.Errorf("read a torn or missing plan: %+v, %v", plan, ok)
+					return
+				}
+			}
+		}()
+	}
+	for c := 11; c < 60; c++ {
+		replace(t, path, planFile(c))
+	}
+	// The watcher polls every 5 ms; allow it generously long on a busy machine.
+	deadline := time.Now().Add(30 * time.Second)
+	for capacity(s) != 59 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	if got := capacity(s); got != 59 {
+		t.Fatalf("watcher did not load the last file: capacity %v, want 59", got)
+	}
+}

@@ -1,0 +1,296 @@
+// Package redisconn turns the sidecar's one Redis URL into a go-redis client:
+// a single server, a Redis Cluster, or a master found through Sentinel.
+//
+// Accepted URLs (userinfo is optional everywhere; "rediss" means TLS):
+//
+//	redis://[user:password@]host:port[/db][?option=value...]
+//	rediss://[user:password@]host:port[/db][?option=value...]
+//	unix://[user:password@]/path/to/redis.sock[?db=N]
+//	redis+cluster://[user:password@]host1:port1,host2:port2,...[?option=value...]
+//	rediss+cluster://...
+//	redis+sentinel://[user:password@]host1:port1,host2:port2,.../mastername[/db][?option=value...]
+//	rediss+sentinel://...
+//
+// Cluster addresses are seeds: any reachable node lets the client discover
+// the rest. Sentinel addresses are the sentinels; user and password are the
+// data nodes' (Redis 6 ACL user or AUTH password), and the sentinels' own
+// credentials go in the options sentinel_username and sentinel_password.
+// Options are go-redis's URL options (dial_timeout, read_timeout,
+// write_timeout, pool_size, max_retries, skip_verify, ...); an unknown option
+// is an error.
+package redisconn
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Kind is the deployment a URL names.
+type Kind int
+
+// Kinds of Redis deployment.
+const (
+	Standalone Kind = iota
+	Cluster
+	Sentinel
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Cluster:
+		return "cluster"
+	case Sentinel:
+		return "sentinel"
+	}
+	return "standalone"
+}
+
+// Defaults applied when the URL does not set the option. They are short
+// because the sidecar answers 503 after a few milliseconds anyway: a Redis
+// that takes a second to accept or answer is down for this purpose, and the
+// connection is better dropped and redialled.
+const (
+	DefaultDialTimeout  = time.Second
+	DefaultReadTimeout  = time.Second
+	DefaultWriteTimeout = time.Second
+	DefaultMaxRetries   = 2
+)
+
+// Spec is a parsed, validated Redis URL. Parse checks everything that can be
+// checked without connecting; NewClient only builds the client.
+type Spec struct {
+	Kind  Kind
+	Addrs []string // the server, the cluster seeds, or the sentinels
+	// Redacted is the URL with any password replaced by "xxxxx", for logs.
+	Redacted string
+
+	single   *redis.Options
+	cluster  *redis.ClusterOptions
+	failover *redis.FailoverOptions
+}
+
+// Parse validates rawURL. Errors name the part at fault and quote it, with
+// any password removed.
+func Parse(rawURL string) (*Spec, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		// url.Error quotes the whole URL, password included: say less.
+		return nil, fmt.Errorf("not a URL: %v", unwrapURLError(err))
+	}
+	s := &Spec{Redacted: redact(u)}
+	fail := func(format string, args ...any) (*Spec, error) {
+		return nil, fmt.Errorf("%s: %s", s.Redacted, fmt.Sprintf(format, args...))
+	}
+	base, variant, _ := strings.Cut(u.Scheme, "+")
+	if base != "redis" && base != "rediss" && !(base == "unix" && variant == "") {
+		return fail("scheme %q is not one of redis, rediss, unix, redis+cluster, rediss+cluster, redis+sentinel, rediss+sentinel", u.Scheme)
+	}
+	switch variant {
+	case "":
+		o, err := redis.ParseURL(rawURL)
+		if err != nil {
+			return fail("%v", err)
+		}
+		if base != "unix" {
+			if err := checkAddr(o.Addr); err != nil {
+				return fail("%v", err)
+			}
+		}
+		s.Kind, s.Addrs, s.single = Standalone, []string{o.Addr}, o
+	case "cluster":
+		addrs, err := splitAddrs(u.Host)
+		if err != nil {
+			return fail("%v", err)
+		}
+		if u.Path != "" && u.Path != "/" {
+			return fail("a cluster URL has no path (Redis Cluster has only database 0), got %q", u.Path)
+		}
+		// go-redis's cluster URL form: the first seed as the host, the others
+		// as addr= options.
+		v := *u
+		v.Scheme, v.Host, v.Path = base, addrs[0], ""
+		q := u.Query()
+		if _, ok := q["addr"]; ok {
+			return fail("put every cluster address in the host list, not in addr= options")
+		}
+		for _, a := range addrs[1:] {
+			q.Add("addr", a)
+		}
+		v.RawQuery = q.Encode()
+		o, err := redis.ParseClusterURL(v.String())
+		if err != nil {
+			return fail("%v", err)
+		}
+		if o.TLSConfig != nil {
+			// Each node is dialled by its own name, not the first seed's.
+			o.TLSConfig.ServerName = ""
+		}
+		s.Kind, s.Addrs, s.cluster = Cluster, addrs, o
+	case "sentinel":
+		addrs, err := splitAddrs(u.Host)
+		if err != nil {
+			return fail("%v", err)
+		}
+		parts := strings.Split(strings.Trim(u.Path, "/"), "/")
+		if parts[0] == "" || len(parts) > 2 {
+			return fail("a sentinel URL's path is /mastername or /mastername/db, got %q", u.Path)
+		}
+		q := u.Query()
+		sentinelUser, sentinelPass := q.Get("sentinel_username"), q.Get("sentinel_password")
+		q.Del("sentinel_username")
+		q.Del("sentinel_password")
+		// Let go-redis parse the data-node options from an equivalent plain URL.
+		v := *u
+		v.Scheme, v.Host, v.Path, v.RawQuery = base, addrs[0], "", q.Encode()
+		if len(parts) == 2 {
+			v.Path = "/" + parts[1]
+		}
+		o, err := redis.ParseURL(v.String())
+		if err != nil {
+			return fail("%v", err)
+		}
+		if o.TLSConfig != nil {
+			o.TLSConfig.ServerName = ""
+		}
+		s.Kind, s.Addrs = Sentinel, addrs
+		s.failover = &redis.FailoverOptions{
+			MasterName:       parts[0],
+			SentinelAddrs:    addrs,
+			SentinelUsername: sentinelUser,
+			SentinelPassword: sentinelPass,
+			Username:         o.Username,
+			Password:         o.Password,
+			DB:               o.DB,
+			TLSConfig:        o.TLSConfig,
+			Protocol:         o.Protocol,
+			ClientName:       o.ClientName,
+			MaxRetries:       o.MaxRetries,
+			MinRetryBackoff:  o.MinRetryBackoff,
+			MaxRetryBackoff:  o.MaxRetryBackoff,
+			DialTimeout:      o.DialTimeout,
+			ReadTimeout:      o.ReadTimeout,
+			WriteTimeout:     o.WriteTimeout,
+			PoolFIFO:         o.PoolFIFO,
+			PoolSize:         o.PoolSize,
+			PoolTimeout:      o.PoolTimeout,
+			MinIdleConns:     o.MinIdleConns,
+			MaxIdleConns:     o.MaxIdleConns,
+			MaxActiveConns:   o.MaxActiveConns,
+			ConnMaxIdleTime:  o.ConnMaxIdleTime,
+			ConnMaxLifetime:  o.ConnMaxLifetime,
+		}
+	default:
+		return fail("scheme %q is not one of redis, rediss, unix, redis+cluster, rediss+cluster, redis+sentinel, rediss+sentinel", u.Scheme)
+	}
+	return s, nil
+}
+
+// Tuning is what the sidecar sets on top of the URL.
+type Tuning struct {
+	// PoolSize, if > 0 and the URL sets no pool_size, bounds the connections
+	// per node.
+	PoolSize int
+}
+
+// NewClient builds the client the URL describes. It does not connect: go-redis
+// dials lazily and redials after a connection is lost, so a sidecar started
+// before its Redis, or outliving a Redis restart, needs nothing more.
+func (s *Spec) NewClient(t Tuning) redis.UniversalClient {
+	switch s.Kind {
+	case Cluster:
+		o := *s.cluster
+		o.DialTimeout = orDefault(o.DialTimeout, DefaultDialTimeout)
+		o.ReadTimeout = orDefault(o.ReadTimeout, DefaultReadTimeout)
+		o.WriteTimeout = orDefault(o.WriteTimeout, DefaultWriteTimeout)
+		if o.MaxRetries == 0 {
+			o.MaxRetries = DefaultMaxRetries
+		}
+		if o.PoolSize == 0 {
+			o.PoolSize = t.PoolSize
+		}
+		o.ContextTimeoutEnabled = true
+		return redis.NewClusterClient(&o)
+	case Sentinel:
+		o := *s.failover
+		o.DialTimeout = orDefault(o.DialTimeout, DefaultDialTimeout)
+		o.ReadTimeout = orDefault(o.ReadTimeout, DefaultReadTimeout)
+		o.WriteTimeout = orDefault(o.WriteTimeout, DefaultWriteTimeout)
+		if o.MaxRetries == 0 {
+			o.MaxRetries = DefaultMaxRetries
+		}
+		if o.PoolSize == 0 {
+			o.PoolSize = t.PoolSize
+		}
+		o.ContextTimeoutEnabled = true
+		return redis.NewFailoverClient(&o)
+	}
+	o := *s.single
+	o.DialTimeout = orDefault(o.DialTimeout, DefaultDialTimeout)
+	o.ReadTimeout = orDefault(o.ReadTimeout, DefaultReadTimeout)
+	o.WriteTimeout = orDefault(o.WriteTimeout, DefaultWriteTimeout)
+	if o.MaxRetries == 0 {
+		o.MaxRetries = DefaultMaxRetries
+	}
+	if o.PoolSize == 0 {
+		o.PoolSize = t.PoolSize
+	}
+	o.ContextTimeoutEnabled = true
+	return redis.NewClient(&o)
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// splitAddrs splits "h1:p1,h2:p2" and checks each address.
+func splitAddrs(hostList string) ([]string, error) {
+	if hostList == "" {
+		return nil, fmt.Errorf("no addresses: list them as host1:port1,host2:port2")
+	}
+	var addrs []string
+	for a := range strings.SplitSeq(hostList, ",") {
+		if err := checkAddr(a); err != nil {
+			return nil, err
+		}
+		addrs = append(addrs, a)
+	}
+	return addrs, nil
+}
+
+func checkAddr(a string) error {
+	host, port, err := net.SplitHostPort(a)
+	if err != nil || host == "" {
+		return fmt.Errorf("address %q must be host:port", a)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("address %q: port must be 1 to 65535", a)
+	}
+	return nil
+}
+
+// redact returns u without secrets: the userinfo password and the
+// sentinel_password option.
+func redact(u *url.URL) string {
+	v := *u
+	if q := v.Query(); q.Has("sentinel_password") {
+		q.Set("sentinel_password", "xxxxx")
+		v.RawQuery = q.Encode()
+	}
+	return v.Redacted()
+}
+
+func unwrapURLError(err error) error {
+	if ue, ok := err.(*url.Error); ok {
+		return ue.Err
+	}
+	return err
+}

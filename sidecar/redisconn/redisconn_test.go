@@ -1,0 +1,125 @@
+package redisconn
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		url      string
+		kind     Kind
+		addrs    []string
+		redacted string
+	}{
+		{"redis://127.0.0.1:6379/0", Standalone, []string{"127.0.0.1:6379"}, "redis://127.0.0.1:6379/0"},
+		{"redis://u:secret@h:1/2", Standalone, []string{"h:1"}, "redis://u:xxxxx@h:1/2"},
+		{"rediss://h:6380", Standalone, []string{"h:6380"}, "rediss://h:6380"},
+		{"redis://h", Standalone, []string{"h:6379"}, "redis://h"},
+		{"unix:///tmp/r.sock?db=2", Standalone, []string{"/tmp/r.sock"}, "unix:///tmp/r.sock?db=2"},
+		{"redis+cluster://h1:7000,h2:7001,h3:7002", Cluster, []string{"h1:7000", "h2:7001", "h3:7002"}, "redis+cluster://h1:7000,h2:7001,h3:7002"},
+		{"rediss+cluster://u:pw@h1:7000,h2:7001?dial_timeout=2s", Cluster, []string{"h1:7000", "h2:7001"}, "rediss+cluster://u:xxxxx@h1:7000,h2:7001?dial_timeout=2s"},
+		{"redis+sentinel://s1:26379,s2:26379/mymaster/3?sentinel_password=spw", Sentinel, []string{"s1:26379", "s2:26379"}, "redis+sentinel://s1:26379,s2:26379/mymaster/3?sentinel_password=xxxxx"},
+		{"rediss+sentinel://u:pw@s1:26379/mymaster", Sentinel, []string{"s1:26379"}, "rediss+sentinel://u:xxxxx@s1:26379/mymaster"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.url, func(t *testing.T) {
+			s, err := Parse(tt.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Kind != tt.kind || strings.Join(s.Addrs, " ") != strings.Join(tt.addrs, " ") || s.Redacted != tt.redacted {
+				t.Fatalf("Parse = %v %v %q, want %v %v %q", s.Kind, s.Addrs, s.Redacted, tt.kind, tt.addrs, tt.redacted)
+			}
+		})
+	}
+}
+
+func TestParseDetails(t *testing.T) {
+	s, err := Parse("rediss+sentinel://app:pw@s1:26379,s2:26379/mymaster/3?sentinel_username=su&sentinel_password=spw&dial_timeout=2s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := s.failover
+	if f.MasterName != "mymaster" || f.DB != 3 || f.Username != "app" || f.Password != "pw" ||
+		f.SentinelUsername != "su" || f.SentinelPassword != "spw" || f.DialTimeout != 2*time.Second ||
+		f.TLSConfig == nil || f.TLSConfig.ServerName != "" {
+		t.Fatalf("failover options = %+v", f)
+	}
+	c, err := Parse("rediss+cluster://app:pw@h1:7000,h2:7001,h3:7002?read_timeout=5s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	co := c.cluster
+	if strings.Join(co.Addrs, ",") != "h1:7000,h2:7001,h3:7002" || co.Username != "app" || co.Password != "pw" ||
+		co.ReadTimeout != 5*time.Second || co.TLSConfig == nil || co.TLSConfig.ServerName != "" {
+		t.Fatalf("cluster options = %+v", co)
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct{ url, want string }{
+		{"http://h:1", `http://h:1: scheme "http" is not one of redis, rediss, unix, redis+cluster, rediss+cluster, redis+sentinel, rediss+sentinel`},
+		{"redis+foo://h:1", `redis+foo://h:1: scheme "redis+foo" is not one of redis, rediss, unix, redis+cluster, rediss+cluster, redis+sentinel, rediss+sentinel`},
+		{"redis://u:secret@h:99999", `redis://u:xxxxx@h:99999: address "h:99999": port must be 1 to 65535`},
+		{"redis://h:1/x", `redis://h:1/x: redis: invalid database number: "x"`},
+		{"redis://h:1?bogus=1", `redis://h:1?bogus=1: redis: unexpected option: bogus`},
+		{"redis://u:secret@h:1?dial_timeout=abc", `redis://u:xxxxx@h:1?dial_timeout=abc: redis: invalid dial_timeout duration: time: invalid duration "abc"`},
+		{"redis+cluster://h1:7000,h2", `not a URL: invalid port ":7000,h2" after host`},
+		{"redis+cluster://h1:7000,:7001", `redis+cluster://h1:7000,:7001: address ":7001" must be host:port`},
+		{"redis+cluster://h1:1/3", `redis+cluster://h1:1/3: a cluster URL has no path (Redis Cluster has only database 0), got "/3"`},
+		{"redis+cluster://h1:1?addr=h2:2", `redis+cluster://h1:1?addr=h2:2: put every cluster address in the host list, not in addr= options`},
+		{"redis+cluster://h1:1?bogus=2", `redis+cluster://h1:1?bogus=2: redis: unexpected option: bogus`},
+		{"redis+sentinel://s1:1", `redis+sentinel://s1:1: a sentinel URL's path is /mastername or /mastername/db, got ""`},
+		{"redis+sentinel://s1:1/m/1/2", `redis+sentinel://s1:1/m/1/2: a sentinel URL's path is /mastername or /mastername/db, got "/m/1/2"`},
+		{"redis+sentinel://s1:1/m/x", `redis+sentinel://s1:1/m/x: redis: invalid database number: "x"`},
+		{"127.0.0.1:6379", `not a URL: first path segment in URL cannot contain colon`},
+	}
+	for _, tt := range tests {
+		_, err := Parse(tt.url)
+		if err == nil || err.Error() != tt.want {
+			t.Errorf("Parse(%q) = %v\nwant %s", tt.url, err, tt.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "secret") {
+			t.Errorf("Parse(%q) error leaks the password: %v", tt.url, err)
+		}
+	}
+}
+
+func TestNewClientKinds(t *testing.T) {
+	tests := []struct {
+		url  string
+		want string
+	}{
+		{"redis://127.0.0.1:1/0", "*redis.Client"},
+		{"redis+cluster://127.0.0.1:1,127.0.0.1:2", "*redis.ClusterClient"},
+		{"redis+sentinel://127.0.0.1:1/m", "*redis.Client"},
+	}
+	for _, tt := range tests {
+		s, err := Parse(tt.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := s.NewClient(Tuning{PoolSize: 7})
+		switch v := c.(type) {
+		case *redis.Client:
+			if tt.want != "*redis.Client" {
+				t.Errorf("%s: got *redis.Client", tt.url)
+			}
+			if o := v.Options(); o.PoolSize != 7 || o.ReadTimeout != DefaultReadTimeout || !o.ContextTimeoutEnabled {
+				t.Errorf("%s: options %+v", tt.url, o)
+			}
+		case *redis.ClusterClient:
+			if tt.want != "*redis.ClusterClient" {
+				t.Errorf("%s: got *redis.ClusterClient", tt.url)
+			}
+			if o := v.Options(); o.PoolSize != 7 || o.MaxRetries != DefaultMaxRetries {
+				t.Errorf("%s: options %+v", tt.url, o)
+			}
+		}
+		c.Close()
+	}
+}

@@ -1,0 +1,78 @@
+package server
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Limits of the HTTP server. A check is a handful of short headers and no
+// body; anything much larger is not from the gateway and is refused before
+// the handler runs.
+const (
+	// MaxHeaderBytes bounds the request line plus headers (fasthttp's read
+	// buffer); larger requests get 431.
+	MaxHeaderBytes = 8 << 10
+	// MaxBodyBytes bounds the request body; larger ones get 413.
+	MaxBodyBytes = 1 << 10
+	// ReadTimeout and WriteTimeout bound one request's read and its response's
+	// write; IdleTimeout closes keep-alive connections idle that long.
+	ReadTimeout  = 5 * time.Second
+	WriteTimeout = 5 * time.Second
+	IdleTimeout  = 90 * time.Second
+	// MaxConcurrency bounds the connections served at once.
+	MaxConcurrency = 16384
+)
+
+// HTTPServer returns a fasthttp server for s with the limits above.
+func (s *Server) HTTPServer() *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:                      s.Handle,
+		NoDefaultServerHeader:        true,
+		NoDefaultDate:                true,
+		NoDefaultContentType:         true,
+		ReadBufferSize:               MaxHeaderBytes,
+		WriteBufferSize:              4 << 10,
+		MaxRequestBodySize:           MaxBodyBytes,
+		ReadTimeout:                  ReadTimeout,
+		WriteTimeout:                 WriteTimeout,
+		IdleTimeout:                  IdleTimeout,
+		Concurrency:                  MaxConcurrency,
+		DisablePreParseMultipartForm: true,
+		CloseOnShutdown:              true,
+		Logger:                       fasthttpLogger{s.o.Log},
+		ErrorHandler:                 requestError,
+	}
+}
+
+// requestError answers a request fasthttp could not read, with a status that
+// says why. Like every other error here it is short plain text that never
+// echoes the request.
+func requestError(ctx *fasthttp.RequestCtx, err error) {
+	var small *fasthttp.ErrSmallBuffer
+	var netErr net.Error
+	switch {
+	case errors.As(err, &small):
+		text(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "request headers too large")
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		text(ctx, fasthttp.StatusRequestEntityTooLarge, "request body too large")
+	case errors.As(err, &netErr) && netErr.Timeout():
+		text(ctx, fasthttp.StatusRequestTimeout, "request timeout")
+	default:
+		text(ctx, fasthttp.StatusBadRequest, "malformed request")
+	}
+}
+
+// fasthttpLogger sends fasthttp's own messages (malformed requests, broken
+// connections) to slog at debug level: they are the client's problem and the
+// client already got its 4xx. Only the message's format is logged, never its
+// arguments: fasthttp quotes raw request bytes in parse errors, and those
+// may hold an API key.
+type fasthttpLogger struct{ log *slog.Logger }
+
+func (l fasthttpLogger) Printf(format string, _ ...any) {
+	l.log.Debug("http server", "event", format)
+}

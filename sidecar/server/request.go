@@ -1,0 +1,113 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/edgelimit/edgelimit/sidecar/keys"
+	"github.com/edgelimit/edgelimit/sidecar/plans"
+)
+
+// Request headers of POST /v1/check.
+const (
+	HeaderKey    = "x-api-key"
+	HeaderCost   = "x-ratelimit-cost"
+	HeaderRegion = "x-ratelimit-region"
+)
+
+// MaxCost is the largest x-ratelimit-cost accepted: the largest capacity a
+// plan may have, so every accepted cost fits some plan.
+const MaxCost = plans.MaxCapacity
+
+// MaxRegionLen bounds x-ratelimit-region.
+const MaxRegionLen = 64
+
+// Check is one parsed /v1/check request.
+type Check struct {
+	Key    []byte // the API key, valid per keys.Check; aliases the request
+	Cost   int64  // 1 to MaxCost; 1 when the header is absent
+	Region []byte // optional, may be empty; aliases the request
+}
+
+// Reasons a check is malformed. The text is the 400 response body.
+var (
+	ErrNoKey        = errors.New("missing x-api-key header")
+	ErrManyKeys     = errors.New("more than one x-api-key header")
+	ErrManyCosts    = errors.New("more than one x-ratelimit-cost header")
+	ErrCostSyntax   = errors.New("x-ratelimit-cost must be a positive whole number")
+	ErrCostZero     = errors.New("x-ratelimit-cost must be at least 1")
+	ErrCostTooLarge = fmt.Errorf("x-ratelimit-cost must be at most %d", MaxCost)
+	ErrRegion       = fmt.Errorf("x-ratelimit-region must be at most %d characters of A-Z a-z 0-9 . _ -", MaxRegionLen)
+)
+
+// ParseCheck reads and validates the check headers. A header sent twice is
+// an error rather than "first one wins": the filter and the sidecar must not
+// be able to read different keys or costs from the same request.
+func ParseCheck(h *fasthttp.RequestHeader) (Check, error) {
+	var c Check
+	switch vals := h.PeekAll(HeaderKey); len(vals) {
+	case 0:
+		return c, ErrNoKey
+	case 1:
+		c.Key = vals[0]
+	default:
+		return c, ErrManyKeys
+	}
+	if err := keys.Check(c.Key); err != nil {
+		return c, err
+	}
+	switch vals := h.PeekAll(HeaderCost); len(vals) {
+	case 0:
+		c.Cost = 1
+	case 1:
+		cost, err := ParseCost(vals[0])
+		if err != nil {
+			return c, err
+		}
+		c.Cost = cost
+	default:
+		return c, ErrManyCosts
+	}
+	c.Region = h.Peek(HeaderRegion)
+	if !validRegion(c.Region) {
+		return c, ErrRegion
+	}
+	return c, nil
+}
+
+// ParseCost parses a cost: ASCII digits only (no sign, space, exponent or
+// fraction), value 1 to MaxCost. An empty value is a syntax error, not the
+// default: a sender that sets the header means to say something.
+func ParseCost(b []byte) (int64, error) {
+	if len(b) == 0 {
+		return 0, ErrCostSyntax
+	}
+	var n int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, ErrCostSyntax
+		}
+		n = n*10 + int64(c-'0')
+		if n > MaxCost {
+			return 0, ErrCostTooLarge
+		}
+	}
+	if n == 0 {
+		return 0, ErrCostZero
+	}
+	return n, nil
+}
+
+func validRegion(b []byte) bool {
+	if len(b) > MaxRegionLen {
+		return false
+	}
+	for _, c := range b {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

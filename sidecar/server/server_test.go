@@ -1,0 +1,380 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttputil"
+
+	"github.com/edgelimit/edgelimit/lua"
+	"github.com/edgelimit/edgelimit/sidecar/keys"
+	"github.com/edgelimit/edgelimit/sidecar/plans"
+	"github.com/edgelimit/edgelimit/sidecar/stats"
+)
+
+// fakeDecider answers with a fixed result or error, or, with block set, only
+// when the context ends. It records what it was asked. The Redis-backed
+// behaviour is tested in package app against real Redis.
+type fakeDecider struct {
+	mu       sync.Mutex
+	res      lua.Result
+	err      error
+	block    bool
+	readyErr error
+	calls    []fakeCall
+}
+
+type fakeCall struct {
+	key   string
+	limit lua.Limit
+	cost  int64
+}
+
+func (f *fakeDecider) Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error) {
+	f.mu.Lock()
+	f.calls = append(f.calls, fakeCall{key, l, cost})
+	res, err, block := f.res, f.err, f.block
+	f.mu.Unlock()
+	if block {
+		time.Sleep(time.Until(deadline))
+		return lua.Result{}, fmt.Errorf("fake: %w", context.DeadlineExceeded)
+	}
+	return res, err
+}
+
+func (f *fakeDecider) Ready(context.Context) error { return f.readyErr }
+
+const planYAML = `
+default_plan: free
+plans:
+  free: {capacity: 10, rate: 1}
+  pro:  {capacity: 200, rate: 100}
+clients:
+  "client-key-123": pro
+`
+
+func newTestServer(t testing.TB, yaml string, d Decider) (*Server, *stats.Stats, *bytes.Buffer) {
+	t.Helper()
+	p, err := plans.Parse("test.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := stats.New()
+	var logs bytes.Buffer
+	s := New(Options{
+		Plans:   func() *plans.Plans { return p },
+		Decider: d,
+		Keys:    keys.New(nil),
+		Stats:   st,
+		Timeout: 20 * time.Millisecond,
+		Log:     slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+	return s, st, &logs
+}
+
+// do runs one request through the handler.
+func do(s *Server, method, path string, headers ...string) *fasthttp.Response {
+	var ctx fasthttp.RequestCtx
+	var req fasthttp.Request
+	req.Header.SetMethod(method)
+	req.SetRequestURI(path)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}, nil)
+	s.Handle(&ctx)
+	resp := &fasthttp.Response{}
+	ctx.Response.CopyTo(resp)
+	return resp
+}
+
+func header(r *fasthttp.Response, name string) string { return string(r.Header.Peek(name)) }
+
+// TestCheckHeaders maps script results to status and headers, exactly.
+func TestCheckHeaders(t *testing.T) {
+	tests := []struct {
+		name   string
+		res    lua.Result
+		status int
+		want   map[string]string // "" means the header must be absent
+	}{
+		{"allowed", lua.Result{Allowed: true, Tokens: 9, ResetAfter: time.Second}, 200, map[string]string{
+			HeaderLimit: "10", HeaderRemaining: "9", HeaderReset: "1", HeaderTokens: "9", HeaderPlan: "free",
+			HeaderRetryAfter: "", HeaderRetryAfterMs: "", HeaderNever: "",
+		}},
+		{"allowed fractional", lua.Result{Allowed: true, Tokens: 3.75, ResetAfter: 6250 * time.Millisecond}, 200, map[string]string{
+			HeaderRemaining: "3", HeaderReset: "7", HeaderTokens: "3.75",
+		}},
+		{"full bucket resets now", lua.Result{Allowed: true, Tokens: 10, ResetAfter: 0}, 200, map[string]string{
+			HeaderRemaining: "10", HeaderReset: "0", HeaderTokens: "10",
+		}},
+		{"denied, sub-second wait rounds up to 1 s", lua.Result{Tokens: 0.25, RetryAfter: 750 * time.Millisecond, ResetAfter: 9750 * time.Millisecond}, 429, map[string]string{
+			HeaderRemaining: "0", HeaderReset: "10", HeaderTokens: "0.25",
+			HeaderRetryAfter: "1", HeaderRetryAfterMs: "750", HeaderNever: "",
+		}},
+		{"denied, tiny wait is still at least 1 s", lua.Result{Tokens: 0.9999, RetryAfter: 100 * time.Microsecond, ResetAfter: 9 * time.Second}, 429, map[string]string{
+			HeaderRetryAfter: "1", HeaderRetryAfterMs: "1",
+		}},
+		{"denied, exact seconds", lua.Result{Tokens: 0, RetryAfter: 2 * time.Second, ResetAfter: 10 * time.Second}, 429, map[string]string{
+			HeaderRetryAfter: "2", HeaderRetryAfterMs: "2000",
+		}},
+		{"denied, just over a second", lua.Result{Tokens: 0, RetryAfter: 1000*time.Millisecond + time.Microsecond, ResetAfter: 10 * time.Second}, 429, map[string]string{
+			HeaderRetryAfter: "2", HeaderRetryAfterMs: "1001",
+		}},
+		{"never, full bucket", lua.Result{Never: true, Tokens: 10, ResetAfter: 0}, 429, map[string]string{
+			HeaderNever: "true", HeaderRetryAfter: "1", HeaderRetryAfterMs: "", HeaderRemaining: "10", HeaderPlan: "free",
+		}},
+		{"never, bucket refilling", lua.Result{Never: true, Tokens: 2.5, ResetAfter: 7500 * time.Millisecond}, 429, map[string]string{
+			HeaderNever: "true", HeaderRetryAfter: "8", HeaderRetryAfterMs: "", HeaderRemaining: "2", HeaderReset: "8",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, _, _ := newTestServer(t, planYAML, &fakeDecider{res: tt.res})
+			r := do(s, "POST", "/v1/check", HeaderKey, "someone")
+			if r.StatusCode() != tt.status {
+				t.Fatalf("status %d, want %d", r.StatusCode(), tt.status)
+			}
+			for name, want := range tt.want {
+				if got := header(r, name); got != want {
+					t.Errorf("%s = %q, want %q", name, got, want)
+				}
+				if want == "" && r.Header.Peek(name) != nil {
+					t.Errorf("%s present, want absent", name)
+				}
+			}
+		})
+	}
+}
+
+func TestCheckPassesPlanAndDigest(t *testing.T) {
+	d := &fakeDecider{res: lua.Result{Allowed: true, Tokens: 199}}
+	s, _, logs := newTestServer(t, planYAML, d)
+	r := do(s, "POST", "/v1/check", HeaderKey, "client-key-123", HeaderCost, "7", HeaderRegion, "eu-west-1")
+	if r.StatusCode() != 200 || header(r, HeaderPlan) != "pro" || header(r, HeaderLimit) != "200" {
+		t.Fatalf("status %d plan %q limit %q", r.StatusCode(), header(r, HeaderPlan), header(r, HeaderLimit))
+	}
+	want := fakeCall{key: keys.New(nil).BucketKey([]byte("client-key-123")), limit: lua.Limit{Capacity: 200, Rate: 100}, cost: 7}
+	if len(d.calls) != 1 || d.calls[0] != want {
+		t.Fatalf("decider calls %+v, want [%+v]", d.calls, want)
+	}
+	// The debug log names the client by digest only.
+	if strings.Contains(logs.String(), "client-key-123") || !strings.Contains(logs.String(), keys.LogID(want.key)) {
+		t.Fatalf("log should name the client by digest, not key:\n%s", logs)
+	}
+}
+
+func TestUnknownKey(t *testing.T) {
+	noDefault := "plans:\n  pro: {capacity: 200, rate: 100}\nclients:\n  \"client-key-123\": pro\n"
+	d := &fakeDecider{res: lua.Result{Allowed: true}}
+	s, st, _ := newTestServer(t, noDefault, d)
+	r := do(s, "POST", "/v1/check", HeaderKey, "stranger")
+	if r.StatusCode() != 403 || string(r.Body()) != "unknown api key\n" {
+		t.Fatalf("unknown key: %d %q, want 403", r.StatusCode(), r.Body())
+	}
+	if len(d.calls) != 0 || st.UnknownKeys.Get() != 1 {
+		t.Fatalf("unknown key reached the decider (%d calls) or was not counted (%d)", len(d.calls), st.UnknownKeys.Get())
+	}
+	if r := do(s, "POST", "/v1/check", HeaderKey, "client-key-123"); r.StatusCode() != 200 {
+		t.Fatalf("listed key: %d, want 200", r.StatusCode())
+	}
+}
+
+// TestBadInput: every malformed check is a 400 with a short plain reason and
+// never reaches Redis.
+func TestBadInput(t *testing.T) {
+	tests := []struct {
+		name    string
+		headers []string
+		want    string
+	}{
+		{"no key", nil, "missing x-api-key header"},
+		{"empty key", []string{HeaderKey, ""}, "empty api key"},
+		{"key too long", []string{HeaderKey, strings.Repeat("k", 257)}, "api key longer than 256 bytes"},
+		{"key with NUL", []string{HeaderKey, "a\x00b"}, "api key contains a control character"},
+		{"key with tab", []string{HeaderKey, "a\tb"}, "api key contains a control character"},
+		{"key with DEL", []string{HeaderKey, "ab\x7f"}, "api key contains a control character"},
+		{"two keys", []string{HeaderKey, "a", HeaderKey, "b"}, "more than one x-api-key header"},
+		{"cost empty", []string{HeaderKey, "a", HeaderCost, ""}, "x-ratelimit-cost must be a positive whole number"},
+		{"cost word", []string{HeaderKey, "a", HeaderCost, "abc"}, "x-ratelimit-cost must be a positive whole number"},
+		{"cost zero", []string{HeaderKey, "a", HeaderCost, "0"}, "x-ratelimit-cost must be at least 1"},
+		{"cost negative", []string{HeaderKey, "a", HeaderCost, "-1"}, "x-ratelimit-cost must be a positive whole number"},
+		{"cost plus sign", []string{HeaderKey, "a", HeaderCost, "+1"}, "x-ratelimit-cost must be a positive whole number"},
+		{"cost fraction", []string{HeaderKey, "a", HeaderCost, "1.5"}, "x-ratelimit-cost must be a positive whole number"},
+		{"cost exponent", []string{HeaderKey, "a", HeaderCost, "1e3"}, "x-ratelimit-cost must be a positive whole number"},
+		{"cost huge", []string{HeaderKey, "a", HeaderCost, "1000000001"}, "x-ratelimit-cost must be at most 1000000000"},
+		{"cost overflow", []string{HeaderKey, "a", HeaderCost, "99999999999999999999999"}, "x-ratelimit-cost must be at most 1000000000"},
+		{"two costs", []string{HeaderKey, "a", HeaderCost, "1", HeaderCost, "2"}, "more than one x-ratelimit-cost header"},
+		{"region with space", []string{HeaderKey, "a", HeaderRegion, "eu west"}, "x-ratelimit-region must be at most 64 characters of A-Z a-z 0-9 . _ -"},
+		{"region too long", []string{HeaderKey, "a", HeaderRegion, strings.Repeat("r", 65)}, "x-ratelimit-region must be at most 64 characters of A-Z a-z 0-9 . _ -"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := &fakeDecider{res: lua.Result{Allowed: true}}
+			s, st, _ := newTestServer(t, planYAML, d)
+			r := do(s, "POST", "/v1/check", tt.headers...)
+			if r.StatusCode() != 400 || string(r.Body()) != tt.want+"\n" {
+				t.Fatalf("got %d %q, want 400 %q", r.StatusCode(), r.Body(), tt.want)
+			}
+			if ct := header(r, "Content-Type"); ct != "text/plain; charset=utf-8" {
+				t.Errorf("Content-Type %q", ct)
+			}
+			if len(d.calls) != 0 || st.BadRequests.Get() != 1 {
+				t.Errorf("bad request reached the decider (%d calls) or was not counted (%d)", len(d.calls), st.BadRequests.Get())
+			}
+		})
+	}
+}
+
+func TestGoodInputEdges(t *testing.T) {
+	tests := []struct {
+		name    string
+		headers []string
+		cost    int64
+	}{
+		{"default cost", []string{HeaderKey, "a"}, 1},
+		{"max cost", []string{HeaderKey, "a", HeaderCost, "1000000000"}, 1_000_000_000},
+		{"leading zeros", []string{HeaderKey, "a", HeaderCost, "007"}, 7},
+		{"256-byte key", []string{HeaderKey, strings.Repeat("k", 256)}, 1},
+		{"empty region", []string{HeaderKey, "a", HeaderRegion, ""}, 1},
+		{"unicode key", []string{HeaderKey, "clé-ünïcødé"}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := &fakeDecider{res: lua.Result{Allowed: true}}
+			s, _, _ := newTestServer(t, planYAML, d)
+			r := do(s, "POST", "/v1/check", tt.headers...)
+			if r.StatusCode() != 200 || len(d.calls) != 1 || d.calls[0].cost != tt.cost {
+				t.Fatalf("got %d %q, calls %+v; want 200 with cost %d", r.StatusCode(), r.Body(), d.calls, tt.cost)
+			}
+		})
+	}
+}
+
+func TestRedisFailures(t *testing.T) {
+	tests := []struct {
+		name     string
+		d        *fakeDecider
+		body     string
+		timeouts uint64
+		errs     uint64
+	}{
+		{"timeout", &fakeDecider{block: true}, "redis timeout\n", 1, 0},
+		{"error", &fakeDecider{err: errors.New("dial tcp: connection refused")}, "redis unavailable\n", 0, 1},
+		{"bad reply", &fakeDecider{err: errors.New("lua: unexpected reply")}, "redis unavailable\n", 0, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, st, logs := newTestServer(t, planYAML, tt.d)
+			r := do(s, "POST", "/v1/check", HeaderKey, "client-key-123")
+			if r.StatusCode() != 503 || string(r.Body()) != tt.body {
+				t.Fatalf("got %d %q, want 503 %q", r.StatusCode(), r.Body(), tt.body)
+			}
+			if st.RedisTimeouts.Get() != tt.timeouts || st.RedisErrors.Get() != tt.errs || st.Errors.Get() != 1 {
+				t.Fatalf("timeouts %d errors %d decisions{error} %d", st.RedisTimeouts.Get(), st.RedisErrors.Get(), st.Errors.Get())
+			}
+			if !strings.Contains(logs.String(), "decision failed") || strings.Contains(logs.String(), "client-key-123") {
+				t.Fatalf("log should report the failure by digest:\n%s", logs)
+			}
+		})
+	}
+}
+
+func TestEndpoints(t *testing.T) {
+	tests := []struct {
+		name, method, path string
+		readyErr           error
+		status             int
+		body               string
+	}{
+		{"healthz", "GET", "/healthz", nil, 200, "ok\n"},
+		{"healthz head", "HEAD", "/healthz", nil, 200, ""},
+		{"readyz", "GET", "/readyz", nil, 200, "ready\n"},
+		{"readyz down", "GET", "/readyz", errors.New("redis: connection refused"), 503, "not ready: redis: connection refused\n"},
+		{"check GET", "GET", "/v1/check", nil, 405, "method not allowed\n"},
+		{"healthz POST", "POST", "/healthz", nil, 405, "method not allowed\n"},
+		{"unknown path", "GET", "/nope", nil, 404, "not found\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, _, _ := newTestServer(t, planYAML, &fakeDecider{readyErr: tt.readyErr})
+			r := do(s, tt.method, tt.path)
+			if r.StatusCode() != tt.status || (tt.method != "HEAD" && string(r.Body()) != tt.body) {
+				t.Fatalf("got %d %q, want %d %q", r.StatusCode(), r.Body(), tt.status, tt.body)
+			}
+		})
+	}
+	s, _, _ := newTestServer(t, planYAML, &fakeDecider{res: lua.Result{Allowed: true}})
+	do(s, "POST", "/v1/check", HeaderKey, "a")
+	r := do(s, "GET", "/metrics")
+	if !strings.Contains(string(r.Body()), `sidecar_decisions_total{result="allowed"} 1`) ||
+		!strings.HasPrefix(header(r, "Content-Type"), "text/plain; version=0.0.4") {
+		t.Fatalf("metrics: %q\n%s", header(r, "Content-Type"), r.Body())
+	}
+}
+
+// TestServerLimits sends requests over a real (in-memory) connection so
+// fasthttp's own limits apply: oversized headers and bodies are refused
+// before the handler runs.
+func TestServerLimits(t *testing.T) {
+	d := &fakeDecider{res: lua.Result{Allowed: true}}
+	s, _, _ := newTestServer(t, planYAML, d)
+	ln := fasthttputil.NewInmemoryListener()
+	srv := s.HTTPServer()
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown() })
+	client := &fasthttp.Client{Dial: func(string) (net.Conn, error) { return ln.Dial() }}
+
+	tests := []struct {
+		name   string
+		setup  func(req *fasthttp.Request)
+		status int
+	}{
+		{"normal", func(req *fasthttp.Request) {}, 200},
+		{"huge header", func(req *fasthttp.Request) { req.Header.Set("x-padding", strings.Repeat("p", MaxHeaderBytes)) }, 431},
+		{"huge body", func(req *fasthttp.Request) { req.SetBody(make([]byte, MaxBodyBytes+1)) }, 413},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+			defer fasthttp.ReleaseRequest(req)
+			defer fasthttp.ReleaseResponse(resp)
+			req.SetRequestURI("http://sidecar/v1/check")
+			req.Header.SetMethod("POST")
+			req.Header.Set(HeaderKey, "client-key-123")
+			tt.setup(req)
+			if err := client.Do(req, resp); err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode() != tt.status {
+				t.Fatalf("status %d, want %d", resp.StatusCode(), tt.status)
+			}
+		})
+	}
+}
+
+func TestThrottle(t *testing.T) {
+	var th throttle
+	var logged []int64
+	for range 5 {
+		th.do(func(n int64) { logged = append(logged, n) })
+	}
+	// The first line goes out, the next four fall within the same second.
+	if len(logged) != 1 || logged[0] != 0 || th.suppressed.Load() != 4 {
+		t.Fatalf("logged %v, suppressed %d; want [0] and 4", logged, th.suppressed.Load())
+	}
+	th.next.Store(0) // as if a second had passed
+	th.do(func(n int64) { logged = append(logged, n) })
+	if len(logged) != 2 || logged[1] != 4 {
+		t.Fatalf("logged %v, want the 4 suppressed lines reported", logged)
+	}
+}

@@ -1,0 +1,93 @@
+// Package stats holds the sidecar's metrics and writes them in the Prometheus
+// text format. No label ever carries an API key or its digest: clients are
+// unbounded, labels must not be.
+package stats
+
+import (
+	"io"
+	"sync/atomic"
+
+	"github.com/VictoriaMetrics/metrics"
+)
+
+// LatencyBuckets are the upper bounds, in seconds, of the decision latency
+// histogram: fine around the 2 ms target and the few-ms deadline.
+var LatencyBuckets = []float64{
+	0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.1,
+}
+
+// BatchBuckets are the upper bounds of the pipeline batch size histogram.
+var BatchBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256}
+
+// Stats is every metric the sidecar exports. Each field is safe for
+// concurrent use.
+type Stats struct {
+	set *metrics.Set
+
+	// sidecar_decisions_total{result}: every /v1/check that reached a
+	// decision or failed trying. "error" covers Redis errors and timeouts.
+	Allowed, Denied, Errors *metrics.Counter
+	// sidecar_requests_rejected_total{reason}: checks answered without a
+	// decision: malformed (400) or an unknown key without default plan (403).
+	BadRequests, UnknownKeys *metrics.Counter
+	// sidecar_redis_errors_total: Redis answered with an error or the
+	// connection failed. sidecar_redis_timeouts_total: no answer before the
+	// sidecar's own deadline (-redis-timeout).
+	RedisErrors, RedisTimeouts *metrics.Counter
+	// sidecar_redis_script_loads_total: NOSCRIPT seen and the script resent.
+	ScriptLoads *metrics.Counter
+	// sidecar_decision_duration_seconds: from the request to its decision
+	// (queueing and the Redis round trip), errors included.
+	Latency *metrics.PrometheusHistogram
+	// sidecar_pipeline_batch_size: decisions per pipeline sent to Redis.
+	Batch *metrics.PrometheusHistogram
+	// sidecar_plans_reloads_total{result}: plan file reloads (SIGHUP or a
+	// file change) that were applied ("ok") or rejected ("error").
+	ReloadOK, ReloadFailed *metrics.Counter
+	// InFlight is the number of /v1/check requests being handled
+	// (sidecar_checks_in_flight).
+	InFlight atomic.Int64
+}
+
+// New returns a fresh set of metrics, independent of any other Stats (tests
+// run several sidecars in one process).
+func New() *Stats {
+	metrics.ExposeMetadata(true)
+	s := metrics.NewSet()
+	st := &Stats{
+		set:           s,
+		Allowed:       s.NewCounter(`sidecar_decisions_total{result="allowed"}`),
+		Denied:        s.NewCounter(`sidecar_decisions_total{result="denied"}`),
+		Errors:        s.NewCounter(`sidecar_decisions_total{result="error"}`),
+		BadRequests:   s.NewCounter(`sidecar_requests_rejected_total{reason="bad_request"}`),
+		UnknownKeys:   s.NewCounter(`sidecar_requests_rejected_total{reason="unknown_key"}`),
+		RedisErrors:   s.NewCounter(`sidecar_redis_errors_total`),
+		RedisTimeouts: s.NewCounter(`sidecar_redis_timeouts_total`),
+		ScriptLoads:   s.NewCounter(`sidecar_redis_script_loads_total`),
+		Latency:       s.NewPrometheusHistogramExt(`sidecar_decision_duration_seconds`, LatencyBuckets),
+		Batch:         s.NewPrometheusHistogramExt(`sidecar_pipeline_batch_size`, BatchBuckets),
+		ReloadOK:      s.NewCounter(`sidecar_plans_reloads_total{result="ok"}`),
+		ReloadFailed:  s.NewCounter(`sidecar_plans_reloads_total{result="error"}`),
+	}
+	s.NewGauge(`sidecar_checks_in_flight`, func() float64 { return float64(st.InFlight.Load()) })
+	return st
+}
+
+// Reload records the outcome of one plans reload.
+func (s *Stats) Reload(ok bool) {
+	if ok {
+		s.ReloadOK.Inc()
+	} else {
+		s.ReloadFailed.Inc()
+	}
+}
+
+// ObserveBatch records the size of one pipeline.
+func (s *Stats) ObserveBatch(n int) { s.Batch.Update(float64(n)) }
+
+// WritePrometheus writes these metrics, then the process and Go runtime
+// metrics, in the Prometheus text format.
+func (s *Stats) WritePrometheus(w io.Writer) {
+	s.set.WritePrometheus(w)
+	metrics.WriteProcessMetrics(w)
+}
