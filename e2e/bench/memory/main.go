@@ -109,7 +109,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "statuses %v in %v (%.0f checks/s)\n", res.Statuses, res.Elapsed.Round(time.Millisecond),
 			float64(*keys)/res.Elapsed.Seconds())
 	case "redis":
-		fmt.Fprintf(stdout, "redis: %d distinct clients checked once each, then idle (bucket TTL 3 s)\n", *clients)
+		fmt.Fprintf(stdout, "redis: %d distinct clients checked once each, then idle (bucket TTL 11 s)\n", *clients)
 		res, err := soakRedis(ctx, bins, dir, *clients, *workers, *watch)
 		if err != nil {
 			return err
