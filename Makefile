@@ -57,6 +57,7 @@ test: deps build
 	$(GO) vet ./...
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/...
 	$(GO) test -race -count=1 -timeout 13m ./...
+	@$(MAKE) --no-print-directory fuzz FUZZTIME_LONG=$(FUZZTIME)
 
 ## check: formatting, vet and module tidiness; fails on any diff.
 check: deps
@@ -74,11 +75,16 @@ bench: deps build
 demo: deps build
 	$(GO) run ./e2e/demo -bin $(EDGELIMIT_BIN_DIR)
 
-## fuzz: every fuzz target, longer than the bounded run in `make test`.
+## fuzz: every fuzz target (found in the sources) for FUZZTIME_LONG each;
+## `make test` runs them for FUZZTIME. A crash leaves its input under the
+## package's testdata/fuzz/, where it becomes a regression case.
 fuzz:
-	@for pkg in $$($(GO) list ./...); do \
-		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
-			echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME_LONG) $$pkg || exit 1; \
+	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' .); do \
+		dir=$$(dirname $$f); \
+		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "fuzz $$dir $$t ($(FUZZTIME_LONG))"; \
+			$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME_LONG) $$dir >/dev/null || \
+				{ $(GO) test -run "^$$t$$" $$dir; exit 1; }; \
 		done; \
 	done
 

@@ -270,7 +270,7 @@ func TestModuleStartsAndConfigures(t *testing.T) {
 		t.Errorf("proxy_on_configure(valid) = %d, want 1; logs %q", got[0], h.logs)
 	}
 	if !slices.ContainsFunc(h.logs, func(l string) bool {
-		return strings.HasPrefix(l, "edgelimit: configured: mode=shadow ") && strings.HasSuffix(l, " region=eu-west-1")
+		return strings.HasPrefix(l, "edgelimit: configured: mode=shadow ") && strings.Contains(l, " region=eu-west-1 ")
 	}) {
 		t.Errorf("no configured line in logs %q", h.logs)
 	}

@@ -160,7 +160,7 @@ func run(cfg config) error {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "round\tside\tchecks/s\tp50\tp99\tp99.9\tnot decided\tmean batch\tCPU µs/check: sidecar\tredis\tload gen\t")
 	var ratios, rawRates []float64
-	var lastFull, lastRaw figures
+	var lastFull figures
 	n := cfg.redisN
 	if n == 0 {
 		n = 150000
@@ -199,13 +199,12 @@ func run(cfg config) error {
 			per(cpu0.sidecar, cpu1.sidecar), per(cpu0.redis, cpu1.redis), per(cpu0.loadgen, cpu1.loadgen))
 		ratios = append(ratios, full.rps/raw.rps)
 		rawRates = append(rawRates, raw.rps)
-		lastFull, lastRaw = full, raw
+		lastFull = full
 		if cfg.redisN == 0 {
 			n = max(10000, int(full.decisions))
 		}
 	}
 	w.Flush()
-	_ = lastRaw
 
 	// Half of the raw Redis figure (its median over the rounds), open loop.
 	half := median(rawRates) / 2

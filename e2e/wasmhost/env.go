@@ -1,6 +1,7 @@
 package wasmhost
 
 import (
+	"slices"
 	"strings"
 	"time"
 )
@@ -168,7 +169,7 @@ func envFunctions() []hostFunc {
 		}),
 		env("proxy_add_header_map_value", 5, func(vm *VM, s []uint64) {
 			editMap(vm, s, func(m []Header, key, val string) []Header {
-				return append(m, Header{key, val})
+				return insertHeader(m, Header{key, val})
 			})
 		}),
 		env("proxy_replace_header_map_value", 5, func(vm *VM, s []uint64) {
@@ -176,14 +177,14 @@ func envFunctions() []hostFunc {
 				// Envoy's setCopy (HeaderMapImpl, since the runtime flag
 				// http_set_copy_replace_all_headers became the only
 				// behaviour): every value of key is removed, then one is
-				// added at the end.
+				// added as add would.
 				out := m[:0]
 				for _, h := range m {
 					if h[0] != key {
 						out = append(out, h)
 					}
 				}
-				return append(out, Header{key, val})
+				return insertHeader(out, Header{key, val})
 			})
 		}),
 		env("proxy_remove_header_map_value", 3, func(vm *VM, s []uint64) {
@@ -497,6 +498,20 @@ func editMap(vm *VM, s []uint64, edit func(m []Header, key, val string) []Header
 	}
 	*m = edit(*m, strings.ToLower(key), val)
 	ret(s, StatusOK)
+}
+
+// insertHeader adds h where Envoy's header list puts it: a pseudo-header
+// (":path") after the other pseudo-headers, which always come first; any
+// other header at the end.
+func insertHeader(m []Header, h Header) []Header {
+	if !strings.HasPrefix(h[0], ":") {
+		return append(m, h)
+	}
+	i := 0
+	for i < len(m) && strings.HasPrefix(m[i][0], ":") {
+		i++
+	}
+	return slices.Insert(m, i, h)
 }
 
 // replaceSpaces turns whitespace into underscores, as Envoy does to the

@@ -66,12 +66,26 @@ var InvalidConfigs = []ConfigCase{
 	{"costs-duplicate-field.json", `costs[0]: duplicate field "cost"`},
 	{"region-too-long.json", `region: must be at most 64 visible ASCII characters, got "` + strings.Repeat("a", 64) + `"...`},
 	{"region-space.json", `region: must be at most 64 visible ASCII characters, got "eu west"`},
+	{"breaker-not-object.json", "breaker: must be an object, got 5"},
+	{"breaker-null.json", "breaker: must be an object, got null"},
+	{"breaker-unknown-field.json", `breaker: unknown field "threshold"`},
+	{"breaker-duplicate-field.json", `breaker: duplicate field "failures"`},
+	{"breaker-failures-negative.json", "breaker.failures: must be >= 0, got -1"},
+	{"breaker-failures-too-many.json", "breaker.failures: must be <= 10000, got 10001"},
+	{"breaker-failures-fraction.json", "breaker.failures: must be an integer, got 2.5"},
+	{"breaker-failures-string.json", `breaker.failures: must be a number, got "5"`},
+	{"breaker-min-open-zero.json", "breaker.min_open_ms: must be > 0, got 0"},
+	{"breaker-min-open-too-long.json", "breaker.min_open_ms: must be <= 60000, got 60001"},
+	{"breaker-max-open-too-long.json", "breaker.max_open_ms: must be <= 60000, got 60001"},
+	{"breaker-max-below-min.json", "breaker.max_open_ms: must be >= min_open_ms (500), got 200"},
+	{"breaker-max-below-default-min.json", "breaker.max_open_ms: must be >= min_open_ms (100), got 50"},
 }
 
 // ValidConfigs lists the valid configuration fixtures under
 // testdata/config/valid/.
 var ValidConfigs = []string{
 	"empty.json", "whitespace.json", "empty-object.json", "full.json", "shadow.json", "off.json", "escapes.json",
+	"breaker-off.json", "breaker-min-only.json",
 }
 
 // InvalidConfig returns the content of an invalid configuration fixture.

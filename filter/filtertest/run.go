@@ -49,6 +49,18 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"key/header", r.keyHeader},
 		{"hostile/headers", r.hostileHeaders},
 		{"lifecycle", r.lifecycle},
+		{"breaker/opens", r.breakerOpens},
+		{"breaker/dispatch-failures", r.breakerDispatchFailures},
+		{"breaker/probe-closes", r.breakerProbeCloses},
+		{"breaker/probe-reopens", r.breakerProbeReopens},
+		{"breaker/answers-are-success", r.breakerAnswersAreSuccess},
+		{"breaker/late-answers", r.breakerLateAnswers},
+		{"breaker/deny-cache-first", r.breakerDenyCacheFirst},
+		{"breaker/shadow", r.breakerShadow},
+		{"breaker/workers", r.breakerWorkers},
+		{"breaker/lost-probe", r.breakerLostProbe},
+		{"breaker/disabled", r.breakerDisabled},
+		{"breaker/default", r.breakerDefault},
 	} {
 		t.Run(c.name, c.fn)
 	}
@@ -313,7 +325,8 @@ func (r runner) configValid(t *testing.T) {
 		t.Fatal("full.json rejected")
 	}
 	want := "edgelimit: configured: mode=enforce sidecar_cluster=edge_ratelimit sidecar_authority=ratelimit.internal:8080 " +
-		"timeout_ms=20 api_key_header=x-client-key on_missing_key=allow canary_clients=2 costs=3 region=eu-west-1"
+		"timeout_ms=20 api_key_header=x-client-key on_missing_key=allow canary_clients=2 costs=3 region=eu-west-1 " +
+		"breaker_failures=3 breaker_open_ms=50-2000"
 	if !slices.Contains(h.Logs(), want) {
 		t.Errorf("logs %q\nwant the line %q", h.Logs(), want)
 	}
@@ -483,7 +496,9 @@ func (r runner) dispatchFailure(t *testing.T) {
 }
 
 func (r runner) failOpenLogs(t *testing.T) {
-	h := r.host(t, "")
+	// Seven failures in a row: the breaker is off so that each one is a
+	// callout (breaker/* has its own log lines).
+	h := r.host(t, `{"breaker": {"failures": 0}}`)
 	timeout := func() {
 		s, _ := waiting(t, h, get("key-1"))
 		s.RespondCallout([]Header{{":status", "504"}}, nil)

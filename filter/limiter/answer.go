@@ -41,10 +41,13 @@ const (
 	ReasonMalformed
 	// ReasonInternal: the filter recovered from a panic.
 	ReasonInternal
+	// ReasonCircuitOpen: the circuit breaker is open, so no callout was
+	// made (breaker.go).
+	ReasonCircuitOpen
 	numReasons
 )
 
-var reasonNames = [numReasons]string{"timeout", "unavailable", "reset", "dispatch", "status", "malformed", "internal"}
+var reasonNames = [numReasons]string{"timeout", "unavailable", "reset", "dispatch", "status", "malformed", "internal", "circuit_open"}
 
 func (r Reason) String() string {
 	if r < numReasons {

@@ -14,10 +14,12 @@ type benchHost struct {
 }
 
 func (h benchHost) GetSharedData(key string) ([]byte, uint32, abi.Status) {
+	h.call("GetSharedData")
 	return h.shared.GetSharedData(key)
 }
 
 func (h benchHost) SetSharedData(key string, value []byte, cas uint32) abi.Status {
+	h.call("SetSharedData")
 	return h.shared.SetSharedData(key, value, cas)
 }
 
@@ -33,12 +35,27 @@ func benchLimiter(b *testing.B) (*Limiter, benchHost) {
 }
 
 // BenchmarkAllowedPath: a request checked with the sidecar and allowed,
-// from context creation to deletion.
+// from context creation to deletion. hostcalls/op counts the host calls
+// it makes (each one crosses the wasm boundary in Envoy).
 func BenchmarkAllowedPath(b *testing.B) {
 	l, h := benchLimiter(b)
+	allowedLoop(b, l, h)
+}
+
+// BenchmarkAllowedPathAfterOutage: the same once the circuit breaker's
+// shared state exists (closed again), so that each read of it hands the
+// module a value.
+func BenchmarkAllowedPathAfterOutage(b *testing.B) {
+	l, h := benchLimiter(b)
+	h.SetSharedData(l.roots[1].breaker.key, encodeBreaker(breakerState{}), 0)
+	allowedLoop(b, l, h)
+}
+
+func allowedLoop(b *testing.B, l *Limiter, h benchHost) {
 	h.response = [][2]string{{":status", "200"}, {"ratelimit-limit", "100"}, {"ratelimit-remaining", "42"},
 		{"ratelimit-reset", "7"}, {"x-ratelimit-tokens", "42.5"}, {"x-ratelimit-plan", "gold"}}
 	b.ReportAllocs()
+	calls := 0
 	for i := 0; b.Loop(); i++ {
 		id := uint32(2 + i)
 		l.OnContextCreate(id, 1)
@@ -48,7 +65,33 @@ func BenchmarkAllowedPath(b *testing.B) {
 		l.OnHTTPCallResponse(1, 4, len(h.response), 0, 0)
 		l.OnResponseHeaders(id, 1, true)
 		l.OnDelete(id)
+		calls = len(h.calls)
 		h.calls = h.calls[:0]
+	}
+	b.ReportMetric(float64(calls), "hostcalls/op")
+}
+
+// BenchmarkBreakerOpenPath: a request that fails open at once because the
+// circuit breaker is open.
+func BenchmarkBreakerOpenPath(b *testing.B) {
+	l, h := benchLimiter(b)
+	open := breakerState{phase: phaseOpen, interval: maxBreakerInterval, until: anchor + maxBreakerInterval, since: anchor}
+	h.SetSharedData(l.roots[1].breaker.key, encodeBreaker(open), 0)
+	b.ReportAllocs()
+	calls := 0
+	for i := 0; b.Loop(); i++ {
+		id := uint32(2 + i)
+		l.OnContextCreate(id, 1)
+		if l.OnRequestHeaders(id, 3, true) != abi.ActionContinue {
+			b.Fatal("not failed open")
+		}
+		l.OnDelete(id)
+		calls = len(h.calls)
+		h.calls = h.calls[:0]
+	}
+	b.ReportMetric(float64(calls), "hostcalls/op")
+	if n := h.counter(MetricFailedOpenPrefix + "circuit_open"); n == 0 {
+		b.Fatal("no circuit_open counted")
 	}
 }
 
@@ -59,6 +102,7 @@ func BenchmarkCachedDenyPath(b *testing.B) {
 	e, _ := newDenyEntry("client-1", 1, anchor, deniedAnswer(100, 0, 3600e3))
 	l.roots[1].cache.store(h, e, anchor)
 	b.ReportAllocs()
+	calls := 0
 	for i := 0; b.Loop(); i++ {
 		id := uint32(2 + i)
 		l.OnContextCreate(id, 1)
@@ -66,8 +110,10 @@ func BenchmarkCachedDenyPath(b *testing.B) {
 			b.Fatal("not denied")
 		}
 		l.OnDelete(id)
+		calls = len(h.calls)
 		h.calls = h.calls[:0]
 	}
+	b.ReportMetric(float64(calls), "hostcalls/op")
 	if n := h.counter(MetricDeniedCached); n == 0 {
 		b.Fatal("no cached denial counted")
 	}

@@ -69,6 +69,9 @@ type Config struct {
 	Costs []CostRule
 	// Region is sent to the sidecar as x-ratelimit-region when not empty.
 	Region string
+	// Breaker is the circuit breaker on the callout. Defaults to 5 failures,
+	// 100 ms to 5000 ms open.
+	Breaker BreakerConfig
 }
 
 // Limits on configuration values.
@@ -94,6 +97,11 @@ func DefaultConfig() *Config {
 		APIKeyHeader:     "x-api-key",
 		Mode:             ModeEnforce,
 		RejectMissingKey: true,
+		Breaker: BreakerConfig{
+			Failures:  DefaultBreakerFailures,
+			MinOpenMs: DefaultBreakerMinOpenMs,
+			MaxOpenMs: DefaultBreakerMaxOpenMs,
+		},
 	}
 }
 
@@ -129,9 +137,11 @@ func Parse(data []byte) (*Config, error) {
 }
 
 var topFields = []string{"sidecar_cluster", "sidecar_authority", "timeout_ms", "api_key_header",
-	"mode", "canary_clients", "on_missing_key", "costs", "region"}
+	"mode", "canary_clients", "on_missing_key", "costs", "region", "breaker"}
 
 var ruleFields = []string{"method", "path_prefix", "cost"}
+
+var breakerFields = []string{"failures", "min_open_ms", "max_open_ms"}
 
 // checkFields rejects unknown and repeated fields of an object.
 func checkFields(where string, obj jsonValue, known []string) error {
@@ -208,7 +218,50 @@ func (c *Config) set(name string, v jsonValue) error {
 		return c.setCanary(v)
 	case "costs":
 		return c.setCosts(v)
+	case "breaker":
+		return c.setBreaker(v)
 	}
+	return nil
+}
+
+// setBreaker reads the breaker object; fields it leaves out keep their
+// defaults, except that an omitted max_open_ms is raised to min_open_ms.
+func (c *Config) setBreaker(v jsonValue) error {
+	if v.kind != jsonObject {
+		return mustBe("breaker", "an object", v)
+	}
+	if err := checkFields("breaker", v, breakerFields); err != nil {
+		return err
+	}
+	b := DefaultConfig().Breaker
+	maxSet := false
+	for _, f := range v.fields {
+		field := "breaker." + f.name
+		var n int64
+		var err error
+		switch f.name {
+		case "failures":
+			n, err = integer(field, f.value, 0, MaxBreakerFailures)
+			b.Failures = uint32(n)
+		case "min_open_ms":
+			n, err = integer(field, f.value, 1, MaxBreakerOpenMs)
+			b.MinOpenMs = uint32(n)
+		case "max_open_ms":
+			n, err = integer(field, f.value, 1, MaxBreakerOpenMs)
+			b.MaxOpenMs, maxSet = uint32(n), true
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if !maxSet {
+		b.MaxOpenMs = max(b.MaxOpenMs, b.MinOpenMs)
+	}
+	if b.MaxOpenMs < b.MinOpenMs {
+		return errors.New("breaker.max_open_ms: must be >= min_open_ms (" +
+			strconv.FormatUint(uint64(b.MinOpenMs), 10) + "), got " + strconv.FormatUint(uint64(b.MaxOpenMs), 10))
+	}
+	c.Breaker = b
 	return nil
 }
 

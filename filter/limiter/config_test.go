@@ -58,7 +58,8 @@ func TestParseDefaults(t *testing.T) {
 	d := limiter.DefaultConfig()
 	if d.SidecarCluster != "ratelimit_sidecar" || d.SidecarAuthority != "ratelimit-sidecar" || d.TimeoutMs != 5 ||
 		d.APIKeyHeader != "x-api-key" || d.Mode != limiter.ModeEnforce || !d.RejectMissingKey ||
-		len(d.Costs) != 0 || len(d.CanaryClients) != 0 || d.Region != "" {
+		len(d.Costs) != 0 || len(d.CanaryClients) != 0 || d.Region != "" ||
+		d.Breaker != (limiter.BreakerConfig{Failures: 5, MinOpenMs: 100, MaxOpenMs: 5000}) {
 		t.Errorf("defaults differ from the documented ones: %+v", d)
 	}
 }
@@ -81,13 +82,15 @@ func TestParseFull(t *testing.T) {
 			{PathPrefix: "/v1/search", Cost: 2},
 			{Method: "DELETE", Cost: 3},
 		},
-		Region: "eu-west-1",
+		Region:  "eu-west-1",
+		Breaker: limiter.BreakerConfig{Failures: 3, MinOpenMs: 50, MaxOpenMs: 2000},
 	}
 	if !equalConfig(cfg, want) {
 		t.Errorf("got %+v\nwant %+v", cfg, want)
 	}
 	if got := cfg.Summary(); got != "mode=enforce sidecar_cluster=edge_ratelimit sidecar_authority=ratelimit.internal:8080 "+
-		"timeout_ms=20 api_key_header=x-client-key on_missing_key=allow canary_clients=2 costs=3 region=eu-west-1" {
+		"timeout_ms=20 api_key_header=x-client-key on_missing_key=allow canary_clients=2 costs=3 region=eu-west-1 "+
+		"breaker_failures=3 breaker_open_ms=50-2000" {
 		t.Errorf("summary %q", got)
 	}
 	esc, err := limiter.Parse([]byte(filtertest.ValidConfig("escapes.json")))
@@ -129,6 +132,32 @@ func TestParseLimits(t *testing.T) {
 		`{"region": ""}`, `{"api_key_header": "X-Api-Key"}`} {
 		if _, err := limiter.Parse([]byte(ok)); err != nil {
 			t.Errorf("%s: %v", ok, err)
+		}
+	}
+}
+
+func TestParseBreaker(t *testing.T) {
+	for _, c := range []struct {
+		config string
+		want   limiter.BreakerConfig
+	}{
+		{filtertest.ValidConfig("breaker-off.json"), limiter.BreakerConfig{Failures: 0, MinOpenMs: 100, MaxOpenMs: 5000}},
+		// An omitted max_open_ms is raised to min_open_ms.
+		{filtertest.ValidConfig("breaker-min-only.json"), limiter.BreakerConfig{Failures: 5, MinOpenMs: 10000, MaxOpenMs: 10000}},
+		{`{"breaker": {}}`, limiter.BreakerConfig{Failures: 5, MinOpenMs: 100, MaxOpenMs: 5000}},
+		{`{"breaker": {"failures": 1}}`, limiter.BreakerConfig{Failures: 1, MinOpenMs: 100, MaxOpenMs: 5000}},
+		{`{"breaker": {"max_open_ms": 100}}`, limiter.BreakerConfig{Failures: 5, MinOpenMs: 100, MaxOpenMs: 100}},
+		{`{"breaker": {"failures": 10000, "min_open_ms": 60000, "max_open_ms": 60000}}`,
+			limiter.BreakerConfig{Failures: 10000, MinOpenMs: 60000, MaxOpenMs: 60000}},
+		{`{"breaker": {"max_open_ms": 300, "min_open_ms": 1}}`, limiter.BreakerConfig{Failures: 5, MinOpenMs: 1, MaxOpenMs: 300}},
+	} {
+		cfg, err := limiter.Parse([]byte(c.config))
+		if err != nil {
+			t.Errorf("%s: %v", c.config, err)
+			continue
+		}
+		if cfg.Breaker != c.want {
+			t.Errorf("%s: breaker %+v, want %+v", c.config, cfg.Breaker, c.want)
 		}
 	}
 }
@@ -186,5 +215,5 @@ func equalConfig(a, b *limiter.Config) bool {
 	return a.SidecarCluster == b.SidecarCluster && a.SidecarAuthority == b.SidecarAuthority &&
 		a.TimeoutMs == b.TimeoutMs && a.APIKeyHeader == b.APIKeyHeader && a.Mode == b.Mode &&
 		maps.Equal(a.CanaryClients, b.CanaryClients) && a.RejectMissingKey == b.RejectMissingKey &&
-		slices.Equal(a.Costs, b.Costs) && a.Region == b.Region
+		slices.Equal(a.Costs, b.Costs) && a.Region == b.Region && a.Breaker == b.Breaker
 }

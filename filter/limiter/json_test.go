@@ -111,7 +111,8 @@ func FuzzParseJSON(f *testing.F) {
 // it is about, and every accepted configuration is within its limits.
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{``, `{}`, `{"timeout_ms": -3}`, `{"mode": "shadow", "canary_clients": ["a", "b c"]}`,
-		`{"costs": [{"method": "POST", "path_prefix": "/x", "cost": 2}]}`, `{"api_key_header": "X-Key", "region": "eu"}`} {
+		`{"costs": [{"method": "POST", "path_prefix": "/x", "cost": 2}]}`, `{"api_key_header": "X-Key", "region": "eu"}`,
+		`{"breaker": {"failures": 3, "min_open_ms": 50, "max_open_ms": 2000}}`, `{"breaker": {"min_open_ms": 900}}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -126,7 +127,9 @@ func FuzzParse(f *testing.F) {
 		}
 		if c.TimeoutMs < 1 || c.TimeoutMs > MaxTimeoutMs || !isVisible(c.SidecarCluster) || c.SidecarCluster == "" ||
 			!isVisible(c.SidecarAuthority) || !isHeaderName(c.APIKeyHeader) || c.Mode > ModeOff ||
-			len(c.Region) > MaxRegionLen || (c.Region != "" && !isVisible(c.Region)) || len(c.Costs) > MaxCostRules {
+			len(c.Region) > MaxRegionLen || (c.Region != "" && !isVisible(c.Region)) || len(c.Costs) > MaxCostRules ||
+			c.Breaker.Failures > MaxBreakerFailures || c.Breaker.MinOpenMs < 1 ||
+			c.Breaker.MaxOpenMs < c.Breaker.MinOpenMs || c.Breaker.MaxOpenMs > MaxBreakerOpenMs {
 			t.Fatalf("accepted out-of-range config %+v", c)
 		}
 		for k := range c.CanaryClients {

@@ -1,6 +1,7 @@
 // Package limiter is the rate-limit filter's logic in plain Go: the plugin
 // configuration, API-key extraction, per-route costs, the sidecar callout
-// and what each answer means, the shared deny cache, metrics and logs.
+// and what each answer means, the shared deny cache, the circuit breaker on
+// the callout, metrics and logs.
 //
 // It talks to the proxy only through abi.Host and implements abi.Plugin, so
 // it runs unchanged inside Envoy (wired by filter/main.go) and natively
@@ -46,10 +47,11 @@ type Limiter struct {
 
 // root is one plugin configuration.
 type root struct {
-	cfg   *Config
-	cache denyCache
-	calls map[uint32]*stream // pending callouts by token
-	fails failLog
+	cfg     *Config
+	cache   denyCache
+	breaker breaker
+	calls   map[uint32]*stream // pending callouts by token
+	fails   failLog
 }
 
 func newRoot() *root { return &root{calls: map[uint32]*stream{}} }
@@ -63,6 +65,7 @@ type stream struct {
 	enforce bool
 	token   uint32
 	pending bool  // a callout is out and the request waits for it
+	probe   bool  // the callout is the circuit breaker's probe
 	settled bool  // the filter has resumed or answered the request
 	gone    bool  // the proxy deleted the stream; only its answer is left
 	sentAt  int64 // when the callout was dispatched (host clock, ns)
@@ -129,7 +132,7 @@ func (l *Limiter) OnConfigure(rootID uint32, size int) (ok bool) {
 		}
 		l.defined = true
 	}
-	r.cfg, r.cache = cfg, newDenyCache(cfg.SidecarCluster)
+	r.cfg, r.cache, r.breaker = cfg, newDenyCache(cfg.SidecarCluster), newBreaker(cfg)
 	h.SetTickPeriod(tickPeriodMs)
 	h.Log(abi.LogInfo, "edgelimit: configured: "+cfg.Summary())
 	return true
@@ -188,6 +191,19 @@ func (l *Limiter) check(s *stream) abi.Action {
 	if e, ok := s.root.cache.lookup(h, key); ok && e.denies(s.cost, now) {
 		return l.cachedDeny(s, &e, now)
 	}
+	// The deny cache comes first: it needs no sidecar, so a client it
+	// denies stays denied while the breaker is open.
+	if b := &s.root.breaker; b.enabled() {
+		allow, probe := b.allow(h, now)
+		if !allow {
+			l.failOpen(s, ReasonCircuitOpen, "circuit breaker open", now)
+			return abi.ActionContinue
+		}
+		s.probe = probe
+		if probe {
+			l.m.recordState(h, phaseHalfOpen)
+		}
+	}
 	return l.dispatch(s, now)
 }
 
@@ -235,6 +251,7 @@ func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 	}
 	token, st := l.host.HTTPCall(cfg.SidecarCluster, headers, nil, nil, cfg.TimeoutMs)
 	if st != abi.StatusOK {
+		l.breakerResult(s.root, true, s.probe, ReasonDispatch, now)
 		l.failOpen(s, ReasonDispatch, "proxy_http_call failed: "+st.String(), now)
 		return abi.ActionContinue
 	}
@@ -270,6 +287,9 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	now := h.Now()
 	l.m.recordLatency(h, now-s.sentAt)
 	a := l.answer(numHeaders)
+	// The breaker learns from every answer, whether or not the client is
+	// still there.
+	l.breakerResult(r, breakerFailure(&a), s.probe, a.Reason, now)
 	if a.Outcome == Denied {
 		// Cached even when the client has gone: the next request of the
 		// same client is spared a callout.
@@ -301,6 +321,34 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 		l.failOpen(s, a.Reason, a.Detail, now)
 	}
 	l.resume(s)
+}
+
+// breakerResult feeds a callout's result to the root's circuit breaker and
+// reports the transition it made: metrics, and a line when the breaker
+// opens after being closed or closes again.
+func (l *Limiter) breakerResult(r *root, failed, probe bool, reason Reason, now int64) {
+	b := &r.breaker
+	if !b.enabled() {
+		return
+	}
+	h := l.host
+	before, ev := b.record(h, failed, probe, now)
+	switch ev {
+	case evOpened:
+		l.m.inc(h, cBreakerOpened)
+		l.m.recordState(h, phaseOpen)
+		h.Log(abi.LogWarn, "edgelimit: circuit breaker open: "+strconv.FormatUint(uint64(b.cfg.Failures), 10)+
+			" callout failures in a row, the last "+reason.String()+"; no callouts for "+
+			strconv.FormatUint(uint64(b.cfg.MinOpenMs), 10)+" ms")
+	case evReopened:
+		l.m.inc(h, cBreakerReopened)
+		l.m.recordState(h, phaseOpen)
+	case evClosed:
+		l.m.inc(h, cBreakerClosed)
+		l.m.recordState(h, phaseClosed)
+		h.Log(abi.LogInfo, "edgelimit: circuit breaker closed: the sidecar answered after "+
+			strconv.FormatInt(max(now-before.since, 0)/1e6, 10)+" ms")
+	}
 }
 
 // answer reads the callout response being delivered.
@@ -362,6 +410,12 @@ func (l *Limiter) OnTick(rootID uint32) {
 	defer l.recoverLog("proxy_on_tick")
 	if r := l.roots[rootID]; r != nil {
 		r.fails.flush(l.host, l.host.Now())
+		// Transitions set the gauge as they happen; VMs racing may leave
+		// it behind the shared state, so the tick sets it again.
+		if r.breaker.enabled() {
+			st, _ := r.breaker.load(l.host)
+			l.m.recordState(l.host, st.phase)
+		}
 	}
 }
 
@@ -420,7 +474,10 @@ func (c *Config) Summary() string {
 		" on_missing_key=" + missing +
 		" canary_clients=" + strconv.Itoa(len(c.CanaryClients)) +
 		" costs=" + strconv.Itoa(len(c.Costs)) +
-		" region=" + c.Region
+		" region=" + c.Region +
+		" breaker_failures=" + strconv.FormatUint(uint64(c.Breaker.Failures), 10) +
+		" breaker_open_ms=" + strconv.FormatUint(uint64(c.Breaker.MinOpenMs), 10) +
+		"-" + strconv.FormatUint(uint64(c.Breaker.MaxOpenMs), 10)
 }
 
 // failLogInterval is the least time between two log lines for the same

@@ -281,7 +281,9 @@ func TestMetricNames(t *testing.T) {
 		"edgelimit.requests.failed_open.timeout", "edgelimit.requests.failed_open.unavailable",
 		"edgelimit.requests.failed_open.reset", "edgelimit.requests.failed_open.dispatch",
 		"edgelimit.requests.failed_open.status", "edgelimit.requests.failed_open.malformed",
-		"edgelimit.requests.failed_open.internal", "edgelimit.callout.latency_us",
+		"edgelimit.requests.failed_open.internal", "edgelimit.requests.failed_open.circuit_open",
+		"edgelimit.breaker.opened", "edgelimit.breaker.reopened", "edgelimit.breaker.closed",
+		"edgelimit.callout.latency_us", "edgelimit.breaker.state",
 	}
 	if got := MetricNames(); !slices.Equal(got, want) {
 		t.Errorf("MetricNames() = %q", got)

@@ -21,6 +21,18 @@ const (
 	// callout to its answer, in microseconds (sub-millisecond callouts are
 	// the norm, so milliseconds would mostly read 0).
 	MetricCalloutLatency = "edgelimit.callout.latency_us"
+	// MetricBreakerOpened counts the circuit breaker opening after
+	// consecutive callout failures; MetricBreakerReopened, opening again
+	// because its probe failed; MetricBreakerClosed, closing because its
+	// probe got an answer. Each transition is counted once per process, by
+	// the VM that made it.
+	MetricBreakerOpened   = "edgelimit.breaker.opened"
+	MetricBreakerReopened = "edgelimit.breaker.reopened"
+	MetricBreakerClosed   = "edgelimit.breaker.closed"
+	// MetricBreakerState is a gauge of the breaker's state: 0 closed, 1
+	// open, 2 half-open (a probe is out). Set at each transition and
+	// refreshed from the shared state at every tick (10 s).
+	MetricBreakerState = "edgelimit.breaker.state"
 )
 
 type counter uint8
@@ -35,7 +47,13 @@ const (
 	cInvalidKey
 	cUnchecked
 	cFailedOpen // + Reason
-	numCounters = cFailedOpen + counter(numReasons)
+)
+
+const (
+	cBreakerOpened = cFailedOpen + counter(numReasons) + iota
+	cBreakerReopened
+	cBreakerClosed
+	numCounters
 )
 
 // metrics holds the ids the host gave the filter's metrics. A metric the
@@ -45,15 +63,17 @@ type metrics struct {
 	defined    [numCounters]bool
 	latency    uint32
 	hasLatency bool
+	state      uint32
+	hasState   bool
 }
 
 // MetricNames lists every metric the filter defines.
 func MetricNames() []string {
-	names := make([]string, 0, numCounters+1)
+	names := make([]string, 0, numCounters+2)
 	for c := counter(0); c < numCounters; c++ {
 		names = append(names, counterName(c))
 	}
-	return append(names, MetricCalloutLatency)
+	return append(names, MetricCalloutLatency, MetricBreakerState)
 }
 
 func counterName(c counter) string {
@@ -74,6 +94,12 @@ func counterName(c counter) string {
 		return MetricInvalidKey
 	case cUnchecked:
 		return MetricUnchecked
+	case cBreakerOpened:
+		return MetricBreakerOpened
+	case cBreakerReopened:
+		return MetricBreakerReopened
+	case cBreakerClosed:
+		return MetricBreakerClosed
 	}
 	return MetricFailedOpenPrefix + Reason(c-cFailedOpen).String()
 }
@@ -93,6 +119,11 @@ func (m *metrics) define(h abi.Host) (failed string) {
 	if s != abi.StatusOK && failed == "" {
 		failed = MetricCalloutLatency + ": " + s.String()
 	}
+	id, s = h.DefineMetric(abi.MetricGauge, MetricBreakerState)
+	m.state, m.hasState = id, s == abi.StatusOK
+	if s != abi.StatusOK && failed == "" {
+		failed = MetricBreakerState + ": " + s.String()
+	}
 	return failed
 }
 
@@ -109,5 +140,11 @@ func (m *metrics) failedOpen(h abi.Host, r Reason) {
 func (m *metrics) recordLatency(h abi.Host, ns int64) {
 	if m.hasLatency && ns >= 0 {
 		h.RecordMetric(m.latency, uint64(ns/1000))
+	}
+}
+
+func (m *metrics) recordState(h abi.Host, p breakerPhase) {
+	if m.hasState {
+		h.RecordMetric(m.state, uint64(p))
 	}
 }

@@ -1,0 +1,281 @@
+package limiter
+
+import (
+	"strconv"
+
+	"github.com/edgelimit/edgelimit/filter/abi"
+)
+
+// The circuit breaker stops the filter from calling a sidecar that cannot
+// answer, so that an outage does not add the callout timeout to every
+// request. After Failures callouts in a row have failed (timeout, 503,
+// reset, failed dispatch: breakerFailure), it opens: requests fail open at
+// once (failed_open.circuit_open) without a callout. Once the open interval
+// has passed, the first request is a probe and every other one keeps
+// failing open until its answer: a probe that gets any answer from the
+// sidecar closes the breaker, one that fails opens it again for twice as
+// long, up to MaxOpenMs.
+//
+// The state lives in proxy-wasm shared data, one value per sidecar cluster,
+// so that every worker VM of the process opens together and a single probe
+// goes out per process. Updates use compare-and-swap. filter/RATIONALE.md,
+// "Why the circuit breaker is in the filter", has the reasons and the
+// choice of defaults.
+
+// BreakerConfig is the circuit breaker's configuration ("breaker").
+type BreakerConfig struct {
+	// Failures is how many callout failures in a row open the breaker;
+	// 0 disables it. Defaults to 5.
+	Failures uint32
+	// MinOpenMs is how long the breaker first stays open, and again after
+	// it closed. Defaults to 100.
+	MinOpenMs uint32
+	// MaxOpenMs caps the open interval, which doubles after each failed
+	// probe. Defaults to 5000, or to MinOpenMs when that is larger.
+	MaxOpenMs uint32
+}
+
+// Defaults and limits of the breaker's configuration.
+const (
+	DefaultBreakerFailures  = 5
+	DefaultBreakerMinOpenMs = 100
+	DefaultBreakerMaxOpenMs = 5000
+	MaxBreakerFailures      = 10000
+	MaxBreakerOpenMs        = 60000
+)
+
+type breakerPhase uint8
+
+const (
+	// phaseClosed: callouts go out; consecutive failures are counted.
+	phaseClosed breakerPhase = iota
+	// phaseOpen: no callouts until the interval has passed.
+	phaseOpen
+	// phaseHalfOpen: one probe is out; no other callouts until its answer
+	// or until its lease runs out.
+	phaseHalfOpen
+	numPhases
+)
+
+// breakerState is the shared state of one sidecar cluster's breaker. Times
+// are the host clock in nanoseconds.
+type breakerState struct {
+	phase breakerPhase
+	// failures counts consecutive failed callouts while closed.
+	failures uint32
+	// interval is the length of the current (or last) open interval; 0
+	// when closed.
+	interval int64
+	// until is when the open interval ends (open), or when the probe is
+	// presumed lost (half-open); 0 when closed.
+	until int64
+	// since is when the breaker opened after being closed, for the log line
+	// that reports the outage's length.
+	since int64
+}
+
+// breakerEvent is a transition worth a metric or a log line.
+type breakerEvent uint8
+
+const (
+	evNone breakerEvent = iota
+	evOpened
+	evReopened
+	evClosed
+)
+
+// breakerFailure reports whether a failed callout counts against the
+// sidecar: the answers that say it cannot decide now. A timeout, a 503 (no
+// connection, or the sidecar cannot reach Redis), a reset and a failed
+// dispatch count. Any answer the sidecar chose to give, a 200 or a 429 but
+// also another status or a malformed one, came back promptly and counts as
+// success: the breaker saves waiting, and such an answer costs no wait
+// (its fault shows in failed_open.status and failed_open.malformed).
+func breakerFailure(a *Answer) bool {
+	if a.Outcome != FailedOpen {
+		return false
+	}
+	switch a.Reason {
+	case ReasonTimeout, ReasonUnavailable, ReasonReset, ReasonDispatch:
+		return true
+	}
+	return false
+}
+
+// admit decides whether a callout may go out at now. A closed breaker
+// admits every callout; an open one none until its interval has passed,
+// then exactly one, the probe, which makes it half-open for lease (so
+// that a probe whose answer never comes, because its VM went away, is
+// replaced). next differs from st only when a probe is admitted.
+func (st breakerState) admit(lease, now int64) (next breakerState, allow, probe bool) {
+	switch st.phase {
+	case phaseOpen:
+		// A clock stepped back by more than the interval would keep the
+		// breaker open longer than it was ever meant to be.
+		if now < st.until && st.until-now <= st.interval {
+			return st, false, false
+		}
+	case phaseHalfOpen:
+		if now < st.until && st.until-now <= lease {
+			return st, false, false
+		}
+	default:
+		return st, true, false
+	}
+	st.phase, st.until = phaseHalfOpen, now+lease
+	return st, true, true
+}
+
+// record applies the result of a callout sent when the breaker admitted
+// it (probe: as the probe). While open, and while half-open for any
+// callout but a probe, results change nothing: those callouts went out
+// before the breaker opened and say nothing about the sidecar since.
+func (st breakerState) record(b *BreakerConfig, failed, probe bool, now int64) (breakerState, breakerEvent) {
+	minOpen, maxOpen := msToNs(b.MinOpenMs), msToNs(max(b.MaxOpenMs, b.MinOpenMs))
+	switch st.phase {
+	case phaseClosed:
+		if !failed {
+			st.failures = 0
+			return st, evNone
+		}
+		if st.failures < ^uint32(0) {
+			st.failures++
+		}
+		if st.failures < b.Failures {
+			return st, evNone
+		}
+		return breakerState{phase: phaseOpen, interval: minOpen, until: now + minOpen, since: now}, evOpened
+	case phaseHalfOpen:
+		if !probe {
+			return st, evNone
+		}
+		if !failed {
+			return breakerState{}, evClosed
+		}
+		d := min(max(2*st.interval, minOpen), maxOpen)
+		st.phase, st.interval, st.until = phaseOpen, d, now+d
+		return st, evReopened
+	}
+	return st, evNone
+}
+
+func msToNs(ms uint32) int64 { return int64(ms) * 1e6 }
+
+// breaker is one plugin's handle on the shared breaker of its sidecar
+// cluster.
+type breaker struct {
+	cfg BreakerConfig
+	key string
+	// lease is how long a probe may stay unanswered before another request
+	// probes: the callout timeout, after which Envoy always answers, plus
+	// the first open interval.
+	lease int64
+}
+
+const (
+	breakerFormat = 1
+	breakerSize   = 30
+	// breakerCASAttempts bounds the retries when another VM updated the
+	// state between our read and write; giving up loses one count or one
+	// probe, never a request.
+	breakerCASAttempts = 4
+	// maxBreakerInterval bounds an interval read from shared data.
+	maxBreakerInterval = int64(MaxBreakerOpenMs) * 1e6
+)
+
+func newBreaker(c *Config) breaker {
+	return breaker{
+		cfg:   c.Breaker,
+		key:   "edgelimit/breaker/v" + strconv.Itoa(breakerFormat) + "/" + c.SidecarCluster,
+		lease: msToNs(c.TimeoutMs) + msToNs(c.Breaker.MinOpenMs),
+	}
+}
+
+func (b *breaker) enabled() bool { return b.cfg.Failures > 0 }
+
+// load reads the shared state. A missing or unreadable value is a closed
+// breaker with no failures: what cannot be read must not stop callouts.
+func (b *breaker) load(h abi.Host) (breakerState, uint32) {
+	v, cas, s := h.GetSharedData(b.key)
+	if s != abi.StatusOK {
+		return breakerState{}, cas
+	}
+	st, ok := decodeBreaker(v)
+	if !ok {
+		return breakerState{}, cas
+	}
+	return st, cas
+}
+
+// allow reports whether a callout may go out at now, and whether it is the
+// probe.
+func (b *breaker) allow(h abi.Host, now int64) (allow, probe bool) {
+	for attempt := 0; attempt < breakerCASAttempts; attempt++ {
+		st, cas := b.load(h)
+		next, allow, probe := st.admit(b.lease, now)
+		if !probe {
+			return allow, false
+		}
+		switch h.SetSharedData(b.key, encodeBreaker(next), cas) {
+		case abi.StatusOK:
+			return true, true
+		case abi.StatusCASMismatch:
+			continue // another VM wrote first, maybe taking the probe: look again
+		}
+		// A host that cannot store the state cannot have opened the
+		// breaker through it either.
+		return true, false
+	}
+	return false, false
+}
+
+// record applies a callout's result at now and reports the state it found
+// and the transition it made.
+func (b *breaker) record(h abi.Host, failed, probe bool, now int64) (breakerState, breakerEvent) {
+	for attempt := 0; attempt < breakerCASAttempts; attempt++ {
+		st, cas := b.load(h)
+		next, ev := st.record(&b.cfg, failed, probe, now)
+		if next == st {
+			return st, evNone // the common case, a success while closed: no write
+		}
+		switch h.SetSharedData(b.key, encodeBreaker(next), cas) {
+		case abi.StatusOK:
+			return st, ev
+		case abi.StatusCASMismatch:
+			continue
+		}
+		return st, evNone
+	}
+	return breakerState{}, evNone
+}
+
+// Shared value: format byte, phase byte, failures (u32), interval, until,
+// since (i64), little-endian.
+
+func encodeBreaker(st breakerState) []byte {
+	b := make([]byte, 0, breakerSize)
+	b = append(b, breakerFormat, byte(st.phase),
+		byte(st.failures), byte(st.failures>>8), byte(st.failures>>16), byte(st.failures>>24))
+	b = appendU64(b, uint64(st.interval))
+	b = appendU64(b, uint64(st.until))
+	return appendU64(b, uint64(st.since))
+}
+
+// decodeBreaker reads a shared value; false for one it does not understand
+// or whose numbers it cannot use.
+func decodeBreaker(b []byte) (breakerState, bool) {
+	if len(b) != breakerSize || b[0] != breakerFormat || b[1] >= byte(numPhases) {
+		return breakerState{}, false
+	}
+	st := breakerState{
+		phase:    breakerPhase(b[1]),
+		failures: uint32(b[2]) | uint32(b[3])<<8 | uint32(b[4])<<16 | uint32(b[5])<<24,
+		interval: int64(u64(b[6:])),
+		until:    int64(u64(b[14:])),
+		since:    int64(u64(b[22:])),
+	}
+	if st.interval < 0 || st.interval > maxBreakerInterval || st.until < 0 || st.since < 0 {
+		return breakerState{}, false
+	}
+	return st, true
+}
