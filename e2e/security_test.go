@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -197,7 +198,7 @@ func TestRawKeysNeverStored(t *testing.T) {
 	if err := os.WriteFile(s.plans, []byte(bad), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.sidecars[0].Signal(1); err != nil { // SIGHUP
+	if err := s.sidecars[0].Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the sidecar rejects the plans file", 10*time.Second, func() bool {
