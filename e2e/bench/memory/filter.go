@@ -35,6 +35,12 @@ var scenarios = []string{
 	"invalid-key",  // a key with a space: 401 from the filter
 }
 
+// Every outageEvery requests, the sidecar answers the next outageLength
+// 503s in a row ("outage"): enough failures to open the filter's circuit
+// breaker, whose requests then fail open without a callout until it
+// probes again.
+const outageEvery, outageLength = 5000, 12
+
 // filterSample is the module's linear memory after a number of requests.
 type filterSample struct {
 	Requests int
@@ -44,9 +50,10 @@ type filterSample struct {
 // filterResult is what a soak of the filter saw.
 type filterResult struct {
 	Samples  []filterSample
-	Outcomes map[string]int // by scenario and what the client got
-	Pending  int            // callouts still waiting at the end (a leak if > 0)
-	Failed   error          // the VM's failure, if it failed
+	Outcomes map[string]int   // by scenario and what the client got
+	Pending  int              // callouts still waiting at the end (a leak if > 0)
+	Counters map[string]int64 // the filter's edgelimit.requests.* metrics at the end
+	Failed   error            // the VM's failure, if it failed
 }
 
 // scriptedSidecar answers each callout as its key's scenario says; the
@@ -79,7 +86,7 @@ func (d *scriptedSidecar) Dispatch(_ context.Context, c wasmhost.Callout, respon
 		respond(wasmhost.CalloutResponse{Headers: allowHeaders})
 	case "deny":
 		respond(wasmhost.CalloutResponse{Headers: denyHeaders})
-	case "unavailable":
+	case "unavailable", "outage":
 		respond(wasmhost.LocalReplyResponse(503, "redis unavailable"))
 	case "malformed":
 		respond(wasmhost.CalloutResponse{Headers: []wasmhost.Header{{":status", "200"}}})
@@ -138,6 +145,9 @@ func soakFilter(ctx context.Context, wasmPath string, requests, sampleEvery int,
 	lastDenied := "deny.0"
 	for i := 1; i <= requests; i++ {
 		scenario := scenarios[i%len(scenarios)]
+		if i%outageEvery < outageLength {
+			scenario = "outage"
+		}
 		got, err := oneRequest(ctx, vm, clock, d, scenario, i, &lastDenied)
 		if err != nil {
 			return nil, fmt.Errorf("request %d (%s): %w", i, scenario, err)
@@ -161,6 +171,12 @@ func soakFilter(ctx context.Context, wasmPath string, requests, sampleEvery int,
 		}
 	}
 	res.Pending = vm.PendingCalls()
+	res.Counters = map[string]int64{}
+	for _, m := range vm.Stats().Snapshot() {
+		if name, ok := strings.CutPrefix(m.Name, "wasmcustom.edgelimit.requests."); ok {
+			res.Counters[name] = m.Value
+		}
+	}
 	return res, nil
 }
 

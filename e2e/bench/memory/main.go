@@ -142,5 +142,17 @@ func reportFilter(w io.Writer, res *filterResult, elapsed time.Duration) {
 	for _, k := range names {
 		fmt.Fprintf(w, "  %-28s %8d\n", k, res.Outcomes[k])
 	}
+	names = names[:0]
+	for k := range res.Counters {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	fmt.Fprint(w, "filter counters:")
+	for _, k := range names {
+		if res.Counters[k] != 0 {
+			fmt.Fprintf(w, " %s=%d", k, res.Counters[k])
+		}
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "callouts still pending: %d; VM failure: %v; %v\n", res.Pending, res.Failed, elapsed.Round(time.Millisecond))
 }
