@@ -736,3 +736,45 @@ func writeTestPKI(t *testing.T, dir string) (caFile, certFile, keyFile string) {
 	}
 	return caFile, certFile, keyFile
 }
+
+// Per-route costs cannot be dodged by spelling the path differently:
+// the gateway normalizes the path (dot segments, repeated slashes) before
+// the filter matches its cost rules and the router picks the service, as
+// Envoy does with normalize_path and merge_slashes, so a request pays the
+// price of the route that serves it, however the path was spelled.
+// (Percent-encoded dots are left alone by the headless gateway, which then
+// routes "/orders/%2e%2e/billing/1" to orders at orders' price; Envoy's
+// normalize_path decodes them and routes it to billing at billing's. Both
+// charge the route that serves the request.)
+func TestCostRulesSeeNormalizedPaths(t *testing.T) {
+	s := startStack(t, stackConfig{
+		plans:        tinyPlans,
+		redisTimeout: redisTimeout,
+		filter: filterConfig{TimeoutMs: calloutTimeout, Costs: []cost{
+			{PathPrefix: "/billing", Cost: 2},
+		}},
+	})
+	for i, path := range []string{"/billing/1", "/orders/../billing/1", "//billing//1", "/./billing/./1",
+		"/orders/%2e%2e/billing/1", "/orders/1"} {
+		key := fmt.Sprintf("path-spelling-%d", i)
+		st, body := rawRequest(t, s.gateways[0].Addr, "GET "+path+" HTTP/1.1\r\nhost: shop\r\nconnection: close\r\nx-api-key: "+key+"\r\n")
+		if st != 200 {
+			t.Errorf("%s: status %d (%q)", path, st, body)
+			continue
+		}
+		// The bucket holds 2: after billing's price it is empty, after
+		// orders' one token is left.
+		next := s.do(0, "GET", "/orders/1", "x-api-key", key).status
+		switch billing, orders := s.billing.Received(key), s.orders.Received(key); {
+		case billing == 1 && next != http.StatusTooManyRequests:
+			t.Errorf("%s reached billing but was charged less than 2 (the next request got %d)", path, next)
+		case billing == 0 && orders == 2 && next != http.StatusOK:
+			t.Errorf("%s reached orders but was charged more than 1 (the next request got %d)", path, next)
+		case billing+orders == 0:
+			t.Errorf("%s: 200 but no service received it", path)
+		}
+		if path == "/orders/../billing/1" && s.billing.Received(key) != 1 {
+			t.Errorf("%s did not reach billing", path)
+		}
+	}
+}
