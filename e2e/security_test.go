@@ -359,7 +359,7 @@ func TestInjectionThroughKeyOrCost(t *testing.T) {
 	long := strings.Repeat("k", 257)
 	// Where two statuses are allowed, which one depends on the proxy's HTTP
 	// parser: the headless gateway's (Go's) takes a folded line into the
-	// value and a bare LF as a line end, where Envoy refuses both with 400.
+	// value and a bare LF as a line end; stricter parsers refuse both (400).
 	cases := []struct {
 		name   string
 		head   string
