@@ -326,10 +326,12 @@ func normalizePath(target string) (string, bool) {
 	}
 	var out []string
 	for _, seg := range strings.Split(p[1:], "/") {
-		switch seg {
-		case "", ".":
+		// Envoy's normalize_path canonicalizes like a browser: a
+		// percent-encoded dot is a dot, so "%2e%2e" is a dot-dot segment.
+		switch strings.ToLower(seg) {
+		case "", ".", "%2e":
 			continue
-		case "..":
+		case "..", ".%2e", "%2e.", "%2e%2e":
 			if len(out) > 0 {
 				out = out[:len(out)-1]
 			}

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -73,7 +74,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	redis.SetLogger(redisLogger{log})
+	redis.SetLogger(newRedisLogger(log))
 	a := &App{log: log, stats: stats.New(), served: make(chan error, 1)}
 	var err error
 	if a.plans, err = plans.Open(cfg.PlansPath, log, a.stats.Reload); err != nil {
@@ -170,11 +171,30 @@ func (a *App) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// redisLogger sends go-redis's own messages (mostly dial failures while Redis
-// is down) to slog at debug level; the decisions they fail are already
-// logged, throttled, at warn.
-type redisLogger struct{ log *slog.Logger }
+// redisLogger sends go-redis's own messages (dial and handshake failures:
+// connection refused, a TLS certificate Redis's server does not pass, a
+// wrong password) to slog. They say why Redis cannot be reached, which the
+// decisions they fail ("context deadline exceeded") do not, so the first
+// one in each interval goes out at warn and the rest at debug.
+type redisLogger struct {
+	log  *slog.Logger
+	last *atomic.Int64 // unix nanoseconds of the last warn line
+}
+
+// redisLogEvery is the least time between two warn lines from go-redis.
+const redisLogEvery = 10 * time.Second
+
+func newRedisLogger(log *slog.Logger) redisLogger {
+	return redisLogger{log: log, last: new(atomic.Int64)}
+}
 
 func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.log.Debug("redis client", "msg", fmt.Sprintf(format, v...))
+	msg := fmt.Sprintf(format, v...)
+	now := time.Now().UnixNano()
+	last := l.last.Load()
+	if now-last >= int64(redisLogEvery) && l.last.CompareAndSwap(last, now) {
+		l.log.Warn("redis client", "msg", msg)
+		return
+	}
+	l.log.Debug("redis client", "msg", msg)
 }
