@@ -244,6 +244,11 @@ func (g *gateway) reload(ctx context.Context, why string) (int64, error) {
 	if cfg.Admin != "" && cfg.Admin != g.admin {
 		g.log.Warn("admin address change not applied: restart the gateway to move the admin listener", "admin", g.admin, "configured", cfg.Admin)
 	}
+	// New VMs rather than proxy_on_configure again in the running ones:
+	// a refused configuration then cannot leave a running plugin half
+	// reconfigured, and the module file is read again as Envoy reads it
+	// for a new listener. Only shared data and metrics carry over, which
+	// is all a plugin may count on in Envoy too.
 	gen, err := g.build(ctx, cfg, len(old.workers), old.n+1)
 	if err != nil {
 		return fail(err)
