@@ -68,8 +68,8 @@ check: deps
 
 ## bench: the benchmark harness; prints tables, writes bench/results/.
 bench: deps build
-	$(GO) run ./bench/scriptbench
-	$(GO) run ./bench/sidecarbench
+	$(GO) run ./e2e/bench/scriptbench
+	$(GO) run ./e2e/bench/sidecarbench
 
 ## demo: a real burst against the limiter.
 demo: deps build
