@@ -68,8 +68,8 @@ check: deps
 
 ## bench: the benchmark harness; prints tables, writes bench/results/.
 bench: deps build
-	$(GO) run ./bench/scriptbench
-	$(GO) run ./bench/sidecarbench
+	$(GO) run ./e2e/bench/scriptbench
+	$(GO) run ./e2e/bench/sidecarbench
 
 ## demo: a real burst against the limiter.
 demo: deps build
@@ -79,12 +79,14 @@ demo: deps build
 ## `make test` runs them for FUZZTIME. A crash leaves its input under the
 ## package's testdata/fuzz/, where it becomes a regression case.
 fuzz:
-	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' .); do \
+	@set -e; log=$$(mktemp); trap 'rm -f $$log' EXIT; \
+	for f in $$(grep -rl --include='*_test.go' '^func Fuzz' .); do \
 		dir=$$(dirname $$f); \
 		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
 			echo "fuzz $$dir $$t ($(FUZZTIME_LONG))"; \
-			$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME_LONG) $$dir >/dev/null || \
-				{ $(GO) test -run "^$$t$$" $$dir; exit 1; }; \
+			if ! $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME_LONG) $$dir >$$log 2>&1; then \
+				tail -40 $$log; exit 1; \
+			fi; \
 		done; \
 	done
 

@@ -76,6 +76,12 @@ type stackConfig struct {
 	// redisTimeout is the sidecar's -redis-timeout; default the deployed
 	// 3 ms.
 	redisTimeout string
+	// redisArgs are extra redis-server arguments; sidecarArgs and
+	// gatewayArgs extra flags of every sidecar and gateway.
+	redisArgs, sidecarArgs, gatewayArgs []string
+	// sidecarFront, if set, is given each sidecar's address and returns the
+	// address the gateways use for it instead (a proxy in front of it).
+	sidecarFront func(t *testing.T, addr string) string
 }
 
 type stack struct {
@@ -84,6 +90,7 @@ type stack struct {
 	plans    string
 	sidecars []*harness.Process
 	scAddrs  []string
+	fronts   []string // what the gateways dial for each sidecar
 	gateways []*harness.Gateway
 	orders   *harness.Service
 	billing  *harness.Service
@@ -112,7 +119,7 @@ func startStack(t *testing.T, c stackConfig) *stack {
 		c.gateways = 1
 	}
 	s := &stack{t: t, http: &http.Client{Timeout: 10 * time.Second}}
-	s.redis = redisproc.StartT(t, redisproc.Options{})
+	s.redis = redisproc.StartT(t, redisproc.Options{Args: c.redisArgs})
 	dir := t.TempDir()
 	s.plans = filepath.Join(dir, "plans.yaml")
 	if err := os.WriteFile(s.plans, []byte(c.plans), 0o600); err != nil {
@@ -123,6 +130,7 @@ func startStack(t *testing.T, c stackConfig) *stack {
 		if c.redisTimeout != "" {
 			sc.Extra = []string{"-redis-timeout", c.redisTimeout}
 		}
+		sc.Extra = append(sc.Extra, c.sidecarArgs...)
 		p, addr, err := harness.StartSidecar(ctx, bins, sc)
 		if err != nil {
 			t.Fatal(err)
@@ -130,6 +138,11 @@ func startStack(t *testing.T, c stackConfig) *stack {
 		s.own(p)
 		s.sidecars = append(s.sidecars, p)
 		s.scAddrs = append(s.scAddrs, addr)
+		if c.sidecarFront != nil {
+			s.fronts = append(s.fronts, c.sidecarFront(t, addr))
+		} else {
+			s.fronts = append(s.fronts, addr)
+		}
 	}
 	var err error
 	if s.orders, err = harness.StartService("orders", "127.0.0.1:0"); err != nil {
@@ -154,8 +167,9 @@ func startStack(t *testing.T, c stackConfig) *stack {
 			Config: yamlPath,
 			Clusters: map[string]string{
 				"orders": s.orders.Addr, "billing": s.billing.Addr,
-				"ratelimit_sidecar": s.scAddrs[i%len(s.scAddrs)],
+				"ratelimit_sidecar": s.fronts[i%len(s.fronts)],
 			},
+			Extra: c.gatewayArgs,
 		})
 		if err != nil {
 			t.Fatal(err)

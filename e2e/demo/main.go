@@ -140,14 +140,17 @@ func run(binDir string) (err error) {
 	}
 
 	fmt.Println()
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "client\tplan\tsent\tadmitted\t429\tRetry-After seen\treached orders\treached billing\t")
 	allMatch := true
 	for i, c := range clients {
 		r := results[i]
 		ra := "-"
 		if r.denied > 0 {
-			ra = fmt.Sprintf("%d–%d s", r.retryMin, r.retryMax)
+			ra = fmt.Sprintf("%d s", r.retryMin)
+			if r.retryMax != r.retryMin {
+				ra = fmt.Sprintf("%d–%d s", r.retryMin, r.retryMax)
+			}
 		}
 		o, bl := orders.Received(c.key), billing.Received(c.key)
 		if int(o+bl) != r.admitted {
@@ -178,10 +181,22 @@ func run(binDir string) (err error) {
 	}
 
 	if stats, err := gw.Stats(); err == nil {
+		c := func(name string) int64 { return stats["wasmcustom.edgelimit.requests."+name] }
+		var failedOpen int64
+		for n, v := range stats {
+			if strings.HasPrefix(n, "wasmcustom.edgelimit.requests.failed_open.") {
+				failedOpen += v
+			}
+		}
+		fmt.Printf("\nThe filter's decisions: %d allowed by the sidecar, %d denied by it, %d denied from the filter's deny cache (no callout), %d failed open.\n",
+			c("allowed"), c("denied"), c("denied_cached"), failedOpen)
+		if failedOpen > 0 {
+			fmt.Println("A request fails open when the sidecar does not answer within timeout_ms (5 ms): it goes on unlimited and is counted by reason below.")
+		}
 		fmt.Println("\nGateway counters (admin /stats):")
 		names := make([]string, 0, len(stats))
-		for n := range stats {
-			if strings.HasPrefix(n, "wasmcustom.") {
+		for n, v := range stats {
+			if strings.HasPrefix(n, "wasmcustom.") && v != 0 {
 				names = append(names, n)
 			}
 		}

@@ -9,11 +9,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/envoyconfig"
@@ -27,23 +30,53 @@ const routeTimeout = 15 * time.Second
 // drainTimeout bounds how long a shutdown waits for in-flight requests.
 const drainTimeout = 10 * time.Second
 
+// gateway is the running stand-in for Envoy: the listeners it bound at
+// start, and the generation of configuration requests are served with now.
 type gateway struct {
-	cfg       *envoyconfig.Config
+	o         options
 	log       *slog.Logger
-	wasmPath  string
-	mod       *wasmhost.Module
-	workers   []*wasmhost.VM
-	next      atomic.Uint64
-	calls     *countingDispatcher
-	upstreams map[string]*upstream
+	poll      wasmhost.PollMode
+	listener  string // the listener address as configured at start
+	admin     string // the admin address as configured at start
 	stats     *wasmhost.Stats
+	shared    *wasmhost.SharedData
+	next      atomic.Uint64
 	counters  counters
 	accessLog io.Writer
 	logMu     sync.Mutex
-	// pluginErrors collects the plugin's error lines while it is being
-	// configured, to say why it refused its configuration.
-	pluginErrors []string
+
+	// mu guards cur; a request takes cur and its in-flight count together
+	// (read lock), a reload swaps cur (write lock).
+	mu  sync.RWMutex
+	cur *generation
+	// reloadMu makes reloads (SIGHUP, POST /reload) one at a time.
+	reloadMu sync.Mutex
+	// retiring holds the generations a reload replaced that still serve
+	// requests; each closes itself once drained.
+	retiring sync.WaitGroup
+	oldMu    sync.Mutex
+	old      map[*generation]bool
+}
+
+// generation is one applied configuration: the worker VMs configured from
+// it, the clusters it routes to and the dispatcher of the plugin's
+// callouts. A reload builds a new generation beside the running one and
+// swaps it in; a request keeps the generation it started on until it ends.
+type generation struct {
+	n         int64 // 1 at start, +1 per applied reload
+	cfg       *envoyconfig.Config
+	mod       *wasmhost.Module
+	workers   []*wasmhost.VM
+	calls     *countingDispatcher
+	upstreams map[string]*upstream
+	inflight  sync.WaitGroup
+	closeOnce sync.Once
+
+	// pluginErrors collects the plugin's error lines while its workers
+	// are being configured, to say why it refused its configuration.
+	errMu        sync.Mutex
 	configuring  bool
+	pluginErrors []string
 }
 
 // upstream is one cluster the router forwards to.
@@ -55,6 +88,46 @@ type upstream struct {
 }
 
 func newGateway(ctx context.Context, o options, log *slog.Logger) (*gateway, error) {
+	poll, err := wasmhost.ParsePollMode(o.poll)
+	if err != nil {
+		return nil, fmt.Errorf("-poll-oneoff: %w", err)
+	}
+	cfg, err := loadConfig(o)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Admin == "" {
+		return nil, errors.New("no admin address: the configuration has none and -admin is not set")
+	}
+	// Metrics and shared data belong to the process, per vm_id, as in
+	// Envoy: every generation's VMs get these same two, so counters and
+	// the filter's deny cache and breaker state outlive a reload.
+	g := &gateway{o: o, log: log, poll: poll, listener: cfg.Listener, admin: cfg.Admin,
+		stats: wasmhost.NewStats(), shared: wasmhost.NewSharedData(), old: map[*generation]bool{}}
+	workers := o.concurrency
+	if o.check {
+		workers = 1
+	}
+	g.cur, err = g.build(ctx, cfg, workers, 1)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range []string{statReloadSuccess, statReloadFailed} {
+		g.counters.add(name, 0)
+	}
+	return g, nil
+}
+
+// Admin statistics of configuration reloads.
+const (
+	statGeneration    = "gateway.config_generation"
+	statReloadSuccess = "gateway.reload_success"
+	statReloadFailed  = "gateway.reload_failed"
+)
+
+// loadConfig reads the -config file and applies the command line's
+// overrides, at start and at every reload alike.
+func loadConfig(o options) (*envoyconfig.Config, error) {
 	cfg, err := envoyconfig.Load(o.config)
 	if err != nil {
 		return nil, err
@@ -68,62 +141,142 @@ func newGateway(ctx context.Context, o options, log *slog.Logger) (*gateway, err
 		}
 		cfg.Admin = o.admin
 	}
-	if cfg.Admin == "" {
-		return nil, errors.New("no admin address: the configuration has none and -admin is not set")
-	}
-	poll, err := wasmhost.ParsePollMode(o.poll)
-	if err != nil {
-		return nil, fmt.Errorf("-poll-oneoff: %w", err)
-	}
-	g := &gateway{cfg: cfg, log: log, wasmPath: cfg.Wasm.Filename, stats: wasmhost.NewStats(), upstreams: map[string]*upstream{}}
+	return cfg, nil
+}
+
+// build loads the module and starts workers VMs configured from cfg, each
+// as Envoy starts one: _initialize, proxy_on_vm_start, proxy_on_configure.
+// If any VM fails or the plugin refuses its configuration, everything built
+// is closed and the error carries the plugin's own error lines.
+func (g *gateway) build(ctx context.Context, cfg *envoyconfig.Config, workers int, n int64) (*generation, error) {
+	gen := &generation{n: n, cfg: cfg, upstreams: map[string]*upstream{}}
 	clusters := map[string]wasmhost.HTTPCluster{}
 	for name, c := range cfg.Clusters {
 		clusters[name] = wasmhost.HTTPCluster{Endpoints: c.Endpoints, ConnectTimeout: c.ConnectTimeout}
-		g.upstreams[name] = newUpstream(c)
+		gen.upstreams[name] = newUpstream(c)
 	}
-	g.calls = &countingDispatcher{HTTPDispatcher: wasmhost.NewHTTPDispatcher(clusters), g: g}
-
-	g.mod, err = wasmhost.LoadFile(ctx, g.wasmPath, wasmhost.ModuleOptions{Poll: poll})
+	gen.calls = &countingDispatcher{HTTPDispatcher: wasmhost.NewHTTPDispatcher(clusters), g: g}
+	var err error
+	gen.mod, err = wasmhost.LoadFile(ctx, cfg.Wasm.Filename, wasmhost.ModuleOptions{Poll: g.poll})
 	if err != nil {
+		gen.close()
 		return nil, err
 	}
-	workers := o.concurrency
-	if o.check {
-		workers = 1
-	}
 	for i := 0; i < workers; i++ {
-		vm, err := g.mod.NewVM(ctx, wasmhost.Options{
+		vm, err := gen.mod.NewVM(ctx, wasmhost.Options{
 			PluginName: cfg.Wasm.Name,
 			RootID:     cfg.Wasm.RootID,
 			VMID:       cfg.Wasm.VMID,
 			FailOpen:   cfg.Wasm.FailOpen,
-			Dispatcher: g.calls,
+			Dispatcher: gen.calls,
 			Stats:      g.stats,
-			Log:        g.pluginLog(i),
+			SharedData: g.shared,
+			Log:        g.pluginLog(gen, i),
 			LogLevel:   wasmhost.LogInfo,
 		})
 		if err != nil {
-			g.close()
+			gen.close()
 			return nil, fmt.Errorf("worker %d: %w", i, err)
 		}
-		g.workers = append(g.workers, vm)
-		g.logMu.Lock()
-		g.configuring, g.pluginErrors = true, nil
-		g.logMu.Unlock()
+		gen.workers = append(gen.workers, vm)
+		gen.errMu.Lock()
+		gen.configuring, gen.pluginErrors = true, nil
+		gen.errMu.Unlock()
 		err = vm.Configure(cfg.Wasm.Configuration)
-		g.logMu.Lock()
-		g.configuring = false
-		why := strings.Join(g.pluginErrors, "; ")
-		g.logMu.Unlock()
+		gen.errMu.Lock()
+		gen.configuring = false
+		why := strings.Join(gen.pluginErrors, "; ")
+		gen.errMu.Unlock()
 		if err != nil {
-			g.close()
+			gen.close()
 			if why != "" {
 				return nil, fmt.Errorf("plugin %s: %w: %s", cfg.Wasm.Name, err, why)
 			}
 			return nil, fmt.Errorf("plugin %s: %w", cfg.Wasm.Name, err)
 		}
 	}
-	return g, nil
+	return gen, nil
+}
+
+// acquire returns the generation a new request runs on and counts the
+// request in it; release it when the request ends.
+func (g *gateway) acquire() *generation {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	gen := g.cur
+	gen.inflight.Add(1)
+	return gen
+}
+
+func (gen *generation) release() { gen.inflight.Done() }
+
+// current returns the generation new requests run on.
+func (g *gateway) current() *generation {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.cur
+}
+
+// reload re-reads the configuration and, if the plugin accepts it, swaps
+// in a new generation of worker VMs, as Envoy applies a listener update:
+// requests already in flight finish on the old VMs, which are closed once
+// the last of them ends. If anything fails the running generation stays
+// and the failure is logged and counted. It returns the generation that
+// serves new requests afterwards.
+func (g *gateway) reload(ctx context.Context, why string) (int64, error) {
+	g.reloadMu.Lock()
+	defer g.reloadMu.Unlock()
+	old := g.current()
+	fail := func(err error) (int64, error) {
+		g.counters.inc(statReloadFailed)
+		g.log.Error("reload failed; keeping the running configuration", "trigger", why, "generation", old.n, "err", err)
+		return old.n, err
+	}
+	cfg, err := loadConfig(g.o)
+	if err != nil {
+		return fail(err)
+	}
+	// The listeners stay where they were bound: moving them would drop
+	// connections, and Envoy does not move a listener in place either.
+	if cfg.Listener != g.listener {
+		g.log.Warn("listener address change not applied: restart the gateway to move the listener", "listener", g.listener, "configured", cfg.Listener)
+	}
+	if cfg.Admin != "" && cfg.Admin != g.admin {
+		g.log.Warn("admin address change not applied: restart the gateway to move the admin listener", "admin", g.admin, "configured", cfg.Admin)
+	}
+	// New VMs rather than proxy_on_configure again in the running ones:
+	// a refused configuration then cannot leave a running plugin half
+	// reconfigured, and the module file is read again as Envoy reads it
+	// for a new listener. Only shared data and metrics carry over, which
+	// is all a plugin may count on in Envoy too.
+	gen, err := g.build(ctx, cfg, len(old.workers), old.n+1)
+	if err != nil {
+		return fail(err)
+	}
+	g.mu.Lock()
+	g.cur = gen
+	g.mu.Unlock()
+	g.counters.inc(statReloadSuccess)
+	g.log.Info("configuration reloaded", "trigger", why, "generation", gen.n, "workers", len(gen.workers), "module", cfg.Wasm.Filename)
+	g.retire(old)
+	return gen.n, nil
+}
+
+// retire closes a replaced generation once its last request has ended.
+func (g *gateway) retire(old *generation) {
+	g.oldMu.Lock()
+	g.old[old] = true
+	g.oldMu.Unlock()
+	g.retiring.Add(1)
+	go func() {
+		defer g.retiring.Done()
+		old.inflight.Wait()
+		old.close()
+		g.oldMu.Lock()
+		delete(g.old, old)
+		g.oldMu.Unlock()
+		g.log.Info("previous configuration drained and closed", "generation", old.n)
+	}()
 }
 
 func newUpstream(c envoyconfig.Cluster) *upstream {
@@ -145,8 +298,9 @@ func newUpstream(c envoyconfig.Cluster) *upstream {
 }
 
 // pluginLog forwards a worker VM's plugin log lines to the gateway's log,
-// as Envoy's "wasm log" lines.
-func (g *gateway) pluginLog(worker int) func(wasmhost.LogLevel, string) {
+// as Envoy's "wasm log" lines, and keeps its error lines while gen is being
+// configured.
+func (g *gateway) pluginLog(gen *generation, worker int) func(wasmhost.LogLevel, string) {
 	return func(level wasmhost.LogLevel, msg string) {
 		sl := slog.LevelInfo
 		switch {
@@ -158,42 +312,57 @@ func (g *gateway) pluginLog(worker int) func(wasmhost.LogLevel, string) {
 			sl = slog.LevelError
 		}
 		if level >= wasmhost.LogError {
-			g.logMu.Lock()
-			if g.configuring {
-				g.pluginErrors = append(g.pluginErrors, msg)
+			gen.errMu.Lock()
+			if gen.configuring {
+				gen.pluginErrors = append(gen.pluginErrors, msg)
 			}
-			g.logMu.Unlock()
+			gen.errMu.Unlock()
 		}
-		g.log.Log(context.Background(), sl, "wasm log", "plugin", g.cfg.Wasm.Name, "worker", worker, "msg", msg)
+		g.log.Log(context.Background(), sl, "wasm log", "plugin", gen.cfg.Wasm.Name, "generation", gen.n, "worker", worker, "msg", msg)
 	}
 }
 
+// close stops a generation's VMs, its connections and its module. Safe to
+// call more than once.
+func (gen *generation) close() {
+	gen.closeOnce.Do(func() {
+		for _, vm := range gen.workers {
+			vm.Close()
+		}
+		if gen.calls != nil {
+			gen.calls.Close()
+		}
+		for _, u := range gen.upstreams {
+			u.client.CloseIdleConnections()
+		}
+		if gen.mod != nil {
+			gen.mod.Close(context.Background())
+		}
+	})
+}
+
+// close stops every generation: the current one, and replaced ones whose
+// requests did not end within the drain.
 func (g *gateway) close() {
-	for _, vm := range g.workers {
-		vm.Close()
+	g.current().close()
+	g.oldMu.Lock()
+	for old := range g.old {
+		old.close()
 	}
-	if g.calls != nil {
-		g.calls.Close()
-	}
-	for _, u := range g.upstreams {
-		u.client.CloseIdleConnections()
-	}
-	if g.mod != nil {
-		g.mod.Close(context.Background())
-	}
+	g.oldMu.Unlock()
 }
 
 type workerKey struct{}
 
 // serve runs the listener and the admin listener until ctx ends, then
-// drains.
+// drains. SIGHUP reloads the configuration meanwhile.
 func (g *gateway) serve(ctx context.Context, ready chan<- [2]string) error {
 	defer g.close()
-	ln, err := net.Listen("tcp", g.cfg.Listener)
+	ln, err := net.Listen("tcp", g.listener)
 	if err != nil {
 		return fmt.Errorf("listener: %w", err)
 	}
-	adminLn, err := net.Listen("tcp", g.cfg.Admin)
+	adminLn, err := net.Listen("tcp", g.admin)
 	if err != nil {
 		ln.Close()
 		return fmt.Errorf("admin listener: %w", err)
@@ -201,35 +370,53 @@ func (g *gateway) serve(ctx context.Context, ready chan<- [2]string) error {
 	srv := &http.Server{
 		Handler:           g,
 		ReadHeaderTimeout: 30 * time.Second,
-		// Envoy hands each connection to one worker for its lifetime.
+		// Envoy hands each connection to one worker for its lifetime; the
+		// worker's index picks the VM of whichever generation a request
+		// runs on.
 		ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
-			return context.WithValue(ctx, workerKey{}, int(g.next.Add(1)-1)%len(g.workers))
+			return context.WithValue(ctx, workerKey{}, int(g.next.Add(1)-1))
 		},
 		ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 	}
-	admin := &http.Server{Handler: g.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	admin := &http.Server{Handler: g.adminHandler(ctx), ReadHeaderTimeout: 10 * time.Second}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
 	go func() { errc <- admin.Serve(adminLn) }()
+	gen := g.current()
 	g.log.Info("gateway serving", "listener", ln.Addr().String(), "admin", adminLn.Addr().String(),
-		"workers", len(g.workers), "module", g.wasmPath, "abi", g.mod.ABIVersion())
+		"workers", len(gen.workers), "module", gen.cfg.Wasm.Filename, "abi", gen.mod.ABIVersion())
 	if ready != nil {
 		ready <- [2]string{ln.Addr().String(), adminLn.Addr().String()}
 	}
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		return err
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case err := <-errc:
+			return err
+		case <-hup:
+			// Errors are logged and counted by reload; the gateway keeps
+			// serving either way.
+			g.reload(ctx, "SIGHUP")
+		}
 	}
 	g.log.Info("draining")
 	dctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
 	err = srv.Shutdown(dctx)
 	admin.Shutdown(dctx)
+	if err == nil {
+		// Every request has ended, so replaced generations close now.
+		g.retiring.Wait()
+	}
 	return err
 }
 
-func (g *gateway) adminHandler() http.Handler {
+func (g *gateway) adminHandler(ctx context.Context) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("content-type", "text/plain")
@@ -239,6 +426,16 @@ func (g *gateway) adminHandler() http.Handler {
 		w.Header().Set("content-type", "text/plain")
 		g.writeStats(w)
 	})
+	mux.HandleFunc("POST /reload", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("content-type", "text/plain")
+		n, err := g.reload(ctx, "admin")
+		if err != nil {
+			w.WriteHeader(http.StatusInternalServerError)
+			fmt.Fprintf(w, "reload failed, generation %d still serving: %v\n", n, err)
+			return
+		}
+		fmt.Fprintf(w, "generation %d\n", n)
+	})
 	return mux
 }
 
@@ -246,13 +443,15 @@ func (g *gateway) adminHandler() http.Handler {
 // counters, then the plugin's wasmcustom.* metrics.
 func (g *gateway) writeStats(w io.Writer) {
 	snap := g.counters.snapshot()
+	gen := g.current()
 	failed := int64(0)
-	for _, vm := range g.workers {
+	for _, vm := range gen.workers {
 		if vm.Failed() {
 			failed++
 		}
 	}
-	snap["wasm.vm."+g.cfg.Wasm.VMID+".failed"] = failed
+	snap["wasm.vm."+gen.cfg.Wasm.VMID+".failed"] = failed
+	snap[statGeneration] = gen.n
 	names := make([]string, 0, len(snap))
 	for name := range snap {
 		names = append(names, name)
@@ -270,13 +469,15 @@ type counters struct {
 	m  map[string]int64
 }
 
-func (c *counters) inc(name string) {
+func (c *counters) inc(name string) { c.add(name, 1) }
+
+func (c *counters) add(name string, d int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
 		c.m = map[string]int64{}
 	}
-	c.m[name]++
+	c.m[name] += d
 }
 
 func (c *counters) snapshot() map[string]int64 {

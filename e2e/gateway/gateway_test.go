@@ -157,11 +157,16 @@ func (l *lockedBuffer) String() string {
 // by SIGTERM) at cleanup.
 func start(t *testing.T, args ...string) *running {
 	t.Helper()
+	return startArgs(t, append([]string{"-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0"}, args...)...)
+}
+
+// startArgs runs the gateway in this process with exactly args.
+func startArgs(t *testing.T, args ...string) *running {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan [2]string, 1)
 	errc := make(chan error, 1)
 	stderr := &lockedBuffer{}
-	args = append([]string{"-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0"}, args...)
 	go func() { errc <- run(ctx, args, io.Discard, stderr, ready) }()
 	select {
 	case a := <-ready:

@@ -8,8 +8,22 @@
 //	        [-cluster NAME=HOST:PORT ...] [-wasm PATH] [-concurrency N]
 //
 // The admin listener serves /stats (Envoy's "name: value" text, the
-// plugin's wasmcustom.* metrics included) and /ready. SIGTERM or SIGINT
-// drains in-flight requests and stops.
+// plugin's wasmcustom.* metrics included), /ready and POST /reload. SIGTERM
+// or SIGINT drains in-flight requests and stops.
+//
+// SIGHUP (or POST /reload) reloads the configuration as Envoy applies a
+// listener update: the -config file is read again with the same -listen,
+// -cluster and -wasm overrides, and a new set of worker VMs is started and
+// configured from it (_initialize, proxy_on_vm_start, proxy_on_configure,
+// as at start). If the plugin rejects the configuration, or the file does
+// not load, the running VMs stay, the error is logged and
+// gateway.reload_failed counts it. Otherwise new requests go to the new
+// VMs, requests in flight finish on the old ones, and the old ones are
+// closed once the last of them ends. The plugin's metrics and shared data
+// belong to the process and carry over. The listener and admin addresses
+// are bound once: a changed address is logged and not applied. The admin
+// stats gateway.config_generation (1 at start, +1 per applied reload),
+// gateway.reload_success and gateway.reload_failed report reloads.
 package main
 
 import (
@@ -112,7 +126,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	}
 	if o.check {
 		g.close()
-		fmt.Fprintf(stdout, "configuration OK: %s (module %s, %d routes, %d clusters)\n", o.config, g.wasmPath, len(g.cfg.Routes), len(g.cfg.Clusters))
+		cfg := g.current().cfg
+		fmt.Fprintf(stdout, "configuration OK: %s (module %s, %d routes, %d clusters)\n", o.config, cfg.Wasm.Filename, len(cfg.Routes), len(cfg.Clusters))
 		return nil
 	}
 	if o.accessLog {

@@ -48,8 +48,10 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "Bad Request", http.StatusBadRequest)
 		return
 	}
+	gen := g.acquire()
+	defer gen.release()
 	worker, _ := r.Context().Value(workerKey{}).(int)
-	vm := g.workers[worker%len(g.workers)]
+	vm := gen.workers[worker%len(gen.workers)]
 	s, err := vm.NewStream(wasmhost.StreamInfo{SourceAddr: r.RemoteAddr, DestinationAddr: localAddr(r), Protocol: r.Proto})
 	if err != nil {
 		x.status, x.details = http.StatusServiceUnavailable, "wasm_vm_closed"
@@ -79,16 +81,16 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		x.details = "wasm_close_stream"
 		panic(http.ErrAbortHandler)
 	}
-	g.route(w, r, s, x)
+	g.route(w, r, gen, s, x)
 }
 
 // route is Envoy's router: the first route whose prefix matches sends the
 // request to its cluster; no match is a 404.
-func (g *gateway) route(w http.ResponseWriter, r *http.Request, s *wasmhost.Stream, x *exchange) {
+func (g *gateway) route(w http.ResponseWriter, r *http.Request, gen *generation, s *wasmhost.Stream, x *exchange) {
 	headers := s.UpstreamHeaders()
 	path := firstValue(headers, ":path")
 	var cluster string
-	for _, rt := range g.cfg.Routes {
+	for _, rt := range gen.cfg.Routes {
 		if strings.HasPrefix(path, rt.Prefix) {
 			cluster = rt.Cluster
 			break
@@ -99,7 +101,7 @@ func (g *gateway) route(w http.ResponseWriter, r *http.Request, s *wasmhost.Stre
 		g.localReply(w, s, x, http.StatusNotFound, "")
 		return
 	}
-	u := g.upstreams[cluster]
+	u := gen.upstreams[cluster]
 	x.cluster = cluster
 	prefix := "cluster." + cluster + "."
 	g.counters.inc(prefix + "upstream_rq_total")
@@ -324,10 +326,12 @@ func normalizePath(target string) (string, bool) {
 	}
 	var out []string
 	for _, seg := range strings.Split(p[1:], "/") {
-		switch seg {
-		case "", ".":
+		// Envoy's normalize_path canonicalizes like a browser: a
+		// percent-encoded dot is a dot, so "%2e%2e" is a dot-dot segment.
+		switch strings.ToLower(seg) {
+		case "", ".", "%2e":
 			continue
-		case "..":
+		case "..", ".%2e", "%2e.", "%2e%2e":
 			if len(out) > 0 {
 				out = out[:len(out)-1]
 			}

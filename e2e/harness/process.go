@@ -61,6 +61,8 @@ func (p *Process) Stop(grace time.Duration) error {
 		return exitErr(err)
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	// A paused process acts on SIGTERM only once continued.
+	_ = p.cmd.Process.Signal(syscall.SIGCONT)
 	select {
 	case <-p.done:
 		return exitErr(p.err)
@@ -84,7 +86,14 @@ func (p *Process) Signal(sig syscall.Signal) error { return p.cmd.Process.Signal
 
 // Pause stops the process (SIGSTOP) without closing its sockets: the
 // kernel still accepts connections on its listeners, but nothing answers.
-func (p *Process) Pause() error { return p.cmd.Process.Signal(syscall.SIGSTOP) }
+// It returns once the kernel reports the process stopped: until then it
+// may still answer a request or two.
+func (p *Process) Pause() error {
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	return p.WaitStopped(10 * time.Second)
+}
 
 // Resume continues a paused process.
 func (p *Process) Resume() error { return p.cmd.Process.Signal(syscall.SIGCONT) }

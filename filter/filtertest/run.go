@@ -30,6 +30,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"callout/configured", r.calloutConfigured},
 		{"sidecar/allowed", r.allowed},
 		{"sidecar/denied", r.denied},
+		{"sidecar/unknown-key", r.unknownKey},
 		{"sidecar/fail-open", r.failOpen},
 		{"sidecar/dispatch-failure", r.dispatchFailure},
 		{"sidecar/fail-open-logs", r.failOpenLogs},
@@ -433,6 +434,30 @@ func (r runner) denied(t *testing.T) {
 	s, _ = waiting(t, h, get("key-2"))
 	s.RespondCallout(denyAnswer(10, 0, 5, 0, "", "", "basic"), nil)
 	denial(t, s, `"basic"`, "10", "0", "5", "1")
+}
+
+// unknownKey: the sidecar answers 403 when no plan lists the key and there is
+// no default plan. That is a decision, not a failure: the request is refused
+// at the edge (failing open would make every unlisted key unlimited), and in
+// shadow mode the service is told the request would be denied.
+func (r runner) unknownKey(t *testing.T) {
+	h := r.host(t, "")
+	s, _ := waiting(t, h, get("stranger"))
+	s.RespondCallout([]Header{{":status", "403"}, {"content-type", "text/plain"}}, []byte("unknown api key"))
+	if body := jsonBody(t, reply(t, s, 403)); body["error"] != "unknown_api_key" {
+		t.Errorf("403 body %v: want error unknown_api_key", body)
+	}
+	s.Done()
+	counters(t, h, map[string]int64{limiter.MetricUnknownKey: 1, limiter.MetricFailedOpenPrefix + "status": 0})
+
+	h = r.host(t, `{"mode": "shadow"}`)
+	s, _ = waiting(t, h, get("stranger"))
+	s.RespondCallout([]Header{{":status", "403"}}, nil)
+	wentOn(t, s)
+	if got := header(t, s.UpstreamHeaders(), "x-ratelimit-shadow"); got != "deny" {
+		t.Errorf("shadow, unknown key: header %q, want deny", got)
+	}
+	counters(t, h, map[string]int64{limiter.MetricShadowWouldDeny: 1, limiter.MetricUnknownKey: 0})
 }
 
 func (r runner) failOpen(t *testing.T) {

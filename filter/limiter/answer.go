@@ -16,6 +16,9 @@ const (
 	Denied
 	// FailedOpen: anything else; the request goes on unlimited.
 	FailedOpen
+	// UnknownKey: 403, the key is not in the sidecar's plans and there is
+	// no default plan. A decision, not a failure: the request is refused.
+	UnknownKey
 )
 
 // Reason says why a request failed open. Each has its own counter,
@@ -89,6 +92,9 @@ func ParseAnswer(headers [][2]string) Answer {
 	a := Answer{Status: int(status)}
 	switch status {
 	case 200, 429:
+	case 403:
+		a.Outcome = UnknownKey
+		return a
 	case 503:
 		return failed(ReasonUnavailable, "sidecar answered 503", 503)
 	case 504:

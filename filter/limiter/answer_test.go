@@ -102,6 +102,10 @@ func FuzzParseAnswer(f *testing.F) {
 			if a.Reason >= numReasons || a.Detail == "" {
 				t.Fatalf("fail-open without reason: %+v", a)
 			}
+		case UnknownKey:
+			if a.Status != 403 {
+				t.Fatalf("unknown key from status %d", a.Status)
+			}
 		default:
 			t.Fatalf("outcome %d", a.Outcome)
 		}

@@ -29,6 +29,7 @@ const (
 const (
 	missingKeyBody = `{"error":"missing_api_key","message":"an API key is required"}`
 	invalidKeyBody = `{"error":"invalid_api_key","message":"the API key is malformed"}`
+	unknownKeyBody = `{"error":"unknown_api_key","message":"the API key is not known"}`
 )
 
 // tickPeriodMs is how often each root context flushes throttled log lines.
@@ -313,6 +314,16 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 		if s.enforce {
 			l.m.inc(h, cDenied)
 			l.deny(s, a.Plan, a.Limit, a.Remaining, a.Reset, a.RetryAfter, "edgelimit_rate_limited")
+			return
+		}
+		l.m.inc(h, cShadowWouldDeny)
+		h.ReplaceHeader(abi.MapRequestHeaders, ShadowHeader, "deny")
+	case UnknownKey:
+		if s.enforce {
+			l.m.inc(h, cUnknownKey)
+			h.SendLocalResponse(403, "edgelimit_unknown_api_key", []byte(unknownKeyBody),
+				[][2]string{{"content-type", "application/json"}}, abi.GRPCStatusNone)
+			s.settled = true
 			return
 		}
 		l.m.inc(h, cShadowWouldDeny)

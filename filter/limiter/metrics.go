@@ -13,7 +13,10 @@ const (
 	MetricShadowWouldDeny = "edgelimit.requests.shadow_would_deny"
 	MetricMissingKey      = "edgelimit.requests.missing_key"
 	MetricInvalidKey      = "edgelimit.requests.invalid_key"
-	MetricUnchecked       = "edgelimit.requests.unchecked"
+	// MetricUnknownKey counts requests refused because the sidecar does not
+	// know the key (403: no plan lists it and there is no default plan).
+	MetricUnknownKey = "edgelimit.requests.unknown_key"
+	MetricUnchecked  = "edgelimit.requests.unchecked"
 	// MetricFailedOpenPrefix + Reason.String() counts requests that failed
 	// open, by reason.
 	MetricFailedOpenPrefix = "edgelimit.requests.failed_open."
@@ -45,6 +48,7 @@ const (
 	cShadowWouldDeny
 	cMissingKey
 	cInvalidKey
+	cUnknownKey
 	cUnchecked
 	cFailedOpen // + Reason
 )
@@ -92,6 +96,8 @@ func counterName(c counter) string {
 		return MetricMissingKey
 	case cInvalidKey:
 		return MetricInvalidKey
+	case cUnknownKey:
+		return MetricUnknownKey
 	case cUnchecked:
 		return MetricUnchecked
 	case cBreakerOpened:

@@ -12,12 +12,14 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 
 	"github.com/edgelimit/edgelimit/sidecar/decide"
+	"github.com/edgelimit/edgelimit/sidecar/hot"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 	"github.com/edgelimit/edgelimit/sidecar/plans"
 	"github.com/edgelimit/edgelimit/sidecar/redisconn"
@@ -42,6 +44,12 @@ type Config struct {
 	PlansPoll time.Duration
 	// Pipelines and MaxBatch tune the decider (see decide.Options).
 	Pipelines, MaxBatch int
+	// HotInterval is how often hot clients' demand is flushed and their
+	// shares reconciled (default hot.DefaultInterval, 1 s).
+	HotInterval time.Duration
+	// NoHotSharding gives hot clients one bucket like any other client (for
+	// comparisons); the plans file's regions are then ignored.
+	NoHotSharding bool
 }
 
 // App is a running sidecar.
@@ -51,6 +59,7 @@ type App struct {
 	plans     *plans.Store
 	client    redis.UniversalClient
 	decider   *decide.Decider
+	hot       *hot.Sharder // nil without sharding
 	http      *fasthttp.Server
 	ln        net.Listener
 	served    chan error
@@ -65,7 +74,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	redis.SetLogger(redisLogger{log})
+	redis.SetLogger(newRedisLogger(log))
 	a := &App{log: log, stats: stats.New(), served: make(chan error, 1)}
 	var err error
 	if a.plans, err = plans.Open(cfg.PlansPath, log, a.stats.Reload); err != nil {
@@ -82,8 +91,14 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 		OnBatch:    a.stats.ObserveBatch,
 		OnNoScript: a.stats.ScriptLoads.Inc,
 	})
+	var sharder *hot.Sharder
+	if !cfg.NoHotSharding {
+		sharder = hot.New(a.client, log)
+		a.hot = sharder
+	}
 	srv := server.New(server.Options{
 		Plans:   a.plans.Current,
+		Hot:     sharder,
 		Decider: a.decider,
 		Keys:    keys.New(cfg.KeySalt),
 		Timeout: cfg.RedisTimeout,
@@ -100,6 +115,9 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	var watchCtx context.Context
 	watchCtx, a.stopWatch = context.WithCancel(context.Background())
 	go a.plans.Watch(watchCtx, cfg.PlansPoll)
+	if sharder != nil {
+		go sharder.Run(watchCtx, cfg.HotInterval)
+	}
 	go func() { a.served <- a.http.Serve(a.ln) }()
 
 	// Load the script now rather than on the first request, and say whether
@@ -111,7 +129,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 		log.Warn("redis not ready yet; checks answer 503 until it is", "redis", cfg.Redis.Redacted, "err", err)
 	}
 	log.Info("sidecar listening", "addr", a.Addr(), "redis", cfg.Redis.Redacted, "redis_kind", cfg.Redis.Kind.String(),
-		"plans", cfg.PlansPath, "plan_count", len(p.ByName), "clients", p.Clients(),
+		"plans", cfg.PlansPath, "plan_count", len(p.ByName), "clients", p.Clients(), "hot_clients", p.HotClients(),
 		"redis_timeout", serverTimeout(cfg.RedisTimeout), "key_salt", len(cfg.KeySalt) > 0)
 	return a, nil
 }
@@ -153,11 +171,30 @@ func (a *App) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// redisLogger sends go-redis's own messages (mostly dial failures while Redis
-// is down) to slog at debug level; the decisions they fail are already
-// logged, throttled, at warn.
-type redisLogger struct{ log *slog.Logger }
+// redisLogger sends go-redis's own messages (dial and handshake failures:
+// connection refused, a TLS certificate Redis's server does not pass, a
+// wrong password) to slog. They say why Redis cannot be reached, which the
+// decisions they fail ("context deadline exceeded") do not, so the first
+// one in each interval goes out at warn and the rest at debug.
+type redisLogger struct {
+	log  *slog.Logger
+	last *atomic.Int64 // unix nanoseconds of the last warn line
+}
+
+// redisLogEvery is the least time between two warn lines from go-redis.
+const redisLogEvery = 10 * time.Second
+
+func newRedisLogger(log *slog.Logger) redisLogger {
+	return redisLogger{log: log, last: new(atomic.Int64)}
+}
 
 func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.log.Debug("redis client", "msg", fmt.Sprintf(format, v...))
+	msg := fmt.Sprintf(format, v...)
+	now := time.Now().UnixNano()
+	last := l.last.Load()
+	if now-last >= int64(redisLogEvery) && l.last.CompareAndSwap(last, now) {
+		l.log.Warn("redis client", "msg", msg)
+		return
+	}
+	l.log.Debug("redis client", "msg", msg)
 }

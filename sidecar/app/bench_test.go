@@ -14,7 +14,7 @@ import (
 
 // BenchmarkCheck measures POST /v1/check end to end on a real Redis, in one
 // process (50 HTTP clients, the sidecar and its batching decider), for
-// profiles of the sidecar's own work. bench/sidecarbench measures it as
+// profiles of the sidecar's own work. e2e/bench/sidecarbench measures it as
 // separate processes.
 func BenchmarkCheck(b *testing.B) {
 	srv := redisproc.StartT(b, redisproc.Options{})

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,8 +52,8 @@ type Options struct {
 	// 4096; a caller finding it full waits until its own deadline.
 	Queue int
 	// ExecTimeout bounds one pipeline's round trip, so a loop stuck on a dead
-	// connection is freed. Callers give up earlier, at their own deadline.
-	// Defaults to 1 s.
+	// connection is freed. A pipeline also stops at the latest deadline of
+	// the calls in it, usually much sooner. Defaults to 1 s.
 	ExecTimeout time.Duration
 	// OnBatch, if set, is called with the size of every pipeline sent (for
 	// the batch-size histogram).
@@ -255,7 +256,20 @@ func (d *Decider) run(batch []*call) {
 	if d.opt.OnBatch != nil {
 		d.opt.OnBatch(len(live))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), d.opt.ExecTimeout)
+	// Nobody reads an answer after the last caller's deadline: stop there, so
+	// a batch stuck on a dead server (a Cluster master being failed over)
+	// frees its loop for the batches that can still be answered.
+	last := now.Add(d.opt.ExecTimeout)
+	latest := live[0].deadline
+	for _, c := range live[1:] {
+		if c.deadline.After(latest) {
+			latest = c.deadline
+		}
+	}
+	if latest.Before(last) {
+		last = latest
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), last)
 	defer cancel()
 
 	cmds := d.exec(ctx, live, false)
@@ -279,6 +293,7 @@ func (d *Decider) run(batch []*call) {
 			cmds[i] = again[j]
 		}
 	}
+	d.reloadOnTransportError(cmds)
 	for i, c := range live {
 		v, err := cmds[i].Result()
 		if err == nil {
@@ -287,6 +302,29 @@ func (d *Decider) run(batch []*call) {
 			c.err = err
 		}
 		c.done <- struct{}{}
+	}
+}
+
+// reloadOnTransportError asks a cluster client to re-read the slot map when
+// a call failed for any reason but a Redis error reply: a master that is down
+// or was replaced by its replica shows up that way, and the new owner of its
+// slots is only known after a reload. go-redis rate-limits the reloads.
+func (d *Decider) reloadOnTransportError(cmds []*redis.Cmd) {
+	cc, ok := d.client.(*redis.ClusterClient)
+	if !ok {
+		return
+	}
+	for _, cmd := range cmds {
+		err := cmd.Err()
+		if err == nil || err == redis.Nil {
+			continue
+		}
+		var reply redis.Error
+		if errors.As(err, &reply) && !strings.HasPrefix(err.Error(), "CLUSTERDOWN") {
+			continue
+		}
+		cc.ReloadState(context.Background())
+		return
 	}
 }
 

@@ -43,6 +43,11 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("accepted a client key of %d bytes", len(key))
 			}
 		}
+		for key, h := range p.hot {
+			if p.clients[key] == nil || len(h.Regions) < MinRegions || len(h.Regions) > MaxRegions {
+				t.Fatalf("hot client with plan %v and regions %v accepted", p.clients[key], h.Regions)
+			}
+		}
 		if p.Default != nil && p.ByName[p.Default.Name] != p.Default {
 			t.Fatalf("default plan %q is not in ByName", p.Default.Name)
 		}

@@ -9,6 +9,7 @@
 //	  pro:  {capacity: 200, rate: 100}
 //	clients:
 //	  "client-key-123": pro
+//	  "huge-client-key": {plan: pro, regions: [eu, us, ap]}   # hot: one bucket per region
 //
 // Parse is the one place the file is validated. Every problem is reported,
 // each as "file:line: field: what is wrong, got value"; unknown fields are
@@ -39,6 +40,9 @@ const (
 	MaxRefillSecs = 365 * 24 * 3600
 	MaxNameLen    = 64
 	MaxFileSize   = 16 << 20 // bytes
+	// MinRegions and MaxRegions bound a hot client's region list.
+	MinRegions = 2
+	MaxRegions = 16
 )
 
 // Plan is one named limit.
@@ -59,7 +63,28 @@ type Plans struct {
 	Default *Plan            // plan for unknown keys; nil means answer 403
 	ByName  map[string]*Plan // every plan
 	clients map[string]*Plan // API key → plan
+	hot     map[string]*Hot  // API key → sharding, for hot clients only
 }
+
+// Hot says how a hot client's bucket is split: one bucket per region, each
+// with a share of the plan (see package sidecar/hot).
+type Hot struct {
+	// Regions as listed, 2 to MaxRegions distinct names. A check whose
+	// x-ratelimit-region is not listed (or absent) uses the first.
+	Regions []string
+}
+
+// HotClient returns how apiKey's bucket is split, or nil when it is not a
+// hot client.
+func (p *Plans) HotClient(apiKey []byte) *Hot {
+	if len(p.hot) == 0 {
+		return nil
+	}
+	return p.hot[string(apiKey)]
+}
+
+// HotClients returns how many clients are marked hot.
+func (p *Plans) HotClients() int { return len(p.hot) }
 
 // Lookup returns the plan of apiKey: its own, else the default plan. ok is
 // false when the key is not listed and there is no default plan.
@@ -192,7 +217,7 @@ func (p *parser) parse(data []byte) *Plans {
 		return nil
 	}
 
-	out := &Plans{File: p.file, ByName: map[string]*Plan{}, clients: map[string]*Plan{}}
+	out := &Plans{File: p.file, ByName: map[string]*Plan{}, clients: map[string]*Plan{}, hot: map[string]*Hot{}}
 	var defaultNode, plansNode, clientsNode *yaml.Node
 	p.eachPair(root, "", func(k, v *yaml.Node) {
 		switch k.Value {
@@ -306,6 +331,10 @@ func (p *parser) parseClients(n *yaml.Node, out *Plans) {
 			p.fail(k, "clients", "the API key on this line is not acceptable: %v", err)
 			return
 		}
+		if v.Kind == yaml.MappingNode {
+			p.parseHotClient(k.Value, v, out)
+			return
+		}
 		name, ok := p.str(v, "clients")
 		if !ok {
 			return
@@ -314,6 +343,70 @@ func (p *parser) parseClients(n *yaml.Node, out *Plans) {
 			out.clients[k.Value] = plan
 		}
 	})
+}
+
+// parseHotClient reads a client given as {plan: NAME, regions: [R1, R2, ...]}.
+func (p *parser) parseHotClient(key string, n *yaml.Node, out *Plans) {
+	var planNode, regionsNode *yaml.Node
+	p.eachPair(n, "clients", func(k, v *yaml.Node) {
+		switch k.Value {
+		case "plan":
+			planNode = v
+		case "regions":
+			regionsNode = v
+		default:
+			p.fail(k, "clients."+fieldName(k.Value), "unknown field (known: plan, regions)")
+		}
+	})
+	var plan *Plan
+	if planNode == nil {
+		p.fail(n, "clients.plan", "required")
+	} else if name, ok := p.str(planNode, "clients.plan"); ok {
+		plan = p.resolve(planNode, "clients.plan", name, out)
+	}
+	regions := p.regions(n, regionsNode)
+	if plan != nil && regions != nil {
+		out.clients[key] = plan
+		out.hot[key] = &Hot{Regions: regions}
+	}
+}
+
+func (p *parser) regions(parent, n *yaml.Node) []string {
+	const field = "clients.regions"
+	if n == nil {
+		p.fail(parent, field, "required: a list of %d to %d region names", MinRegions, MaxRegions)
+		return nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		p.fail(n, field, "must be a list of %d to %d region names, got %s", MinRegions, MaxRegions, describe(n))
+		return nil
+	}
+	if len(n.Content) < MinRegions || len(n.Content) > MaxRegions {
+		p.fail(n, field, "must list %d to %d regions, got %d", MinRegions, MaxRegions, len(n.Content))
+		return nil
+	}
+	var out []string
+	seen := map[string]bool{}
+	ok := true
+	for _, r := range n.Content {
+		r = deref(r)
+		if r.Kind != yaml.ScalarNode || r.Tag != "!!str" || !validName(r.Value) {
+			p.fail(r, field, "a region must be 1 to %d characters of A-Z a-z 0-9 . _ -, got %s", MaxNameLen, describe(r))
+			ok = false
+			continue
+		}
+		if seen[r.Value] {
+			p.fail(r, field, "region %q is listed twice", r.Value)
+			ok = false
+			continue
+		}
+		seen[r.Value] = true
+		out = append(out, r.Value)
+	}
+	if !ok {
+		return nil
+	}
+	return out
 }
 
 // eachPair calls f for each key/value of mapping n, rejecting non-scalar and

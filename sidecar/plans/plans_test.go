@@ -85,6 +85,14 @@ func TestParseInvalid(t *testing.T) {
 		{"default-unknown.yaml", `F:1: default_plan: no plan named "gold" (plans: free)`},
 		{"empty-plans.yaml", `F:1: plans: required: at least one plan`},
 		{"empty.yaml", `F: empty file: a plans mapping is required`},
+		{"hot-one-region.yaml", `F:4: clients.regions: must list 2 to 16 regions, got 1`},
+		{"hot-plan-missing.yaml", `F:4: clients.plan: required`},
+		{"hot-region-bad-name.yaml", `F:4: clients.regions: a region must be 1 to 64 characters of A-Z a-z 0-9 . _ -, got string "us east"`},
+		{"hot-region-duplicate.yaml", `F:4: clients.regions: region "eu" is listed twice`},
+		{"hot-regions-missing.yaml", `F:4: clients.regions: required: a list of 2 to 16 region names`},
+		{"hot-regions-scalar.yaml", `F:4: clients.regions: must be a list of 2 to 16 region names, got string "eu"`},
+		{"hot-unknown-field.yaml", `F:4: clients.hot: unknown field (known: plan, regions)`},
+		{"hot-unknown-plan.yaml", `F:4: clients.plan: no plan named "gold" (plans: pro)`},
 		{"list.yaml", `F:1: top level must be a mapping with plans, clients and default_plan, got a list`},
 		{"many-errors.yaml", "F:2: plans.free.capacity: must be a whole number from 1 to 1000000000, got 0\n" +
 			"F:2: plans.free.rate: must be a number of tokens per second > 0 and <= 1000000000, got 0\n" +
@@ -152,5 +160,41 @@ func TestLoadTooLarge(t *testing.T) {
 	want := path + ": file larger than 16777216 bytes"
 	if err == nil || err.Error() != want {
 		t.Fatalf("Load(big) = %v, want %q", err, want)
+	}
+}
+
+func TestHotClients(t *testing.T) {
+	p, err := Parse("hot.yaml", []byte(`
+plans:
+  pro: {capacity: 100, rate: 50}
+clients:
+  "k-plain": pro
+  "k-hot": {plan: pro, regions: [eu, us, ap]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		key     string
+		regions []string // nil: not hot
+	}{
+		{"k-plain", nil},
+		{"k-hot", []string{"eu", "us", "ap"}},
+		{"k-unknown", nil},
+	}
+	for _, tt := range tests {
+		h := p.HotClient([]byte(tt.key))
+		switch {
+		case tt.regions == nil && h != nil:
+			t.Errorf("HotClient(%q) = %v, want nil", tt.key, h.Regions)
+		case tt.regions != nil && (h == nil || strings.Join(h.Regions, ",") != strings.Join(tt.regions, ",")):
+			t.Errorf("HotClient(%q) = %v, want regions %v", tt.key, h, tt.regions)
+		}
+	}
+	if plan, ok := p.Lookup([]byte("k-hot")); !ok || plan.Name != "pro" {
+		t.Errorf("Lookup(k-hot) = %v, %v; want pro", plan, ok)
+	}
+	if p.HotClients() != 1 || p.Clients() != 2 {
+		t.Errorf("HotClients() = %d, Clients() = %d; want 1 and 2", p.HotClients(), p.Clients())
 	}
 }

@@ -60,6 +60,11 @@ const (
 	DefaultReadTimeout  = time.Second
 	DefaultWriteTimeout = time.Second
 	DefaultMaxRetries   = 2
+	// DefaultClusterReload is how often a cluster client re-reads the slot
+	// map (CLUSTER SLOTS, one cheap command). go-redis's own default is a
+	// minute: after a failover, checks on the lost master's slots would keep
+	// going to the dead address for up to that long.
+	DefaultClusterReload = time.Second
 )
 
 // Spec is a parsed, validated Redis URL. Parse checks everything that can be
@@ -214,6 +219,7 @@ func (s *Spec) NewClient(t Tuning) redis.UniversalClient {
 		if o.PoolSize == 0 {
 			o.PoolSize = t.PoolSize
 		}
+		o.ClusterStateReloadInterval = orDefault(o.ClusterStateReloadInterval, DefaultClusterReload)
 		o.ContextTimeoutEnabled = true
 		return redis.NewClusterClient(&o)
 	case Sentinel:

@@ -33,6 +33,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/edgelimit/edgelimit/lua"
+	"github.com/edgelimit/edgelimit/sidecar/hot"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 	"github.com/edgelimit/edgelimit/sidecar/plans"
 	"github.com/edgelimit/edgelimit/sidecar/stats"
@@ -71,8 +72,11 @@ type Options struct {
 	// the moment the request is read: past it the answer is 503 at once.
 	// Defaults to DefaultTimeout (3 ms).
 	Timeout time.Duration
-	Stats   *stats.Stats // required
-	Log     *slog.Logger // defaults to slog.Default()
+	// Hot, if set, splits hot clients' buckets by region; without it a hot
+	// client has one bucket like any other.
+	Hot   *hot.Sharder
+	Stats *stats.Stats // required
+	Log   *slog.Logger // defaults to slog.Default()
 }
 
 // Server handles the sidecar's HTTP requests.
@@ -130,15 +134,22 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 		text(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
 	}
-	plan, ok := s.o.Plans().Lookup(req.Key)
+	p := s.o.Plans()
+	plan, ok := p.Lookup(req.Key)
 	if !ok {
 		s.o.Stats.UnknownKeys.Inc()
 		text(ctx, fasthttp.StatusForbidden, "unknown api key")
 		return
 	}
 	bucket := s.o.Keys.BucketKey(req.Key)
+	limit := lua.Limit{Capacity: plan.Capacity, Rate: plan.Rate}
+	if s.o.Hot != nil {
+		if h := p.HotClient(req.Key); h != nil {
+			bucket, limit = s.o.Hot.Route(bucket, h.Regions, req.Region, limit, req.Cost)
+		}
+	}
 
-	res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), bucket, lua.Limit{Capacity: plan.Capacity, Rate: plan.Rate}, req.Cost)
+	res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), bucket, limit, req.Cost)
 	s.o.Stats.Latency.UpdateDuration(start)
 	if err != nil {
 		s.o.Stats.Errors.Inc()

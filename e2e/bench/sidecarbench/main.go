@@ -1,6 +1,6 @@
 // Command sidecarbench measures the sidecar against the Redis it sits on.
 //
-//	go run ./bench/sidecarbench [-rounds 3] [-d 3s] [-c 50] [-keys 10000] [-load wrk|go] [-out FILE]
+//	go run ./e2e/bench/sidecarbench [-rounds 3] [-d 3s] [-c 50] [-keys 10000] [-load wrk|go] [-out FILE]
 //
 // In one run it starts a private redis-server and the real sidecar binary on
 // it, then, for each round:

@@ -11,7 +11,7 @@
 // managed in its second. Rounds alternate the sides so that a busy spell on
 // a shared machine does not fall on one side only.
 //
-//	go run ./bench/scriptbench [-rounds 3] [-duration 1s] [-c 50] [-keys 10000] [-n 0] [-out FILE]
+//	go run ./e2e/bench/scriptbench [-rounds 3] [-duration 1s] [-c 50] [-keys 10000] [-n 0] [-out FILE]
 package main
 
 import (

@@ -1,0 +1,614 @@
+package e2e_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/edgelimit/edgelimit/lua"
+)
+
+// The fault matrix: each test injects one fault into the running binaries
+// (build/gateway with filter.wasm, build/sidecar, redis-server) and checks
+// what clients get (status, and no request held past hangBound), what the
+// counters say, and that limiting comes back without restarting anything.
+// Redis stopped, the sidecar killed and the sidecar hung are in
+// e2e_test.go.
+
+// redisProbe is a client for checking that a fault still holds: it gives
+// up on a command after 100 ms and never retries.
+func redisProbe(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 100 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// redisPatient is a client that waits out a paused or sleeping Redis.
+func redisPatient(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// blocked reports whether cmd timed out, i.e. Redis did not answer it.
+func blocked(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// Redis slow: paused for writes, paused for everything, or asleep inside a
+// command. The sidecar gives up at its deadline (3 ms) and answers 503, or
+// the filter's 5 ms timeout passes first: either way every request goes
+// through at once, counted as failed open, and limiting is back when Redis
+// is.
+func TestFaultRedisSlow(t *testing.T) {
+	s := startStack(t, stackConfig{
+		plans:  tinyPlans,
+		filter: filterConfig{TimeoutMs: 5},
+		// DEBUG is refused by Redis 7's default configuration
+		// (enable-debug-command no); "local" allows it from loopback.
+		redisArgs: []string{"--enable-debug-command", "local"},
+	})
+	ctx := context.Background()
+	const pauseMs = 2000
+	faults := []struct {
+		name string
+		// start begins the fault and returns a function that waits for
+		// its end.
+		start func(t *testing.T) (wait func())
+		// holds reports whether the fault is still in effect.
+		holds func() bool
+	}{
+		{
+			name: "CLIENT PAUSE WRITE",
+			start: func(t *testing.T) func() {
+				if err := s.redis.Client(t).Do(ctx, "CLIENT", "PAUSE", pauseMs, "WRITE").Err(); err != nil {
+					t.Fatal(err)
+				}
+				return func() { redisPatient(t, s.redis.Addr).Set(ctx, "fault:probe", "after", 0) }
+			},
+			// The token-bucket script writes, so it is held like a SET.
+			holds: func() bool { return blocked(redisProbe(t, s.redis.Addr).Set(ctx, "fault:probe", "during", 0).Err()) },
+		},
+		{
+			name: "CLIENT PAUSE ALL",
+			start: func(t *testing.T) func() {
+				if err := s.redis.Client(t).Do(ctx, "CLIENT", "PAUSE", pauseMs, "ALL").Err(); err != nil {
+					t.Fatal(err)
+				}
+				return func() { redisPatient(t, s.redis.Addr).Ping(ctx) }
+			},
+			holds: func() bool { return blocked(redisProbe(t, s.redis.Addr).Ping(ctx).Err()) },
+		},
+		{
+			name: "DEBUG SLEEP",
+			start: func(t *testing.T) func() {
+				done := make(chan error, 1)
+				go func() { done <- redisPatient(t, s.redis.Addr).Do(ctx, "DEBUG", "SLEEP", pauseMs/1000).Err() }()
+				// The sleep has begun once Redis stops answering.
+				waitFor(t, "DEBUG SLEEP begins", 5*time.Second, func() bool {
+					select {
+					case err := <-done:
+						t.Fatalf("DEBUG SLEEP: %v", err)
+					default:
+					}
+					return blocked(redisProbe(t, s.redis.Addr).Ping(ctx).Err())
+				})
+				return func() {
+					if err := <-done; err != nil {
+						t.Errorf("DEBUG SLEEP: %v", err)
+					}
+				}
+			},
+			holds: func() bool { return blocked(redisProbe(t, s.redis.Addr).Ping(ctx).Err()) },
+		},
+	}
+	for i, f := range faults {
+		t.Run(f.name, func(t *testing.T) {
+			s := s.on(t)
+			s.expectLimited(0, "before-"+strconv.Itoa(i))
+			before := s.decisions()
+			scBefore := s.sidecarMetric(0, "sidecar_redis_timeouts_total") + s.sidecarMetric(0, "sidecar_redis_errors_total")
+
+			wait := f.start(t)
+			const n = 8
+			client := "during-" + strconv.Itoa(i)
+			for j := 0; j < n; j++ {
+				if r := s.timedDo(0, "GET", "/orders/1", "x-api-key", client); r.status != http.StatusOK {
+					t.Fatalf("Redis slow, request %d: status %d, want 200 (fail open)", j, r.status)
+				}
+			}
+			if !f.holds() {
+				t.Fatalf("Redis was slow no longer after %d requests: the %d ms fault ended too early to test anything", n, pauseMs)
+			}
+			wait()
+
+			d := s.decisions().minus(before)
+			t.Logf("%d requests while Redis was slow: %v", n, d)
+			expectFailedOpen(t, d, n, "unavailable", "timeout")
+			if got := s.received(client); got != n {
+				t.Errorf("services received %d of the %d requests that failed open", got, n)
+			}
+			if after := s.sidecarMetric(0, "sidecar_redis_timeouts_total") + s.sidecarMetric(0, "sidecar_redis_errors_total"); after <= scBefore {
+				t.Errorf("sidecar counted no Redis timeout or error (%v before, %v after)", scBefore, after)
+			}
+			s.expectLimited(0, "after-"+strconv.Itoa(i))
+		})
+	}
+}
+
+// Redis restarted empty under traffic: requests keep flowing (admitted,
+// or failed open while Redis is away), the sidecar reloads the script on
+// NOSCRIPT by itself, and the buckets start over: a client that had spent
+// its tokens (but was never denied) is admitted again. A client that was
+// denied stays denied by the filter's deny cache until its tokens could
+// be back: the cache remembers what Redis forgot. Then the same without a
+// restart (SCRIPT FLUSH and FLUSHALL on the live connections, as after a
+// failover to an empty replica): the sidecar copes within the request and
+// nothing fails open.
+func TestFaultRedisRestartedEmpty(t *testing.T) {
+	s := startStack(t, stackConfig{
+		plans:        tinyPlans,
+		filter:       filterConfig{TimeoutMs: calloutTimeout},
+		redisTimeout: redisTimeout,
+	})
+	ctx := context.Background()
+	spend := func(client string, want ...int) {
+		t.Helper()
+		for i, w := range want {
+			if r := s.timedDo(0, "GET", "/orders/1", "x-api-key", client); r.status != w {
+				t.Fatalf("%s request %d: status %d, want %d", client, i, r.status, w)
+			}
+		}
+	}
+	spend("spent", 200, 200)
+	spend("denied", 200, 200, 429)
+
+	// Traffic from many clients throughout the restart.
+	before := s.decisions()
+	var sent, notOK atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				start := time.Now()
+				r, err := s.try(0, "GET", "/orders/1", "x-api-key", "load-"+strconv.Itoa(w)+"-"+strconv.Itoa(i))
+				sent.Add(1)
+				if err != nil || r.status != http.StatusOK || time.Since(start) > hangBound {
+					notOK.Add(1)
+				}
+			}
+		}()
+	}
+	waitFor(t, "traffic flows", 10*time.Second, func() bool { return sent.Load() > 20 })
+	if err := s.redis.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restartedAt := sent.Load()
+	waitFor(t, "traffic after the restart", 10*time.Second, func() bool { return sent.Load() > restartedAt+50 })
+	close(stop)
+	wg.Wait()
+	if n := notOK.Load(); n != 0 {
+		t.Fatalf("%d of %d requests during the restart were not answered 200 within %v", n, sent.Load(), hangBound)
+	}
+	d := s.decisions().minus(before)
+	if d.total() != sent.Load() {
+		t.Errorf("gateways counted %d decisions %v for %d requests", d.total(), d, sent.Load())
+	}
+	t.Logf("%d requests across the restart: %v", sent.Load(), d)
+
+	// Buckets and script are gone from Redis; the sidecar loaded the
+	// script again when Redis answered NOSCRIPT.
+	if loads := s.sidecarMetric(0, "sidecar_redis_script_loads_total"); loads < 1 {
+		t.Errorf("sidecar_redis_script_loads_total = %v, want >= 1 after the restart", loads)
+	}
+	spend("spent", 200, 200, 429)
+	cached := s.decisions()["denied_cached"]
+	spend("denied", 429)
+	if s.decisions()["denied_cached"] != cached+1 {
+		t.Errorf("the denied client's 429 after the restart did not come from the deny cache")
+	}
+	s.expectLimited(0, "after-restart")
+
+	// Emptied in place.
+	rc := s.redis.Client(t)
+	spend("flushed", 200, 200)
+	loads := s.sidecarMetric(0, "sidecar_redis_script_loads_total")
+	before = s.decisions()
+	if err := rc.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	spend("flushed", 200, 200, 429)
+	if d := s.decisions().minus(before); d.failedOpen() != 0 || d["allowed"] != 2 || d["denied"] != 1 {
+		t.Errorf("after SCRIPT FLUSH and FLUSHALL: %v, want allowed=2 denied=1 and nothing failed open", d)
+	}
+	if got := s.sidecarMetric(0, "sidecar_redis_script_loads_total"); got != loads+1 {
+		t.Errorf("sidecar_redis_script_loads_total went from %v to %v, want one more", loads, got)
+	}
+	exists, err := rc.ScriptExists(ctx, lua.Script.Hash()).Result()
+	if err != nil || len(exists) != 1 || !exists[0] {
+		t.Errorf("the script is not back in Redis: %v %v", exists, err)
+	}
+}
+
+// try is do that returns a transport error instead of failing the test,
+// for goroutines other than the test's.
+func (s *stack) try(g int, method, path string, headers ...string) (reply, error) {
+	req, err := http.NewRequest(method, "http://"+s.gateways[g].Addr+path, nil)
+	if err != nil {
+		return reply{}, err
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := s.http.Do(req)
+	if err != nil {
+		return reply{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return reply{status: resp.StatusCode, header: resp.Header, body: string(body)}, err
+}
+
+// Redis memory full (maxmemory reached, policy noeviction): Redis refuses
+// the script's writes with OOM, the sidecar answers 503 ("redis
+// unavailable") and counts a Redis error, and the filter fails open. Once
+// memory is available again, limiting resumes.
+func TestFaultRedisMemoryFull(t *testing.T) {
+	s := startStack(t, stackConfig{
+		plans:        tinyPlans,
+		filter:       filterConfig{TimeoutMs: calloutTimeout},
+		redisTimeout: redisTimeout,
+		redisArgs:    []string{"--maxmemory-policy", "noeviction"},
+	})
+	ctx := context.Background()
+	rc := s.redis.Client(t)
+	s.expectLimited(0, "before")
+
+	// Fill Redis with 4 MiB of other data, then set maxmemory 1 MiB below
+	// what it holds. Redis refuses a write when it is above maxmemory as
+	// the command starts, and with noeviction it cannot get below: every
+	// write fails with OOM until memory is freed or the limit raised.
+	// (Filling up to the limit instead leaves Redis just below it, where
+	// small writes still pass.)
+	filler := strings.Repeat("x", 64<<10)
+	for i := 0; i < 64; i++ {
+		if err := rc.Set(ctx, "filler:"+strconv.Itoa(i), filler, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := rc.Info(ctx, "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	usedMemory, err := strconv.ParseInt(infoValue(info, "used_memory"), 10, 64)
+	if err != nil {
+		t.Fatalf("INFO memory: used_memory: %v", err)
+	}
+	if err := rc.ConfigSet(ctx, "maxmemory", strconv.FormatInt(usedMemory-1<<20, 10)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Set(ctx, "probe", "1", 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+		t.Fatalf("a write to the full Redis: %v, want an OOM error", err)
+	}
+
+	// What the sidecar answers, asked directly.
+	req, _ := http.NewRequest("POST", "http://"+s.scAddrs[0]+"/v1/check", nil)
+	req.Header.Set("x-api-key", "asked-directly")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	body := string(b)
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "redis unavailable") {
+		t.Fatalf("sidecar with Redis out of memory: %d %q, want 503 \"redis unavailable\"", resp.StatusCode, body)
+	}
+
+	errorsBefore := s.sidecarMetric(0, "sidecar_redis_errors_total")
+	before := s.decisions()
+	const n = 5
+	for i := 0; i < n; i++ {
+		if r := s.timedDo(0, "GET", "/orders/1", "x-api-key", "memory-full"); r.status != http.StatusOK {
+			t.Fatalf("Redis out of memory, request %d: status %d, want 200 (fail open)", i, r.status)
+		}
+	}
+	expectFailedOpen(t, s.decisions().minus(before), n, "unavailable")
+	if got := s.sidecarMetric(0, "sidecar_redis_errors_total"); got <= errorsBefore {
+		t.Errorf("sidecar_redis_errors_total did not rise (%v)", got)
+	}
+	if n, err := rc.Exists(ctx, "memory-full").Result(); err != nil || n != 0 {
+		t.Fatalf("raw key in Redis? %d %v", n, err)
+	}
+
+	// Memory back: no limit.
+	if err := rc.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.expectLimited(0, "after")
+}
+
+// infoValue returns the value of "name:value" in an INFO reply.
+func infoValue(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// The sidecar's cluster answers garbage: wrong statuses, missing or
+// malformed headers, huge headers, a body that trickles, connections cut
+// or reset mid-response, bytes that are not HTTP. Every request goes
+// through (or is denied, when the answer is a usable 429) within the hang
+// bound, counted under the reason the filter's README gives; no worker VM
+// fails; and when the real sidecar answers again, limiting is back.
+func TestFaultSidecarGarbage(t *testing.T) {
+	var fake *fakeSidecar
+	s := startStack(t, stackConfig{
+		plans:        tinyPlans,
+		filter:       filterConfig{TimeoutMs: calloutTimeout},
+		redisTimeout: redisTimeout,
+		sidecarFront: func(t *testing.T, addr string) string {
+			fake = startFakeSidecar(t, addr)
+			return fake.addr()
+		},
+	})
+	huge := strings.Repeat("a", 256<<10)
+	many := make([]string, 0, 10000+len(validAllow))
+	many = append(many, validAllow...)
+	for i := 0; i < 10000; i++ {
+		many = append(many, "x-h"+strconv.Itoa(i)+": v")
+	}
+	statusLine := "HTTP/1.1 200 OK\r\n"
+	cases := []struct {
+		name   string
+		answer answerFunc
+		status int    // what the client gets
+		count  string // the counter each request lands in
+		check  func(t *testing.T, r reply)
+	}{
+		{name: "500 with valid headers", answer: rawAnswer(response("500 Internal Server Error", validAllow, "")),
+			status: 200, count: "failed_open.status"},
+		{name: "302 redirect", answer: rawAnswer(response("302 Found", []string{"location: http://127.0.0.1:1/v1/check"}, "")),
+			status: 200, count: "failed_open.status"},
+		{name: "400 bad request", answer: rawAnswer(response("400 Bad Request", nil, "nope\n")),
+			status: 200, count: "failed_open.status"},
+		{name: "200 without the ratelimit headers", answer: rawAnswer(response("200 OK", nil, "")),
+			status: 200, count: "failed_open.malformed"},
+		{name: "429 without retry-after", answer: rawAnswer(response("429 Too Many Requests", validAllow, "")),
+			status: 200, count: "failed_open.malformed"},
+		{name: "200 with malformed values", answer: rawAnswer(response("200 OK",
+			[]string{"ratelimit-limit: ten", "ratelimit-remaining: -1", "ratelimit-reset: 1e3"}, "")),
+			status: 200, count: "failed_open.malformed"},
+		{name: "429 with a retry-after of 20 digits", answer: rawAnswer(response("429 Too Many Requests",
+			append([]string{"retry-after: 99999999999999999999"}, validAllow...), "")),
+			status: 200, count: "failed_open.malformed"},
+		{name: "200 with 256 KiB of plan name", answer: rawAnswer(response("200 OK",
+			[]string{"ratelimit-limit: 10", "ratelimit-remaining: 9", "ratelimit-reset: 1", "x-ratelimit-plan: " + huge}, "")),
+			// Envoy's default 60 KiB limit on response headers would
+			// reset this callout (fail open); the headless gateway passes
+			// it on, and the filter must not copy the name to the client.
+			status: 200, count: "allowed",
+			check: func(t *testing.T, r reply) {
+				if got := r.header.Get("ratelimit-policy"); got != `"default";q=10` {
+					t.Errorf("ratelimit-policy = %.80q, want the plan name replaced by \"default\"", got)
+				}
+			}},
+		{name: "200 with 256 KiB of another header", answer: rawAnswer(response("200 OK", append([]string{"x-junk: " + huge}, validAllow...), "")),
+			status: 200, count: "allowed",
+			check: func(t *testing.T, r reply) {
+				if r.header.Get("x-junk") != "" {
+					t.Error("the sidecar's x-junk header reached the client")
+				}
+			}},
+		{name: "200 with 10000 headers", answer: rawAnswer(response("200 OK", many, "")),
+			status: 200, count: "allowed"},
+		{name: "429 with unusable exact state", answer: rawAnswer(response("429 Too Many Requests",
+			append([]string{"retry-after: 3", "x-ratelimit-retry-after-ms: NaN"}, "ratelimit-limit: 10", "ratelimit-remaining: 0",
+				"ratelimit-reset: 9", "x-ratelimit-tokens: -Inf"), "")),
+			// A usable denial is honoured; without exact state nothing
+			// is cached, so every request asks again (checked below).
+			status: 429, count: "denied"},
+		{name: "slow body", answer: trickle(statusLine+strings.Join(validAllow, "\r\n")+"\r\ncontent-length: 10\r\n\r\n",
+			"0123456789", 200*time.Millisecond),
+			status: 200, count: "failed_open.timeout"},
+		{name: "stalls inside the headers", answer: stall(statusLine + "ratelimit-li"),
+			status: 200, count: "failed_open.timeout"},
+		{name: "interim 100 then nothing", answer: stall("HTTP/1.1 100 Continue\r\n\r\n"),
+			status: 200, count: "failed_open.timeout"},
+		{name: "reset mid-body", answer: resetAfter(statusLine + strings.Join(validAllow, "\r\n") + "\r\ncontent-length: 100\r\n\r\n0123456789"),
+			status: 200, count: "failed_open.reset"},
+		{name: "reset before the status line", answer: resetAfter(""),
+			status: 200, count: "failed_open.unavailable"},
+		{name: "closed inside the headers", answer: rawAnswerClose(statusLine + "ratelimit-limit: 1"),
+			status: 200, count: "failed_open.unavailable"},
+		{name: "not HTTP", answer: rawAnswerClose("SSH-2.0-OpenSSH_9.2\r\n"),
+			status: 200, count: "failed_open.unavailable"},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := s.on(t)
+			client := "garbage-" + strconv.Itoa(i)
+			before := s.decisions()
+			calls := len(fake.requests())
+			fake.set(c.answer)
+			const n = 3
+			for j := 0; j < n; j++ {
+				r := s.timedDo(0, "GET", "/orders/1", "x-api-key", client)
+				if r.status != c.status {
+					t.Fatalf("request %d: status %d, want %d", j, r.status, c.status)
+				}
+				if c.check != nil {
+					c.check(t, r)
+				}
+			}
+			d := s.decisions().minus(before)
+			if strings.HasPrefix(c.count, "failed_open.") {
+				reason, _ := strings.CutPrefix(c.count, "failed_open.")
+				expectFailedOpen(t, d, n, reason)
+			} else if d[c.count] != n || d.total() != n {
+				t.Errorf("counters %v, want %s=%d only", d, c.count, n)
+			}
+			if c.status == 429 {
+				if got := len(fake.requests()) - calls; got != n {
+					t.Errorf("the sidecar was asked %d times for %d requests: a denial without exact state was cached", got, n)
+				}
+			} else if got := s.received(client); got != n {
+				t.Errorf("services received %d of %d requests", got, n)
+			}
+			if f := s.vmFailures(); f != 0 {
+				t.Fatalf("%d worker VMs failed", f)
+			}
+
+			fake.set(fake.relay)
+			s.expectLimited(0, "recovered-"+strconv.Itoa(i))
+		})
+	}
+}
+
+// stall writes text and then says nothing more until the caller hangs up.
+func stall(text string) answerFunc {
+	return func(conn net.Conn, _ *http.Request) bool {
+		if _, err := conn.Write([]byte(text)); err != nil {
+			return false
+		}
+		var b [1]byte
+		for {
+			if _, err := conn.Read(b[:]); err != nil {
+				return false
+			}
+		}
+	}
+}
+
+// The plans file replaced by an invalid one while traffic flows: no
+// request fails (none even fails open), the plans in force stay (the
+// listed client keeps its plan's limit), each rejection is counted, and a
+// valid file afterwards is picked up, all without a restart.
+func TestFaultPlansReplacedUnderLoad(t *testing.T) {
+	const listed = "plans-listed-client"
+	valid := func(capacity int) string {
+		return "default_plan: bulk\nplans:\n  bulk: {capacity: 1000000000, rate: 1000000000}\n" +
+			"  gold: {capacity: " + strconv.Itoa(capacity) + ", rate: 1}\nclients:\n  \"" + listed + "\": gold\n"
+	}
+	s := startStack(t, stackConfig{
+		plans:        valid(777777),
+		filter:       filterConfig{TimeoutMs: calloutTimeout},
+		redisTimeout: redisTimeout,
+		sidecarArgs:  []string{"-plans-poll", "20ms"},
+	})
+	limitOf := func() string {
+		t.Helper()
+		r := s.timedDo(0, "GET", "/orders/1", "x-api-key", listed)
+		if r.status != http.StatusOK {
+			t.Fatalf("listed client: status %d", r.status)
+		}
+		return r.header.Get("ratelimit-limit")
+	}
+	if got := limitOf(); got != "777777" {
+		t.Fatalf("listed client's limit = %q, want 777777", got)
+	}
+
+	before := s.decisions()
+	var sent, bad atomic.Int64
+	var firstBad atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r, err := s.try(0, "GET", "/billing/1", "x-api-key", "plans-load-"+strconv.Itoa(w)+"-"+strconv.Itoa(i%50))
+				sent.Add(1)
+				if err != nil || r.status != http.StatusOK || r.header.Get("ratelimit-limit") != "1000000000" {
+					if bad.Add(1) == 1 {
+						firstBad.Store(r.status)
+					}
+				}
+			}
+		}()
+	}
+
+	// Replace the file the way deployments do (write aside, rename over),
+	// so the sidecar never reads half a file.
+	replace := func(content string) {
+		t.Helper()
+		tmp := filepath.Join(filepath.Dir(s.plans), "plans.new")
+		if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, s.plans); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rejected := func() float64 { return s.sidecarMetric(0, `sidecar_plans_reloads_total{result="error"}`) }
+	invalid := []struct{ name, content string }{
+		{"YAML syntax error", "plans: {gold: [\n"},
+		{"negative rate", "default_plan: bulk\nplans:\n  bulk: {capacity: 10, rate: -1}\n"},
+		{"empty file", ""},
+		{"unknown plan for a client", "plans:\n  bulk: {capacity: 10, rate: 1}\nclients:\n  \"" + listed + "\": platinum\n"},
+	}
+	for _, bad := range invalid {
+		n := rejected()
+		replace(bad.content)
+		waitFor(t, "the sidecar rejects the plans file ("+bad.name+")", 10*time.Second, func() bool { return rejected() > n })
+		if got := limitOf(); got != "777777" {
+			t.Fatalf("after an invalid plans file (%s) the listed client's limit is %q, want the old 777777", bad.name, got)
+		}
+	}
+	// Removed altogether for a moment: the sidecar says so and keeps going.
+	if err := os.Remove(s.plans); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the sidecar notices the plans file is gone", 10*time.Second, func() bool {
+		return strings.Contains(s.sidecars[0].Output(), "plans file unreadable")
+	})
+	if got := limitOf(); got != "777777" {
+		t.Fatalf("with the plans file gone the listed client's limit is %q, want the old 777777", got)
+	}
+	replace(valid(888888))
+	waitFor(t, "the sidecar loads the new valid plans", 10*time.Second, func() bool { return limitOf() == "888888" })
+
+	close(stop)
+	wg.Wait()
+	if n := bad.Load(); n != 0 {
+		t.Fatalf("%d of %d requests under load failed (first status %v)", n, sent.Load(), firstBad.Load())
+	}
+	d := s.decisions().minus(before)
+	if d.failedOpen() != 0 {
+		t.Fatalf("requests failed open while the plans file changed: %v", d)
+	}
+	t.Logf("%d requests while the plans file was replaced %d times: %v", sent.Load(), len(invalid)+2, d)
+}

@@ -1,0 +1,356 @@
+package main
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/e2e/harness"
+)
+
+// longDenySidecar answers checks by key like newSidecar, except that a
+// denial says the client's tokens are back only in 10 minutes, so the
+// filter's deny cache (in shared data) holds the client for the whole test.
+func longDenySidecar(t *testing.T) (*httptest.Server, *atomic.Int64) {
+	var calls atomic.Int64
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		h := w.Header()
+		h.Set("ratelimit-limit", "10")
+		h.Set("ratelimit-reset", "600")
+		h.Set("x-ratelimit-plan", "free")
+		if strings.HasPrefix(r.Header.Get("x-api-key"), "deny") {
+			h.Set("ratelimit-remaining", "0")
+			h.Set("x-ratelimit-tokens", "0")
+			h.Set("retry-after", "60")
+			h.Set("x-ratelimit-retry-after-ms", "60000")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		h.Set("ratelimit-remaining", "9")
+		h.Set("x-ratelimit-tokens", "9")
+	}))
+	t.Cleanup(s.Close)
+	return s, &calls
+}
+
+// reloadable is a gateway serving a configuration file the test rewrites.
+type reloadable struct {
+	*running
+	dir    string
+	config string
+}
+
+// startReloadable starts the gateway on a copy of envoy.yaml whose filter
+// configuration is filterJSON.
+func startReloadable(t *testing.T, filterJSON string, clusters ...string) *reloadable {
+	t.Helper()
+	filter, _ := modules(t)
+	dir := t.TempDir()
+	config, err := harness.WithFilterConfig(envoyYAML, dir, filterJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-config", config, "-wasm", filter}
+	for _, c := range clusters {
+		args = append(args, "-cluster", c)
+	}
+	return &reloadable{running: start(t, args...), dir: dir, config: config}
+}
+
+// rewrite replaces the served file's filter configuration.
+func (g *reloadable) rewrite(t *testing.T, filterJSON string) {
+	t.Helper()
+	if _, err := harness.WithFilterConfig(envoyYAML, g.dir, filterJSON); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// trigger asks the gateway to reload, by SIGHUP to this process (where the
+// gateway runs) or by the admin endpoint, and returns the admin answer's
+// status (0 for the signal).
+func (g *reloadable) trigger(t *testing.T, how string) int {
+	t.Helper()
+	switch how {
+	case "SIGHUP":
+		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		return 0
+	case "admin":
+		resp, err := http.Post("http://"+g.admin+"/reload", "text/plain", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	t.Fatalf("unknown trigger %q", how)
+	return 0
+}
+
+// waitStat polls an admin stat until it equals want.
+func waitStat(t *testing.T, admin, name string, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := stat(t, admin, name)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %d, want %d", name, got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A reload applies a new mode to the next requests; the plugin's counters
+// and its deny cache (shared data) carry over to the new VMs.
+func TestReloadAppliesNewMode(t *testing.T) {
+	for _, how := range []string{"SIGHUP", "admin"} {
+		t.Run(how, func(t *testing.T) {
+			orders := newService(t, "orders", 0)
+			sidecar, calls := longDenySidecar(t)
+			g := startReloadable(t, `{"timeout_ms": 250}`,
+				"orders="+orders.Listener.Addr().String(), "billing="+closedAddr(t),
+				"ratelimit_sidecar="+sidecar.Listener.Addr().String())
+			base := "http://" + g.addr
+			if resp, _ := get(t, base+"/orders/1", "x-api-key", "deny-bob"); resp.StatusCode != 429 {
+				t.Fatalf("enforce: deny-bob got %d, want 429", resp.StatusCode)
+			}
+			if n := stat(t, g.admin, statGeneration); n != 1 {
+				t.Fatalf("generation at start %d, want 1", n)
+			}
+
+			g.rewrite(t, `{"timeout_ms": 250, "mode": "shadow"}`)
+			if code := g.trigger(t, how); how == "admin" && code != 200 {
+				t.Fatalf("POST /reload: %d", code)
+			}
+			waitStat(t, g.admin, statGeneration, 2)
+
+			before := calls.Load()
+			resp, _ := get(t, base+"/orders/2", "x-api-key", "deny-bob")
+			if resp.StatusCode != 200 || orders.header("x-ratelimit-shadow") != "deny" {
+				t.Fatalf("shadow after reload: status %d, shadow header %q; want 200 and deny", resp.StatusCode, orders.header("x-ratelimit-shadow"))
+			}
+			// The first VMs cached the denial in shared data; the new VMs
+			// answer from it without asking the sidecar.
+			if got := calls.Load() - before; got != 0 {
+				t.Errorf("the sidecar was asked %d times about a cached client: shared data did not survive the reload", got)
+			}
+			if resp, _ := get(t, base+"/orders/3", "x-api-key", "alice"); resp.StatusCode != 200 || orders.header("x-ratelimit-shadow") != "allow" {
+				t.Errorf("shadow after reload: alice %d, shadow header %q", resp.StatusCode, orders.header("x-ratelimit-shadow"))
+			}
+			for name, want := range map[string]int64{
+				"wasmcustom.edgelimit.requests.denied":            1, // counted by the first VMs, kept
+				"wasmcustom.edgelimit.requests.shadow_would_deny": 1,
+				"wasmcustom.edgelimit.requests.shadow_allowed":    1,
+				statReloadSuccess: 1,
+				statReloadFailed:  0,
+			} {
+				if got := stat(t, g.admin, name); got != want {
+					t.Errorf("%s = %d, want %d", name, got, want)
+				}
+			}
+			waitFor(t, "the replaced VMs closed", func() bool {
+				return strings.Contains(g.stderr.String(), `previous configuration drained and closed" generation=1`)
+			})
+		})
+	}
+}
+
+// A configuration the plugin rejects, or a file that does not load, leaves
+// the running configuration in place; the failure is logged and counted.
+func TestReloadRejectedKeepsRunning(t *testing.T) {
+	sidecar, _ := longDenySidecar(t)
+	orders := newService(t, "orders", 0)
+	g := startReloadable(t, `{"timeout_ms": 250}`,
+		"orders="+orders.Listener.Addr().String(), "billing="+closedAddr(t),
+		"ratelimit_sidecar="+sidecar.Listener.Addr().String())
+	cases := []struct {
+		name    string
+		write   func(t *testing.T)
+		wantLog string
+	}{
+		{"plugin rejects", func(t *testing.T) { g.rewrite(t, `{"timeout_ms": -3, "mode": "shadow"}`) },
+			"edgelimit: invalid configuration: timeout_ms: must be > 0, got -3"},
+		{"unknown mode", func(t *testing.T) { g.rewrite(t, `{"mode": "shadoww"}`) },
+			`edgelimit: invalid configuration: mode: must be \"enforce\", \"shadow\" or \"off\", got \"shadoww\"`},
+		{"file does not load", func(t *testing.T) {
+			if err := os.WriteFile(g.config, []byte("static_resources: [\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, "reload failed; keeping the running configuration"},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.write(t)
+			if code := g.trigger(t, "admin"); code != http.StatusInternalServerError {
+				t.Fatalf("POST /reload: %d, want 500", code)
+			}
+			if got := stat(t, g.admin, statReloadFailed); got != int64(i+1) {
+				t.Errorf("reload_failed = %d, want %d", got, i+1)
+			}
+			if got := stat(t, g.admin, statGeneration); got != 1 {
+				t.Errorf("generation %d, want 1 (the first still serves)", got)
+			}
+			if !strings.Contains(g.stderr.String(), c.wantLog) {
+				t.Errorf("log lacks %q:\n%s", c.wantLog, g.stderr.String())
+			}
+			// Still enforcing, as configured at start.
+			if resp, _ := get(t, "http://"+g.addr+"/orders/1", "x-api-key", "deny-"+strconv.Itoa(i)); resp.StatusCode != 429 {
+				t.Errorf("after the failed reload: %d, want 429", resp.StatusCode)
+			}
+		})
+	}
+	// A good file after the bad ones applies.
+	g.rewrite(t, `{"timeout_ms": 250, "mode": "off"}`)
+	if code := g.trigger(t, "admin"); code != 200 {
+		t.Fatalf("POST /reload of a good file: %d", code)
+	}
+	if resp, _ := get(t, "http://"+g.addr+"/orders/1", "x-api-key", "deny-again"); resp.StatusCode != 200 {
+		t.Errorf("mode off after reload: %d, want 200", resp.StatusCode)
+	}
+}
+
+// Requests in flight during a reload finish on the VMs they started on,
+// which stay open until the last of them ends; new requests meanwhile use
+// the new VMs.
+func TestReloadInFlightRequestsFinish(t *testing.T) {
+	release := make(chan struct{})
+	var held atomic.Int64
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		held.Add(1)
+		<-release
+		w.Write([]byte("orders"))
+	}))
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	billing := newService(t, "billing", 0)
+	sidecar, _ := longDenySidecar(t)
+	g := startReloadable(t, `{"timeout_ms": 250}`,
+		"orders="+slow.Listener.Addr().String(), "billing="+billing.Listener.Addr().String(),
+		"ratelimit_sidecar="+sidecar.Listener.Addr().String())
+
+	const inflight = 4
+	type result struct {
+		status int
+		limit  string
+		err    error
+	}
+	done := make(chan result, inflight)
+	for i := 0; i < inflight; i++ {
+		go func() {
+			req, _ := http.NewRequest("GET", "http://"+g.addr+"/orders/slow", nil)
+			req.Header.Set("x-api-key", "alice")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				done <- result{err: err}
+				return
+			}
+			resp.Body.Close()
+			done <- result{status: resp.StatusCode, limit: resp.Header.Get("ratelimit-limit")}
+		}()
+	}
+	waitFor(t, "every request held by the service", func() bool { return held.Load() == inflight })
+
+	g.rewrite(t, `{"timeout_ms": 250, "mode": "shadow"}`)
+	if code := g.trigger(t, "admin"); code != 200 {
+		t.Fatalf("POST /reload: %d", code)
+	}
+	// The service still holds every request, so the old VMs cannot have
+	// been closed.
+	if strings.Contains(g.stderr.String(), "drained and closed") {
+		t.Fatal("the old VMs were closed while their requests were in flight")
+	}
+	// A new request runs on the new VMs: shadow mode.
+	if resp, _ := get(t, "http://"+g.addr+"/billing/1", "x-api-key", "deny-new"); resp.StatusCode != 200 || billing.header("x-ratelimit-shadow") != "deny" {
+		t.Fatalf("new request after the reload: %d, shadow %q", resp.StatusCode, billing.header("x-ratelimit-shadow"))
+	}
+
+	close(release)
+	for i := 0; i < inflight; i++ {
+		r := <-done
+		// The old VM still ran the response path: it set the rate-limit
+		// headers of an enforced, allowed request.
+		if r.err != nil || r.status != 200 || r.limit != "10" {
+			t.Errorf("in-flight request %d: status %d, ratelimit-limit %q, err %v", i, r.status, r.limit, r.err)
+		}
+	}
+	waitFor(t, "the replaced VMs closed once drained", func() bool {
+		return strings.Contains(g.stderr.String(), `previous configuration drained and closed" generation=1`)
+	})
+}
+
+// waitFor polls cond for up to 30 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 30 s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// The listener address in the file is bound once; a reload that changes it
+// says so and keeps serving on the old one.
+func TestReloadKeepsListener(t *testing.T) {
+	filter, _ := modules(t)
+	yaml, err := os.ReadFile(envoyYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := closedAddr(t)
+	host, port, _ := strings.Cut(listen, ":")
+	dir := t.TempDir()
+	config := filepath.Join(dir, "envoy.yaml")
+	write := func(host, port string) {
+		text := strings.Replace(string(yaml), "address: 0.0.0.0, port_value: 10000", "address: "+host+", port_value: "+port, 1)
+		if err := os.WriteFile(config, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(host, port)
+	orders := newService(t, "orders", 0)
+	sidecar, _ := longDenySidecar(t)
+	// Not start(): it sets -listen, which would hide the file's address.
+	g := startArgs(t, "-admin", "127.0.0.1:0", "-config", config, "-wasm", filter,
+		"-cluster", "orders="+orders.Listener.Addr().String(), "-cluster", "billing="+closedAddr(t),
+		"-cluster", "ratelimit_sidecar="+sidecar.Listener.Addr().String())
+	if g.addr != listen {
+		t.Fatalf("listening on %s, want the file's %s", g.addr, listen)
+	}
+	other := closedAddr(t)
+	oh, op, _ := strings.Cut(other, ":")
+	write(oh, op)
+	resp, err := http.Post("http://"+g.admin+"/reload", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("POST /reload: %d", resp.StatusCode)
+	}
+	if !strings.Contains(g.stderr.String(), "listener address change not applied") {
+		t.Errorf("no log line about the unapplied listener change:\n%s", g.stderr.String())
+	}
+	if resp, _ := get(t, "http://"+listen+"/orders/1", "x-api-key", "alice"); resp.StatusCode != 200 {
+		t.Errorf("old listener after reload: %d", resp.StatusCode)
+	}
+}

@@ -1,0 +1,99 @@
+package harness
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestProcNetAddr(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"0100007F:1F91", "127.0.0.1:8081"},
+		{"00000000:0050", "0.0.0.0:80"},
+		{"00000000000000000000000001000000:1F90", "[::1]:8080"},
+		{"0000000000000000FFFF00000100007F:0016", "127.0.0.1:22"},
+	}
+	for _, tt := range tests {
+		got, err := procNetAddr(tt.in)
+		if err != nil || got != tt.want {
+			t.Errorf("procNetAddr(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
+		}
+	}
+	for _, bad := range []string{"", "0100007F", "0100007:1F91", "zz00007F:1F91", "0100007F:1FFFF"} {
+		if got, err := procNetAddr(bad); err == nil {
+			t.Errorf("procNetAddr(%q) = %q, want an error", bad, got)
+		}
+	}
+}
+
+// TestHelperListener is not a test: run by TestProcessInfo as a child
+// process (HARNESS_HELPER=listen), it listens on a loopback port, prints
+// the address and waits to be stopped.
+func TestHelperListener(t *testing.T) {
+	if os.Getenv("HARNESS_HELPER") != "listen" {
+		t.Skip("helper process for TestProcessInfo")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println("listening on", ln.Addr())
+	time.Sleep(time.Minute)
+}
+
+// A child's listening sockets and RSS, and Pause returning once the
+// kernel reports it stopped.
+func TestProcessInfo(t *testing.T) {
+	p, err := StartProcessEnv("listener", []string{"HARNESS_HELPER=listen"}, os.Args[0], "-test.run=^TestHelperListener$")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Stop(10 * time.Second); err != nil {
+			t.Error(err)
+		}
+	})
+	listening := regexp.MustCompile(`listening on (\S+)\n`)
+	var addr string
+	deadline := time.Now().Add(30 * time.Second)
+	for addr == "" {
+		if m := listening.FindStringSubmatch(p.Output()); m != nil {
+			addr = m[1]
+			break
+		}
+		if exited, err := p.Exited(); exited {
+			t.Fatalf("helper exited (%v):\n%s", err, p.Output())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("helper did not listen:\n%s", p.Output())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	addrs, err := p.ListenAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(addrs, []string{addr}) {
+		t.Errorf("ListenAddrs = %v, want [%s]", addrs, addr)
+	}
+	if rss, err := p.RSS(); err != nil || rss <= 0 {
+		t.Errorf("RSS = %d, %v", rss, err)
+	}
+	if err := p.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := strings.LastIndexByte(string(b), ')'); i < 0 || b[i+2] != 'T' {
+		t.Errorf("after Pause, /proc/%d/stat = %q, want state T", p.Pid(), b)
+	}
+	// Stop (at cleanup) must end a paused process without waiting out
+	// its grace period.
+}

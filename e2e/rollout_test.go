@@ -1,0 +1,341 @@
+package e2e_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/e2e/harness"
+)
+
+// The rollout plan of the design document, walked on one running system
+// (Redis, sidecar, gateway, two services) by configuration changes only:
+// the gateway's file is rewritten and the gateway reloaded (SIGHUP), never
+// restarted.
+//
+//	step 0  mode off              the filter is deployed and decides nothing
+//	step 1  canary                noisy is enforced, everyone else in shadow
+//	step 2  shadow for everyone   nothing rejected; the services compare the
+//	                              edge's decision with their own limiter
+//	step 3  enforce               over-plan clients get 429 at the edge
+//
+// Every client has the plan below: 10 tokens and a refill so slow (one
+// token per 1000 s) that no token comes back during the test. A bucket then
+// admits exactly the first 10 requests of a client, which makes every
+// decision, the edge's and the services', computable in advance.
+func TestRolloutCanaryShadowEnforce(t *testing.T) {
+	const capacity = 10
+	const plans = "default_plan: free\nplans:\n  free: {capacity: 10, rate: 0.001}\n"
+	s := startStack(t, stackConfig{
+		plans:        plans,
+		redisTimeout: redisTimeout,
+		filter:       filterConfig{TimeoutMs: calloutTimeout, Mode: "off"},
+	})
+	g := s.gateways[0]
+	generation := int64(1)
+	apply := func(step string, c filterConfig) {
+		t.Helper()
+		cfg, err := json.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.SetFilterConfig(string(cfg)); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		n, err := g.Reload(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if n != generation+1 {
+			t.Fatalf("%s: generation %d, want %d", step, n, generation+1)
+		}
+		generation = n
+		t.Logf("%s: gateway reloaded, generation %d, filter configuration %s", step, n, cfg)
+	}
+	// burst sends n requests of client to path and counts the answers.
+	burst := func(client, path string, n int) (ok, denied int) {
+		t.Helper()
+		for i := 0; i < n; i++ {
+			switch r := s.do(0, "GET", path, "x-api-key", client); r.status {
+			case http.StatusOK:
+				ok++
+			case http.StatusTooManyRequests:
+				denied++
+			default:
+				t.Fatalf("%s %s: status %d, body %q", client, path, r.status, r.body)
+			}
+		}
+		return ok, denied
+	}
+
+	// Step 0: deployed, off. Nothing is checked.
+	if ok, _ := burst("noisy-0", "/orders/1", 2*capacity); ok != 2*capacity {
+		t.Fatalf("mode off: %d of %d admitted", ok, 2*capacity)
+	}
+	if got := s.stat(counter("unchecked")); got != 2*capacity {
+		t.Fatalf("unchecked = %d, want %d", got, 2*capacity)
+	}
+
+	// Step 1: canary. Only noisy is enforced: its first 10 requests are
+	// admitted and the other 5 are answered 429 at the edge, never reaching
+	// a service. quiet, as far over its plan, passes, and the service sees
+	// what the edge would have decided.
+	apply("step 1 (canary)", filterConfig{TimeoutMs: calloutTimeout, CanaryClients: []string{"noisy"}})
+	if ok, denied := burst("noisy", "/orders/1", capacity+5); ok != capacity || denied != 5 {
+		t.Errorf("canary noisy: %d admitted, %d denied; want %d and 5", ok, denied, capacity)
+	}
+	if got := s.received("noisy"); got != capacity {
+		t.Errorf("services received %d requests of noisy, want %d (the admitted ones)", got, capacity)
+	}
+	if ok, denied := burst("quiet", "/billing/1", capacity+5); ok != capacity+5 || denied != 0 {
+		t.Errorf("canary quiet: %d admitted, %d denied; want all %d admitted", ok, denied, capacity+5)
+	}
+	if a, d := s.billing.Shadow("quiet", "allow"), s.billing.Shadow("quiet", "deny"); a != capacity || d != 5 {
+		t.Errorf("billing saw quiet's shadow allow=%d deny=%d, want %d and 5", a, d, capacity)
+	}
+
+	// Step 2: shadow for everyone, and the comparison with the services'
+	// per-service limiters.
+	apply("step 2 (shadow)", filterConfig{TimeoutMs: calloutTimeout, Mode: "shadow"})
+	cmp := compareShadow(t, s, capacity, shadowTraffic())
+	t.Logf("step 2 (shadow): %s", cmp.report())
+	if cmp.unknown != 0 {
+		t.Fatalf("%d requests carried x-ratelimit-shadow: unknown (the sidecar did not decide); the comparison would not measure the limiters", cmp.unknown)
+	}
+	if cmp.edgeMismatch != 0 {
+		t.Fatalf("%d shadow decisions differ from the edge bucket's arithmetic", cmp.edgeMismatch)
+	}
+	if cmp.total != 1210 || cmp.expected != 1 {
+		t.Fatalf("the traffic holds %d requests and %d predicted disagreements; shadowTraffic says 1210 and 1", cmp.total, cmp.expected)
+	}
+	if cmp.disagree != cmp.expected {
+		t.Fatalf("disagreements %d, want %d (%v)", cmp.disagree, cmp.expected, cmp.perClient)
+	}
+	if cmp.perClient["spread"] != cmp.expected {
+		t.Errorf("disagreements by client %v; want all %d from spread", cmp.perClient, cmp.expected)
+	}
+	// The traffic holds exactly one disagreement in more than 1000
+	// requests, so the criterion is met; with ten spread clients instead
+	// of one it would not be.
+	if !cmp.meetsExit() {
+		t.Errorf("exit criterion not met: %s", cmp.report())
+	}
+	if got := s.stat(counter("denied")) + s.stat(counter("denied_cached")); got != 5 {
+		t.Errorf("requests denied at the edge so far %d, want noisy's 5 from step 1", got)
+	}
+
+	// Step 3: enforce for everyone. over-plan gets 429s beyond its 10,
+	// and the services see only the admitted ones; noisy and spread, whose
+	// buckets are already empty, are refused outright.
+	apply("step 3 (enforce)", filterConfig{TimeoutMs: calloutTimeout})
+	before := s.received("over-plan")
+	if ok, denied := burst("over-plan", "/orders/1", capacity+5); ok != capacity || denied != 5 {
+		t.Errorf("enforce over-plan: %d admitted, %d denied; want %d and 5", ok, denied, capacity)
+	}
+	if got := s.received("over-plan") - before; got != capacity {
+		t.Errorf("services received %d requests of over-plan, want %d: a rejected request reached a service", got, capacity)
+	}
+	for _, client := range []string{"noisy", "spread"} {
+		before := s.received(client)
+		if ok, denied := burst(client, "/billing/2", 3); ok != 0 || denied != 3 {
+			t.Errorf("enforce %s (bucket empty): %d admitted, %d denied; want 0 and 3", client, ok, denied)
+		}
+		if got := s.received(client) - before; got != 0 {
+			t.Errorf("services received %d rejected requests of %s", got, client)
+		}
+	}
+	if ok, _ := burst("steady-1-more", "/billing/3", 3); ok != 3 {
+		t.Errorf("enforce: a client within its plan got %d of 3 through", ok)
+	}
+	if n := s.failedOpen(); n != 0 {
+		t.Errorf("%d requests failed open during the rollout", n)
+	}
+	if n := s.stat(harness.StatReloadFailed); n != 0 {
+		t.Errorf("reload_failed = %d", n)
+	}
+}
+
+// request is one request of the shadow traffic: a client calling a
+// service.
+type request struct {
+	client  string
+	service string // "orders" or "billing"
+}
+
+// shadowTraffic is step 2's traffic, each client's requests in order. It is
+// built so that the number of disagreements between the edge's decision and
+// the per-service limiters is known in advance:
+//
+//   - 236 steady clients send 5 requests each, alternating services: within
+//     the plan overall and at each service, so every bucket admits them and
+//     both sides say allow.
+//   - solo sends 15 requests, all to orders: the orders limiter and the edge
+//     see the same requests against the same 10-token plan, so both admit
+//     the first 10 and refuse the last 5. A client that uses one service
+//     never makes them disagree.
+//   - spread sends 10 requests to orders, 1 to billing, then 4 to orders.
+//     The edge bucket is the client's one limit and is empty after the
+//     first 10; billing's own bucket has never been touched, so billing
+//     would admit the 11th request the edge refuses: one disagreement.
+//     That is the leak the edge removes, each service enforcing the whole
+//     plan on its own (the incident's 9x). The last 4 are refused by both
+//     (orders' bucket is empty too).
+//
+// 1210 requests, 1 disagreement: 0.083%, under the 0.1% exit criterion.
+func shadowTraffic() [][]request {
+	var clients [][]request
+	for i := 0; i < 236; i++ {
+		var rs []request
+		for j := 0; j < 5; j++ {
+			rs = append(rs, request{fmt.Sprintf("steady-%d", i), []string{"orders", "billing"}[j%2]})
+		}
+		clients = append(clients, rs)
+	}
+	var solo, spread []request
+	for i := 0; i < 15; i++ {
+		solo = append(solo, request{"solo", "orders"})
+	}
+	for i := 0; i < 15; i++ {
+		svc := "orders"
+		if i == 10 {
+			svc = "billing"
+		}
+		spread = append(spread, request{"spread", svc})
+	}
+	return append(clients, solo, spread)
+}
+
+// legacyBucket is the services' old in-process limiter (ADR-001): each
+// service keeps its own token bucket per client, with the client's whole
+// plan, on its own clock.
+type legacyBucket struct {
+	capacity, rate, tokens float64
+	last                   time.Time
+}
+
+func (b *legacyBucket) allow(now time.Time) bool {
+	if b.last.IsZero() {
+		b.tokens, b.last = b.capacity, now
+	}
+	b.tokens = math.Min(b.capacity, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+	b.last = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// shadowComparison counts, request by request, whether the edge's shadow
+// decision (the x-ratelimit-shadow header the service received) agrees
+// with the service's own limiter.
+type shadowComparison struct {
+	total, agree, disagree, unknown int
+	// expected is the number of disagreements the arithmetic predicts;
+	// edgeMismatch counts shadow decisions that differ from the edge
+	// bucket's arithmetic (the first capacity requests of a client pass).
+	expected, edgeMismatch int
+	perClient              map[string]int
+}
+
+// exitCriterion is the design document's threshold for leaving shadow
+// mode: under 0.1% of decisions in disagreement.
+const exitCriterion = 0.001
+
+func (c *shadowComparison) rate() float64 { return float64(c.disagree) / float64(c.total) }
+
+func (c *shadowComparison) meetsExit() bool { return c.total > 0 && c.rate() < exitCriterion }
+
+func (c *shadowComparison) report() string {
+	verdict := "met"
+	if !c.meetsExit() {
+		verdict = "NOT met"
+	}
+	return fmt.Sprintf("%d requests compared: %d agree, %d disagree (%.3f%%), %d unknown; exit criterion under %.1f%%: %s",
+		c.total, c.agree, c.disagree, 100*c.rate(), c.unknown, 100*exitCriterion, verdict)
+}
+
+// compareShadow sends the traffic through gateway 0 (each client's
+// requests in order) and compares, per request, the shadow decision the
+// service received with the service's legacy limiter. The decision a
+// request carried is read from the service's per-client counts of
+// x-ratelimit-shadow values before and after it: requests of one client
+// are sent one at a time, so the one count that rose is this request's.
+func compareShadow(t *testing.T, s *stack, capacity int, traffic [][]request) *shadowComparison {
+	t.Helper()
+	services := map[string]*harness.Service{"orders": s.orders, "billing": s.billing}
+	legacy := map[request]*legacyBucket{} // by (client, service)
+	edgeUsed := map[string]int{}          // requests of the client the edge model has admitted
+	legacyUsed := map[request]int{}
+	c := &shadowComparison{perClient: map[string]int{}}
+	values := []string{"allow", "deny", "unknown"}
+	for _, rs := range traffic {
+		for _, r := range rs {
+			svc := services[r.service]
+			var before [3]int64
+			for i, v := range values {
+				before[i] = svc.Shadow(r.client, v)
+			}
+			if got := s.do(0, "GET", "/"+r.service+"/shadow", "x-api-key", r.client); got.status != http.StatusOK {
+				t.Fatalf("shadow mode: %s got %d, body %q", r.client, got.status, got.body)
+			}
+			seen := ""
+			for i, v := range values {
+				if svc.Shadow(r.client, v) == before[i]+1 {
+					seen = v
+				}
+			}
+			c.total++
+			if seen == "" || seen == "unknown" {
+				c.unknown++
+				continue
+			}
+			edge := seen == "allow"
+			service := legacyDecision(legacy, r, capacity)
+
+			// The arithmetic: with no refill during the test, a bucket
+			// admits the first capacity requests it sees. The edge has one
+			// bucket per client; each service one per client of its own.
+			edgeModel := edgeUsed[r.client] < capacity
+			if edgeModel {
+				edgeUsed[r.client]++
+			}
+			serviceModel := legacyUsed[r] < capacity
+			if serviceModel {
+				legacyUsed[r]++
+			}
+			if edge != edgeModel {
+				c.edgeMismatch++
+			}
+			if service != serviceModel {
+				t.Fatalf("the legacy bucket decided %t for %v, its arithmetic %t", service, r, serviceModel)
+			}
+			if edgeModel != serviceModel {
+				c.expected++
+			}
+			if edge == service {
+				c.agree++
+			} else {
+				c.disagree++
+				c.perClient[r.client]++
+			}
+		}
+	}
+	return c
+}
+
+func legacyDecision(buckets map[request]*legacyBucket, r request, capacity int) bool {
+	b := buckets[r]
+	if b == nil {
+		// The plan's rate: one token per 1000 s.
+		b = &legacyBucket{capacity: float64(capacity), rate: 0.001}
+		buckets[r] = b
+	}
+	return b.allow(time.Now())
+}

@@ -1,0 +1,312 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/valyala/fasthttp"
+
+	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/sidecar/hot"
+	"github.com/edgelimit/edgelimit/sidecar/redisconn"
+)
+
+// The hot client's plan and its demand: 600 checks/s, three times the plan,
+// split 70/20/10 over three regions.
+const (
+	hotKey      = "huge-client"
+	hotRate     = 200.0
+	hotCapacity = 20.0
+)
+
+var hotPlans = fmt.Sprintf(`
+plans:
+  huge: {capacity: %v, rate: %v}
+clients:
+  %q: {plan: huge, regions: [eu, us, ap]}
+`, hotCapacity, hotRate, hotKey)
+
+// regionLoad is one region's offered load: workers each sending perWorker
+// checks a second.
+type regionLoad struct {
+	region  string
+	workers int
+}
+
+var skewed = []regionLoad{{"eu", 7}, {"us", 2}, {"ap", 1}} // 70/20/10
+
+const perWorker = 60 // checks/s per worker; 10 workers = 600/s
+
+// load drives the skewed demand at a set of sidecars and counts answers
+// while counting is on.
+type load struct {
+	counting atomic.Bool
+	allowed  [3]atomic.Int64
+	denied   atomic.Int64
+	other    atomic.Int64
+	lastErr  atomic.Value
+	stop     context.CancelFunc
+	wg       sync.WaitGroup
+}
+
+func startLoad(t *testing.T, addrs []string) *load {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &load{stop: cancel}
+	client := &fasthttp.Client{MaxConnsPerHost: 64}
+	n := 0
+	for ri, rl := range skewed {
+		for range rl.workers {
+			addr := addrs[n%len(addrs)]
+			n++
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				tick := time.NewTicker(time.Second / perWorker)
+				defer tick.Stop()
+				req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+				defer fasthttp.ReleaseRequest(req)
+				defer fasthttp.ReleaseResponse(resp)
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-tick.C:
+					}
+					req.Reset()
+					req.SetRequestURI("http://" + addr + "/v1/check")
+					req.Header.SetMethod("POST")
+					req.Header.Set("x-api-key", hotKey)
+					req.Header.Set("x-ratelimit-region", rl.region)
+					err := client.DoTimeout(req, resp, 5*time.Second)
+					if !l.counting.Load() {
+						continue
+					}
+					switch {
+					case err != nil:
+						l.other.Add(1)
+						l.lastErr.Store(err.Error())
+					case resp.StatusCode() == 200:
+						l.allowed[ri].Add(1)
+					case resp.StatusCode() == 429:
+						l.denied.Add(1)
+					default:
+						l.other.Add(1)
+						l.lastErr.Store(fmt.Sprintf("%d %s", resp.StatusCode(), resp.Body()))
+					}
+				}
+			}()
+		}
+	}
+	t.Cleanup(l.close)
+	return l
+}
+
+func (l *load) close() { l.stop(); l.wg.Wait() }
+
+func (l *load) admitted() int64 {
+	return l.allowed[0].Load() + l.allowed[1].Load() + l.allowed[2].Load()
+}
+
+// evalshaCalls returns EVALSHA calls so far on each master.
+func evalshaCalls(t *testing.T, masters []string) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	for _, m := range masters {
+		rc := redis.NewClient(&redis.Options{Addr: m})
+		info, err := rc.Info(context.Background(), "commandstats").Result()
+		rc.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.SplitSeq(info, "\n") {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:calls="); ok {
+				v, _, _ := strings.Cut(rest, ",")
+				out[m], _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+	}
+	return out
+}
+
+func startHotSidecar(t *testing.T, url, plansPath string, noSharding bool) *App {
+	t.Helper()
+	spec, err := redisconn.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	a, err := Start(Config{
+		Listen: "127.0.0.1:0", Redis: spec, PlansPath: plansPath,
+		// Generous: a 503 after Redis charged the bucket would hide an
+		// admission from the count.
+		RedisTimeout:  time.Second,
+		NoHotSharding: noSharding,
+	}, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = a.Shutdown(ctx)
+		if t.Failed() {
+			t.Logf("sidecar %s log:\n%s", a.Addr(), logs)
+		}
+	})
+	return a
+}
+
+func redisNow(t *testing.T, c *redis.ClusterClient) time.Time {
+	t.Helper()
+	now, err := c.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now
+}
+
+// TestHotClientSharding: a client three times over its plan with demand
+// split 70/20/10 over three regions, served by two sidecars on a 3-master
+// cluster. Its three region buckets live on three different masters; once
+// the shares have settled, the client's global admitted rate is within 5% of
+// its plan; and the checks spread over all three masters, where without
+// sharding they all go to one.
+func TestHotClientSharding(t *testing.T) {
+	cl := redisproc.StartClusterT(t, 3, 0)
+	ctl := cl.Client(t)
+	ctx := context.Background()
+	url := "redis+cluster://" + strings.Join(cl.Addrs, ",")
+	plansPath := filepath.Join(t.TempDir(), "plans.yaml")
+	if err := os.WriteFile(plansPath, []byte(hotPlans), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := startHotSidecar(t, url, plansPath, false)
+	b := startHotSidecar(t, url, plansPath, false)
+	masters, err := cl.Masters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	base := (&sidecar{}).bucket(hotKey)
+	regionKeys := hot.Keys(base, []string{"eu", "us", "ap"})
+	owners := map[string]string{}
+	for i, k := range regionKeys {
+		node, err := ctl.MasterForKey(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := node.Options().Addr
+		if prev, dup := owners[addr]; dup {
+			t.Fatalf("region buckets %s and %s are both on master %s", prev, k, addr)
+		}
+		owners[addr] = []string{"eu", "us", "ap"}[i]
+	}
+
+	l := startLoad(t, []string{a.Addr(), b.Addr()})
+	// Shares settle once both sidecars use shares close to the demand's
+	// split: target = 0.02 + 0.94 * (0.7, 0.2, 0.1).
+	target := []float64{0.678, 0.208, 0.114}
+	settled := func() bool {
+		for _, s := range []*App{a, b} {
+			sh := s.hot.Shares(base)
+			if sh == nil {
+				return false
+			}
+			for i := range sh {
+				if math.Abs(sh[i]-target[i]) > 0.03 {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	waitFor(t, "the shares to settle near 0.678/0.208/0.114", settled)
+	t.Logf("settled shares: %v and %v", a.hot.Shares(base), b.hot.Shares(base))
+
+	for i, k := range regionKeys {
+		node, _ := ctl.MasterForKey(ctx, k)
+		if n, err := node.Exists(ctx, k).Result(); err != nil || n != 1 {
+			t.Fatalf("region %d bucket %s not on its master %s: %d %v", i, k, node.Options().Addr, n, err)
+		}
+	}
+
+	// Window: counted from one Redis TIME reading to the next, the clock the
+	// buckets refill by.
+	before := evalshaCalls(t, masters)
+	t0 := redisNow(t, ctl)
+	l.counting.Store(true)
+	time.Sleep(5 * time.Second)
+	l.counting.Store(false)
+	t1 := redisNow(t, ctl)
+	after := evalshaCalls(t, masters)
+	w := t1.Sub(t0).Seconds()
+	admitted := float64(l.admitted())
+	// A 503 (the sidecar's 1 s deadline passed, which only a stalled,
+	// heavily loaded machine does) may or may not have taken a token: it
+	// widens the bound below by one each; more than 1% of checks is a fault.
+	unknown := float64(l.other.Load())
+	if checks := admitted + float64(l.denied.Load()) + unknown; unknown > 0.01*checks {
+		t.Fatalf("%v of %v checks neither allowed nor denied; last: %v", unknown, checks, l.lastErr.Load())
+	}
+	// Every region asks for about three times its share, so each bucket is
+	// never idle and admits at its refill rate: admitted = rate * w, give or
+	// take what the buckets held when the window opened (at most the plan's
+	// capacity, 20) and the checks in flight at either edge (a few ms of
+	// rate, a handful). 5% of rate*w (50 in 5 s) covers both.
+	want := hotRate * w
+	if admitted > 1.05*want || admitted+unknown < 0.95*want {
+		t.Errorf("admitted %v in %.2f s = %.1f/s, want %v/s within 5%%", admitted, w, admitted/w, hotRate)
+	}
+	t.Logf("admitted %v in %.2f s = %.1f/s (plan %v/s); per region eu/us/ap %d/%d/%d; denied %d; undecided %v",
+		admitted, w, admitted/w, hotRate, l.allowed[0].Load(), l.allowed[1].Load(), l.allowed[2].Load(), l.denied.Load(), unknown)
+
+	var total int64
+	for _, m := range masters {
+		total += after[m] - before[m]
+	}
+	for _, m := range masters {
+		share := float64(after[m]-before[m]) / float64(total)
+		// Checks per master follow the demand (70/20/10): the least loaded
+		// master takes about 10%; 5% is far from "nothing".
+		if share < 0.05 {
+			t.Errorf("sharded: master %s (region %s) took %.1f%% of %d EVALSHA calls, want >= 5%%", m, owners[m], 100*share, total)
+		}
+		t.Logf("sharded: master %s (region %s): %.1f%% of EVALSHA", m, owners[m], 100*share)
+	}
+
+	// The same load through a sidecar that does not shard: one bucket, one
+	// master.
+	l.close()
+	c := startHotSidecar(t, url, plansPath, true)
+	before = evalshaCalls(t, masters)
+	l2 := startLoad(t, []string{c.Addr()})
+	l2.counting.Store(true)
+	time.Sleep(2 * time.Second)
+	l2.close()
+	after = evalshaCalls(t, masters)
+	total = 0
+	busiest := int64(0)
+	for _, m := range masters {
+		d := after[m] - before[m]
+		total += d
+		busiest = max(busiest, d)
+	}
+	// The lease renewals of the two sharding sidecars (a few a second) go
+	// to the plain bucket's master too; nothing else runs.
+	if float64(busiest) < 0.99*float64(total) {
+		t.Errorf("unsharded: busiest master took %d of %d EVALSHA calls, want >= 99%%", busiest, total)
+	}
+	t.Logf("unsharded: busiest master took %d of %d EVALSHA calls", busiest, total)
+}

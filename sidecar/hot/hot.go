@@ -1,0 +1,373 @@
+// Package hot splits the bucket of a hot client into one bucket per region,
+// each on its own Redis Cluster slot, and keeps their shares of the plan in
+// step with where the client's demand comes from.
+//
+// A hot client (marked in the plans file with a list of regions) gets one
+// bucket per region. Region i of k lives under a hash tag chosen so that its
+// slot is the middle of the i-th of k equal slices of the slot space; on a
+// cluster whose slots are split into even contiguous ranges (what
+// `redis-cli --cluster create` does) with at least k masters, every region's
+// bucket is on a different master. Each bucket gets share_i of the plan's
+// capacity and rate; the shares always sum to 1.
+//
+// Every sidecar counts the demand it sees per region (tokens asked for) and
+// adds it to a hash in Redis once per interval. One sidecar at a time, the
+// holder of a short lease (SET NX PX, renewed by its holder), reads and
+// clears that hash, moves the shares toward the regions' demand, and writes
+// them to Redis; every sidecar reads the shares from Redis once per interval,
+// so they all use the same. See RATIONALE.md, "Why is a hot client split by
+// region, and how?".
+package hot
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/edgelimit/edgelimit/lua"
+)
+
+// Defaults and tuning of the reconciler.
+const (
+	// DefaultInterval is how often demand is flushed and shares reconciled.
+	DefaultInterval = time.Second
+	// Floor is the smallest share a region gets, so a region whose demand
+	// returns is never left with nothing while the shares catch up.
+	Floor = 0.02
+	// Step is how far the shares move toward the demand's split each
+	// interval (1 would jump; smaller damps noise in one second's counts).
+	Step = 0.5
+	// leaseIntervals is the lease's lifetime in intervals: a dead holder is
+	// replaced after at most this long.
+	leaseIntervals = 3
+	// idleAfter drops a client's state when no check used it for this long
+	// (it left the hot list, or stopped sending).
+	idleAfter = time.Minute
+)
+
+// Sharder routes hot clients' checks to their region buckets and runs the
+// reconciler. It is safe for concurrent use.
+type Sharder struct {
+	client redis.UniversalClient
+	id     string // this sidecar's lease identity
+	log    *slog.Logger
+	mu     sync.Mutex // serialises creating a state
+	states sync.Map   // base bucket key → *state
+}
+
+// New returns a Sharder on client. Call Run to reconcile.
+func New(client redis.UniversalClient, log *slog.Logger) *Sharder {
+	if log == nil {
+		log = slog.Default()
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return &Sharder{client: client, id: hex.EncodeToString(b[:]), log: log}
+}
+
+// state is one hot client's split as this sidecar knows it.
+type state struct {
+	base     string   // the client's plain bucket key, "rl:{digest}"
+	regions  []string // as in the plans file
+	joined   string   // regions joined by ",", to detect a changed list
+	keys     []string // bucket key per region
+	shares   atomic.Pointer[[]float64]
+	demand   []atomic.Int64 // tokens asked per region since the last flush
+	lastUsed atomic.Int64   // unix nanoseconds
+}
+
+// Route returns the bucket key and limit for a check of cost by the hot
+// client whose plain bucket key is base, arriving from region. A region not
+// in regions (or empty) counts as the first. It never touches Redis.
+func (s *Sharder) Route(base string, regions []string, region []byte, l lua.Limit, cost int64) (string, lua.Limit) {
+	st := s.state(base, regions)
+	i := 0
+	for j, r := range st.regions {
+		if r == string(region) {
+			i = j
+			break
+		}
+	}
+	st.demand[i].Add(cost)
+	st.lastUsed.Store(time.Now().UnixNano())
+	share := (*st.shares.Load())[i]
+	return st.keys[i], lua.Limit{Capacity: l.Capacity * share, Rate: l.Rate * share}
+}
+
+// Keys returns the bucket key of each region of a hot client, in the order
+// of regions.
+func Keys(base string, regions []string) []string {
+	digest := strings.TrimSuffix(strings.TrimPrefix(base, "rl:{"), "}")
+	out := make([]string, len(regions))
+	for i, r := range regions {
+		target := (2*i + 1) * SlotCount / (2 * len(regions))
+		out[i] = regionKey(digest, r, target)
+	}
+	return out
+}
+
+// regionKey returns "rl:{digest.region.N}" with the smallest N whose slot is
+// target. CRC16 spreads consecutive N evenly, so a few tens of thousands of
+// tries find every slot; the nearest slot found is the fallback. The CRC of
+// the common prefix is computed once, so a try costs a few digits.
+func regionKey(digest, region string, target int) string {
+	prefix := digest + "." + region + "."
+	pc := crc16Update(0, prefix)
+	var buf [20]byte
+	best, bestDist := 0, SlotCount
+	for n := 0; n < 1<<20; n++ {
+		d := int(crc16Update(pc, string(strconv.AppendInt(buf[:0], int64(n), 10))))%SlotCount - target
+		if d < 0 {
+			d = -d
+		}
+		if d < bestDist {
+			best, bestDist = n, d
+			if d == 0 {
+				break
+			}
+		}
+	}
+	return "rl:{" + prefix + strconv.Itoa(best) + "}"
+}
+
+func (s *Sharder) state(base string, regions []string) *state {
+	if v, ok := s.states.Load(base); ok {
+		st := v.(*state)
+		if sameRegions(st.regions, regions) {
+			return st
+		}
+	}
+	// Finding the keys takes a fraction of a millisecond; under a burst of
+	// first checks one goroutine does it and the others take its result.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v, ok := s.states.Load(base); ok {
+		st := v.(*state)
+		if sameRegions(st.regions, regions) {
+			return st
+		}
+	}
+	st := &state{
+		base:    base,
+		regions: regions,
+		joined:  strings.Join(regions, ","),
+		keys:    Keys(base, regions),
+		demand:  make([]atomic.Int64, len(regions)),
+	}
+	eq := equal(len(regions))
+	st.shares.Store(&eq)
+	st.lastUsed.Store(time.Now().UnixNano())
+	s.states.Store(base, st)
+	return st
+}
+
+func sameRegions(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func equal(k int) []float64 {
+	out := make([]float64, k)
+	for i := range out {
+		out[i] = 1 / float64(k)
+	}
+	return out
+}
+
+// Shares returns the shares this sidecar uses now for the hot client with
+// plain bucket key base, or nil if it has seen no check of it.
+func (s *Sharder) Shares(base string) []float64 {
+	v, ok := s.states.Load(base)
+	if !ok {
+		return nil
+	}
+	return append([]float64(nil), *v.(*state).shares.Load()...)
+}
+
+// Run reconciles every interval (DefaultInterval if <= 0) until ctx ends.
+func (s *Sharder) Run(ctx context.Context, interval time.Duration) {
+	if interval <= 0 {
+		interval = DefaultInterval
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		s.states.Range(func(k, v any) bool {
+			st := v.(*state)
+			if time.Since(time.Unix(0, st.lastUsed.Load())) > idleAfter {
+				s.states.CompareAndDelete(k, v)
+				return true
+			}
+			tctx, cancel := context.WithTimeout(ctx, interval)
+			if err := s.tick(tctx, st, interval); err != nil {
+				s.log.Warn("hot client reconcile failed; shares in force kept", "client", st.base[4:20], "err", err)
+			}
+			cancel()
+			return true
+		})
+	}
+}
+
+// Redis keys of a hot client's coordination state. They share the plain
+// bucket's hash tag, so on a cluster they live on one slot together.
+func demandKey(base string) string { return base + ":hot:demand" }
+func sharesKey(base string) string { return base + ":hot:shares" }
+func leaseKey(base string) string  { return base + ":hot:lease" }
+
+// regionsField holds the region list the shares were computed for.
+const regionsField = "_regions"
+
+// renewLease extends the lease only if this sidecar still holds it.
+var renewLease = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0`)
+
+// tick flushes this sidecar's demand counts, reconciles if it holds the
+// lease, and reads the shares in force.
+func (s *Sharder) tick(ctx context.Context, st *state, interval time.Duration) error {
+	pipe := s.client.Pipeline()
+	dk := demandKey(st.base)
+	for i, r := range st.regions {
+		if n := st.demand[i].Swap(0); n > 0 {
+			pipe.HIncrBy(ctx, dk, r, n)
+		}
+	}
+	pipe.PExpire(ctx, dk, 10*interval)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return err
+	}
+
+	leaseTTL := leaseIntervals * interval
+	held, err := s.client.SetNX(ctx, leaseKey(st.base), s.id, leaseTTL).Result()
+	if err != nil {
+		return err
+	}
+	if !held {
+		n, err := renewLease.Run(ctx, s.client, []string{leaseKey(st.base)}, s.id, leaseTTL.Milliseconds()).Int64()
+		if err != nil {
+			return err
+		}
+		held = n == 1
+	}
+	if held {
+		if err := s.reconcile(ctx, st); err != nil {
+			return err
+		}
+	}
+
+	fields, err := s.client.HGetAll(ctx, sharesKey(st.base)).Result()
+	if err != nil {
+		return err
+	}
+	if shares, ok := parseShares(fields, st.regions, st.joined); ok {
+		st.shares.Store(&shares)
+	}
+	return nil
+}
+
+// reconcile takes the demand counted since the last reconcile and moves the
+// shares toward it.
+func (s *Sharder) reconcile(ctx context.Context, st *state) error {
+	tx := s.client.TxPipeline()
+	got := tx.HGetAll(ctx, demandKey(st.base))
+	tx.Del(ctx, demandKey(st.base))
+	cur := tx.HGetAll(ctx, sharesKey(st.base))
+	if _, err := tx.Exec(ctx); err != nil {
+		return err
+	}
+	old, ok := parseShares(cur.Val(), st.regions, st.joined)
+	if !ok {
+		old = equal(len(st.regions))
+	}
+	demand := make([]float64, len(st.regions))
+	for i, r := range st.regions {
+		demand[i], _ = strconv.ParseFloat(got.Val()[r], 64)
+	}
+	next := Reconcile(old, demand)
+	fields := make([]any, 0, 2*len(next)+2)
+	fields = append(fields, regionsField, st.joined)
+	for i, r := range st.regions {
+		fields = append(fields, r, strconv.FormatFloat(next[i], 'g', -1, 64))
+	}
+	pipe := s.client.Pipeline()
+	pipe.HSet(ctx, sharesKey(st.base), fields...)
+	// Shares of a client that went quiet are not worth keeping forever.
+	pipe.Expire(ctx, sharesKey(st.base), 24*time.Hour)
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+// Reconcile returns the shares after one step from old toward the split of
+// demand: target_i = Floor + (1 - k*Floor) * demand_i / sum(demand), and
+// next = old + Step*(target - old). With no demand the shares stay. The
+// result sums to 1 and no share is below Floor once old respects it.
+func Reconcile(old, demand []float64) []float64 {
+	k := len(old)
+	var total float64
+	for _, d := range demand {
+		if d > 0 {
+			total += d
+		}
+	}
+	next := append([]float64(nil), old...)
+	if total <= 0 {
+		return next
+	}
+	var sum float64
+	for i := range next {
+		target := Floor + (1-float64(k)*Floor)*math.Max(demand[i], 0)/total
+		next[i] = old[i] + Step*(target-old[i])
+		sum += next[i]
+	}
+	for i := range next {
+		next[i] /= sum
+	}
+	return next
+}
+
+// parseShares reads the shares hash. It accepts it only if it was written
+// for exactly these regions and every share is a number in (0, 1]; the
+// shares are renormalised so rounding in the decimal text cannot make them
+// sum to more than the plan.
+func parseShares(fields map[string]string, regions []string, joined string) ([]float64, bool) {
+	if fields[regionsField] != joined {
+		return nil, false
+	}
+	out := make([]float64, len(regions))
+	var sum float64
+	for i, r := range regions {
+		v, err := strconv.ParseFloat(fields[r], 64)
+		if err != nil || !(v > 0) || v > 1 {
+			return nil, false
+		}
+		out[i] = v
+		sum += v
+	}
+	for i := range out {
+		out[i] /= sum
+	}
+	return out, true
+}

@@ -1,0 +1,121 @@
+package hot
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/sidecar/keys"
+)
+
+// TestSlot compares Slot with Redis's own CLUSTER KEYSLOT.
+func TestSlot(t *testing.T) {
+	rc := redisproc.StartClusterT(t, 3, 0).Client(t)
+	ctx := context.Background()
+	tests := []string{
+		"", "a", "123456789", "rl:{abc}", "rl:{abc}:hot:shares", "{}", "{}x", "x{}y", "{a}{b}", "a{b", "a}b{c}",
+		"rl:{" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef" + ".eu.17}",
+	}
+	for i := range 50 {
+		tests = append(tests, fmt.Sprintf("key-%d", i), fmt.Sprintf("{tag-%d}rest", i))
+	}
+	for _, key := range tests {
+		want, err := rc.ClusterKeySlot(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := Slot(key); int64(got) != want {
+			t.Errorf("Slot(%q) = %d, CLUSTER KEYSLOT says %d", key, got, want)
+		}
+	}
+}
+
+// TestKeysSpread: region i of k lands exactly in the middle of the i-th k-th
+// of the slot space, so with k or more evenly split masters each region is
+// on its own master.
+func TestKeysSpread(t *testing.T) {
+	base := keys.New(nil).BucketKey([]byte("a-hot-client"))
+	for _, regions := range [][]string{{"eu", "us"}, {"eu", "us", "ap"}, {"a", "b", "c", "d", "e", "f", "g"}} {
+		ks := Keys(base, regions)
+		k := len(regions)
+		for i, key := range ks {
+			want := (2*i + 1) * SlotCount / (2 * k)
+			if got := Slot(key); got != want {
+				t.Errorf("%d regions: %s is on slot %d, want %d", k, key, got, want)
+			}
+			if keys.LogID(key) != keys.LogID(base) {
+				t.Errorf("%s: log id %q, want the client's %q", key, keys.LogID(key), keys.LogID(base))
+			}
+		}
+	}
+}
+
+func TestReconcile(t *testing.T) {
+	tests := []struct {
+		name        string
+		old, demand []float64
+		want        []float64
+	}{
+		{"no demand keeps shares", []float64{0.5, 0.3, 0.2}, []float64{0, 0, 0}, []float64{0.5, 0.3, 0.2}},
+		// target = 0.02 + 0.94*d/total: 0.678, 0.208, 0.114; half-way from 1/3.
+		{"70/20/10 from equal", []float64{1.0 / 3, 1.0 / 3, 1.0 / 3}, []float64{700, 200, 100},
+			[]float64{(1.0/3 + 0.678) / 2, (1.0/3 + 0.208) / 2, (1.0/3 + 0.114) / 2}},
+		{"at target stays", []float64{0.678, 0.208, 0.114}, []float64{70, 20, 10}, []float64{0.678, 0.208, 0.114}},
+		// A silent region drifts toward the floor, never below it.
+		{"silent region", []float64{0.5, 0.5}, []float64{10, 0}, []float64{(0.5 + 0.98) / 2, (0.5 + 0.02) / 2}},
+		{"negative demand is none", []float64{0.5, 0.5}, []float64{-5, 10}, []float64{(0.5 + 0.02) / 2, (0.5 + 0.98) / 2}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Reconcile(tt.old, tt.demand)
+			var sum float64
+			for i := range got {
+				sum += got[i]
+				if math.Abs(got[i]-tt.want[i]) > 1e-12 {
+					t.Errorf("share %d = %v, want %v (all %v)", i, got[i], tt.want[i], got)
+				}
+			}
+			if math.Abs(sum-1) > 1e-12 {
+				t.Errorf("shares %v sum to %v", got, sum)
+			}
+		})
+	}
+	// Repeated steps converge to the target and stay above the floor.
+	s := []float64{0.98, 0.01, 0.01}
+	for range 40 {
+		s = Reconcile(s, []float64{1, 1, 1})
+	}
+	for i, v := range s {
+		if math.Abs(v-1.0/3) > 1e-9 {
+			t.Errorf("after 40 steps share %d = %v, want 1/3", i, v)
+		}
+	}
+}
+
+func TestParseShares(t *testing.T) {
+	regions := []string{"eu", "us"}
+	tests := []struct {
+		name   string
+		fields map[string]string
+		ok     bool
+	}{
+		{"good", map[string]string{"_regions": "eu,us", "eu": "0.7", "us": "0.3"}, true},
+		{"other regions", map[string]string{"_regions": "eu,ap", "eu": "0.7", "ap": "0.3"}, false},
+		{"missing share", map[string]string{"_regions": "eu,us", "eu": "0.7"}, false},
+		{"zero share", map[string]string{"_regions": "eu,us", "eu": "1", "us": "0"}, false},
+		{"not a number", map[string]string{"_regions": "eu,us", "eu": "x", "us": "0.3"}, false},
+		{"over one", map[string]string{"_regions": "eu,us", "eu": "1.5", "us": "0.3"}, false},
+		{"empty", map[string]string{}, false},
+	}
+	for _, tt := range tests {
+		got, ok := parseShares(tt.fields, regions, "eu,us")
+		if ok != tt.ok {
+			t.Errorf("%s: ok = %v, want %v (%v)", tt.name, ok, tt.ok, got)
+		}
+		if ok && math.Abs(got[0]+got[1]-1) > 1e-12 {
+			t.Errorf("%s: shares %v do not sum to 1", tt.name, got)
+		}
+	}
+}
