@@ -204,8 +204,8 @@ func writeBenchmarks(root, path string, e *env, command string) error {
 	}
 	var atts []report.Attachment
 	for _, a := range []report.Attachment{
-		{Title: "Throughput: the script through go-redis vs redis-benchmark", Path: filepath.Join(root, "bench", "results", "scriptbench.txt")},
-		{Title: "Throughput: the sidecar vs redis-benchmark", Path: filepath.Join(root, "bench", "results", "sidecarbench.txt")},
+		{Title: "Throughput: the script through go-redis vs redis-benchmark", Path: filepath.Join(e.out, "scriptbench.txt")},
+		{Title: "Throughput: the sidecar vs redis-benchmark", Path: filepath.Join(e.out, "sidecarbench.txt")},
 	} {
 		if _, err := os.Stat(a.Path); err == nil {
 			a.Shown, _ = filepath.Rel(root, a.Path)
