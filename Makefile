@@ -66,10 +66,14 @@ check: deps
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/...
 	$(GO) mod tidy -diff
 
-## bench: the benchmark harness; prints tables, writes bench/results/.
+## bench: the benchmark harness. The script and the sidecar beside
+## redis-benchmark, then the design document's scenarios (incident, noisy
+## neighbour, latency budget, throughput, fail open) side by side; writes
+## e2e/bench/results/ and BENCHMARKS.md from the run.
 bench: deps build
-	$(GO) run ./e2e/bench/scriptbench
-	$(GO) run ./e2e/bench/sidecarbench
+	$(GO) run ./e2e/bench/scriptbench -out e2e/bench/results/scriptbench.txt
+	$(GO) run ./e2e/bench/sidecarbench -out e2e/bench/results/sidecarbench.txt
+	$(GO) run ./e2e/bench -bin $(EDGELIMIT_BIN_DIR)
 
 ## demo: a real burst against the limiter.
 demo: deps build

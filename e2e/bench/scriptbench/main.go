@@ -59,7 +59,7 @@ func main() {
 	flag.Float64Var(&cfg.limit.Capacity, "capacity", 100, "bucket capacity")
 	flag.Float64Var(&cfg.limit.Rate, "rate", 10, "bucket refill rate, tokens/s")
 	flag.Int64Var(&cfg.cost, "cost", 1, "tokens per check")
-	flag.StringVar(&cfg.out, "out", "", "also write the report to this file (e.g. bench/results/scriptbench.txt)")
+	flag.StringVar(&cfg.out, "out", "", "also write the report to this file (e.g. e2e/bench/results/scriptbench.txt)")
 	flag.Parse()
 	if err := run(cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "scriptbench:", err)

@@ -79,7 +79,7 @@ func main() {
 	flag.IntVar(&cfg.redisN, "redis-n", 0, "requests redis-benchmark sends per round; 0: what the sidecar answered in the previous round (150000 in the first)")
 	flag.IntVar(&cfg.pipelines, "redis-pipelines", 0, "sidecar -redis-pipelines; 0 keeps its default")
 	flag.StringVar(&cfg.loader, "load", "wrk", "full-load generator: wrk (the Go generator when wrk is not installed) or go")
-	flag.StringVar(&cfg.out, "out", "", "also write the report to this file (e.g. bench/results/sidecarbench.txt)")
+	flag.StringVar(&cfg.out, "out", "", "also write the report to this file (e.g. e2e/bench/results/sidecarbench.txt)")
 	flag.Parse()
 	if cfg.loader == "wrk" {
 		if _, err := exec.LookPath("wrk"); err != nil {
