@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/internal/syncbuf"
+
 	"github.com/edgelimit/edgelimit/e2e/filterwasm"
 )
 
@@ -132,25 +134,8 @@ func closedAddr(t testing.TB) string {
 
 type running struct {
 	addr, admin string
-	stderr      *lockedBuffer
+	stderr      *syncbuf.Buffer
 	stop        func() error
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // start runs the gateway in this process on free ports; it is stopped (as
@@ -166,7 +151,7 @@ func startArgs(t *testing.T, args ...string) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan [2]string, 1)
 	errc := make(chan error, 1)
-	stderr := &lockedBuffer{}
+	stderr := &syncbuf.Buffer{}
 	go func() { errc <- run(ctx, args, io.Discard, stderr, ready) }()
 	select {
 	case a := <-ready:

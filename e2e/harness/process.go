@@ -4,23 +4,23 @@
 package harness
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os/exec"
-	"sync"
 	"syscall"
 	"time"
+
+	"github.com/edgelimit/edgelimit/internal/syncbuf"
 )
 
 // Process is a child process whose output is kept for diagnosis.
 type Process struct {
 	Name string
 	cmd  *exec.Cmd
-	out  lockedBuffer
+	out  syncbuf.Buffer
 	done chan struct{}
 	err  error
 }
@@ -156,21 +156,4 @@ func FreeAddr() (string, error) {
 	}
 	defer l.Close()
 	return l.Addr().String(), nil
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -1,7 +1,6 @@
 package app
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -15,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/internal/syncbuf"
 
 	"github.com/valyala/fasthttp"
 
@@ -39,24 +40,7 @@ type sidecar struct {
 	*App
 	plansPath string
 	client    *fasthttp.Client
-	logs      *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	logs      *syncbuf.Buffer
 }
 
 func startSidecar(t testing.TB, redisURL, plansYAML string, timeout time.Duration) *sidecar {
@@ -74,7 +58,7 @@ func startSidecarLog(t testing.TB, redisURL, plansYAML string, timeout time.Dura
 	if err := os.WriteFile(path, []byte(plansYAML), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	a, err := Start(Config{
 		Listen:       "127.0.0.1:0",
 		Redis:        spec,

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/internal/syncbuf"
+
 	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 
@@ -146,7 +148,7 @@ func startHotSidecar(t *testing.T, url, plansPath string, noSharding bool) *App 
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	a, err := Start(Config{
 		Listen: "127.0.0.1:0", Redis: spec, PlansPath: plansPath,
 		// Generous: a 503 after Redis charged the bucket would hide an
