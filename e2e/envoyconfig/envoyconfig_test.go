@@ -56,7 +56,7 @@ func TestLoadRealConfig(t *testing.T) {
 }
 
 // The filter's configuration inside the bootstrap is JSON with the fields
-// DESIGN.md documents, pointing at the sidecar cluster. (The filter checks
+// filter/README.md documents, pointing at the sidecar cluster. (The filter checks
 // its own rules at start-up; this checks the values the deployment relies on.)
 func TestRealConfigFilterJSON(t *testing.T) {
 	c, err := Load(realConfig)

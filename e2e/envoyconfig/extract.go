@@ -21,7 +21,7 @@ import (
 )
 
 // defaultSidecarCluster is the filter's sidecar_cluster when its
-// configuration does not name one (DESIGN.md, filter configuration).
+// configuration does not name one (filter/README.md, configuration).
 const defaultSidecarCluster = "ratelimit_sidecar"
 
 // extract builds the Config from a decoded, validated bootstrap.

@@ -104,7 +104,7 @@ type Cost struct {
 	Cost       int64  `json:"cost"`
 }
 
-// Filter is the filter's configuration (DESIGN.md, "Contract: filter
+// Filter is the filter's configuration (filter/README.md, "Configuration"
 // configuration"); the zero value enforces with a 5 ms timeout.
 type Filter struct {
 	Mode          string   // enforce (default), shadow or off
