@@ -178,13 +178,7 @@ func envFunctions() []hostFunc {
 				// http_set_copy_replace_all_headers became the only
 				// behaviour): every value of key is removed, then one is
 				// added as add would.
-				out := m[:0]
-				for _, h := range m {
-					if h[0] != key {
-						out = append(out, h)
-					}
-				}
-				return insertHeader(out, Header{key, val})
+				return insertHeader(without(m, key), Header{key, val})
 			})
 		}),
 		env("proxy_remove_header_map_value", 3, func(vm *VM, s []uint64) {
@@ -203,14 +197,7 @@ func envFunctions() []hostFunc {
 				ret(s, StatusBadArgument)
 				return
 			}
-			key = strings.ToLower(key)
-			out := (*m)[:0]
-			for _, h := range *m {
-				if h[0] != key {
-					out = append(out, h)
-				}
-			}
-			*m = out
+			*m = without(*m, strings.ToLower(key))
 			ret(s, StatusOK)
 		}),
 		env("proxy_get_header_map_pairs", 3, func(vm *VM, s []uint64) {
@@ -498,6 +485,17 @@ func editMap(vm *VM, s []uint64, edit func(m []Header, key, val string) []Header
 	}
 	*m = edit(*m, strings.ToLower(key), val)
 	ret(s, StatusOK)
+}
+
+// without removes every value of key from m, in place.
+func without(m []Header, key string) []Header {
+	out := m[:0]
+	for _, h := range m {
+		if h[0] != key {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // insertHeader adds h where Envoy's header list puts it: a pseudo-header
