@@ -210,44 +210,35 @@ func (s *Spec) NewClient(t Tuning) redis.UniversalClient {
 	switch s.Kind {
 	case Cluster:
 		o := *s.cluster
-		o.DialTimeout = orDefault(o.DialTimeout, DefaultDialTimeout)
-		o.ReadTimeout = orDefault(o.ReadTimeout, DefaultReadTimeout)
-		o.WriteTimeout = orDefault(o.WriteTimeout, DefaultWriteTimeout)
-		if o.MaxRetries == 0 {
-			o.MaxRetries = DefaultMaxRetries
-		}
-		if o.PoolSize == 0 {
-			o.PoolSize = t.PoolSize
-		}
+		t.apply(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.PoolSize)
 		o.ClusterStateReloadInterval = orDefault(o.ClusterStateReloadInterval, DefaultClusterReload)
 		o.ContextTimeoutEnabled = true
 		return redis.NewClusterClient(&o)
 	case Sentinel:
 		o := *s.failover
-		o.DialTimeout = orDefault(o.DialTimeout, DefaultDialTimeout)
-		o.ReadTimeout = orDefault(o.ReadTimeout, DefaultReadTimeout)
-		o.WriteTimeout = orDefault(o.WriteTimeout, DefaultWriteTimeout)
-		if o.MaxRetries == 0 {
-			o.MaxRetries = DefaultMaxRetries
-		}
-		if o.PoolSize == 0 {
-			o.PoolSize = t.PoolSize
-		}
+		t.apply(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.PoolSize)
 		o.ContextTimeoutEnabled = true
 		return redis.NewFailoverClient(&o)
 	}
 	o := *s.single
-	o.DialTimeout = orDefault(o.DialTimeout, DefaultDialTimeout)
-	o.ReadTimeout = orDefault(o.ReadTimeout, DefaultReadTimeout)
-	o.WriteTimeout = orDefault(o.WriteTimeout, DefaultWriteTimeout)
-	if o.MaxRetries == 0 {
-		o.MaxRetries = DefaultMaxRetries
-	}
-	if o.PoolSize == 0 {
-		o.PoolSize = t.PoolSize
-	}
+	t.apply(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.PoolSize)
 	o.ContextTimeoutEnabled = true
 	return redis.NewClient(&o)
+}
+
+// apply fills what the URL left unset: the dial, read and write timeouts,
+// the retries, and the pool size. The three kinds of go-redis options keep
+// these in fields of the same names but different types, hence the pointers.
+func (t Tuning) apply(dial, read, write *time.Duration, retries, pool *int) {
+	*dial = orDefault(*dial, DefaultDialTimeout)
+	*read = orDefault(*read, DefaultReadTimeout)
+	*write = orDefault(*write, DefaultWriteTimeout)
+	if *retries == 0 {
+		*retries = DefaultMaxRetries
+	}
+	if *pool == 0 {
+		*pool = t.PoolSize
+	}
 }
 
 func orDefault(d, def time.Duration) time.Duration {
