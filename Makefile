@@ -72,6 +72,7 @@ check: deps
 ## e2e/bench/results/ and BENCHMARKS.md from the run.
 bench: deps build
 	@command -v wrk >/dev/null || { echo "installing wrk (the sidecar benchmark's load generator)"; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 	$(GO) run ./e2e/bench/scriptbench -out e2e/bench/results/scriptbench.txt
 	$(GO) run ./e2e/bench/sidecarbench -out e2e/bench/results/sidecarbench.txt
