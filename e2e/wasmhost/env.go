@@ -142,9 +142,8 @@ func envFunctions() []hostFunc {
 		env("proxy_dequeue_shared_queue", 3, unimplemented),
 		env("proxy_enqueue_shared_queue", 3, unimplemented),
 		env("proxy_get_header_map_value", 5, func(vm *VM, s []uint64) {
-			t := MapType(u32(s[0]))
-			if t > mapTypeMax {
-				ret(s, StatusBadArgument)
+			t, ok := mapArg(s)
+			if !ok {
 				return
 			}
 			key, ok := vm.readString(u32(s[1]), u32(s[2]))
@@ -182,9 +181,8 @@ func envFunctions() []hostFunc {
 			})
 		}),
 		env("proxy_remove_header_map_value", 3, func(vm *VM, s []uint64) {
-			t := MapType(u32(s[0]))
-			if t > mapTypeMax {
-				ret(s, StatusBadArgument)
+			t, ok := mapArg(s)
+			if !ok {
 				return
 			}
 			key, ok := vm.readString(u32(s[1]), u32(s[2]))
@@ -192,18 +190,11 @@ func envFunctions() []hostFunc {
 				ret(s, StatusInvalidMemAccess)
 				return
 			}
-			m := vm.mutMap(vm.ctxOrEffective(), t)
-			if m == nil {
-				ret(s, StatusBadArgument)
-				return
-			}
-			*m = without(*m, strings.ToLower(key))
-			ret(s, StatusOK)
+			changeMap(vm, s, t, func(m []Header) []Header { return without(m, strings.ToLower(key)) })
 		}),
 		env("proxy_get_header_map_pairs", 3, func(vm *VM, s []uint64) {
-			t := MapType(u32(s[0]))
-			if t > mapTypeMax {
-				ret(s, StatusBadArgument)
+			t, ok := mapArg(s)
+			if !ok {
 				return
 			}
 			// Always OK: a map that is not there reads as empty.
@@ -211,9 +202,8 @@ func envFunctions() []hostFunc {
 			ret(s, vm.copyOut(EncodePairs(m), u32(s[1]), u32(s[2])))
 		}),
 		env("proxy_set_header_map_pairs", 3, func(vm *VM, s []uint64) {
-			t := MapType(u32(s[0]))
-			if t > mapTypeMax {
-				ret(s, StatusBadArgument)
+			t, ok := mapArg(s)
+			if !ok {
 				return
 			}
 			data, ok := vm.read(u32(s[1]), u32(s[2]))
@@ -221,18 +211,11 @@ func envFunctions() []hostFunc {
 				ret(s, StatusInvalidMemAccess)
 				return
 			}
-			m := vm.mutMap(vm.ctxOrEffective(), t)
-			if m == nil {
-				ret(s, StatusBadArgument)
-				return
-			}
-			*m = lowerKeys(DecodePairs(data))
-			ret(s, StatusOK)
+			changeMap(vm, s, t, func([]Header) []Header { return lowerKeys(DecodePairs(data)) })
 		}),
 		env("proxy_get_header_map_size", 2, func(vm *VM, s []uint64) {
-			t := MapType(u32(s[0]))
-			if t > mapTypeMax {
-				ret(s, StatusBadArgument)
+			t, ok := mapArg(s)
+			if !ok {
 				return
 			}
 			m := vm.mutMap(vm.ctxOrEffective(), t)
@@ -467,9 +450,8 @@ func unimplemented(_ *VM, s []uint64) { ret(s, StatusUnimplemented) }
 
 // editMap applies an add or replace to a header map the plugin may change.
 func editMap(vm *VM, s []uint64, edit func(m []Header, key, val string) []Header) {
-	t := MapType(u32(s[0]))
-	if t > mapTypeMax {
-		ret(s, StatusBadArgument)
+	t, ok := mapArg(s)
+	if !ok {
 		return
 	}
 	key, ok1 := vm.readString(u32(s[1]), u32(s[2]))
@@ -478,12 +460,30 @@ func editMap(vm *VM, s []uint64, edit func(m []Header, key, val string) []Header
 		ret(s, StatusInvalidMemAccess)
 		return
 	}
+	key = strings.ToLower(key)
+	changeMap(vm, s, t, func(m []Header) []Header { return edit(m, key, val) })
+}
+
+// mapArg reads a header-map call's first argument, the map type; an
+// unknown type answers BAD_ARGUMENT.
+func mapArg(s []uint64) (MapType, bool) {
+	t := MapType(u32(s[0]))
+	if t > mapTypeMax {
+		ret(s, StatusBadArgument)
+		return 0, false
+	}
+	return t, true
+}
+
+// changeMap replaces map t of the current (or effective) context with
+// edit's result; a map that cannot be changed now answers BAD_ARGUMENT.
+func changeMap(vm *VM, s []uint64, t MapType, edit func([]Header) []Header) {
 	m := vm.mutMap(vm.ctxOrEffective(), t)
 	if m == nil {
 		ret(s, StatusBadArgument)
 		return
 	}
-	*m = edit(*m, strings.ToLower(key), val)
+	*m = edit(*m)
 	ret(s, StatusOK)
 }
 
