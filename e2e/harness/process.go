@@ -27,21 +27,7 @@ type Process struct {
 
 // StartProcess starts bin with args; its stdout and stderr are captured.
 func StartProcess(name, bin string, args ...string) (*Process, error) {
-	p := &Process{Name: name, done: make(chan struct{})}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Stdout = &p.out
-	p.cmd.Stderr = &p.out
-	// Its own process group, so a signal to the harness's terminal does
-	// not reach it twice and Kill takes any children with it.
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s (%s): %w", name, bin, err)
-	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
-	return p, nil
+	return StartProcessEnv(name, nil, bin, args...)
 }
 
 // Exited reports whether the process has ended, and how.

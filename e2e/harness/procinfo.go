@@ -22,6 +22,8 @@ func StartProcessEnv(name string, env []string, bin string, args ...string) (*Pr
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout = &p.out
 	p.cmd.Stderr = &p.out
+	// Its own process group, so a signal to the harness's terminal does
+	// not reach it twice and Kill takes any children with it.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s (%s): %w", name, bin, err)
