@@ -19,11 +19,9 @@ import (
 	"encoding/csv"
 	"flag"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -31,6 +29,8 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
+
+	"github.com/edgelimit/edgelimit/e2e/bench/report"
 
 	"github.com/redis/go-redis/v9"
 
@@ -110,18 +110,11 @@ func run(cfg config) error {
 	}
 
 	// The report goes to stdout and, with -out, to a file as well.
-	var out io.Writer = os.Stdout
-	if cfg.out != "" {
-		if err := os.MkdirAll(filepath.Dir(cfg.out), 0o755); err != nil {
-			return err
-		}
-		f, err := os.Create(cfg.out)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		out = io.MultiWriter(os.Stdout, f)
+	out, closeOut, err := report.Tee(cfg.out)
+	if err != nil {
+		return err
 	}
+	defer closeOut.Close()
 	fmt.Fprintf(out, "token-bucket script on redis-server %s at %s; %d CPUs\n",
 		infoValue(version, "redis_version"), srv.Addr, runtime.NumCPU())
 	fmt.Fprintf(out, "concurrency %d, %d random keys, capacity %v, rate %v/s, cost %d; %d rounds of %v each side\n\n",

@@ -29,7 +29,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -44,6 +43,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/edgelimit/edgelimit/e2e/bench/report"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
@@ -101,18 +102,11 @@ func run(cfg config) error {
 	}
 	defer os.RemoveAll(tmp)
 
-	var out io.Writer = os.Stdout
-	if cfg.out != "" {
-		if err := os.MkdirAll(filepath.Dir(cfg.out), 0o755); err != nil {
-			return err
-		}
-		f, err := os.Create(cfg.out)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		out = io.MultiWriter(os.Stdout, f)
+	out, closeOut, err := report.Tee(cfg.out)
+	if err != nil {
+		return err
 	}
+	defer closeOut.Close()
 
 	if cfg.sidecarBin == "" {
 		if dir := os.Getenv("EDGELIMIT_BIN_DIR"); dir != "" {
