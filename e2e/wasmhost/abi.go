@@ -2,6 +2,13 @@ package wasmhost
 
 import "fmt"
 
+// The ABI's numbers (statuses, map and buffer types) and the header-map
+// encoding are written here again rather than imported from filter/abi on
+// purpose: the host stands in for Envoy, and a mistake shared by the plugin
+// and its host would pass every test. Each side follows the specification on
+// its own, and the filter's tests running in this host check them against
+// each other.
+
 // Status is a proxy-wasm host call result (WasmResult in proxy-wasm-cpp-host).
 type Status uint32
 
