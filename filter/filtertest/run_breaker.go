@@ -272,6 +272,35 @@ func (r runner) breakerLateAnswers(t *testing.T) {
 	counters(t, h, map[string]int64{limiter.MetricFailedOpenPrefix + "timeout": 4, limiter.MetricAllowed: 1, circuitOpen: 1})
 }
 
+// breakerBurstStaysClosed: a burst whose callouts time out while the
+// sidecar is answering others sent with them (the proxy or the sidecar was
+// busy, not gone) leaves the breaker closed, so the burst stays limited;
+// callouts that fail after the sidecar's last answer still open it.
+func (r runner) breakerBurstStaysClosed(t *testing.T) {
+	h := r.host(t, breakerConfig)
+	var burst []Stream
+	for range 10 {
+		s, _ := waiting(t, h, get("key-1"))
+		burst = append(burst, s)
+	}
+	h.Advance(2 * time.Millisecond) // under the 5 ms timeout
+	burst[0].RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	wentOn(t, burst[0])
+	for _, s := range burst[1:] {
+		s.RespondCallout(timeoutAnswer, nil)
+		wentOn(t, s)
+	}
+	transitions(t, h, 0, 0, 0)
+	breakerState(t, h, 0)
+	// The next request is checked, not bypassed.
+	allowing(t, h, "key-2")
+	// Now no answer comes after the callouts leave: three failures open it.
+	openBreaker(t, h)
+	transitions(t, h, 1, 0, 0)
+	bypassed(t, h, "key-1")
+	counters(t, h, map[string]int64{limiter.MetricFailedOpenPrefix + "timeout": 12, limiter.MetricAllowed: 2, circuitOpen: 1})
+}
+
 // breakerDenyCacheFirst: a client the deny cache holds is still denied
 // while the breaker is open; the cache needs no sidecar.
 func (r runner) breakerDenyCacheFirst(t *testing.T) {

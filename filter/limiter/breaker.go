@@ -10,7 +10,12 @@ import (
 // answer, so that an outage does not add the callout timeout to every
 // request. After Failures callouts in a row have failed (timeout, 503,
 // reset, failed dispatch: breakerFailure), it opens: requests fail open at
-// once (failed_open.circuit_open) without a callout. Once the open interval
+// once (failed_open.circuit_open) without a callout. A failure counts only
+// when the sidecar has given no answer since the failed callout went out:
+// a callout that timed out while others, sent before or with it, were being
+// answered was late because the proxy (or the sidecar) was busy with a
+// burst, not because the sidecar is gone, and opening then would let the
+// whole burst through unlimited. Once the open interval
 // has passed, the first request is a probe and every other one keeps
 // failing open until its answer: a probe that gets any answer from the
 // sidecar closes the breaker, one that fails opens it again for twice as
@@ -170,6 +175,10 @@ type breaker struct {
 	// probes: the callout timeout, after which Envoy always answers, plus
 	// the first open interval.
 	lease int64
+	// answered is when this VM last received an answer from the sidecar
+	// (host clock, ns). It is the VM's own, not shared: it needs no host
+	// call, and in a burst every worker sees answers of its own.
+	answered int64
 }
 
 const (
@@ -229,9 +238,17 @@ func (b *breaker) allow(h abi.Host, now int64) (allow, probe bool) {
 	return false, false
 }
 
-// record applies a callout's result at now and reports the state it found
-// and the transition it made.
-func (b *breaker) record(h abi.Host, failed, probe bool, now int64) (breakerState, breakerEvent) {
+// record applies the result, at now, of a callout sent at sentAt, and
+// reports the state it found and the transition it made. A failure of a
+// callout sent before the sidecar's latest answer changes nothing: the
+// sidecar was answering after it left (see the package comment above). A
+// probe's result always counts: it is the one callout out.
+func (b *breaker) record(h abi.Host, failed, probe bool, sentAt, now int64) (breakerState, breakerEvent) {
+	if !failed {
+		b.answered = max(b.answered, now)
+	} else if !probe && sentAt < b.answered {
+		return breakerState{}, evNone
+	}
 	for attempt := 0; attempt < breakerCASAttempts; attempt++ {
 		st, cas := b.load(h)
 		next, ev := st.record(&b.cfg, failed, probe, now)

@@ -252,7 +252,7 @@ func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 	}
 	token, st := l.host.HTTPCall(cfg.SidecarCluster, headers, nil, nil, cfg.TimeoutMs)
 	if st != abi.StatusOK {
-		l.breakerResult(s.root, true, s.probe, ReasonDispatch, now)
+		l.breakerResult(s.root, true, s.probe, ReasonDispatch, now, now)
 		l.failOpen(s, ReasonDispatch, "proxy_http_call failed: "+st.String(), now)
 		return abi.ActionContinue
 	}
@@ -290,7 +290,7 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	a := l.answer(numHeaders)
 	// The breaker learns from every answer, whether or not the client is
 	// still there.
-	l.breakerResult(r, breakerFailure(&a), s.probe, a.Reason, now)
+	l.breakerResult(r, breakerFailure(&a), s.probe, a.Reason, s.sentAt, now)
 	if a.Outcome == Denied {
 		// Cached even when the client has gone: the next request of the
 		// same client is spared a callout.
@@ -337,13 +337,13 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 // breakerResult feeds a callout's result to the root's circuit breaker and
 // reports the transition it made: metrics, and a line when the breaker
 // opens after being closed or closes again.
-func (l *Limiter) breakerResult(r *root, failed, probe bool, reason Reason, now int64) {
+func (l *Limiter) breakerResult(r *root, failed, probe bool, reason Reason, sentAt, now int64) {
 	b := &r.breaker
 	if !b.enabled() {
 		return
 	}
 	h := l.host
-	before, ev := b.record(h, failed, probe, now)
+	before, ev := b.record(h, failed, probe, sentAt, now)
 	switch ev {
 	case evOpened:
 		l.m.inc(h, cBreakerOpened)
