@@ -55,8 +55,7 @@ func blocked(err error) bool {
 // is.
 func TestFaultRedisSlow(t *testing.T) {
 	s := startStack(t, stackConfig{
-		plans:  tinyPlans,
-		filter: filterConfig{TimeoutMs: 5},
+		plans: tinyPlans,
 		// DEBUG is refused by Redis 7's default configuration
 		// (enable-debug-command no); "local" allows it from loopback.
 		redisArgs: []string{"--enable-debug-command", "local"},
@@ -160,9 +159,7 @@ func TestFaultRedisSlow(t *testing.T) {
 // nothing fails open.
 func TestFaultRedisRestartedEmpty(t *testing.T) {
 	s := startStack(t, stackConfig{
-		plans:        tinyPlans,
-		filter:       filterConfig{TimeoutMs: calloutTimeout},
-		redisTimeout: redisTimeout,
+		plans: tinyPlans,
 	})
 	ctx := context.Background()
 	spend := func(client string, want ...int) {
@@ -279,10 +276,8 @@ func (s *stack) try(g int, method, path string, headers ...string) (reply, error
 // memory is available again, limiting resumes.
 func TestFaultRedisMemoryFull(t *testing.T) {
 	s := startStack(t, stackConfig{
-		plans:        tinyPlans,
-		filter:       filterConfig{TimeoutMs: calloutTimeout},
-		redisTimeout: redisTimeout,
-		redisArgs:    []string{"--maxmemory-policy", "noeviction"},
+		plans:     tinyPlans,
+		redisArgs: []string{"--maxmemory-policy", "noeviction"},
 	})
 	ctx := context.Background()
 	rc := s.redis.Client(t)
@@ -371,9 +366,7 @@ func infoValue(info, name string) string {
 func TestFaultSidecarGarbage(t *testing.T) {
 	var fake *fakeSidecar
 	s := startStack(t, stackConfig{
-		plans:        tinyPlans,
-		filter:       filterConfig{TimeoutMs: calloutTimeout},
-		redisTimeout: redisTimeout,
+		plans: tinyPlans,
 		sidecarFront: func(t *testing.T, addr string) string {
 			fake = startFakeSidecar(t, addr)
 			return fake.addr()
@@ -518,10 +511,8 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 			"  gold: {capacity: " + strconv.Itoa(capacity) + ", rate: 1}\nclients:\n  \"" + listed + "\": gold\n"
 	}
 	s := startStack(t, stackConfig{
-		plans:        valid(777777),
-		filter:       filterConfig{TimeoutMs: calloutTimeout},
-		redisTimeout: redisTimeout,
-		sidecarArgs:  []string{"-plans-poll", "20ms"},
+		plans:       valid(777777),
+		sidecarArgs: []string{"-plans-poll", "20ms"},
 	})
 	limitOf := func() string {
 		t.Helper()

@@ -22,9 +22,7 @@ import (
 func TestIdleBucketsExpire(t *testing.T) {
 	const clients, ttlMs = 1000, 3000
 	s := startStack(t, stackConfig{
-		plans:        "default_plan: small\nplans:\n  small: {capacity: 2, rate: 1}\n",
-		filter:       filterConfig{TimeoutMs: calloutTimeout},
-		redisTimeout: redisTimeout,
+		plans: "default_plan: small\nplans:\n  small: {capacity: 2, rate: 1}\n",
 	})
 	ctx := context.Background()
 	rc := s.redis.Client(t)

@@ -31,15 +31,23 @@ func TestRolloutCanaryShadowEnforce(t *testing.T) {
 	const capacity = 10
 	const plans = "default_plan: free\nplans:\n  free: {capacity: 10, rate: 0.001}\n"
 	s := startStack(t, stackConfig{
-		plans:        plans,
-		redisTimeout: redisTimeout,
-		filter:       filterConfig{TimeoutMs: calloutTimeout, Mode: "off"},
+		plans:  plans,
+		filter: filterConfig{Mode: "off"},
 	})
 	g := s.gateways[0]
 	generation := int64(1)
+	// Each step is the change the README's rollout table names, made to
+	// the running file: the fields a step does not set keep the file's
+	// value, so the two a step is about are always written.
 	apply := func(step string, c filterConfig) {
 		t.Helper()
-		cfg, err := json.Marshal(c)
+		if c.Mode == "" {
+			c.Mode = "enforce"
+		}
+		cfg, err := json.Marshal(struct {
+			filterConfig
+			CanaryClients []string `json:"canary_clients"`
+		}{c, append([]string{}, c.CanaryClients...)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -86,7 +94,7 @@ func TestRolloutCanaryShadowEnforce(t *testing.T) {
 	// admitted and the other 5 are answered 429 at the edge, never reaching
 	// a service. quiet, as far over its plan, passes, and the service sees
 	// what the edge would have decided.
-	apply("step 1 (canary)", filterConfig{TimeoutMs: calloutTimeout, CanaryClients: []string{"noisy"}})
+	apply("step 1 (canary)", filterConfig{CanaryClients: []string{"noisy"}})
 	if ok, denied := burst("noisy", "/orders/1", capacity+5); ok != capacity || denied != 5 {
 		t.Errorf("canary noisy: %d admitted, %d denied; want %d and 5", ok, denied, capacity)
 	}
@@ -102,7 +110,7 @@ func TestRolloutCanaryShadowEnforce(t *testing.T) {
 
 	// Step 2: shadow for everyone, and the comparison with the services'
 	// per-service limiters.
-	apply("step 2 (shadow)", filterConfig{TimeoutMs: calloutTimeout, Mode: "shadow"})
+	apply("step 2 (shadow)", filterConfig{Mode: "shadow"})
 	cmp := compareShadow(t, s, capacity, shadowTraffic())
 	t.Logf("step 2 (shadow): %s", cmp.report())
 	if cmp.unknown != 0 {
@@ -133,7 +141,7 @@ func TestRolloutCanaryShadowEnforce(t *testing.T) {
 	// Step 3: enforce for everyone. over-plan gets 429s beyond its 10,
 	// and the services see only the admitted ones; noisy and spread, whose
 	// buckets are already empty, are refused outright.
-	apply("step 3 (enforce)", filterConfig{TimeoutMs: calloutTimeout})
+	apply("step 3 (enforce)", filterConfig{})
 	before := s.received("over-plan")
 	if ok, denied := burst("over-plan", "/orders/1", capacity+5); ok != capacity || denied != 5 {
 		t.Errorf("enforce over-plan: %d admitted, %d denied; want %d and 5", ok, denied, capacity)

@@ -153,9 +153,8 @@ func TestRawKeysNeverStored(t *testing.T) {
 	plans := tinyPlans + "  gold: {capacity: 5, rate: 0.001}\nclients:\n  \"" + listedKey + "\": gold\n"
 	s := startStack(t, stackConfig{
 		plans: plans,
-		filter: filterConfig{TimeoutMs: calloutTimeout,
+		filter: filterConfig{
 			CanaryClients: []string{allowedKey, deniedKey, bearerKey, listedKey, outageKey}},
-		redisTimeout: redisTimeout,
 		// The most talkative settings: every decision is logged at debug,
 		// every request in the access log.
 		sidecarArgs: []string{"-log-level", "debug"},
@@ -278,13 +277,12 @@ func around(s, sub string) string {
 // knowing a key, or a table of SHA-256 digests of likely keys, does not
 // tell which bucket in Redis is whose.
 func TestSaltedBucketKeys(t *testing.T) {
-	s := startStack(t, stackConfig{plans: tinyPlans, redisTimeout: redisTimeout,
-		filter: filterConfig{TimeoutMs: calloutTimeout}})
+	s := startStack(t, stackConfig{plans: tinyPlans})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const salt = "a-secret-salt-for-this-test"
 	p, addr, err := harness.StartSidecar(ctx, bins, harness.SidecarConfig{Redis: s.redis.URL(), Plans: s.plans,
-		Extra: []string{"-key-salt", salt, "-redis-timeout", redisTimeout}})
+		Extra: []string{"-key-salt", salt}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,9 +343,7 @@ func rawRequest(t *testing.T, addr, head string) (status int, body string) {
 func TestInjectionThroughKeyOrCost(t *testing.T) {
 	var rec *fakeSidecar
 	s := startStack(t, stackConfig{
-		plans:        tinyPlans,
-		filter:       filterConfig{TimeoutMs: calloutTimeout},
-		redisTimeout: redisTimeout,
+		plans: tinyPlans,
 		sidecarFront: func(t *testing.T, addr string) string {
 			rec = startFakeSidecar(t, addr) // relays, and records each check
 			return rec.addr()
@@ -421,9 +417,12 @@ func TestInjectionThroughKeyOrCost(t *testing.T) {
 		if v := h.Values("x-ratelimit-cost"); len(v) != 1 || v[0] != "1" {
 			t.Errorf("a check carried x-ratelimit-cost %q, want the route's 1", v)
 		}
+		if v := h.Values("x-ratelimit-region"); len(v) != 1 || v[0] != "local" {
+			t.Errorf("a check carried x-ratelimit-region %q, want envoy.yaml's \"local\"", v)
+		}
 		for name, vs := range h {
 			switch strings.ToLower(name) {
-			case "x-api-key", "x-ratelimit-cost", "content-length", "user-agent":
+			case "x-api-key", "x-ratelimit-cost", "x-ratelimit-region", "content-length", "user-agent":
 			default:
 				t.Errorf("a check carried %s: %q", name, vs)
 			}
@@ -438,8 +437,7 @@ func TestInjectionThroughKeyOrCost(t *testing.T) {
 // cost is malformed, however it got there (the sidecar also listens for
 // other local clients than the filter).
 func TestSidecarRefusesMalformedChecks(t *testing.T) {
-	s := startStack(t, stackConfig{plans: tinyPlans, redisTimeout: redisTimeout,
-		filter: filterConfig{TimeoutMs: calloutTimeout}})
+	s := startStack(t, stackConfig{plans: tinyPlans})
 	check := func(headers ...string) string {
 		return "POST /v1/check HTTP/1.1\r\nhost: ratelimit-sidecar\r\ncontent-length: 0\r\nconnection: close\r\n" +
 			strings.Join(headers, "\r\n") + "\r\n"
@@ -483,8 +481,7 @@ func TestSidecarRefusesMalformedChecks(t *testing.T) {
 // Keys that are not visible ASCII (Unicode in any normal form) are refused,
 // so no two of them can meet in one bucket.
 func TestKeyNormalisationCollisions(t *testing.T) {
-	s := startStack(t, stackConfig{plans: tinyPlans, redisTimeout: redisTimeout,
-		filter: filterConfig{TimeoutMs: calloutTimeout}})
+	s := startStack(t, stackConfig{plans: tinyPlans})
 	send := func(headerLine string) int {
 		st, _ := rawRequest(t, s.gateways[0].Addr,
 			"GET /orders/1 HTTP/1.1\r\nhost: shop\r\nconnection: close\r\n"+headerLine+"\r\n")
@@ -576,7 +573,7 @@ func TestKeyNormalisationCollisions(t *testing.T) {
 // else. (If another process holds that port, the sidecar's refusal to
 // start names the address it tried, which proves the same.)
 func TestSidecarListensOnLoopbackByDefault(t *testing.T) {
-	s := startStack(t, stackConfig{plans: tinyPlans, filter: filterConfig{TimeoutMs: calloutTimeout}})
+	s := startStack(t, stackConfig{plans: tinyPlans})
 	if v := os.Getenv("SIDECAR_LISTEN"); v != "" {
 		t.Skipf("SIDECAR_LISTEN=%q is set in the environment", v)
 	}
@@ -620,7 +617,7 @@ func TestSidecarRedisACLAndTLS(t *testing.T) {
 	_, tlsPort, _ := net.SplitHostPort(tlsAddr)
 	const password = "Pw-7f3c19aa2b-limiter"
 	s := startStack(t, stackConfig{
-		plans: tinyPlans, redisTimeout: redisTimeout, filter: filterConfig{TimeoutMs: calloutTimeout},
+		plans: tinyPlans,
 		redisArgs: []string{
 			"--tls-port", tlsPort, "--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", ca,
 			// The sidecar has no client certificate to offer.
@@ -645,8 +642,7 @@ func TestSidecarRedisACLAndTLS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := harness.StartProcessEnv(name, env, bins.Sidecar, "-listen", addr, "-redis", redisURL, "-plans", s.plans,
-			"-redis-timeout", redisTimeout)
+		p, err := harness.StartProcessEnv(name, env, bins.Sidecar, "-listen", addr, "-redis", redisURL, "-plans", s.plans)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -749,9 +745,8 @@ func writeTestPKI(t *testing.T, dir string) (caFile, certFile, keyFile string) {
 // "/orders/%2e%2e/billing/1" is billing's, at billing's price.
 func TestCostRulesSeeNormalizedPaths(t *testing.T) {
 	s := startStack(t, stackConfig{
-		plans:        tinyPlans,
-		redisTimeout: redisTimeout,
-		filter: filterConfig{TimeoutMs: calloutTimeout, Costs: []cost{
+		plans: tinyPlans,
+		filter: filterConfig{Costs: []cost{
 			{PathPrefix: "/billing", Cost: 2},
 		}},
 	})

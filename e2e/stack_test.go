@@ -48,7 +48,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// filterConfig is the filter's JSON configuration as a test sets it.
+// filterConfig is what a test changes in the filter's configuration: each
+// field it sets replaces envoy/envoy.yaml's value, and every other field
+// (the 5 ms callout, the cost rules, the region) stays as shipped. A test
+// that sets TimeoutMs is about the timeout and says why beside it.
 type filterConfig struct {
 	SidecarCluster   string   `json:"sidecar_cluster,omitempty"`
 	SidecarAuthority string   `json:"sidecar_authority,omitempty"`
@@ -73,9 +76,6 @@ type stackConfig struct {
 	filter   filterConfig
 	sidecars int // default 1
 	gateways int // default 1
-	// redisTimeout is the sidecar's -redis-timeout; default the deployed
-	// 3 ms.
-	redisTimeout string
 	// redisArgs are extra redis-server arguments; sidecarArgs and
 	// gatewayArgs extra flags of every sidecar and gateway.
 	redisArgs, sidecarArgs, gatewayArgs []string
@@ -118,7 +118,7 @@ func startStack(t *testing.T, c stackConfig) *stack {
 	if c.gateways == 0 {
 		c.gateways = 1
 	}
-	s := &stack{t: t, http: &http.Client{Timeout: 10 * time.Second}}
+	s := &stack{t: t, http: newClient()}
 	s.redis = redisproc.StartT(t, redisproc.Options{Args: c.redisArgs})
 	dir := t.TempDir()
 	s.plans = filepath.Join(dir, "plans.yaml")
@@ -127,9 +127,6 @@ func startStack(t *testing.T, c stackConfig) *stack {
 	}
 	for i := 0; i < c.sidecars; i++ {
 		sc := harness.SidecarConfig{Redis: s.redis.URL(), Plans: s.plans}
-		if c.redisTimeout != "" {
-			sc.Extra = []string{"-redis-timeout", c.redisTimeout}
-		}
 		sc.Extra = append(sc.Extra, c.sidecarArgs...)
 		p, addr, err := harness.StartSidecar(ctx, bins, sc)
 		if err != nil {
@@ -256,4 +253,14 @@ func mustContain(t *testing.T, what, s, want string) {
 	if !strings.Contains(s, want) {
 		t.Errorf("%s = %q, want it to contain %q", what, s, want)
 	}
+}
+
+// newClient is the tests' HTTP client: keep-alive connections, enough of
+// them idle for every concurrent sender a test runs, as API clients keep
+// their connections. (The default transport keeps two per host, so a
+// burst of senders would open a new connection for nearly every request.)
+func newClient() *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 1024, 256
+	return &http.Client{Timeout: 10 * time.Second, Transport: tr}
 }

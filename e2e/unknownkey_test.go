@@ -13,9 +13,7 @@ import (
 // out default_plan asks for.)
 func TestUnknownKeyWithoutDefaultPlanIsRefused(t *testing.T) {
 	s := startStack(t, stackConfig{
-		plans:        "plans:\n  gold: {capacity: 2, rate: 0.001}\nclients:\n  \"listed-client\": gold\n",
-		filter:       filterConfig{TimeoutMs: calloutTimeout},
-		redisTimeout: redisTimeout,
+		plans: "plans:\n  gold: {capacity: 2, rate: 0.001}\nclients:\n  \"listed-client\": gold\n",
 	})
 	if r := s.do(0, "GET", "/orders/1", "x-api-key", "listed-client"); r.status != http.StatusOK {
 		t.Fatalf("listed client: status %d, want 200", r.status)

@@ -6,7 +6,7 @@
 // results as JSON into -out, and `all` (the default) then writes
 // BENCHMARKS.md at the repository root from those results.
 //
-//	go run ./e2e/bench [flags] [all|incident|noisy|latency|throughput|failopen|report]
+//	go run ./e2e/bench [flags] [all|incident|noisy|latency|throughput|failopen|burst|report]
 //
 // The default run is short enough for a 2-core machine shared with other
 // work (a few minutes); -scale stretches every phase and -runs repeats
@@ -56,6 +56,7 @@ var scenarios = []scenario{
 	{"latency", runLatency},
 	{"throughput", runThroughput},
 	{"failopen", runFailOpen},
+	{"burst", runBurst},
 }
 
 func main() {

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,10 +10,12 @@ import (
 )
 
 // WithFilterConfig writes a copy of the Envoy bootstrap at src into dir with
-// the wasm filter's plugin configuration replaced by config (JSON), and
-// returns its path. Tests use it to run the deployed envoy.yaml with
-// another mode, timeout or canary list without keeping a second file.
-func WithFilterConfig(src, dir, config string) (string, error) {
+// the fields of overrides (a JSON object) set in the wasm filter's plugin
+// configuration, and returns its path. Every field overrides does not name
+// keeps the value src gives it, so a test runs the deployed envoy.yaml with
+// only the fields it is about changed. A value of JSON null removes the
+// field, leaving it to the filter's default.
+func WithFilterConfig(src, dir, overrides string) (string, error) {
 	raw, err := os.ReadFile(src)
 	if err != nil {
 		return "", err
@@ -21,15 +24,37 @@ func WithFilterConfig(src, dir, config string) (string, error) {
 	if err := yaml.Unmarshal(raw, &doc); err != nil {
 		return "", fmt.Errorf("%s: %w", src, err)
 	}
-	replaced := 0
-	walk(doc, func(m map[string]any) {
-		if m["@type"] == "type.googleapis.com/google.protobuf.StringValue" {
-			m["value"] = config
-			replaced++
+	var patch map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(overrides), &patch); err != nil {
+		return "", fmt.Errorf("filter configuration overrides %q: want a JSON object: %w", overrides, err)
+	}
+	if err := onlyPluginConfig(doc, src, func(m map[string]any) error {
+		// The shipped text, unparsed, when overrides change nothing; a
+		// text that is not an object is kept as it is for the same reason
+		// (the plugin itself is what rejects it).
+		text, _ := m["value"].(string)
+		if len(patch) == 0 {
+			return nil
 		}
-	})
-	if replaced != 1 {
-		return "", fmt.Errorf("%s: want exactly one StringValue plugin configuration, found %d", src, replaced)
+		cfg := map[string]json.RawMessage{}
+		if err := json.Unmarshal([]byte(text), &cfg); err != nil {
+			return fmt.Errorf("%s: the plugin configuration is not a JSON object: %w", src, err)
+		}
+		for k, v := range patch {
+			if string(v) == "null" {
+				delete(cfg, k)
+				continue
+			}
+			cfg[k] = v
+		}
+		merged, err := json.Marshal(cfg)
+		if err != nil {
+			return err
+		}
+		m["value"] = string(merged)
+		return nil
+	}); err != nil {
+		return "", err
 	}
 	out, err := yaml.Marshal(doc)
 	if err != nil {
@@ -37,6 +62,40 @@ func WithFilterConfig(src, dir, config string) (string, error) {
 	}
 	dst := filepath.Join(dir, "envoy.yaml")
 	return dst, os.WriteFile(dst, out, 0o644)
+}
+
+// FilterConfig returns the wasm filter's plugin configuration (the JSON text)
+// of the Envoy bootstrap at path.
+func FilterConfig(path string) (string, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	var text string
+	err = onlyPluginConfig(doc, path, func(m map[string]any) error {
+		text, _ = m["value"].(string)
+		return nil
+	})
+	return text, err
+}
+
+// onlyPluginConfig calls edit on the one StringValue (the plugin
+// configuration) of doc, and fails unless there is exactly one.
+func onlyPluginConfig(doc map[string]any, src string, edit func(map[string]any) error) error {
+	var found []map[string]any
+	walk(doc, func(m map[string]any) {
+		if m["@type"] == "type.googleapis.com/google.protobuf.StringValue" {
+			found = append(found, m)
+		}
+	})
+	if len(found) != 1 {
+		return fmt.Errorf("%s: want exactly one StringValue plugin configuration, found %d", src, len(found))
+	}
+	return edit(found[0])
 }
 
 func walk(v any, visit func(map[string]any)) {

@@ -343,3 +343,81 @@ func Closed(ctx context.Context, target string, workers int, d time.Duration, ne
 	res.Elapsed = time.Since(start)
 	return res, nil
 }
+
+// Burst is one client's traffic at a total rate, over several targets (the
+// gateways) in turn.
+type Burst struct {
+	Targets []string // host:port, taken in turn; at least one
+	Client  string   // sent as x-api-key
+	Path    string
+	Rate    float64       // requests per second in total; > 0
+	Window  time.Duration // how long it sends; > 0
+	// Senders > 0 fire together: every tick each of them sends one request
+	// at once, the ticks spaced so that the total is Rate. 0 is an open
+	// loop: requests evenly spaced at Rate, each sent whatever the answers.
+	Senders int
+}
+
+// BurstResult counts what the client saw.
+type BurstResult struct {
+	Sent, OK, Denied, Other int64
+	Window                  time.Duration // first to last request sent
+}
+
+// RunBurst sends b and waits for every answer.
+func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
+	switch {
+	case len(b.Targets) == 0:
+		return BurstResult{}, fmt.Errorf("targets: none")
+	case !(b.Rate > 0):
+		return BurstResult{}, fmt.Errorf("rate: must be > 0, got %v", b.Rate)
+	case b.Window <= 0:
+		return BurstResult{}, fmt.Errorf("window: must be > 0, got %v", b.Window)
+	case b.Senders < 0:
+		return BurstResult{}, fmt.Errorf("senders: must be >= 0, got %d", b.Senders)
+	}
+	client := NewClient(10 * time.Second)
+	defer client.CloseIdleConnections()
+	var ok, denied, other atomic.Int64
+	var wg sync.WaitGroup
+	batch := max(b.Senders, 1)
+	interval := time.Duration(float64(time.Second) * float64(batch) / b.Rate)
+	var res BurstResult
+	start := time.Now()
+	var last time.Time
+	for tick := 0; ctx.Err() == nil; tick++ {
+		due := start.Add(time.Duration(tick) * interval)
+		if due.Sub(start) >= b.Window {
+			break
+		}
+		if wait := time.Until(due); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+		}
+		last = time.Now()
+		for range batch {
+			target := b.Targets[res.Sent%int64(len(b.Targets))]
+			res.Sent++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				switch send(ctx, client, target, http.MethodGet, b.Path, b.Client) {
+				case http.StatusOK:
+					ok.Add(1)
+				case http.StatusTooManyRequests:
+					denied.Add(1)
+				default:
+					other.Add(1)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	res.OK, res.Denied, res.Other = ok.Load(), denied.Load(), other.Load()
+	res.Window = last.Sub(start)
+	return res, ctx.Err()
+}

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/edgelimit/edgelimit/e2e/bench/load"
+	"github.com/edgelimit/edgelimit/e2e/bench/report"
+	"github.com/edgelimit/edgelimit/e2e/bench/rig"
+	"github.com/edgelimit/edgelimit/e2e/services/bucket"
+)
+
+// burstParams shape the burst sweep.
+type burstParams struct {
+	Gateways []int     // gateway counts, each sharing one sidecar and Redis
+	Offered  []float64 // requests per second, ascending
+	Senders  int       // senders firing together; the open loop runs too
+	Window   time.Duration
+}
+
+// defaultBurst: one client at five times its plan (its rate is a fifth of
+// what it sends, its burst half its rate), swept from 100 to 4000
+// requests/s, through 1 and 3 gateways, 30 senders firing together and an
+// open loop, 3 s each.
+func defaultBurst(e *env) burstParams {
+	return burstParams{Gateways: []int{1, 3}, Offered: []float64{100, 250, 500, 1000, 1500, 2000, 3000, 4000},
+		Senders: 30, Window: e.dur(3 * time.Second)}
+}
+
+// burstTarget is the offered rate the limit must hold at: the 500
+// requests/s of 30 senders in the burst case the tests run.
+const burstTarget = 500
+
+// burstPlan is the plan of the client that offers rate: a fifth of it.
+func burstPlan(offered float64) bucket.Limit {
+	return bucket.Limit{Capacity: offered / 10, Rate: offered / 5}
+}
+
+// burstStep is one offered rate, one way of sending, one gateway count.
+type burstStep struct {
+	Gateways   int
+	Senders    int // 0: open loop
+	Offered    float64
+	Sent       int64
+	Want       float64 // capacity + rate × window
+	Admitted   int64
+	FailedOpen int64
+	Other      int64
+	Reached    int64
+}
+
+// Holds reports whether the step kept the three promises: admissions within
+// 5% of the plan, at most 1% failed open, the services got exactly the
+// admitted requests.
+func (s burstStep) Holds() bool {
+	return math.Abs(float64(s.Admitted)-s.Want) <= 0.05*s.Want && float64(s.FailedOpen) <= 0.01*float64(s.Sent) &&
+		s.Reached == s.Admitted && s.Other == 0
+}
+
+func (s burstStep) mode() string {
+	if s.Senders == 0 {
+		return "open loop"
+	}
+	return fmt.Sprintf("%d senders together", s.Senders)
+}
+
+func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
+	p := defaultBurst(e)
+	pl := plans{Plans: map[string]bucket.Limit{}, Clients: map[string]string{}}
+	for _, r := range p.Offered {
+		pl.Plans[fmt.Sprintf("p%.0f", r)] = burstPlan(r)
+	}
+	var steps []burstStep
+	capacity := map[[2]int]float64{} // {gateways, senders} → highest rate that held
+	for _, g := range p.Gateways {
+		for _, senders := range []int{p.Senders, 0} {
+			// Every step its own client (fresh bucket); each gets the plan
+			// of its rate.
+			for i, r := range p.Offered {
+				pl.Clients[burstKey(g, senders, i)] = fmt.Sprintf("p%.0f", r)
+			}
+		}
+	}
+	for _, g := range p.Gateways {
+		e.prog.Printf("burst: starting redis, sidecar and %d gateway(s)", g)
+		b, err := rig.StartBackend(ctx, e.bin, pl.YAML())
+		if err != nil {
+			return nil, err
+		}
+		var fronts []*rig.Front
+		for i := 0; i < g; i++ {
+			f, err := b.StartFront(ctx, rig.FrontOptions{Name: fmt.Sprintf("gw%d", i), Filter: rig.Filter{Mode: "enforce"}})
+			if err != nil {
+				b.Close()
+				return nil, err
+			}
+			fronts = append(fronts, f)
+		}
+		for _, senders := range []int{p.Senders, 0} {
+			for i, r := range p.Offered {
+				st, err := burstOnce(ctx, e, fronts, g, senders, i, r, p.Window)
+				if err != nil {
+					b.Close()
+					return nil, err
+				}
+				steps = append(steps, st)
+				if !st.Holds() {
+					break // the limiter's capacity on this machine is below r
+				}
+				capacity[[2]int{g, senders}] = r
+			}
+		}
+		if err := b.Close(); err != nil {
+			return nil, err
+		}
+	}
+
+	t := report.Table{
+		Title:  fmt.Sprintf("One client at 5x its plan, %v per step: where the promises stop holding", p.Window),
+		Header: []string{"gateways", "sending", "offered req/s", "sent", "plan allows", "admitted", "admitted/plan", "failed open", "reached services", "holds"},
+	}
+	for _, s := range steps {
+		t.Add(s.Gateways, s.mode(), fmt.Sprintf("%.0f", s.Offered), s.Sent, fmt.Sprintf("%.0f", s.Want), s.Admitted,
+			ratio(float64(s.Admitted)/s.Want), fmt.Sprintf("%d (%.2f%%)", s.FailedOpen, 100*float64(s.FailedOpen)/float64(s.Sent)), s.Reached, yesNo(s.Holds()))
+	}
+	t.Notes = []string{
+		"Each step is a fresh client whose plan is a fifth of what it sends (burst: a tenth), so admissions and callouts grow with the rate. \"Plan allows\" is capacity + rate x the client's sending window. A step holds when admissions are within 5% of it, at most 1% of the requests failed open, and the services received exactly the admitted requests. The sweep of a row stops at the first step that does not hold.",
+		"The gateways run the filter with its 5 ms callout timeout and the sidecar its defaults (3 ms Redis deadline); everything shares this machine's 2 cores with the load generator.",
+	}
+	summary := report.Table{Title: "The limiter's burst capacity on this machine", Header: []string{"gateways", "sending", "highest offered rate that held"}}
+	var checks []report.Check
+	for _, g := range p.Gateways {
+		for _, senders := range []int{p.Senders, 0} {
+			c := capacity[[2]int{g, senders}]
+			mode := burstStep{Senders: senders}.mode()
+			held := fmt.Sprintf("holds up to %.0f req/s offered", c)
+			if c == 0 {
+				held = fmt.Sprintf("does not hold at %.0f req/s, the lowest rate tried", p.Offered[0])
+			}
+			summary.Add(g, mode, held)
+			checks = append(checks, report.Check{
+				Claim:    fmt.Sprintf("the limit holds under bursts: %d gateway(s), %s", g, mode),
+				Target:   fmt.Sprintf("at %d req/s and more: admitted within 5%%, <= 1%% failed open, services get exactly the admitted", burstTarget),
+				Measured: held,
+				Holds:    c >= burstTarget,
+			})
+		}
+	}
+	return &report.Scenario{
+		Title:  "Bursts: one client at 5x its plan, shipped timeouts",
+		Claim:  "one limit per client within 5%, however many gateways; a rejected request never reaches a service; fail open only when the sidecar cannot answer in 5 ms.",
+		Method: fmt.Sprintf("Redis, one sidecar and 1 or 3 gateways sharing them, each gateway with its own services. One client sends through the gateways in turn, either as %d senders firing together every tick or as an open loop of evenly spaced requests, at rising rates (%v req/s), %v per step.", p.Senders, p.Offered, p.Window),
+		Tables: []report.Table{summary, t},
+		Checks: checks,
+	}, nil
+}
+
+func burstKey(gateways, senders, step int) string {
+	return fmt.Sprintf("burst-%dg-%ds-%d", gateways, senders, step)
+}
+
+// burstOnce sends one step and counts what happened.
+func burstOnce(ctx context.Context, e *env, fronts []*rig.Front, g, senders, step int, offered float64, window time.Duration) (burstStep, error) {
+	key := burstKey(g, senders, step)
+	before := map[string]int64{}
+	var targets []string
+	for _, f := range fronts {
+		c, err := f.Counters()
+		if err != nil {
+			return burstStep{}, err
+		}
+		for k, v := range c {
+			before[k] += v
+		}
+		targets = append(targets, f.Gateway.Addr)
+	}
+	st := burstStep{Gateways: g, Senders: senders, Offered: offered}
+	e.prog.Printf("burst: %d gateway(s), %s, %.0f req/s", g, st.mode(), offered)
+	r, err := load.RunBurst(ctx, load.Burst{Targets: targets, Client: key, Path: "/orders/burst", Rate: offered, Window: window, Senders: senders})
+	if err != nil {
+		return burstStep{}, err
+	}
+	after := map[string]int64{}
+	for _, f := range fronts {
+		c, err := f.Counters()
+		if err != nil {
+			return burstStep{}, err
+		}
+		for k, v := range c {
+			after[k] += v
+		}
+		for _, svc := range f.Fleet.Services {
+			for _, rep := range svc.Stats().Replicas {
+				st.Reached += rep.Clients[key].Received
+			}
+		}
+	}
+	plan := burstPlan(offered)
+	st.Sent, st.Admitted, st.Other = r.Sent, r.OK, r.Other
+	st.Want = plan.Capacity + plan.Rate*r.Window.Seconds()
+	st.FailedOpen = rig.FailedOpen(counterDelta(before, after))
+	return st, nil
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
