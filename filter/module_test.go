@@ -91,7 +91,8 @@ var wantExports = map[string]signature{
 // Exports the module must not have: malloc, which Envoy would prefer over
 // proxy_on_memory_allocate, and callbacks the filter has no use for, each of
 // which would be one more call into the VM per request, since Envoy skips a
-// callback that is absent (filter/RATIONALE.md, "Why only seven callbacks?").
+// callback that is absent (filter/RATIONALE.md, "Why neither proxy_on_log
+// nor proxy_on_done?").
 var unwantedExports = []string{"malloc", "proxy_on_log", "proxy_on_done"}
 
 // The host functions of ABI 0.2.1 the filter may import, with their

@@ -131,8 +131,8 @@ func proxyOnTick(root uint32) {
 
 // proxy_on_log and proxy_on_done are not exported: the filter has nothing
 // to do in either, and Envoy skips a callback the module does not export
-// (onDone then counts as done). filter/RATIONALE.md, "Why only seven
-// callbacks?", has where proxy-wasm-cpp-host does so.
+// (an absent on_done counts as done). filter/RATIONALE.md, "Why neither
+// proxy_on_log nor proxy_on_done?", has where proxy-wasm-cpp-host does so.
 
 //go:wasmexport proxy_on_delete
 func proxyOnDelete(id uint32) {
