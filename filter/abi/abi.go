@@ -2,7 +2,7 @@
 // Envoy (proxy-wasm-cpp-host) implements it.
 //
 // The package has two halves. The portable half (this file, pairs.go,
-// pins.go) holds the ABI's constants, the header-map pairs encoding and the
+// arena.go) holds the ABI's constants, the header-map pairs encoding and the
 // two Go interfaces that separate the binding from the filter's logic: Host,
 // the calls a plugin may make into the proxy, and Plugin, the callbacks the
 // proxy makes into a plugin. It compiles everywhere and is tested natively.
@@ -144,6 +144,10 @@ const GRPCStatusNone int32 = -1
 // relies on). Calls that act on a stream act on the
 // effective context: the stream whose callback is running, or the one set
 // with SetEffectiveContext.
+//
+// What a method returns (bytes, strings, header pairs) may be a view of
+// memory the binding reuses: it is valid until the running callback
+// returns. A plugin copies whatever it keeps longer.
 type Host interface {
 	// Log writes one line to the proxy's log.
 	Log(level LogLevel, msg string) Status
@@ -153,8 +157,9 @@ type Host interface {
 	// GetHeader returns the first value of key (lower case); StatusNotFound
 	// when absent.
 	GetHeader(m MapType, key string) (string, Status)
-	// GetHeaders returns every pair of a map, in order.
-	GetHeaders(m MapType) ([][2]string, Status)
+	// GetHeaders appends every pair of a map, in order, to dst and returns
+	// it; on failure dst comes back unchanged.
+	GetHeaders(m MapType, dst [][2]string) ([][2]string, Status)
 	// AddHeader appends a value, keeping existing ones.
 	AddHeader(m MapType, key, value string) Status
 	// ReplaceHeader sets key to value alone, dropping every existing value.
@@ -208,8 +213,9 @@ type Plugin interface {
 	// numHeaders == 0 means the call was reset before a response.
 	OnHTTPCallResponse(root, token uint32, numHeaders, bodySize, numTrailers int)
 	OnTick(root uint32)
-	OnLog(id uint32)
-	OnDone(id uint32) bool
+	// OnDelete ends a context. The binding exports neither proxy_on_log nor
+	// proxy_on_done, so a proxy goes from the last stream callback (or, for
+	// a root context, shutting down) straight here.
 	OnDelete(id uint32)
 }
 

@@ -48,8 +48,8 @@ func proxyABIVersion0_2_1() {}
 // proxyOnMemoryAllocate gives the host size bytes of module memory to write a
 // host call's result into. Envoy looks up "malloc" first and then this
 // export; the module exports only this one, so that no C-looking allocator
-// is mistaken for a general-purpose one. The buffer stays pinned until the
-// host call that caused it returns (see pins).
+// is mistaken for a general-purpose one. The memory comes from the arena
+// and is reclaimed when the next callback starts (see arena).
 //
 //go:wasmexport proxy_on_memory_allocate
 func proxyOnMemoryAllocate(size uint32) (ptr unsafe.Pointer) {
@@ -59,12 +59,13 @@ func proxyOnMemoryAllocate(size uint32) (ptr unsafe.Pointer) {
 			ptr = nil
 		}
 	}()
-	return unsafe.Pointer(unsafe.SliceData(pinned.alloc(size)))
+	return unsafe.Pointer(unsafe.SliceData(mem.alloc(size)[:1]))
 }
 
 //go:wasmexport proxy_on_context_create
 func proxyOnContextCreate(id, parent uint32) {
 	defer recoverVoid("proxy_on_context_create")
+	mem.reset()
 	if plugin != nil {
 		plugin.OnContextCreate(id, parent)
 	}
@@ -73,6 +74,7 @@ func proxyOnContextCreate(id, parent uint32) {
 //go:wasmexport proxy_on_vm_start
 func proxyOnVMStart(root, size uint32) (ok uint32) {
 	defer recoverTo(&ok, 0, "proxy_on_vm_start")
+	mem.reset()
 	if plugin == nil {
 		return 0
 	}
@@ -82,6 +84,7 @@ func proxyOnVMStart(root, size uint32) (ok uint32) {
 //go:wasmexport proxy_on_configure
 func proxyOnConfigure(root, size uint32) (ok uint32) {
 	defer recoverTo(&ok, 0, "proxy_on_configure")
+	mem.reset()
 	if plugin == nil {
 		return 0
 	}
@@ -91,6 +94,7 @@ func proxyOnConfigure(root, size uint32) (ok uint32) {
 //go:wasmexport proxy_on_request_headers
 func proxyOnRequestHeaders(id, numHeaders, endOfStream uint32) (action uint32) {
 	defer recoverTo(&action, uint32(ActionContinue), "proxy_on_request_headers")
+	mem.reset()
 	if plugin == nil {
 		return uint32(ActionContinue)
 	}
@@ -100,6 +104,7 @@ func proxyOnRequestHeaders(id, numHeaders, endOfStream uint32) (action uint32) {
 //go:wasmexport proxy_on_response_headers
 func proxyOnResponseHeaders(id, numHeaders, endOfStream uint32) (action uint32) {
 	defer recoverTo(&action, uint32(ActionContinue), "proxy_on_response_headers")
+	mem.reset()
 	if plugin == nil {
 		return uint32(ActionContinue)
 	}
@@ -109,6 +114,7 @@ func proxyOnResponseHeaders(id, numHeaders, endOfStream uint32) (action uint32) 
 //go:wasmexport proxy_on_http_call_response
 func proxyOnHTTPCallResponse(root, token, numHeaders, bodySize, numTrailers uint32) {
 	defer recoverVoid("proxy_on_http_call_response")
+	mem.reset()
 	if plugin != nil {
 		plugin.OnHTTPCallResponse(root, token, int(numHeaders), int(bodySize), int(numTrailers))
 	}
@@ -117,31 +123,21 @@ func proxyOnHTTPCallResponse(root, token, numHeaders, bodySize, numTrailers uint
 //go:wasmexport proxy_on_tick
 func proxyOnTick(root uint32) {
 	defer recoverVoid("proxy_on_tick")
+	mem.reset()
 	if plugin != nil {
 		plugin.OnTick(root)
 	}
 }
 
-//go:wasmexport proxy_on_log
-func proxyOnLog(id uint32) {
-	defer recoverVoid("proxy_on_log")
-	if plugin != nil {
-		plugin.OnLog(id)
-	}
-}
-
-//go:wasmexport proxy_on_done
-func proxyOnDone(id uint32) (done uint32) {
-	defer recoverTo(&done, 1, "proxy_on_done")
-	if plugin == nil {
-		return 1
-	}
-	return boolU32(plugin.OnDone(id))
-}
+// proxy_on_log and proxy_on_done are not exported: the filter has nothing
+// to do in either, and Envoy skips a callback the module does not export
+// (an absent on_done counts as done). filter/RATIONALE.md, "Why neither
+// proxy_on_log nor proxy_on_done?", has where proxy-wasm-cpp-host does so.
 
 //go:wasmexport proxy_on_delete
 func proxyOnDelete(id uint32) {
 	defer recoverVoid("proxy_on_delete")
+	mem.reset()
 	if plugin != nil {
 		plugin.OnDelete(id)
 	}

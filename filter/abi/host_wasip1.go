@@ -21,39 +21,48 @@ var (
 	retNanos uint64
 )
 
-// pinned holds what the host allocated during the host call in progress.
-var pinned pins
+// mem is the memory proxy_on_memory_allocate hands the host; every export
+// resets it as the callback starts.
+var mem = newArena()
+
+// pairsBuf is reused for every header map the module hands the host, which
+// copies it during the call.
+var pairsBuf []byte
 
 func strPtr(s string) unsafe.Pointer   { return unsafe.Pointer(unsafe.StringData(s)) }
 func bytesPtr(b []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(b)) }
 
-// clearRet zeroes the output variables before a call that returns memory, so
-// that a host which reports OK without writing them yields an empty result
-// rather than the previous call's.
-func clearRet() { retData, retSize, retCAS = 0, 0, 0 }
+// clearRet prepares a call that returns memory: it zeroes the output
+// variables, so that a host which reports OK without writing them yields an
+// empty result rather than the previous call's, and starts tracking what the
+// host allocates.
+func clearRet() {
+	retData, retSize, retCAS = 0, 0, 0
+	mem.begin()
+}
 
-// result takes ownership of the buffer the host just returned in retData and
-// retSize and unpins anything else it allocated. A buffer that the module did
-// not hand out is reported as StatusInvalidMemoryAccess.
+// result returns the buffer the host just pointed at in retData and retSize:
+// a view of the arena, valid until the callback returns. A buffer that the
+// module did not hand out for this call is StatusInvalidMemoryAccess.
 func result(s Status) ([]byte, Status) {
-	defer pinned.release()
 	if s != StatusOK {
 		return nil, s
 	}
-	b, ok := pinned.take(uintptr(retData), retSize)
+	b, ok := mem.take(uintptr(retData), retSize)
 	if !ok {
 		return nil, StatusInvalidMemoryAccess
 	}
 	return b, StatusOK
 }
 
-// bytesString views b as a string without copying; b must never be written
-// again, which holds for buffers taken from the host.
-func bytesString(b []byte) string {
-	if len(b) == 0 {
-		return ""
+// encodePairs encodes pairs into pairsBuf from off on and returns the
+// encoding, nil for an empty map as the host expects.
+func encodePairs(off int, pairs [][2]string) []byte {
+	if len(pairs) == 0 {
+		return nil
 	}
-	return unsafe.String(&b[0], len(b))
+	pairsBuf = AppendPairs(pairsBuf[:off], pairs)
+	return pairsBuf[off:]
 }
 
 func (wasmHost) Log(level LogLevel, msg string) Status {
@@ -68,18 +77,18 @@ func (wasmHost) GetBuffer(t BufferType, start, max int) ([]byte, Status) {
 func (wasmHost) GetHeader(m MapType, key string) (string, Status) {
 	clearRet()
 	b, s := result(Status(proxyGetHeaderMapValue(uint32(m), strPtr(key), uint32(len(key)), &retData, &retSize)))
-	return bytesString(b), s
+	return view(b), s
 }
 
-func (wasmHost) GetHeaders(m MapType) ([][2]string, Status) {
+func (wasmHost) GetHeaders(m MapType, dst [][2]string) ([][2]string, Status) {
 	clearRet()
 	b, s := result(Status(proxyGetHeaderMapPairs(uint32(m), &retData, &retSize)))
 	if s != StatusOK {
-		return nil, s
+		return dst, s
 	}
-	pairs, err := DecodePairs(b)
+	pairs, err := AppendPairViews(dst, b)
 	if err != nil {
-		return nil, StatusParseFailure
+		return dst, StatusParseFailure
 	}
 	return pairs, StatusOK
 }
@@ -97,13 +106,15 @@ func (wasmHost) RemoveHeader(m MapType, key string) Status {
 }
 
 func (wasmHost) SendLocalResponse(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32) Status {
-	h := EncodePairs(headers)
+	h := encodePairs(0, headers)
 	return Status(proxySendLocalResponse(status, strPtr(details), uint32(len(details)),
 		bytesPtr(body), uint32(len(body)), bytesPtr(h), uint32(len(h)), grpcStatus))
 }
 
 func (wasmHost) HTTPCall(cluster string, headers [][2]string, body []byte, trailers [][2]string, timeoutMs uint32) (uint32, Status) {
-	h, t := EncodePairs(headers), EncodePairs(trailers)
+	h := encodePairs(0, headers)
+	// Should t move the buffer, h still holds its bytes in the old one.
+	t := encodePairs(len(h), trailers)
 	s := Status(proxyHTTPCall(strPtr(cluster), uint32(len(cluster)), bytesPtr(h), uint32(len(h)),
 		bytesPtr(body), uint32(len(body)), bytesPtr(t), uint32(len(t)), timeoutMs, &retID))
 	if s != StatusOK {

@@ -104,39 +104,83 @@ func FuzzDecodePairs(f *testing.F) {
 	})
 }
 
-func TestPins(t *testing.T) {
-	var p pins
-	a := p.alloc(16)
-	b := p.alloc(0)
-	if len(a) != 16 || len(b) != 0 {
-		t.Fatalf("alloc lengths %d %d", len(a), len(b))
+func TestArena(t *testing.T) {
+	a := newArena()
+	a.begin()
+	x := a.alloc(16)
+	y := a.alloc(0)
+	if len(x) != 16 || len(y) != 0 {
+		t.Fatalf("alloc lengths %d %d", len(x), len(y))
 	}
-	addr := func(s []byte) uintptr { return uintptrOf(s) }
-	if addr(b) == 0 {
-		t.Fatal("a zero-size allocation has address 0, which the host reads as failure")
+	if addrOf(y) == 0 || addrOf(y) == addrOf(x) {
+		t.Fatal("a zero-size allocation needs an address of its own, never 0")
 	}
-	copy(a, "0123456789abcdef")
-	got, ok := p.take(addr(a), 4)
-	if !ok || string(got) != "0123" {
+	copy(x, "0123456789abcdef")
+	if got, ok := a.take(addrOf(x), 4); !ok || string(got) != "0123" {
 		t.Fatalf("take = %q %v", got, ok)
 	}
-	if _, ok := p.take(addr(a), 4); ok {
-		t.Error("a buffer was taken twice")
-	}
-	if _, ok := p.take(addr(b), 2); ok {
+	if _, ok := a.take(addrOf(y), 2); ok {
 		t.Error("took more than was allocated")
 	}
-	c := p.alloc(8)
-	if _, ok := p.take(addr(c)+1, 1); ok {
-		t.Error("took from an address inside a buffer")
+	if _, ok := a.take(addrOf(x)+1, 1); ok {
+		t.Error("took from an address inside an allocation")
 	}
-	if got, ok := p.take(0, 0); !ok || got != nil {
+	if got, ok := a.take(0, 0); !ok || got != nil {
 		t.Errorf("take(0, 0) = %q %v, want the empty result", got, ok)
 	}
-	p.release()
-	if len(p.bufs) != 0 {
-		t.Errorf("%d buffers still pinned after release", len(p.bufs))
+	a.begin()
+	if _, ok := a.take(addrOf(x), 4); ok {
+		t.Error("took an allocation of an earlier host call")
+	}
+	z := a.alloc(8)
+	if addrOf(z) <= addrOf(x) {
+		t.Error("the arena reused memory before a reset")
+	}
+	big := a.alloc(arenaSize + 1)
+	if len(big) != arenaSize+1 || len(a.spill) != 1 {
+		t.Fatalf("an allocation larger than the arena: %d bytes, %d spilled", len(big), len(a.spill))
+	}
+	if got, ok := a.take(addrOf(big), arenaSize+1); !ok || len(got) != arenaSize+1 {
+		t.Error("a spilled allocation cannot be taken")
+	}
+	for range maxTracked {
+		a.alloc(1)
+	}
+	a.reset()
+	if len(a.spill) != 0 || a.used != 0 {
+		t.Errorf("after reset: %d spilled, %d used", len(a.spill), a.used)
+	}
+	if w := a.alloc(8); addrOf(w) != addrOf(x) {
+		t.Error("a reset arena does not start over")
+	}
+	// Filling the arena exactly, then a zero-size allocation: it spills
+	// rather than sharing an address.
+	a.reset()
+	a.alloc(arenaSize)
+	e := a.alloc(0)
+	if addrOf(e) == 0 || len(a.spill) != 1 {
+		t.Errorf("zero-size allocation of a full arena: address %#x, %d spilled", addrOf(e), len(a.spill))
 	}
 }
 
-func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+func TestAppendPairViews(t *testing.T) {
+	data := EncodePairs([][2]string{{"a", "1"}, {"bb", ""}})
+	dst := make([][2]string, 0, 4)
+	got, err := AppendPairViews(dst[:1], data)
+	if err != nil || !slices.Equal(got[1:], [][2]string{{"a", "1"}, {"bb", ""}}) {
+		t.Fatalf("AppendPairViews = %q, %v", got, err)
+	}
+	if unsafe.StringData(got[1][0]) != &data[20] {
+		t.Error("the key is a copy, not a view of the buffer")
+	}
+	if got, err := AppendPairViews(dst[:0], data[:len(data)-1]); err == nil || len(got) != 0 {
+		t.Errorf("truncated map: %q, %v", got, err)
+	}
+	if testing.AllocsPerRun(100, func() { _, _ = AppendPairViews(dst[:0], data) }) != 0 {
+		t.Error("AppendPairViews allocates")
+	}
+	buf := make([]byte, 0, 64)
+	if testing.AllocsPerRun(100, func() { buf = AppendPairs(buf[:0], [][2]string{{"a", "1"}}) }) != 0 {
+		t.Error("AppendPairs into a large enough buffer allocates")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/edgelimit/edgelimit/filter/abi"
 	"github.com/edgelimit/edgelimit/filter/limiter"
@@ -28,7 +29,14 @@ import (
 //     :authority or without a cluster; tokens are 4, 8, 12, …;
 //   - shared data is process-wide with Envoy's compare-and-swap rule;
 //   - only proxy_log may be called while the plugin is being created
-//     (_initialize in a real module).
+//     (_initialize in a real module);
+//   - what a host call returns is valid until the callback returns, as in
+//     the wasm binding, whose arena is reused by the next callback: the
+//     emulation hands out views of buffers it overwrites when the callback
+//     ends, so a plugin that keeps one without copying it sees garbage;
+//   - what a plugin hands a host call is copied during the call;
+//   - proxy_on_log and proxy_on_done are not called: the module does not
+//     export them, and Envoy skips callbacks a module does not export.
 //
 // Anything the plugin does that Envoy would refuse, or that a proxy must
 // never see (a CR, LF or NUL in a header it sets, a log level above
@@ -92,6 +100,7 @@ type vm struct {
 	respond   []Header        // its headers
 	body      []byte          // its body
 	touched   []*nativeStream // streams with deferred actions
+	lent      [][]byte        // results handed out during the callback
 }
 
 type call struct {
@@ -128,11 +137,35 @@ func (v *vm) callback(id uint32, fn func()) {
 	v.effective = id
 	fn()
 	v.effective = 0
+	for _, b := range v.lent {
+		for i := range b {
+			b[i] = poison
+		}
+	}
+	v.lent = v.lent[:0]
 	touched := v.touched
 	v.touched = nil
 	for _, s := range touched {
 		s.applyDeferred()
 	}
+}
+
+// poison overwrites the results of a callback's host calls when it returns.
+const poison = '#'
+
+// lend returns a copy of b that is overwritten when the callback returns.
+func (v *vm) lend(b []byte) []byte {
+	c := slices.Clone(b)
+	v.lent = append(v.lent, c)
+	return c
+}
+
+func (v *vm) lendString(s string) string {
+	if s == "" {
+		return ""
+	}
+	b := v.lend([]byte(s))
+	return unsafe.String(&b[0], len(b))
 }
 
 func (v *vm) refuse(call string) {
@@ -187,10 +220,7 @@ func (v *vm) Close() {
 		return
 	}
 	v.closed = true
-	v.callback(v.rootID, func() {
-		v.plugin.OnDone(v.rootID)
-		v.plugin.OnDelete(v.rootID)
-	})
+	v.callback(v.rootID, func() { v.plugin.OnDelete(v.rootID) })
 }
 
 // ---- abi.Host (the plugin's side) ----
@@ -202,7 +232,7 @@ func (v *vm) Log(level abi.LogLevel, msg string) abi.Status {
 		v.t.Errorf("filtertest: proxy_log level %d", level)
 		return abi.StatusBadArgument
 	}
-	v.logs = append(v.logs, msg)
+	v.logs = append(v.logs, strings.Clone(msg))
 	return abi.StatusOK
 }
 
@@ -227,7 +257,7 @@ func (v *vm) GetBuffer(t abi.BufferType, start, max int) ([]byte, abi.Status) {
 	if len(buf) == 0 {
 		return nil, abi.StatusOK
 	}
-	return slices.Clone(buf), abi.StatusOK
+	return v.lend(buf), abi.StatusOK
 }
 
 // headerMap returns the map m of the effective context, nil when Envoy would
@@ -259,18 +289,21 @@ func (v *vm) GetHeader(m abi.MapType, key string) (string, abi.Status) {
 		return "", abi.StatusNotFound
 	}
 	if val, ok := Get(*hm, strings.ToLower(key)); ok {
-		return val, abi.StatusOK
+		return v.lendString(val), abi.StatusOK
 	}
 	return "", abi.StatusNotFound
 }
 
-func (v *vm) GetHeaders(m abi.MapType) ([][2]string, abi.Status) {
+func (v *vm) GetHeaders(m abi.MapType, dst [][2]string) ([][2]string, abi.Status) {
 	v.refuse("proxy_get_header_map_pairs")
 	hm := v.headerMap(m)
 	if hm == nil {
-		return nil, abi.StatusNotFound
+		return dst, abi.StatusNotFound
 	}
-	return slices.Clone(*hm), abi.StatusOK
+	for _, h := range *hm {
+		dst = append(dst, Header{v.lendString(h[0]), v.lendString(h[1])})
+	}
+	return dst, abi.StatusOK
 }
 
 func (v *vm) setHeader(call string, m abi.MapType, key, value string, replace bool) abi.Status {
@@ -283,7 +316,7 @@ func (v *vm) setHeader(call string, m abi.MapType, key, value string, replace bo
 	if hm == nil || m == abi.MapHTTPCallResponseHeaders {
 		return abi.StatusNotFound
 	}
-	key = strings.ToLower(key)
+	key, value = strings.Clone(strings.ToLower(key)), strings.Clone(value)
 	if replace {
 		*hm = slices.DeleteFunc(*hm, func(h Header) bool { return h[0] == key })
 	}
@@ -335,7 +368,7 @@ func (v *vm) SendLocalResponse(status uint32, details string, body []byte, heade
 	if strings.ContainsAny(details, " \t\r\n") {
 		v.t.Errorf("filtertest: local reply details %q: Envoy's response code details hold no whitespace", details)
 	}
-	s.deferredReply = &Reply{Status: int(status), Headers: slices.Clone(headers), Body: slices.Clone(body), Details: details}
+	s.deferredReply = &Reply{Status: int(status), Headers: cloneHeaders(headers), Body: slices.Clone(body), Details: strings.Clone(details)}
 	v.touched = append(v.touched, s)
 	return abi.StatusOK
 }
@@ -363,7 +396,7 @@ func (v *vm) HTTPCall(cluster string, headers [][2]string, body []byte, trailers
 	}
 	v.nextToken += 4
 	c := &call{token: v.nextToken, stream: v.streams[v.effective], callout: Callout{
-		Cluster: cluster, Headers: slices.Clone(headers), Body: slices.Clone(body), TimeoutMs: timeoutMs,
+		Cluster: strings.Clone(cluster), Headers: cloneHeaders(headers), Body: slices.Clone(body), TimeoutMs: timeoutMs,
 	}}
 	v.calls[c.token] = c
 	if c.stream != nil {
@@ -401,7 +434,7 @@ func (v *vm) GetSharedData(key string) ([]byte, uint32, abi.Status) {
 	if !ok {
 		return nil, 0, abi.StatusNotFound
 	}
-	return slices.Clone(sv.value), sv.cas, abi.StatusOK
+	return v.lend(sv.value), sv.cas, abi.StatusOK
 }
 
 func (v *vm) SetSharedData(key string, value []byte, cas uint32) abi.Status {
@@ -411,7 +444,7 @@ func (v *vm) SetSharedData(key string, value []byte, cas uint32) abi.Status {
 		return abi.StatusCASMismatch
 	}
 	v.proc.cas++
-	v.proc.shared[key] = &sharedValue{value: slices.Clone(value), cas: v.proc.cas}
+	v.proc.shared[strings.Clone(key)] = &sharedValue{value: slices.Clone(value), cas: v.proc.cas}
 	return abi.StatusOK
 }
 
@@ -423,7 +456,7 @@ func (v *vm) DefineMetric(t abi.MetricType, name string) (uint32, abi.Status) {
 	m, ok := v.proc.metrics[name]
 	if !ok {
 		m = &metricValue{kind: t}
-		v.proc.metrics[name] = m
+		v.proc.metrics[strings.Clone(name)] = m
 	}
 	if m.kind != t {
 		return 0, abi.StatusBadArgument
@@ -589,10 +622,19 @@ func (s *nativeStream) Done() {
 		return
 	}
 	v := s.vm
-	v.callback(s.id, func() {
-		v.plugin.OnLog(s.id)
-		v.plugin.OnDone(s.id)
-		v.plugin.OnDelete(s.id)
-	})
+	v.callback(s.id, func() { v.plugin.OnDelete(s.id) })
 	s.state = done
+}
+
+// cloneHeaders copies headers a plugin handed over, strings included: the
+// plugin may reuse their memory once the call returns.
+func cloneHeaders(headers [][2]string) []Header {
+	if headers == nil {
+		return nil
+	}
+	c := make([]Header, len(headers))
+	for i, h := range headers {
+		c[i] = Header{strings.Clone(h[0]), strings.Clone(h[1])}
+	}
+	return c
 }

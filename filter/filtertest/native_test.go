@@ -48,10 +48,8 @@ func (s *script) OnHTTPCallResponse(root, token uint32, headers, _, _ int) {
 		s.callout(s.h, root, token, headers)
 	}
 }
-func (s *script) OnTick(uint32)      {}
-func (s *script) OnLog(uint32)       {}
-func (s *script) OnDone(uint32) bool { return true }
-func (s *script) OnDelete(uint32)    {}
+func (s *script) OnTick(uint32)   {}
+func (s *script) OnDelete(uint32) {}
 
 func emulated(t *testing.T, s *script) *vm {
 	v := newEmulated(t, func(h abi.Host) abi.Plugin { s.h = h; return s })
@@ -109,7 +107,7 @@ func TestNativeCalloutBelongsToTheRoot(t *testing.T) {
 		want(t, "reply on the root", h.SendLocalResponse(500, "x", nil, nil, -1), abi.StatusBadArgument)
 		_, st := h.GetHeader(abi.MapRequestHeaders, ":path")
 		want(t, "request header on the root", st, abi.StatusNotFound)
-		answer, st := h.GetHeaders(abi.MapHTTPCallResponseHeaders)
+		answer, st := h.GetHeaders(abi.MapHTTPCallResponseHeaders, nil)
 		want(t, "callout headers", st, abi.StatusOK)
 		if headers != 1 || !slices.Equal(answer, [][2]string{{":status", "200"}}) {
 			t.Errorf("callout answer %q (%d)", answer, headers)

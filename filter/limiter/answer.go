@@ -185,15 +185,21 @@ func decimal(s string) (float64, bool) {
 // (structured-field lists; the policy is named after the plan), and the
 // legacy ratelimit-limit/remaining/reset trio many clients still read.
 func rateLimitHeaders(plan string, limit, remaining, reset int64) [][2]string {
-	id := policyID(plan)
-	l, r, t := strconv.FormatInt(limit, 10), strconv.FormatInt(remaining, 10), strconv.FormatInt(reset, 10)
-	return [][2]string{
-		{"ratelimit-policy", id + ";q=" + l},
-		{"ratelimit", id + ";r=" + r + ";t=" + t},
-		{"ratelimit-limit", l},
-		{"ratelimit-remaining", r},
-		{"ratelimit-reset", t},
-	}
+	var t text
+	return appendRateLimitHeaders(nil, &t, plan, limit, remaining, reset)
+}
+
+// appendRateLimitHeaders appends rateLimitHeaders to dst, the values
+// formatted into t.
+func appendRateLimitHeaders(dst [][2]string, t *text, plan string, limit, remaining, reset int64) [][2]string {
+	id := t.policyID(plan)
+	l, r, rs := t.int(limit), t.int(remaining), t.int(reset)
+	return append(dst,
+		[2]string{"ratelimit-policy", t.cat(id, ";q=", l)},
+		[2]string{"ratelimit", t.cat(id, ";r=", r, ";t=", rs)},
+		[2]string{"ratelimit-limit", l},
+		[2]string{"ratelimit-remaining", r},
+		[2]string{"ratelimit-reset", rs})
 }
 
 // maxPlanLen bounds the plan name copied into a response header.
@@ -201,21 +207,24 @@ const maxPlanLen = 64
 
 // policyID is the plan's name as a structured-field string, or "default"
 // when the sidecar sent none or one that is not printable ASCII.
-func policyID(plan string) string {
+func (t *text) policyID(plan string) string {
+	const fallback = `"default"`
 	if plan == "" || len(plan) > maxPlanLen {
-		return `"default"`
+		return fallback
 	}
-	b := make([]byte, 0, len(plan)+4)
-	b = append(b, '"')
+	m := len(t.b)
+	t.b = append(t.b, '"')
 	for i := 0; i < len(plan); i++ {
 		c := plan[i]
 		if c < 0x20 || c > 0x7e {
-			return `"default"`
+			t.b = t.b[:m]
+			return fallback
 		}
 		if c == '"' || c == '\\' {
-			b = append(b, '\\')
+			t.b = append(t.b, '\\')
 		}
-		b = append(b, c)
+		t.b = append(t.b, c)
 	}
-	return string(append(b, '"'))
+	t.b = append(t.b, '"')
+	return t.since(m)
 }

@@ -131,11 +131,18 @@ func ceilSeconds(ns int64) int64 {
 
 // denyCache is one plugin's view of the shared deny entries.
 type denyCache struct {
-	prefix string // shared-data key prefix, one per sidecar cluster
+	// shards are the shared-data keys, "edgelimit/deny/v1/<cluster>/<n>",
+	// made once so that a lookup builds no string.
+	shards []string
 }
 
 func newDenyCache(cluster string) denyCache {
-	return denyCache{prefix: "edgelimit/deny/v" + strconv.Itoa(denyFormat) + "/" + cluster + "/"}
+	prefix := "edgelimit/deny/v" + strconv.Itoa(denyFormat) + "/" + cluster + "/"
+	c := denyCache{shards: make([]string, denyShards)}
+	for i := range c.shards {
+		c.shards[i] = prefix + strconv.Itoa(i)
+	}
+	return c
 }
 
 func (c denyCache) shardKey(key string) string {
@@ -145,7 +152,7 @@ func (c denyCache) shardKey(key string) string {
 		h ^= uint32(key[i])
 		h *= 16777619
 	}
-	return c.prefix + strconv.Itoa(int(h%denyShards))
+	return c.shards[h%denyShards]
 }
 
 // lookup returns the entry for key if there is one.

@@ -44,6 +44,15 @@ type Limiter struct {
 	streams map[uint32]*stream
 	m       metrics
 	defined bool
+
+	// What the hot path reuses so that a request allocates nothing (see
+	// RATIONALE.md, "Why the hot path does not allocate"): streams that
+	// ended, the pairs of a callout's answer, the headers the filter hands
+	// the host and the text of their values.
+	free    []*stream
+	pairs   [][2]string
+	headers [][2]string
+	text    text
 }
 
 // root is one plugin configuration.
@@ -59,9 +68,13 @@ func newRoot() *root { return &root{calls: map[uint32]*stream{}} }
 
 // stream is one HTTP request.
 type stream struct {
-	id      uint32
-	root    *root
+	id   uint32
+	root *root
+	// key is the client's API key, a copy in keyBuf: the host's value is
+	// gone once the request callback returns, and the key is needed again
+	// for the callout's answer.
 	key     string
+	keyBuf  [MaxKeyLen]byte
 	cost    int64
 	enforce bool
 	token   uint32
@@ -70,8 +83,41 @@ type stream struct {
 	settled bool  // the filter has resumed or answered the request
 	gone    bool  // the proxy deleted the stream; only its answer is left
 	sentAt  int64 // when the callout was dispatched (host clock, ns)
-	// respHeaders are set on the response once the request was allowed.
-	respHeaders [][2]string
+	// The rate-limit headers set on the response once the request was
+	// allowed, kept as their parts: the plan (a copy in planBuf, empty when
+	// too long to be a policy name, which names it "default" all the same)
+	// and the numbers.
+	limited                 bool
+	plan                    string
+	limit, remaining, reset int64
+	planBuf                 [maxPlanLen]byte
+}
+
+// newStream returns a stream for id, reusing one that ended when it can.
+func (l *Limiter) newStream(id uint32, r *root) *stream {
+	n := len(l.free)
+	if n == 0 {
+		return &stream{id: id, root: r}
+	}
+	s := l.free[n-1]
+	l.free[n-1] = nil
+	l.free = l.free[:n-1]
+	*s = stream{id: id, root: r}
+	return s
+}
+
+// maxFree bounds the streams kept for reuse: enough for the requests one VM
+// has in flight in a burst; beyond it, ended streams are left to the garbage
+// collector.
+const maxFree = 1024
+
+// release hands back a stream nothing refers to any more: it is out of the
+// streams map and has no callout pending.
+func (l *Limiter) release(s *stream) {
+	if len(l.free) < maxFree {
+		s.root = nil
+		l.free = append(l.free, s)
+	}
 }
 
 // New returns the filter for one VM. It makes no host call, so it may run
@@ -90,7 +136,7 @@ func (l *Limiter) OnContextCreate(id, parent uint32) {
 		return
 	}
 	if r := l.roots[parent]; r != nil {
-		l.streams[id] = &stream{id: id, root: r}
+		l.streams[id] = l.newStream(id, r)
 	}
 }
 
@@ -182,14 +228,14 @@ func (l *Limiter) check(s *stream) abi.Action {
 		// replace removes every value of the name before adding one.
 		h.ReplaceHeader(abi.MapRequestHeaders, cfg.APIKeyHeader, key)
 	}
-	s.key, s.cost, s.enforce = key, 1, cfg.Enforced(key)
+	s.key, s.cost, s.enforce = owned(s.keyBuf[:], key), 1, cfg.Enforced(key)
 	if len(cfg.Costs) > 0 {
 		method, _ := h.GetHeader(abi.MapRequestHeaders, ":method")
 		path, _ := h.GetHeader(abi.MapRequestHeaders, ":path")
 		s.cost = cfg.Cost(method, path)
 	}
 	now := h.Now()
-	if e, ok := s.root.cache.lookup(h, key); ok && e.denies(s.cost, now) {
+	if e, ok := s.root.cache.lookup(h, s.key); ok && e.denies(s.cost, now) {
 		return l.cachedDeny(s, &e, now)
 	}
 	// The deny cache comes first: it needs no sidecar, so a client it
@@ -218,10 +264,9 @@ func (l *Limiter) noKey(s *stream, ks KeyStatus) abi.Action {
 	if !s.root.cfg.RejectMissingKey {
 		return abi.ActionContinue
 	}
-	h.SendLocalResponse(401, details, []byte(body), [][2]string{
-		{"content-type", "application/json"},
-		{"www-authenticate", "Bearer"},
-	}, abi.GRPCStatusNone)
+	h.SendLocalResponse(401, details, []byte(body), append(l.headers[:0],
+		[2]string{"content-type", "application/json"},
+		[2]string{"www-authenticate", "Bearer"}), abi.GRPCStatusNone)
 	s.settled = true
 	return abi.ActionPause
 }
@@ -240,16 +285,17 @@ func (l *Limiter) cachedDeny(s *stream, e *denyEntry, now int64) abi.Action {
 
 func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 	cfg := s.root.cfg
-	headers := make([][2]string, 0, 6)
-	headers = append(headers,
+	l.text.reset()
+	headers := append(l.headers[:0],
 		[2]string{":method", "POST"},
 		[2]string{":path", CheckPath},
 		[2]string{":authority", cfg.SidecarAuthority},
 		[2]string{"x-api-key", s.key},
-		[2]string{"x-ratelimit-cost", strconv.FormatInt(s.cost, 10)})
+		[2]string{"x-ratelimit-cost", l.text.int(s.cost)})
 	if cfg.Region != "" {
 		headers = append(headers, [2]string{"x-ratelimit-region", cfg.Region})
 	}
+	l.headers = headers
 	token, st := l.host.HTTPCall(cfg.SidecarCluster, headers, nil, nil, cfg.TimeoutMs)
 	if st != abi.StatusOK {
 		l.breakerResult(s.root, true, s.probe, ReasonDispatch, now, now)
@@ -298,14 +344,21 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 			r.cache.store(h, e, now)
 		}
 	}
-	if s.gone || h.SetEffectiveContext(s.id) != abi.StatusOK {
+	if s.gone {
+		l.release(s) // the answer was all that was left of it
+		return
+	}
+	if h.SetEffectiveContext(s.id) != abi.StatusOK {
 		return // nothing left to resume
 	}
 	switch a.Outcome {
 	case Allowed:
 		if s.enforce {
 			l.m.inc(h, cAllowed)
-			s.respHeaders = rateLimitHeaders(a.Plan, a.Limit, a.Remaining, a.Reset)
+			s.limited, s.limit, s.remaining, s.reset = true, a.Limit, a.Remaining, a.Reset
+			if len(a.Plan) <= maxPlanLen {
+				s.plan = owned(s.planBuf[:], a.Plan)
+			}
 		} else {
 			l.m.inc(h, cShadowAllowed)
 			h.ReplaceHeader(abi.MapRequestHeaders, ShadowHeader, "allow")
@@ -322,7 +375,7 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 		if s.enforce {
 			l.m.inc(h, cUnknownKey)
 			h.SendLocalResponse(403, "edgelimit_unknown_api_key", []byte(unknownKeyBody),
-				[][2]string{{"content-type", "application/json"}}, abi.GRPCStatusNone)
+				append(l.headers[:0], [2]string{"content-type", "application/json"}), abi.GRPCStatusNone)
 			s.settled = true
 			return
 		}
@@ -367,11 +420,16 @@ func (l *Limiter) answer(numHeaders int) Answer {
 	if numHeaders == 0 {
 		return failed(ReasonReset, "sidecar callout reset", 0)
 	}
-	hs, st := l.host.GetHeaders(abi.MapHTTPCallResponseHeaders)
+	hs, st := l.host.GetHeaders(abi.MapHTTPCallResponseHeaders, l.pairs[:0])
+	l.pairs = hs
 	if st != abi.StatusOK {
 		return failed(ReasonMalformed, "sidecar response headers unreadable: "+st.String(), 0)
 	}
-	return ParseAnswer(hs)
+	// The answer's strings are views of the host's buffer, good for this
+	// callback: what outlives it (the plan) is copied by the caller.
+	a := ParseAnswer(hs)
+	clear(hs) // no view left behind in the reused slice
+	return a
 }
 
 func (l *Limiter) resume(s *stream) {
@@ -382,12 +440,16 @@ func (l *Limiter) resume(s *stream) {
 // deny answers the request 429 with the rate-limit headers and a short JSON
 // body; the request never reaches a service.
 func (l *Limiter) deny(s *stream, plan string, limit, remaining, reset, retryAfter int64, details string) {
-	retry := strconv.FormatInt(retryAfter, 10)
-	headers := append(rateLimitHeaders(plan, limit, remaining, reset),
+	t := &l.text
+	t.reset()
+	retry := t.int(retryAfter)
+	headers := append(appendRateLimitHeaders(l.headers[:0], t, plan, limit, remaining, reset),
 		[2]string{"retry-after", retry},
 		[2]string{"content-type", "application/json"})
-	body := `{"error":"rate_limited","retry_after":` + retry + `}`
-	l.host.SendLocalResponse(429, details, []byte(body), headers, abi.GRPCStatusNone)
+	l.headers = headers
+	m := len(t.b)
+	t.b = append(append(append(t.b, `{"error":"rate_limited","retry_after":`...), retry...), '}')
+	l.host.SendLocalResponse(429, details, t.b[m:], headers, abi.GRPCStatusNone)
 	s.settled = true
 }
 
@@ -407,10 +469,12 @@ func (l *Limiter) failOpen(s *stream, r Reason, detail string, now int64) {
 func (l *Limiter) OnResponseHeaders(id uint32, _ int, _ bool) abi.Action {
 	defer l.recoverLog("proxy_on_response_headers")
 	s := l.streams[id]
-	if s == nil {
+	if s == nil || !s.limited {
 		return abi.ActionContinue
 	}
-	for _, hd := range s.respHeaders {
+	l.text.reset()
+	l.headers = appendRateLimitHeaders(l.headers[:0], &l.text, s.plan, s.limit, s.remaining, s.reset)
+	for _, hd := range l.headers {
 		l.host.ReplaceHeader(abi.MapResponseHeaders, hd[0], hd[1])
 	}
 	return abi.ActionContinue
@@ -430,12 +494,6 @@ func (l *Limiter) OnTick(rootID uint32) {
 	}
 }
 
-// OnLog does nothing: the filter writes no access-log data.
-func (l *Limiter) OnLog(uint32) {}
-
-// OnDone lets the proxy finish the context at once.
-func (l *Limiter) OnDone(uint32) bool { return true }
-
 // OnDelete forgets a stream or a root context. A stream's pending callout
 // stays registered until its answer comes (Envoy always delivers one), so
 // that a denial still reaches the deny cache.
@@ -444,6 +502,9 @@ func (l *Limiter) OnDelete(id uint32) {
 	if s := l.streams[id]; s != nil {
 		s.gone = true
 		delete(l.streams, id)
+		if !s.pending {
+			l.release(s)
+		}
 		return
 	}
 	delete(l.roots, id)

@@ -55,9 +55,9 @@ func (h *panicHost) GetHeader(m abi.MapType, key string) (string, abi.Status) {
 	return "", abi.StatusNotFound
 }
 
-func (h *panicHost) GetHeaders(m abi.MapType) ([][2]string, abi.Status) {
+func (h *panicHost) GetHeaders(m abi.MapType, dst [][2]string) ([][2]string, abi.Status) {
 	h.call("GetHeaders")
-	return h.response, abi.StatusOK
+	return append(dst, h.response...), abi.StatusOK
 }
 
 func (h *panicHost) AddHeader(m abi.MapType, key, value string) abi.Status {
@@ -247,7 +247,6 @@ func TestUnknownContexts(t *testing.T) {
 	l.OnHTTPCallResponse(1, 1234, 1, 0, 0)
 	l.OnHTTPCallResponse(77, 4, 1, 0, 0)
 	l.OnResponseHeaders(99, 0, true)
-	l.OnLog(99)
 	l.OnDelete(99)
 	l.OnContextCreate(5, 42) // a stream of a root that does not exist
 	if act := l.OnRequestHeaders(5, 0, true); act != abi.ActionContinue {
