@@ -118,16 +118,20 @@ func TestOneLimitAcrossGateways(t *testing.T) {
 	if n := other.Load(); n != 0 {
 		t.Fatalf("%d requests got neither 200 nor 429", n)
 	}
-	if n := s.stat(counter("failed_open.timeout")) + s.stat(counter("failed_open.unavailable")); n != 0 {
-		t.Fatalf("%d requests failed open; the count below would not measure the bucket", n)
+	// The design's promise, fail-opens included: admissions within 5% of
+	// the plan, and at most 1% of the requests failed open.
+	sent := ok.Load() + tooMany.Load()
+	failedOpen := s.failedOpen()
+	if float64(failedOpen) > 0.01*float64(sent) {
+		t.Fatalf("%d of %d requests failed open, more than 1%%", failedOpen, sent)
 	}
 	// Redis sees the first and last request within the window the client
 	// saw (plus one request's latency, far below one token's 50 ms), so
 	// the bucket admits capacity + rate × window; the goal is 5%.
 	want := capacity + rate*window
 	got := float64(ok.Load())
-	t.Logf("sent %d over %.2fs across %d gateways: admitted %.0f, want %.1f (±5%%), denied %d",
-		ok.Load()+tooMany.Load(), window, len(s.gateways), got, want, tooMany.Load())
+	t.Logf("sent %d over %.2fs across %d gateways: admitted %.0f, want %.1f (±5%%), denied %d, failed open %d",
+		sent, window, len(s.gateways), got, want, tooMany.Load(), failedOpen)
 	if math.Abs(got-want) > 0.05*want {
 		t.Fatalf("admitted %.0f, want %.1f within 5%%", got, want)
 	}
