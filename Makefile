@@ -67,13 +67,18 @@ check: deps
 	$(GO) mod tidy -diff
 
 ## bench: the benchmark harness. The script and the sidecar beside
-## redis-benchmark, then the design document's scenarios (incident, noisy
-## neighbour, latency budget, throughput, fail open) side by side; writes
-## e2e/bench/results/ and BENCHMARKS.md from the run.
+## redis-benchmark, the sidecar beside envoyproxy/ratelimit, then the design
+## document's scenarios (incident, noisy neighbour, latency budget,
+## throughput, fail open) side by side; writes e2e/bench/results/ and
+## BENCHMARKS.md from the run. envoyproxy/ratelimit and its gRPC load
+## generator come from the bench's own module (e2e/bench/rls/go.mod pins
+## the version), so the main module does not pull their dependencies.
 bench: deps build
 	@command -v wrk >/dev/null || { echo "installing wrk (the sidecar benchmark's load generator)"; \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
+	$(GO) build -C e2e/bench/rls -trimpath -o $(EDGELIMIT_BIN_DIR)/ratelimit github.com/envoyproxy/ratelimit/src/service_cmd
+	$(GO) build -C e2e/bench/rls -trimpath -o $(EDGELIMIT_BIN_DIR)/rlsload ./rlsload
 	$(GO) run ./e2e/bench/scriptbench -out e2e/bench/results/scriptbench.txt
 	$(GO) run ./e2e/bench/sidecarbench -out e2e/bench/results/sidecarbench.txt
 	$(GO) run ./e2e/bench -bin $(EDGELIMIT_BIN_DIR)

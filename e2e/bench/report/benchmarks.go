@@ -49,6 +49,9 @@ type Attachment struct {
 	Title string
 	Path  string // text file, shown preformatted
 	Shown string // the path the page names; defaults to Path
+	// Checks, when set, is a JSON file of Checks (SaveChecks) the summary
+	// lists after the scenarios' own; read only when Path exists.
+	Checks string
 }
 
 // Benchmarks is everything BENCHMARKS.md shows.
@@ -74,6 +77,17 @@ func (bm Benchmarks) Markdown() string {
 	var all []Check
 	for _, s := range bm.Scenarios {
 		all = append(all, s.Checks...)
+	}
+	for _, a := range bm.Attachments {
+		if a.Checks == "" {
+			continue
+		}
+		if _, err := os.Stat(a.Path); err != nil {
+			continue
+		}
+		if c, err := LoadChecks(a.Checks); err == nil {
+			all = append(all, c...)
+		}
 	}
 	if len(all) > 0 {
 		b.WriteString(checksTable(all).Markdown())

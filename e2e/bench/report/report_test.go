@@ -106,20 +106,29 @@ func TestBenchmarksMarkdown(t *testing.T) {
 	dir := t.TempDir()
 	att := filepath.Join(dir, "scriptbench.txt")
 	os.WriteFile(att, []byte("script 100000/s\n"), 0o644)
+	checks := filepath.Join(dir, "scriptbench.checks.json")
+	if err := SaveChecks(checks, []Check{{Claim: "beside", Target: "none", Measured: "1.5x", Info: true}}); err != nil {
+		t.Fatal(err)
+	}
+	orphan := filepath.Join(dir, "none.checks.json")
+	if err := SaveChecks(orphan, []Check{{Claim: "orphan", Target: "t", Measured: "m"}}); err != nil {
+		t.Fatal(err)
+	}
 	bm := Benchmarks{
 		Command:   "make bench",
 		Method:    []string{"side by side"},
 		Machine:   Machine{CPU: "cpu", Cores: 2, OS: "linux/amd64", Kernel: "6", Go: "go1.26", Redis: "7.0"},
 		Generated: time.Date(2025, 9, 1, 0, 0, 0, 0, time.UTC),
 		Scenarios: []*Scenario{{Name: "incident", Title: "Incident replay", Charts: []Chart{{"incident.png", "chart"}},
-			Checks: []Check{{"c", "t", "m", false}}}},
-		ResultsDir:  "e2e/bench/results",
-		Attachments: []Attachment{{Title: "Script throughput", Path: att, Shown: "bench/results/scriptbench.txt"}, {Title: "Missing", Path: filepath.Join(dir, "none.txt")}},
+			Checks: []Check{{Claim: "c", Target: "t", Measured: "m"}}}},
+		ResultsDir: "e2e/bench/results",
+		Attachments: []Attachment{{Title: "Script throughput", Path: att, Shown: "bench/results/scriptbench.txt", Checks: checks},
+			{Title: "Missing", Path: filepath.Join(dir, "none.txt"), Checks: orphan}},
 	}
 	md := bm.Markdown()
 	for _, want := range []string{
 		"# Benchmarks", "Written by `make bench` on 2025-09-01 00:00 UTC",
-		"| c | t | m | no |", "- side by side", "| cores | 2 |", "## Incident replay",
+		"| c | t | m | no |\n| beside | none | 1.5x | - |", "- side by side", "| cores | 2 |", "## Incident replay",
 		"![chart](e2e/bench/results/incident.png)", "## Script throughput", "From `bench/results/scriptbench.txt`", "script 100000/s",
 	} {
 		if !strings.Contains(md, want) {
@@ -128,5 +137,8 @@ func TestBenchmarksMarkdown(t *testing.T) {
 	}
 	if strings.Contains(md, "## Missing") {
 		t.Error("a missing attachment got a section")
+	}
+	if strings.Contains(md, "orphan") {
+		t.Error("the checks of a missing attachment reached the summary")
 	}
 }

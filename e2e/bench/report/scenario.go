@@ -40,6 +40,32 @@ type Check struct {
 	Target   string `json:"target"`
 	Measured string `json:"measured"`
 	Holds    bool   `json:"holds"`
+	// Info marks a comparison with no target (another implementation
+	// measured beside ours): its "holds" cell is "-".
+	Info bool `json:"info,omitempty"`
+}
+
+// SaveChecks writes checks as JSON to path, for a benchmark that is not a
+// Scenario (its report is an Attachment) to put lines in the summary.
+func SaveChecks(path string, checks []Check) error {
+	b, err := json.MarshalIndent(checks, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// LoadChecks reads what SaveChecks wrote.
+func LoadChecks(path string) ([]Check, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var c []Check
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
 }
 
 // Save writes the scenario to dir as <Name>.json and <Name>.md (its tables
@@ -90,7 +116,10 @@ func checksTable(checks []Check) Table {
 	t := Table{Header: []string{"claim", "target", "measured", "holds"}, TextColumns: 4}
 	for _, c := range checks {
 		holds := "no"
-		if c.Holds {
+		switch {
+		case c.Info:
+			holds = "-"
+		case c.Holds:
 			holds = "yes"
 		}
 		t.Add(c.Claim, c.Target, c.Measured, holds)

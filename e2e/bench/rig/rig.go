@@ -111,6 +111,10 @@ type Filter struct {
 	TimeoutMs     int      // default 5
 	CanaryClients []string // enforced while the rest run in shadow
 	Costs         []Cost
+	// BreakerOff turns the filter's circuit breaker off ("breaker":
+	// {"failures": 0}): every check makes its callout and waits for its
+	// answer or the timeout, however many failed before.
+	BreakerOff bool
 }
 
 func (f Filter) json() (string, error) {
@@ -126,7 +130,7 @@ func (f Filter) json() (string, error) {
 	if f.Costs == nil {
 		f.Costs = []Cost{}
 	}
-	b, err := json.Marshal(map[string]any{
+	conf := map[string]any{
 		"sidecar_cluster":   "ratelimit_sidecar",
 		"sidecar_authority": "ratelimit-sidecar",
 		"timeout_ms":        f.TimeoutMs,
@@ -136,7 +140,11 @@ func (f Filter) json() (string, error) {
 		"on_missing_key":    "reject",
 		"region":            "bench",
 		"costs":             f.Costs,
-	})
+	}
+	if f.BreakerOff {
+		conf["breaker"] = map[string]any{"failures": 0}
+	}
+	b, err := json.Marshal(conf)
 	return string(b), err
 }
 

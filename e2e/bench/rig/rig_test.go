@@ -19,7 +19,8 @@ func TestBootstrapLoads(t *testing.T) {
 		filter   Filter
 		want     map[string]any
 	}{
-		{"defaults", DefaultServices, Filter{}, map[string]any{"mode": "enforce", "timeout_ms": 5.0, "canary_clients": []any{}}},
+		{"defaults", DefaultServices, Filter{}, map[string]any{"mode": "enforce", "timeout_ms": 5.0, "canary_clients": []any{}, "breaker": nil}},
+		{"breaker off", DefaultServices, Filter{BreakerOff: true}, map[string]any{"mode": "enforce", "breaker": map[string]any{"failures": 0.0}}},
 		{"canary", []string{"orders"}, Filter{Mode: "enforce", CanaryClients: []string{"k\"1", "k2"}, TimeoutMs: 7},
 			map[string]any{"mode": "enforce", "timeout_ms": 7.0, "canary_clients": []any{"k\"1", "k2"}}},
 		{"off with costs", []string{"a", "b_2"}, Filter{Mode: "off", Costs: []Cost{{Method: "POST", PathPrefix: "/a", Cost: 3}}},

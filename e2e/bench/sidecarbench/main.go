@@ -1,19 +1,25 @@
 // Command sidecarbench measures the sidecar against the Redis it sits on.
 //
-//	go run ./e2e/bench/sidecarbench [-rounds 3] [-d 3s] [-c 50] [-keys 10000] [-load wrk|go] [-out FILE]
+//	go run ./e2e/bench/sidecarbench [-rounds 3] [-d 3s] [-c 50] [-keys 10000] [-load wrk|go] [-rls BIN|off] [-out FILE]
 //
-// In one run it starts a private redis-server and the real sidecar binary on
-// it, then, for each round:
+// In one run it starts a private redis-server, the real sidecar binary and
+// envoyproxy/ratelimit (RLS, built from the pinned module in e2e/bench/rls)
+// on it, then, for each round:
 //
 //  1. runs `redis-benchmark -c 50 -P 1` of EVALSHA of the token-bucket script
 //     over 10,000 keys: the raw Redis figure, one round trip per decision;
 //  2. loads the sidecar over HTTP from another process (wrk, or this one)
 //     with 50 concurrent clients over 10,000 API keys, as fast as it
 //     answers: checks/s, p50/p99/p99.9, and the CPU each process spent per
-//     check.
+//     check;
+//  3. loads RLS the same way over gRPC (rlsload, from e2e/bench/rls): 50
+//     requests in flight over 10,000 descriptor values, with the same
+//     figures. The sidecar and RLS take turns going first from round to
+//     round.
 //
-// The ratio of the two is printed per round and as the median (the machine
-// is shared; rounds expose its noise). Then the sidecar is loaded at a fixed
+// The ratios are printed per round and as the median (the machine is
+// shared; rounds expose its noise), with a note on what differs between
+// the sidecar and RLS beyond the code. Then the sidecar is loaded at a fixed
 // rate of half the raw Redis figure, each request timed from when it was due
 // (so a stall is not hidden by the generator waiting), for p50/p99/p99.9.
 //
@@ -67,6 +73,9 @@ type config struct {
 	redisN      int
 	pipelines   int
 	out         string
+	rlsBin      string
+	rlsLoadBin  string
+	rlsConns    int
 }
 
 func main() {
@@ -80,6 +89,9 @@ func main() {
 	flag.IntVar(&cfg.redisN, "redis-n", 0, "requests redis-benchmark sends per round; 0: what the sidecar answered in the previous round (150000 in the first)")
 	flag.IntVar(&cfg.pipelines, "redis-pipelines", 0, "sidecar -redis-pipelines; 0 keeps its default")
 	flag.StringVar(&cfg.loader, "load", "wrk", "full-load generator: wrk (the Go generator when wrk is not installed) or go")
+	flag.StringVar(&cfg.rlsBin, "rls", "", "envoyproxy/ratelimit binary, or off to leave it out; empty: $EDGELIMIT_BIN_DIR/ratelimit if it exists (make bench builds it), else built from "+rlsModuleDir)
+	flag.StringVar(&cfg.rlsLoadBin, "rls-load", "", "its load generator; empty: $EDGELIMIT_BIN_DIR/rlsload if it exists, else built from "+rlsModuleDir)
+	flag.IntVar(&cfg.rlsConns, "rls-conns", 2, "HTTP/2 connections the RLS load is spread over (Envoy: one per worker thread)")
 	flag.StringVar(&cfg.out, "out", "", "also write the report to this file (e.g. e2e/bench/results/sidecarbench.txt)")
 	flag.Parse()
 	if cfg.loader == "wrk" {
@@ -133,9 +145,23 @@ func run(cfg config) error {
 		return err
 	}
 	defer sc.stop()
+	var rls *rlsService
+	if cfg.rlsBin != "off" {
+		if cfg.rlsBin, cfg.rlsLoadBin, err = locateRLS(cfg.rlsBin, cfg.rlsLoadBin, tmp); err != nil {
+			return err
+		}
+		if rls, err = startRLS(cfg.rlsBin, tmp, "default", srv.Addr, nil); err != nil {
+			return err
+		}
+		defer rls.stop()
+	}
 	load, _ := os.ReadFile("/proc/loadavg")
 	fmt.Fprintf(out, "sidecar %s on redis-server %s; %d clients, %d API keys; %d CPUs, load average %s\n",
 		cfg.sidecarBin, srv.Addr, cfg.concurrency, cfg.keys, runtime.NumCPU(), strings.Join(strings.Fields(string(load))[:3], " "))
+	if rls != nil {
+		fmt.Fprintf(out, "beside it envoyproxy/ratelimit %s (%s) on the same Redis, loaded by rlsload over %d HTTP/2 connections\n",
+			rlsVersion(cfg.rlsBin), cfg.rlsBin, cfg.rlsConns)
+	}
 	fmt.Fprintf(out, "every check is allowed (the script's writing path); redis-benchmark runs the same script and arguments\n\n")
 
 	keys := make([][]byte, cfg.keys)
@@ -150,11 +176,43 @@ func run(cfg config) error {
 	if _, err := fullLoad(cfg.warmup); err != nil {
 		return err
 	}
+	var rlsFull func(time.Duration) (figures, error)
+	if rls != nil {
+		rlsFull = func(d time.Duration) (figures, error) {
+			return rlsLoad(cfg.rlsLoadBin, rls.grpcAddr, cfg.concurrency, cfg.rlsConns, cfg.keys, d)
+		}
+		if _, err := rlsFull(cfg.warmup); err != nil {
+			return err
+		}
+	}
+
+	// measure runs one full-load phase against the process pid, with the
+	// CPU every process spent and the commands Redis ran during it.
+	measure := func(pid int, load func(time.Duration) (figures, error)) (figures, perCheck, error) {
+		c0, err := cpuNow(ctx, pid, srv)
+		if err != nil {
+			return figures{}, perCheck{}, err
+		}
+		f, err := load(cfg.duration)
+		if err != nil {
+			return figures{}, perCheck{}, err
+		}
+		c1, err := cpuNow(ctx, pid, srv)
+		if err != nil {
+			return figures{}, perCheck{}, err
+		}
+		return f, c1.sub(c0).per(f.decisions + f.errors), nil
+	}
 
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "round\tside\tchecks/s\tp50\tp99\tp99.9\tnot decided\tmean batch\tCPU µs/check: sidecar\tredis\tload gen\t")
+	fmt.Fprintln(w, "round\tside\tchecks/s\tp50\tp99\tp99.9\tnot decided\tmean batch\tRedis cmds/check\tCPU µs/check: service\tredis\tload gen\t")
+	row := func(r int, side string, f figures, batch string, pc perCheck) {
+		fmt.Fprintf(w, "%d\t%s\t%.0f\t%s\t%s\t%s\t%d\t%s\t%.2f\t%.1f\t%.1f\t%.1f\t\n", r, side,
+			f.rps, ms(f.p50), ms(f.p99), ms(f.p999), f.errors, batch, pc.redisCmds, pc.service, pc.redis, pc.loadgen)
+	}
 	var ratios, rawRates []float64
-	var lastFull figures
+	var vsRLS rlsRatios
+	var lastFull, lastRLS figures
 	n := cfg.redisN
 	if n == 0 {
 		n = 150000
@@ -164,36 +222,52 @@ func run(cfg config) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "%d\tredis-benchmark EVALSHA -P 1\t%.0f\t%s\t%s\t-\t-\t1\t-\t-\t-\t\n", r, raw.rps, ms(raw.p50), ms(raw.p99))
+		fmt.Fprintf(w, "%d\tredis-benchmark EVALSHA -P 1\t%.0f\t%s\t%s\t-\t-\t1\t-\t-\t-\t-\t\n", r, raw.rps, ms(raw.p50), ms(raw.p99))
 
-		m0, err := sc.scrape()
-		if err != nil {
-			return err
+		var full, rf figures
+		var fullCPU, rlsCPU perCheck
+		sidecarPhase := func() error {
+			m0, err := sc.scrape()
+			if err != nil {
+				return err
+			}
+			if full, fullCPU, err = measure(sc.cmd.Process.Pid, fullLoad); err != nil {
+				return err
+			}
+			m1, err := sc.scrape()
+			if err != nil {
+				return err
+			}
+			row(r, fmt.Sprintf("sidecar over HTTP (%s)", cfg.loader), full, fmt.Sprintf("%.1f", meanBatch(m0, m1)), fullCPU)
+			return nil
 		}
-		cpu0, err := cpuNow(ctx, sc, srv)
-		if err != nil {
-			return err
+		rlsPhase := func() error {
+			if rls == nil {
+				return nil
+			}
+			if rf, rlsCPU, err = measure(rls.pid(), rlsFull); err != nil {
+				return err
+			}
+			row(r, "envoyproxy/ratelimit over gRPC", rf, "-", rlsCPU)
+			return nil
 		}
-		full, err := fullLoad(cfg.duration)
-		if err != nil {
-			return err
+		// The two take turns going first, so that neither always runs on
+		// the machine the other has just warmed (or heated).
+		phases := []func() error{sidecarPhase, rlsPhase}
+		if r%2 == 0 {
+			phases[0], phases[1] = phases[1], phases[0]
 		}
-		cpu1, err := cpuNow(ctx, sc, srv)
-		if err != nil {
-			return err
+		for _, ph := range phases {
+			if err := ph(); err != nil {
+				return err
+			}
 		}
-		m1, err := sc.scrape()
-		if err != nil {
-			return err
-		}
-		checks := float64(full.decisions + full.errors)
-		per := func(a, b time.Duration) string { return fmt.Sprintf("%.1f", (b-a).Seconds()*1e6/checks) }
-		fmt.Fprintf(w, "%d\tsidecar over HTTP (%s)\t%.0f\t%s\t%s\t%s\t%d\t%.1f\t%s\t%s\t%s\t\n", r, cfg.loader,
-			full.rps, ms(full.p50), ms(full.p99), ms(full.p999), full.errors, meanBatch(m0, m1),
-			per(cpu0.sidecar, cpu1.sidecar), per(cpu0.redis, cpu1.redis), per(cpu0.loadgen, cpu1.loadgen))
 		ratios = append(ratios, full.rps/raw.rps)
 		rawRates = append(rawRates, raw.rps)
-		lastFull = full
+		if rls != nil {
+			vsRLS.add(full, rf, fullCPU, rlsCPU)
+		}
+		lastFull, lastRLS = full, rf
 		if cfg.redisN == 0 {
 			n = max(10000, int(full.decisions))
 		}
@@ -220,6 +294,9 @@ func run(cfg config) error {
 
 	fmt.Fprintf(out, "\nratio sidecar / redis-benchmark, checks/s: median %.2f over %d rounds (%s); target >= 0.80\n",
 		median(ratios), len(ratios), joinRatios(ratios))
+	if rls != nil {
+		vsRLS.print(out)
+	}
 	fmt.Fprintf(out, "\nat half the raw Redis rate, %.0f checks/s offered (open loop, timed from when each was due):\n", half)
 	fmt.Fprintf(out, "  answered %.0f/s; p50 %s, p99 %s, p99.9 %s; not decided %d; target p99 < 2 ms\n",
 		open.rps, ms(open.p50), ms(open.p99), ms(open.p999), open.errors)
@@ -228,9 +305,18 @@ func run(cfg config) error {
 	for _, f := range []struct {
 		name string
 		f    figures
-	}{{"full load (last round)", lastFull}, {"half rate", open}} {
+	}{{"full load (last round)", lastFull}, {"RLS, full load (last round)", lastRLS}, {"half rate", open}} {
 		if f.f.errors > 0 {
 			fmt.Fprintf(out, "%s: %d of %d checks not decided, first: %s\n", f.name, f.f.errors, f.f.decisions+f.f.errors, f.f.firstErr)
+		}
+	}
+	if rls != nil {
+		fmt.Fprintf(out, "\n%s\n", rlsNote(cfg))
+		if cfg.out != "" {
+			// The summary line BENCHMARKS.md shows, next to the report.
+			if err := report.SaveChecks(checksPath(cfg.out), []report.Check{vsRLS.check(cfg)}); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -260,13 +346,32 @@ func meanBatch(a, b scrape) float64 {
 	return (b.batchSum - a.batchSum) / max(1, b.batchCount-a.batchCount)
 }
 
-type cpuTimes struct{ sidecar, redis, loadgen time.Duration }
+type cpuTimes struct {
+	service, redis, loadgen time.Duration
+	redisCmds               int64 // commands Redis processed
+}
 
-// cpuNow reads the CPU time (user + system) used so far by the sidecar
-// process (/proc), by redis-server (INFO cpu) and by this process.
-func cpuNow(ctx context.Context, sc *sidecar, srv *redisproc.Server) (cpuTimes, error) {
+func (c cpuTimes) sub(o cpuTimes) cpuTimes {
+	return cpuTimes{c.service - o.service, c.redis - o.redis, c.loadgen - o.loadgen, c.redisCmds - o.redisCmds}
+}
+
+// perCheck is what one check cost, in CPU µs per process and in Redis
+// commands.
+type perCheck struct{ service, redis, loadgen, redisCmds float64 }
+
+func (c cpuTimes) per(checks int64) perCheck {
+	n := float64(max(checks, 1))
+	us := func(d time.Duration) float64 { return d.Seconds() * 1e6 / n }
+	return perCheck{us(c.service), us(c.redis), us(c.loadgen), float64(c.redisCmds) / n}
+}
+
+// cpuNow reads the CPU time (user + system) used so far by the service
+// process pid (/proc), by redis-server (INFO cpu) and by this process and
+// its finished children (the load generators), and the commands Redis has
+// processed (INFO stats).
+func cpuNow(ctx context.Context, pid int, srv *redisproc.Server) (cpuTimes, error) {
 	var c cpuTimes
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", sc.cmd.Process.Pid))
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return c, err
 	}
@@ -277,11 +382,11 @@ func cpuNow(ctx context.Context, sc *sidecar, srv *redisproc.Server) (cpuTimes, 
 	f := strings.Fields(rest)
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
-	c.sidecar = time.Duration(ut+st) * 10 * time.Millisecond
+	c.service = time.Duration(ut+st) * 10 * time.Millisecond
 
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rc.Close()
-	info, err := rc.Info(ctx, "cpu").Result()
+	info, err := rc.Info(ctx, "cpu", "stats").Result()
 	if err != nil {
 		return c, err
 	}
@@ -291,6 +396,9 @@ func cpuNow(ctx context.Context, sc *sidecar, srv *redisproc.Server) (cpuTimes, 
 				sec, _ := strconv.ParseFloat(v, 64)
 				c.redis += time.Duration(sec * float64(time.Second))
 			}
+		}
+		if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
+			c.redisCmds, _ = strconv.ParseInt(v, 10, 64)
 		}
 	}
 	// The load generator: this process, plus finished children (wrk; also
