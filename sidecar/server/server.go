@@ -1,5 +1,7 @@
 // Package server is the sidecar's HTTP face: POST /v1/check, GET /healthz,
-// GET /readyz and GET /metrics, on fasthttp.
+// GET /readyz and GET /metrics, on fasthttp. Handle serves all four (the
+// check listener); HandleAdmin serves the last three only (the admin
+// listener, for probes and Prometheus).
 //
 // POST /v1/check answers, for the API key in x-api-key:
 //
@@ -106,6 +108,16 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		s.check(ctx)
+	default:
+		s.HandleAdmin(ctx)
+	}
+}
+
+// HandleAdmin is the admin listener's handler: GET /healthz, /readyz and
+// /metrics, and 404 for anything else, /v1/check included, so that opening
+// the admin port to the network never opens the decision endpoint.
+func (s *Server) HandleAdmin(ctx *fasthttp.RequestCtx) {
+	switch string(ctx.Path()) {
 	case "/healthz":
 		if getOrHead(ctx) {
 			text(ctx, fasthttp.StatusOK, "ok")
