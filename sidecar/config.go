@@ -29,6 +29,7 @@ type options struct {
 }
 
 const usageHead = `Usage: sidecar [flags]
+       sidecar digest [-key-salt SALT] [API-KEY...]   (see sidecar digest -h)
 
 The rate limiter's sidecar: POST /v1/check decides, with one Redis round trip,
 whether the client in x-api-key may go on (200) or not (429). Also GET /healthz,

@@ -85,7 +85,9 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	redis.SetLogger(newRedisLogger(log))
 	a := &App{log: log, stats: stats.New(), served: make(chan error, 2)}
 	var err error
-	if a.plans, err = plans.Open(cfg.PlansPath, log, a.stats.Reload); err != nil {
+	digester := keys.New(cfg.KeySalt)
+	checkDigests := func(p *plans.Plans) error { return p.CheckDigests(digester.Kind()) }
+	if a.plans, err = plans.OpenChecked(cfg.PlansPath, log, a.stats.Reload, checkDigests); err != nil {
 		return nil, err
 	}
 	a.stats.PlansLoaded(time.Now())
@@ -109,7 +111,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 		Plans:   a.plans.Current,
 		Hot:     sharder,
 		Decider: a.decider,
-		Keys:    keys.New(cfg.KeySalt),
+		Keys:    digester,
 		Timeout: cfg.RedisTimeout,
 		Stats:   a.stats,
 		Log:     log,

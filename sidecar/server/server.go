@@ -147,18 +147,18 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	p := s.o.Plans()
-	plan, ok := p.Lookup(req.Key)
+	// One digest finds a client listed by digest and names its bucket.
+	sum := s.o.Keys.Sum(req.Key)
+	plan, hotClient, ok := p.LookupSum(req.Key, sum)
 	if !ok {
 		s.o.Stats.UnknownKeys.Inc()
 		text(ctx, fasthttp.StatusForbidden, "unknown api key")
 		return
 	}
-	bucket := s.o.Keys.BucketKey(req.Key)
+	bucket := keys.BucketKeyOf(sum)
 	limit := lua.Limit{Capacity: plan.Capacity, Rate: plan.Rate}
-	if s.o.Hot != nil {
-		if h := p.HotClient(req.Key); h != nil {
-			bucket, limit = s.o.Hot.Route(bucket, h.Regions, req.Region, limit, req.Cost)
-		}
+	if s.o.Hot != nil && hotClient != nil {
+		bucket, limit = s.o.Hot.Route(bucket, hotClient.Regions, req.Region, limit, req.Cost)
 	}
 
 	res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), bucket, limit, req.Cost)
