@@ -14,6 +14,12 @@ import (
 	"strings"
 	"testing"
 
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/encoding/protojson"
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart/loader"
@@ -398,6 +404,19 @@ func bootstrap(t *testing.T, r *rendered) map[string]any {
 	envoy := container(t, r, "envoy")
 	if c := arg(t, envoy, "-c"); c != mountOf(t, envoy, "envoy-config").MountPath+"/envoy.yaml" {
 		t.Fatalf("envoy -c %s is not the mounted bootstrap", c)
+	}
+	// Decoded with Envoy's own API types (unknown fields and @types are
+	// errors) and checked against the field rules of Envoy's protos.
+	js, err := yaml.YAMLToJSON([]byte(cm.Data["envoy.yaml"]))
+	if err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	var pb bootstrapv3.Bootstrap
+	if err := protojson.Unmarshal(js, &pb); err != nil {
+		t.Fatalf("bootstrap rejected by Envoy's API types: %v", err)
+	}
+	if err := pb.ValidateAll(); err != nil {
+		t.Errorf("bootstrap breaks Envoy's field rules: %v", err)
 	}
 	var boot map[string]any
 	if err := yaml.Unmarshal([]byte(cm.Data["envoy.yaml"]), &boot); err != nil {
