@@ -58,6 +58,7 @@ test: deps build
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/...
 	$(GO) test -race -count=1 -timeout 13m ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME_LONG=$(FUZZTIME)
+	@$(MAKE) --no-print-directory chart
 
 ## check: formatting, vet and module tidiness; fails on any diff.
 check: deps
@@ -107,6 +108,13 @@ fuzz:
 			done; \
 		done; \
 	done
+
+## chart: render deploy/helm/edgelimit with Helm's Go API and check every
+## object against the Kubernetes types (deploy/charttest, a module of its
+## own so the main module does not pull Helm; `go tool helm` there too).
+.PHONY: chart
+chart:
+	cd deploy/charttest && $(GO) test -count=1 ./...
 
 clean:
 	rm -rf $(BUILD)

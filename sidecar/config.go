@@ -29,10 +29,12 @@ type options struct {
 }
 
 const usageHead = `Usage: sidecar [flags]
+       sidecar digest [-key-salt SALT] [API-KEY...]   (see sidecar digest -h)
 
 The rate limiter's sidecar: POST /v1/check decides, with one Redis round trip,
 whether the client in x-api-key may go on (200) or not (429). Also GET /healthz,
-GET /readyz (Redis reachable, script loaded) and GET /metrics (Prometheus).
+GET /readyz (Redis reachable, script loaded) and GET /metrics (Prometheus), on
+the check listener (-listen) and, if set, on the admin listener (-admin-listen).
 
 Every flag can also be set by the environment variable shown with it; a flag on
 the command line wins over the variable. Signals: SIGHUP reloads the plans file
@@ -69,8 +71,10 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs := flag.NewFlagSet("sidecar", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		listen       = fs.String("listen", "127.0.0.1:8081", "`address` to serve HTTP on; loopback by default, the sidecar sits next to the proxy")
+		listen       = fs.String("listen", "127.0.0.1:8081", "`address` to serve POST /v1/check (and /healthz, /readyz, /metrics) on; loopback by default, the sidecar sits next to the proxy")
+		adminListen  = fs.String("admin-listen", "", "`address` of a second listener serving only /healthz, /readyz and /metrics, for probes and Prometheus (e.g. :8082); empty: none")
 		redisURL     = fs.String("redis", "redis://127.0.0.1:6379/0", "Redis `URL`: a server, a cluster or a sentinel-managed master (forms below)")
+		redisPass    = fs.String("redis-password", "", "Redis password, instead of one in the -redis URL (keeps it out of the URL; prefer the environment variable)")
 		plansPath    = fs.String("plans", "", "plans file (YAML) `path`; required")
 		redisTimeout = fs.Duration("redis-timeout", server.DefaultTimeout, "deadline for one decision; past it the check is answered 503 at once, so the gateway fails open in time")
 		check        = fs.Bool("check", false, "validate the flags and the plans file, print what is wrong, exit non-zero on a problem; start nothing")
@@ -126,9 +130,21 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	if _, _, err := splitListen(*listen); err != nil {
 		bad("listen", "%v", err)
 	}
+	if *adminListen != "" {
+		if _, _, err := splitListen(*adminListen); err != nil {
+			bad("admin-listen", "%v", err)
+		} else if *adminListen == *listen {
+			bad("admin-listen", "must differ from -listen, got %q for both", *adminListen)
+		}
+	}
 	spec, err := redisconn.Parse(*redisURL)
 	if err != nil {
 		bad("redis", "%v", err)
+	} else if *redisPass != "" {
+		if spec.HasPassword() {
+			bad("redis-password", "the -redis URL has a password already; give it in one place")
+		}
+		spec.SetPassword(*redisPass)
 	}
 	if *plansPath == "" {
 		bad("plans", "required: the path of the plans file")
@@ -156,6 +172,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	}
 	o.cfg = app.Config{
 		Listen:       *listen,
+		AdminListen:  *adminListen,
 		Redis:        spec,
 		PlansPath:    *plansPath,
 		RedisTimeout: *redisTimeout,

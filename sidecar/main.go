@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/sidecar/app"
+	"github.com/edgelimit/edgelimit/sidecar/keys"
 	"github.com/edgelimit/edgelimit/sidecar/plans"
 )
 
@@ -33,6 +34,9 @@ func main() {
 		// hundred bytes that die at once: with the default GOGC=100 the
 		// collector would run many times a second for nothing.
 		debug.SetGCPercent(400)
+	}
+	if len(os.Args) > 1 && os.Args[1] == "digest" {
+		os.Exit(runDigest(os.Args[2:], os.Getenv, os.Stdin, os.Stdout, os.Stderr))
 	}
 	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
@@ -92,6 +96,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 // and report. Nothing is started and Redis is not contacted.
 func checkConfig(o *options, stdout, stderr io.Writer) int {
 	p, err := plans.Load(o.cfg.PlansPath)
+	if err == nil {
+		err = p.CheckDigests(keys.New(o.cfg.KeySalt).Kind())
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "sidecar: %v\n", err)
 		return 1

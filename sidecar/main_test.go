@@ -48,6 +48,17 @@ func TestParseOptions(t *testing.T) {
 				t.Errorf("from env: %+v check=%v level=%v", o.cfg, o.check, o.logLevel)
 			}
 		}},
+		{"admin listener and password", []string{"-plans", "p", "-admin-listen", ":8082"},
+			map[string]string{"SIDECAR_REDIS_PASSWORD": "s3cret", "SIDECAR_REDIS": "redis+sentinel://s1:26379/mymaster"}, func(t *testing.T, o *options) {
+				if o.cfg.AdminListen != ":8082" || !o.cfg.Redis.HasPassword() || strings.Contains(o.cfg.Redis.Redacted, "s3cret") {
+					t.Errorf("admin %q, password set %v, redacted %q", o.cfg.AdminListen, o.cfg.Redis.HasPassword(), o.cfg.Redis.Redacted)
+				}
+			}},
+		{"no admin listener by default", []string{"-plans", "p"}, nil, func(t *testing.T, o *options) {
+			if o.cfg.AdminListen != "" || o.cfg.Redis.HasPassword() {
+				t.Errorf("admin %q, password set %v", o.cfg.AdminListen, o.cfg.Redis.HasPassword())
+			}
+		}},
 		{"flag wins over environment", []string{"-redis-timeout", "7ms", "-plans", "flag.yaml"},
 			map[string]string{"SIDECAR_REDIS_TIMEOUT": "5ms", "SIDECAR_PLANS": "env.yaml"}, func(t *testing.T, o *options) {
 				if o.cfg.RedisTimeout != 7*time.Millisecond || o.cfg.PlansPath != "flag.yaml" {
@@ -75,6 +86,10 @@ func TestParseOptionsErrors(t *testing.T) {
 		{nil, nil, "-plans (SIDECAR_PLANS): required: the path of the plans file"},
 		{[]string{"-plans", "p", "-listen", "localhost"}, nil, `-listen (SIDECAR_LISTEN): must be host:port, got "localhost"`},
 		{[]string{"-plans", "p", "-listen", "127.0.0.1:70000"}, nil, `-listen (SIDECAR_LISTEN): must be host:port, got "127.0.0.1:70000"`},
+		{[]string{"-plans", "p", "-admin-listen", "8082"}, nil, `-admin-listen (SIDECAR_ADMIN_LISTEN): must be host:port, got "8082"`},
+		{[]string{"-plans", "p", "-admin-listen", "127.0.0.1:8081"}, nil, `-admin-listen (SIDECAR_ADMIN_LISTEN): must differ from -listen, got "127.0.0.1:8081" for both`},
+		{nil, map[string]string{"SIDECAR_PLANS": "p", "SIDECAR_ADMIN_LISTEN": ":99999"}, `-admin-listen (SIDECAR_ADMIN_LISTEN): must be host:port, got ":99999"`},
+		{[]string{"-plans", "p", "-redis", "redis://:hunter2@h:1", "-redis-password", "other"}, nil, `-redis-password (SIDECAR_REDIS_PASSWORD): the -redis URL has a password already; give it in one place`},
 		{[]string{"-plans", "p", "-redis", "http://h:1"}, nil, `-redis (SIDECAR_REDIS): http://h:1: scheme "http" is not one of redis, rediss, unix, redis+cluster, rediss+cluster, redis+sentinel, rediss+sentinel`},
 		{[]string{"-plans", "p", "-redis", "redis://u:hunter2@h:0"}, nil, `-redis (SIDECAR_REDIS): redis://u:xxxxx@h:0: address "h:0": port must be 1 to 65535`},
 		{[]string{"-plans", "p", "-redis-timeout", "0s"}, nil, "-redis-timeout (SIDECAR_REDIS_TIMEOUT): must be > 0 and <= 1m, got 0s"},
@@ -106,7 +121,7 @@ func TestUsageListsEveryEnvVar(t *testing.T) {
 		t.Fatalf("-h exit %d", code)
 	}
 	for _, want := range []string{
-		"SIDECAR_LISTEN", "SIDECAR_REDIS (", "SIDECAR_PLANS\n", "SIDECAR_REDIS_TIMEOUT", "SIDECAR_CHECK", "SIDECAR_KEY_SALT",
+		"SIDECAR_LISTEN", "SIDECAR_ADMIN_LISTEN", "SIDECAR_REDIS_PASSWORD", "SIDECAR_REDIS (", "SIDECAR_PLANS\n", "SIDECAR_REDIS_TIMEOUT", "SIDECAR_CHECK", "SIDECAR_KEY_SALT",
 		"SIDECAR_PLANS_POLL", "SIDECAR_REDIS_PIPELINES", "SIDECAR_REDIS_MAX_BATCH", "SIDECAR_LOG_LEVEL", "SIDECAR_LOG_FORMAT",
 		"redis+cluster://", "redis+sentinel://", "rediss://", `(default "3ms")`, `(default "127.0.0.1:8081")`,
 	} {

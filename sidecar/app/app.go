@@ -29,8 +29,14 @@ import (
 
 // Config is everything the sidecar is told at start.
 type Config struct {
-	// Listen is the HTTP address. Port 0 picks a free port (see App.Addr).
+	// Listen is the check listener's address: POST /v1/check, and also
+	// /healthz, /readyz and /metrics. Port 0 picks a free port (see
+	// App.Addr).
 	Listen string
+	// AdminListen, if set, is a second listener serving /healthz, /readyz
+	// and /metrics only, for probes and Prometheus (see App.AdminAddr).
+	// Empty: none.
+	AdminListen string
 	// Redis is the parsed -redis URL.
 	Redis *redisconn.Spec
 	// PlansPath is the plans file.
@@ -62,6 +68,8 @@ type App struct {
 	hot       *hot.Sharder // nil without sharding
 	http      *fasthttp.Server
 	ln        net.Listener
+	admin     *fasthttp.Server // nil without AdminListen
+	adminLn   net.Listener
 	served    chan error
 	stopWatch context.CancelFunc
 	shutdown  sync.Once
@@ -75,11 +83,14 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 		log = slog.Default()
 	}
 	redis.SetLogger(newRedisLogger(log))
-	a := &App{log: log, stats: stats.New(), served: make(chan error, 1)}
+	a := &App{log: log, stats: stats.New(), served: make(chan error, 2)}
 	var err error
-	if a.plans, err = plans.Open(cfg.PlansPath, log, a.stats.Reload); err != nil {
+	digester := keys.New(cfg.KeySalt)
+	checkDigests := func(p *plans.Plans) error { return p.CheckDigests(digester.Kind()) }
+	if a.plans, err = plans.OpenChecked(cfg.PlansPath, log, a.stats.Reload, checkDigests); err != nil {
 		return nil, err
 	}
+	a.stats.PlansLoaded(time.Now())
 	pipelines := cfg.Pipelines
 	if pipelines <= 0 {
 		pipelines = decide.DefaultPipelines
@@ -100,7 +111,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 		Plans:   a.plans.Current,
 		Hot:     sharder,
 		Decider: a.decider,
-		Keys:    keys.New(cfg.KeySalt),
+		Keys:    digester,
 		Timeout: cfg.RedisTimeout,
 		Stats:   a.stats,
 		Log:     log,
@@ -111,6 +122,15 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 		a.client.Close()
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
+	if cfg.AdminListen != "" {
+		a.admin = srv.AdminHTTPServer()
+		if a.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+			a.ln.Close()
+			a.decider.Close()
+			a.client.Close()
+			return nil, fmt.Errorf("admin listen %s: %w", cfg.AdminListen, err)
+		}
+	}
 
 	var watchCtx context.Context
 	watchCtx, a.stopWatch = context.WithCancel(context.Background())
@@ -119,6 +139,9 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 		go sharder.Run(watchCtx, cfg.HotInterval)
 	}
 	go func() { a.served <- a.http.Serve(a.ln) }()
+	if a.admin != nil {
+		go func() { a.served <- a.admin.Serve(a.adminLn) }()
+	}
 
 	// Load the script now rather than on the first request, and say whether
 	// Redis is there; neither is fatal.
@@ -128,7 +151,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	if err := a.decider.Ready(ctx); err != nil {
 		log.Warn("redis not ready yet; checks answer 503 until it is", "redis", cfg.Redis.Redacted, "err", err)
 	}
-	log.Info("sidecar listening", "addr", a.Addr(), "redis", cfg.Redis.Redacted, "redis_kind", cfg.Redis.Kind.String(),
+	log.Info("sidecar listening", "addr", a.Addr(), "admin_addr", a.AdminAddr(), "redis", cfg.Redis.Redacted, "redis_kind", cfg.Redis.Kind.String(),
 		"plans", cfg.PlansPath, "plan_count", len(p.ByName), "clients", p.Clients(), "hot_clients", p.HotClients(),
 		"redis_timeout", serverTimeout(cfg.RedisTimeout), "key_salt", len(cfg.KeySalt) > 0)
 	return a, nil
@@ -141,8 +164,16 @@ func serverTimeout(d time.Duration) time.Duration {
 	return d
 }
 
-// Addr is the address the HTTP server listens on.
+// Addr is the address the check listener listens on.
 func (a *App) Addr() string { return a.ln.Addr().String() }
+
+// AdminAddr is the address the admin listener listens on, "" without one.
+func (a *App) AdminAddr() string {
+	if a.adminLn == nil {
+		return ""
+	}
+	return a.adminLn.Addr().String()
+}
 
 // Stats exposes the metrics (for tests and benchmarks).
 func (a *App) Stats() *stats.Stats { return a.stats }
@@ -151,7 +182,7 @@ func (a *App) Stats() *stats.Stats { return a.stats }
 // plans in force kept; the error is returned too.
 func (a *App) Reload() error { return a.plans.Reload("SIGHUP") }
 
-// Done is closed, with the serving error if any, when the HTTP server stops.
+// Done receives the serving error, if any, when either HTTP server stops.
 func (a *App) Done() <-chan error { return a.served }
 
 // Shutdown stops accepting connections, lets in-flight checks finish (until
@@ -162,6 +193,11 @@ func (a *App) Shutdown(ctx context.Context) error {
 	a.shutdown.Do(func() {
 		a.stopWatch()
 		err = a.http.ShutdownWithContext(ctx)
+		// The admin listener goes last: probes and scrapes see the sidecar
+		// until its checks are done.
+		if a.admin != nil {
+			err = errors.Join(err, a.admin.ShutdownWithContext(ctx))
+		}
 		a.decider.Close()
 		if cerr := a.client.Close(); cerr != nil && !errors.Is(cerr, redis.ErrClosed) {
 			err = errors.Join(err, cerr)

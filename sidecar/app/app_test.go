@@ -50,6 +50,13 @@ func startSidecar(t testing.TB, redisURL, plansYAML string, timeout time.Duratio
 
 func startSidecarLog(t testing.TB, redisURL, plansYAML string, timeout time.Duration, level slog.Level) *sidecar {
 	t.Helper()
+	return startSidecarWith(t, redisURL, plansYAML, timeout, level, nil)
+}
+
+// startSidecarWith starts a sidecar whose Config edit may change before
+// Start.
+func startSidecarWith(t testing.TB, redisURL, plansYAML string, timeout time.Duration, level slog.Level, edit func(*Config)) *sidecar {
+	t.Helper()
 	spec, err := redisconn.Parse(redisURL)
 	if err != nil {
 		t.Fatal(err)
@@ -59,13 +66,17 @@ func startSidecarLog(t testing.TB, redisURL, plansYAML string, timeout time.Dura
 		t.Fatal(err)
 	}
 	logs := &syncbuf.Buffer{}
-	a, err := Start(Config{
+	cfg := Config{
 		Listen:       "127.0.0.1:0",
 		Redis:        spec,
 		PlansPath:    path,
 		RedisTimeout: timeout,
 		PlansPoll:    10 * time.Millisecond,
-	}, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level})))
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	a, err := Start(cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,13 +102,19 @@ type reply struct {
 func (r reply) has(name string) bool { _, ok := r.headers[strings.ToLower(name)]; return ok }
 func (r reply) h(name string) string { return r.headers[strings.ToLower(name)] }
 
-// do sends one request; headers alternate name, value.
+// do sends one request to the check listener; headers alternate name, value.
 func (s *sidecar) do(t testing.TB, method, path string, headers ...string) reply {
+	t.Helper()
+	return s.doAt(t, s.Addr(), method, path, headers...)
+}
+
+// doAt sends one request to addr.
+func (s *sidecar) doAt(t testing.TB, addr, method, path string, headers ...string) reply {
 	t.Helper()
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + s.Addr() + path)
+	req.SetRequestURI("http://" + addr + path)
 	req.Header.SetMethod(method)
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Add(headers[i], headers[i+1])

@@ -62,9 +62,33 @@ func (d *Digester) Sum(apiKey []byte) [sha256.Size]byte {
 	return out
 }
 
-// BucketKey returns the Redis key of apiKey's bucket: "rl:{" + 64 hex + "}".
-func (d *Digester) BucketKey(apiKey []byte) string {
+// Digest kinds: the prefix of a digest written for people (in the plans
+// file, by "sidecar digest"), saying how it was computed.
+const (
+	KindSHA256     = "sha256"      // SHA-256 of the key: no salt
+	KindHMACSHA256 = "hmac-sha256" // HMAC-SHA256 keyed by the salt
+)
+
+// Kind returns the kind of digest d computes.
+func (d *Digester) Kind() string {
+	if len(d.salt) == 0 {
+		return KindSHA256
+	}
+	return KindHMACSHA256
+}
+
+// Digest returns apiKey's digest as "<kind>:<64 hex>", the same digits as
+// in its bucket key.
+func (d *Digester) Digest(apiKey []byte) string {
 	sum := d.Sum(apiKey)
+	return d.Kind() + ":" + hex.EncodeToString(sum[:])
+}
+
+// BucketKey returns the Redis key of apiKey's bucket: "rl:{" + 64 hex + "}".
+func (d *Digester) BucketKey(apiKey []byte) string { return BucketKeyOf(d.Sum(apiKey)) }
+
+// BucketKeyOf returns the bucket key of a digest from Sum.
+func BucketKeyOf(sum [sha256.Size]byte) string {
 	var b [BucketKeyLen]byte
 	n := copy(b[:], Prefix)
 	b[n] = '{'

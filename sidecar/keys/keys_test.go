@@ -100,3 +100,24 @@ func BenchmarkBucketKey(b *testing.B) {
 		})
 	}
 }
+
+func TestDigest(t *testing.T) {
+	// Known-answer value of SHA-256("abc") from FIPS 180-2; the HMAC from
+	// the standard library.
+	mac := hmac.New(sha256.New, []byte("pepper"))
+	mac.Write([]byte("abc"))
+	if got, want := New(nil).Digest([]byte("abc")), "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"; got != want {
+		t.Errorf("Digest(abc) = %s, want %s", got, want)
+	}
+	salted := New([]byte("pepper"))
+	if got, want := salted.Digest([]byte("abc")), "hmac-sha256:"+hex.EncodeToString(mac.Sum(nil)); got != want {
+		t.Errorf("salted Digest(abc) = %s, want %s", got, want)
+	}
+	// The digits are the bucket key's.
+	for _, d := range []*Digester{New(nil), salted} {
+		_, digits, _ := strings.Cut(d.Digest([]byte("k")), ":")
+		if bk := d.BucketKey([]byte("k")); bk != "rl:{"+digits+"}" {
+			t.Errorf("%s: bucket key %s, digest digits %s", d.Kind(), bk, digits)
+		}
+	}
+}

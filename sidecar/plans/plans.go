@@ -10,7 +10,9 @@
 //	clients:
 //	  "client-key-123": pro
 //	  "huge-client-key": {plan: pro, regions: [eu, us, ap]}   # hot: one bucket per region
+//	  "sha256:<64 hex>": pro      # a client by digest (keys.Digester.Digest)
 //
+// A rate is tokens per second, or a string such as "6000/min" (ParseRate).
 // Parse is the one place the file is validated. Every problem is reported,
 // each as "file:line: field: what is wrong, got value"; unknown fields are
 // errors. API keys from the clients section are never quoted in an error.
@@ -18,11 +20,14 @@ package plans
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,6 +36,29 @@ import (
 
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
+
+// rateRE is a rate in human units: a decimal number, an optional k (10^3),
+// M (10^6) or G (10^9), a slash and a unit of time.
+var rateRE = regexp.MustCompile(`^([0-9]+(?:\.[0-9]+)?)([kMG]?)/(s|min|h|day)$`)
+
+// ParseRate reads a rate such as "100/s", "6000/min", "2.5k/h" or "1M/day"
+// and returns it in tokens per second, within (0, MaxRate].
+func ParseRate(s string) (float64, error) {
+	m := rateRE.FindStringSubmatch(s)
+	if m == nil {
+		return 0, fmt.Errorf("must be a number of tokens per second or a rate such as \"100/s\", \"6000/min\", \"2.5k/h\", \"1M/day\" (k, M, G; s, min, h, day), got %q", s)
+	}
+	n, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		return 0, fmt.Errorf("bad number in rate %q: %v", s, err)
+	}
+	n *= map[string]float64{"": 1, "k": 1e3, "M": 1e6, "G": 1e9}[m[2]]
+	r := n / map[string]float64{"s": 1, "min": 60, "h": 3600, "day": 86400}[m[3]]
+	if !(r > 0) || r > MaxRate {
+		return 0, fmt.Errorf("must be > 0 and at most %d tokens per second, got %q (%g/s)", MaxRate, s, r)
+	}
+	return r, nil
+}
 
 // Limits on what a plans file may say. Capacity and cost share their upper
 // bound so that every cost the sidecar accepts can fit some plan.
@@ -64,6 +92,12 @@ type Plans struct {
 	ByName  map[string]*Plan // every plan
 	clients map[string]*Plan // API key → plan
 	hot     map[string]*Hot  // API key → sharding, for hot clients only
+	// Clients listed by digest ("sha256:<hex>" or "hmac-sha256:<hex>"),
+	// keyed by the 32-byte digest; DigestKind is the one kind the file uses
+	// ("" when it lists none).
+	DigestKind string
+	byDigest   map[[sha256.Size]byte]*Plan
+	hotDigest  map[[sha256.Size]byte]*Hot
 }
 
 // Hot says how a hot client's bucket is split: one bucket per region, each
@@ -84,20 +118,56 @@ func (p *Plans) HotClient(apiKey []byte) *Hot {
 }
 
 // HotClients returns how many clients are marked hot.
-func (p *Plans) HotClients() int { return len(p.hot) }
+func (p *Plans) HotClients() int { return len(p.hot) + len(p.hotDigest) }
 
 // Lookup returns the plan of apiKey: its own, else the default plan. ok is
-// false when the key is not listed and there is no default plan.
+// false when the key is not listed and there is no default plan. Clients
+// listed by sha256: digest are found too; those listed by hmac-sha256:
+// digest need the salt, hence LookupSum.
 func (p *Plans) Lookup(apiKey []byte) (plan *Plan, ok bool) {
-	// string(apiKey) in a map index does not allocate.
-	if plan, ok := p.clients[string(apiKey)]; ok {
-		return plan, true
+	var sum [sha256.Size]byte
+	if p.DigestKind == keys.KindSHA256 {
+		sum = sha256.Sum256(apiKey)
 	}
-	return p.Default, p.Default != nil
+	plan, _, ok = p.LookupSum(apiKey, sum)
+	return plan, ok
 }
 
-// Clients returns how many API keys the file lists.
-func (p *Plans) Clients() int { return len(p.clients) }
+// LookupSum returns the plan of apiKey, whose digest (keys.Digester.Sum,
+// with the sidecar's salt) is sum, and how its bucket is split if it is a
+// hot client: a client listed by key first, then one listed by digest, else
+// the default plan. ok is false when the client is not listed and there is
+// no default plan.
+func (p *Plans) LookupSum(apiKey []byte, sum [sha256.Size]byte) (plan *Plan, hot *Hot, ok bool) {
+	// string(apiKey) in a map index does not allocate.
+	if plan, ok := p.clients[string(apiKey)]; ok {
+		return plan, p.hot[string(apiKey)], true
+	}
+	if plan, ok := p.byDigest[sum]; ok {
+		return plan, p.hotDigest[sum], true
+	}
+	return p.Default, nil, p.Default != nil
+}
+
+// Clients returns how many clients the file lists, by key or by digest.
+func (p *Plans) Clients() int { return len(p.clients) + len(p.byDigest) }
+
+// CheckDigests reports a file whose digests the sidecar cannot match: listed
+// as kind while the sidecar computes want (keys.Digester.Kind). A sidecar
+// with a -key-salt needs hmac-sha256: digests computed with the same salt;
+// one without needs sha256: digests.
+func (p *Plans) CheckDigests(want string) error {
+	if p.DigestKind == "" || p.DigestKind == want {
+		return nil
+	}
+	why := "-key-salt is set"
+	if want == keys.KindSHA256 {
+		why = "no -key-salt is set"
+	}
+	return &FieldError{File: p.File, Field: "clients", Msg: fmt.Sprintf(
+		"clients are listed by %s: digests but %s, so the sidecar computes %s: digests; list them as \"sidecar digest\" prints them with this sidecar's salt",
+		p.DigestKind, why, want)}
+}
 
 // FieldError is one problem found in a plans file.
 type FieldError struct {
@@ -148,7 +218,7 @@ func ReadFile(path string) ([]byte, error) {
 // error messages only). The error, if any, joins one *FieldError per
 // problem, ordered by line.
 func Parse(file string, data []byte) (*Plans, error) {
-	p := &parser{file: file, declared: map[string]bool{}}
+	p := &parser{file: file, declared: map[string]bool{}, sums: map[[sha256.Size]byte]int{}}
 	plans := p.parse(data)
 	if len(p.errs) > 0 {
 		slices.SortStableFunc(p.errs, func(a, b *FieldError) int { return a.Line - b.Line })
@@ -168,6 +238,11 @@ type parser struct {
 	// reference to a plan with a bad body is not reported a second time as
 	// a reference to a missing plan.
 	declared map[string]bool
+	// sums holds the SHA-256 of every client listed by key or by sha256:
+	// digest, with its line, to find a client listed both ways.
+	sums map[[sha256.Size]byte]int
+	// digestLine is the line of the first client listed by digest.
+	digestLine int
 }
 
 // resolve returns the plan called name, reporting a reference to a plan that
@@ -217,7 +292,8 @@ func (p *parser) parse(data []byte) *Plans {
 		return nil
 	}
 
-	out := &Plans{File: p.file, ByName: map[string]*Plan{}, clients: map[string]*Plan{}, hot: map[string]*Hot{}}
+	out := &Plans{File: p.file, ByName: map[string]*Plan{}, clients: map[string]*Plan{}, hot: map[string]*Hot{},
+		byDigest: map[[sha256.Size]byte]*Plan{}, hotDigest: map[[sha256.Size]byte]*Hot{}}
 	var defaultNode, plansNode, clientsNode *yaml.Node
 	p.eachPair(root, "", func(k, v *yaml.Node) {
 		switch k.Value {
@@ -300,6 +376,12 @@ func (p *parser) parsePlan(n *yaml.Node, field string) *Plan {
 	}
 	if rateNode == nil {
 		p.fail(n, field+".rate", "required")
+	} else if rateNode.Kind == yaml.ScalarNode && rateNode.Tag == "!!str" {
+		if r, err := ParseRate(rateNode.Value); err != nil {
+			p.fail(rateNode, field+".rate", "%v", err)
+		} else {
+			plan.Rate = r
+		}
 	} else if r, ok := p.number(rateNode, field+".rate"); ok {
 		if !(r > 0) || r > MaxRate {
 			p.fail(rateNode, field+".rate", "must be a number of tokens per second > 0 and <= %d, got %s", MaxRate, rateNode.Value)
@@ -312,8 +394,12 @@ func (p *parser) parsePlan(n *yaml.Node, field string) *Plan {
 	// The bucket's Redis key expires once it would be full again; bound that
 	// time so a typo such as rate: 0.0000001 cannot pin keys for decades.
 	if refill := plan.Capacity / plan.Rate; refill > MaxRefillSecs {
-		p.fail(rateNode, field+".rate", "refilling %s tokens at %s/s takes %.0f s, more than the %d s (365 days) allowed; raise the rate",
-			capNode.Value, rateNode.Value, refill, MaxRefillSecs)
+		at := rateNode.Value + "/s"
+		if rateNode.Tag == "!!str" {
+			at = strconv.Quote(rateNode.Value)
+		}
+		p.fail(rateNode, field+".rate", "refilling %s tokens at %s takes %.0f s, more than the %d s (365 days) allowed; raise the rate",
+			capNode.Value, at, refill, MaxRefillSecs)
 		return nil
 	}
 	plan.LimitHeader = strconv.FormatFloat(plan.Capacity, 'f', -1, 64)
@@ -327,12 +413,40 @@ func (p *parser) parseClients(n *yaml.Node, out *Plans) {
 	}
 	// Keys are secrets: errors below point at the line, never quote the key.
 	p.eachPair(n, "clients", func(k, v *yaml.Node) {
-		if err := keys.Check([]byte(k.Value)); err != nil {
+		c := client{key: k.Value}
+		if kind, digits, ok := strings.Cut(k.Value, ":"); ok && (kind == keys.KindSHA256 || kind == keys.KindHMACSHA256) {
+			sum, ok := parseDigest(digits)
+			if !ok {
+				// A digest is no secret: quote it.
+				p.fail(k, "clients", "a %s: digest must be followed by 64 lowercase hex digits, got %q", kind, k.Value)
+				return
+			}
+			if out.DigestKind == "" {
+				out.DigestKind, p.digestLine = kind, k.Line
+			} else if kind != out.DigestKind {
+				p.fail(k, "clients", "a %s: digest in a file that lists %s: digests (line %d); a sidecar computes one kind, list every client the same way",
+					kind, out.DigestKind, p.digestLine)
+				return
+			}
+			c = client{sum: sum, digest: true}
+		} else if err := keys.Check([]byte(k.Value)); err != nil {
 			p.fail(k, "clients", "the API key on this line is not acceptable: %v", err)
 			return
+		} else {
+			c.sum = sha256.Sum256([]byte(k.Value))
+		}
+		// One client listed by key and by its sha256: digest would be
+		// ambiguous. (An hmac-sha256: digest cannot be matched to a key
+		// without the salt; the key's own entry wins there.)
+		if !c.digest || out.DigestKind == keys.KindSHA256 {
+			if line, dup := p.sums[c.sum]; dup {
+				p.fail(k, "clients", "this client is listed twice, by API key and by its sha256: digest (first on line %d)", line)
+				return
+			}
+			p.sums[c.sum] = k.Line
 		}
 		if v.Kind == yaml.MappingNode {
-			p.parseHotClient(k.Value, v, out)
+			p.parseHotClient(c, v, out)
 			return
 		}
 		name, ok := p.str(v, "clients")
@@ -340,13 +454,45 @@ func (p *parser) parseClients(n *yaml.Node, out *Plans) {
 			return
 		}
 		if plan := p.resolve(v, "clients", name, out); plan != nil {
-			out.clients[k.Value] = plan
+			c.set(out, plan, nil)
 		}
 	})
 }
 
+// client is one entry of the clients section: an API key, or a digest.
+type client struct {
+	key    string
+	sum    [sha256.Size]byte
+	digest bool
+}
+
+func (c client) set(out *Plans, plan *Plan, hot *Hot) {
+	if c.digest {
+		out.byDigest[c.sum] = plan
+		if hot != nil {
+			out.hotDigest[c.sum] = hot
+		}
+		return
+	}
+	out.clients[c.key] = plan
+	if hot != nil {
+		out.hot[c.key] = hot
+	}
+}
+
+var hexDigits = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+func parseDigest(digits string) ([sha256.Size]byte, bool) {
+	var sum [sha256.Size]byte
+	if !hexDigits.MatchString(digits) {
+		return sum, false
+	}
+	_, err := hex.Decode(sum[:], []byte(digits))
+	return sum, err == nil
+}
+
 // parseHotClient reads a client given as {plan: NAME, regions: [R1, R2, ...]}.
-func (p *parser) parseHotClient(key string, n *yaml.Node, out *Plans) {
+func (p *parser) parseHotClient(c client, n *yaml.Node, out *Plans) {
 	var planNode, regionsNode *yaml.Node
 	p.eachPair(n, "clients", func(k, v *yaml.Node) {
 		switch k.Value {
@@ -366,8 +512,7 @@ func (p *parser) parseHotClient(key string, n *yaml.Node, out *Plans) {
 	}
 	regions := p.regions(n, regionsNode)
 	if plan != nil && regions != nil {
-		out.clients[key] = plan
-		out.hot[key] = &Hot{Regions: regions}
+		c.set(out, plan, &Hot{Regions: regions})
 	}
 }
 

@@ -22,6 +22,7 @@ type Store struct {
 	path     string
 	log      *slog.Logger
 	onReload func(ok bool)
+	check    func(*Plans) error
 
 	cur atomic.Pointer[Plans]
 
@@ -44,10 +45,18 @@ const racyWindow = 2 * time.Second
 // receives one line per reload; onReload, if not nil, is called after every
 // reload attempt with its outcome (for metrics).
 func Open(path string, log *slog.Logger, onReload func(ok bool)) (*Store, error) {
+	return OpenChecked(path, log, onReload, nil)
+}
+
+// OpenChecked is Open with one more check: a file that parses but for which
+// check returns an error is refused like one that does not parse (at start
+// and on every reload). The sidecar checks the file's digests against its
+// salt (Plans.CheckDigests).
+func OpenChecked(path string, log *slog.Logger, onReload func(ok bool), check func(*Plans) error) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{path: path, log: log, onReload: onReload}
+	s := &Store{path: path, log: log, onReload: onReload, check: check}
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("read plans: %w", err)
@@ -56,7 +65,7 @@ func Open(path string, log *slog.Logger, onReload func(ok bool)) (*Store, error)
 	if err != nil {
 		return nil, err
 	}
-	p, err := Parse(path, data)
+	p, err := s.parse(data)
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +149,7 @@ func (s *Store) reloadLocked(reason string, force bool) error {
 	if !force && (sum == s.goodSum || sum == s.badSum) {
 		return nil
 	}
-	p, err := Parse(s.path, data)
+	p, err := s.parse(data)
 	if err != nil {
 		s.badSum = sum
 		s.log.Error("plans reload rejected, keeping the plans in force", "file", s.path, "reason", reason, "err", err)
@@ -156,6 +165,17 @@ func (s *Store) reloadLocked(reason string, force bool) error {
 	s.log.Info("plans reloaded", "file", s.path, "reason", reason, "plans", len(p.ByName), "clients", p.Clients(), "default_plan", def)
 	s.report(true)
 	return nil
+}
+
+func (s *Store) parse(data []byte) (*Plans, error) {
+	p, err := Parse(s.path, data)
+	if err == nil && s.check != nil {
+		err = s.check(p)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 func (s *Store) report(ok bool) {

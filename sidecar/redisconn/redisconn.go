@@ -196,6 +196,31 @@ func Parse(rawURL string) (*Spec, error) {
 	return s, nil
 }
 
+// HasPassword reports whether the URL carries a password for the data nodes.
+func (s *Spec) HasPassword() bool {
+	switch s.Kind {
+	case Cluster:
+		return s.cluster.Password != ""
+	case Sentinel:
+		return s.failover.Password != ""
+	}
+	return s.single.Password != ""
+}
+
+// SetPassword sets the data nodes' password (the AUTH password, or the
+// password of the URL's ACL user), as if the URL carried it. It keeps a
+// password out of the URL, so it can come from a secret of its own.
+func (s *Spec) SetPassword(password string) {
+	switch s.Kind {
+	case Cluster:
+		s.cluster.Password = password
+	case Sentinel:
+		s.failover.Password = password
+	default:
+		s.single.Password = password
+	}
+}
+
 // Tuning is what the sidecar sets on top of the URL.
 type Tuning struct {
 	// PoolSize, if > 0 and the URL sets no pool_size, bounds the connections

@@ -27,10 +27,17 @@ const (
 	MaxConcurrency = 16384
 )
 
-// HTTPServer returns a fasthttp server for s with the limits above.
-func (s *Server) HTTPServer() *fasthttp.Server {
+// HTTPServer returns a fasthttp server for s with the limits above, serving
+// Handle (the check listener).
+func (s *Server) HTTPServer() *fasthttp.Server { return s.httpServer(s.Handle) }
+
+// AdminHTTPServer returns a fasthttp server with the same limits serving
+// HandleAdmin (the admin listener).
+func (s *Server) AdminHTTPServer() *fasthttp.Server { return s.httpServer(s.HandleAdmin) }
+
+func (s *Server) httpServer(h fasthttp.RequestHandler) *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:                      s.Handle,
+		Handler:                      h,
 		NoDefaultServerHeader:        true,
 		NoDefaultDate:                true,
 		NoDefaultContentType:         true,

@@ -1,5 +1,7 @@
 // Package server is the sidecar's HTTP face: POST /v1/check, GET /healthz,
-// GET /readyz and GET /metrics, on fasthttp.
+// GET /readyz and GET /metrics, on fasthttp. Handle serves all four (the
+// check listener); HandleAdmin serves the last three only (the admin
+// listener, for probes and Prometheus).
 //
 // POST /v1/check answers, for the API key in x-api-key:
 //
@@ -106,6 +108,16 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		s.check(ctx)
+	default:
+		s.HandleAdmin(ctx)
+	}
+}
+
+// HandleAdmin is the admin listener's handler: GET /healthz, /readyz and
+// /metrics, and 404 for anything else, /v1/check included, so that opening
+// the admin port to the network never opens the decision endpoint.
+func (s *Server) HandleAdmin(ctx *fasthttp.RequestCtx) {
+	switch string(ctx.Path()) {
 	case "/healthz":
 		if getOrHead(ctx) {
 			text(ctx, fasthttp.StatusOK, "ok")
@@ -135,18 +147,18 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	p := s.o.Plans()
-	plan, ok := p.Lookup(req.Key)
+	// One digest finds a client listed by digest and names its bucket.
+	sum := s.o.Keys.Sum(req.Key)
+	plan, hotClient, ok := p.LookupSum(req.Key, sum)
 	if !ok {
 		s.o.Stats.UnknownKeys.Inc()
 		text(ctx, fasthttp.StatusForbidden, "unknown api key")
 		return
 	}
-	bucket := s.o.Keys.BucketKey(req.Key)
+	bucket := keys.BucketKeyOf(sum)
 	limit := lua.Limit{Capacity: plan.Capacity, Rate: plan.Rate}
-	if s.o.Hot != nil {
-		if h := p.HotClient(req.Key); h != nil {
-			bucket, limit = s.o.Hot.Route(bucket, h.Regions, req.Region, limit, req.Cost)
-		}
+	if s.o.Hot != nil && hotClient != nil {
+		bucket, limit = s.o.Hot.Route(bucket, hotClient.Regions, req.Region, limit, req.Cost)
 	}
 
 	res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), bucket, limit, req.Cost)

@@ -5,7 +5,11 @@ package stats
 
 import (
 	"io"
+	"runtime"
+	"runtime/debug"
+	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 )
@@ -47,6 +51,27 @@ type Stats struct {
 	// InFlight is the number of /v1/check requests being handled
 	// (sidecar_checks_in_flight).
 	InFlight atomic.Int64
+	// plansLoaded is the unix time in nanoseconds when the plans in force
+	// were loaded, at start or by a reload
+	// (sidecar_plans_last_reload_success_timestamp_seconds); 0 until then.
+	plansLoaded atomic.Int64
+}
+
+// Version is the sidecar's version in sidecar_build_info. Set it at link
+// time (-ldflags "-X github.com/edgelimit/edgelimit/sidecar/stats.Version=1.2.3");
+// left empty, the module version the Go toolchain stamped into the binary is
+// used, or "(devel)".
+var Version string
+
+// BuildVersion returns the version sidecar_build_info reports.
+func BuildVersion() string {
+	if Version != "" {
+		return Version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
 }
 
 // New returns a fresh set of metrics, independent of any other Stats (tests
@@ -70,13 +95,33 @@ func New() *Stats {
 		ReloadFailed:  s.NewCounter(`sidecar_plans_reloads_total{result="error"}`),
 	}
 	s.NewGauge(`sidecar_checks_in_flight`, func() float64 { return float64(st.InFlight.Load()) })
+	s.NewGauge(`sidecar_plans_last_reload_success_timestamp_seconds`, func() float64 {
+		return float64(st.plansLoaded.Load()) / 1e9
+	})
+	s.NewGauge(`sidecar_build_info{version=`+strconv.Quote(BuildVersion())+`,goversion=`+strconv.Quote(runtime.Version())+`}`,
+		func() float64 { return 1 })
 	return st
+}
+
+// PlansLoaded records that plans were put in force at t (the first load at
+// start; Reload records the later ones).
+func (s *Stats) PlansLoaded(t time.Time) { s.plansLoaded.Store(t.UnixNano()) }
+
+// PlansLoadedAt returns when the plans in force were loaded; the zero time
+// before the first load.
+func (s *Stats) PlansLoadedAt() time.Time {
+	n := s.plansLoaded.Load()
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
 }
 
 // Reload records the outcome of one plans reload.
 func (s *Stats) Reload(ok bool) {
 	if ok {
 		s.ReloadOK.Inc()
+		s.PlansLoaded(time.Now())
 	} else {
 		s.ReloadFailed.Inc()
 	}

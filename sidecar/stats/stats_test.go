@@ -2,8 +2,11 @@ package stats
 
 import (
 	"bytes"
+	"fmt"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestWritePrometheus(t *testing.T) {
@@ -37,8 +40,37 @@ func TestWritePrometheus(t *testing.T) {
 			t.Errorf("missing %q in:\n%s", want, out)
 		}
 	}
+	if got := s.PlansLoadedAt(); time.Since(got) > time.Minute {
+		t.Errorf("PlansLoadedAt after an ok reload = %v, want about now", got)
+	}
 	// Two Stats are independent.
 	if other := New(); other.Allowed.Get() != 0 {
 		t.Errorf("a new Stats shares counters")
+	}
+}
+
+func TestBuildInfoAndLoadTime(t *testing.T) {
+	s := New()
+	var b bytes.Buffer
+	s.WritePrometheus(&b)
+	for _, want := range []string{
+		fmt.Sprintf(`sidecar_build_info{version=%q,goversion=%q} 1`+"\n", BuildVersion(), runtime.Version()),
+		"sidecar_plans_last_reload_success_timestamp_seconds 0\n",
+		"# TYPE sidecar_build_info gauge",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("missing %q in:\n%s", want, b.String())
+		}
+	}
+	s.PlansLoaded(time.Unix(1700000000, 500_000_000))
+	b.Reset()
+	s.WritePrometheus(&b)
+	if want := "sidecar_plans_last_reload_success_timestamp_seconds 1.7000000005e+09\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("missing %q in:\n%s", want, b.String())
+	}
+	// A failed reload leaves the time of the plans in force alone.
+	s.Reload(false)
+	if got := s.PlansLoadedAt(); !got.Equal(time.Unix(1700000000, 500_000_000)) {
+		t.Errorf("PlansLoadedAt after a failed reload = %v", got)
 	}
 }

@@ -1,0 +1,549 @@
+// Package charttest renders the Helm chart in ../helm/edgelimit with Helm's
+// own Go API and decodes every object strictly with the Kubernetes API
+// types. It is a module of its own so that the main module does not depend
+// on Helm; Helm's command is its tool (go tool helm template ...).
+package charttest
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	"google.golang.org/protobuf/encoding/protojson"
+	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
+)
+
+const chartDir = "../helm/edgelimit"
+
+// Keys whose digests the test values list; none may appear in a ConfigMap.
+var rawKeys = []string{"client-key-123", "client-key-456"}
+
+func digest(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// rendered is one release's objects, decoded.
+type rendered struct {
+	deployment     *appsv1.Deployment
+	configMaps     map[string]*corev1.ConfigMap
+	secrets        map[string]*corev1.Secret
+	services       map[string]*corev1.Service
+	pdb            *policyv1.PodDisruptionBudget
+	serviceMonitor *monitoringv1.ServiceMonitor
+}
+
+// render runs `helm install --dry-run` client-only with vals, and decodes
+// every object of the manifest strictly: an unknown field is an error.
+func render(t *testing.T, vals map[string]any) (*rendered, error) {
+	t.Helper()
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatalf("load chart: %v", err)
+	}
+	install := action.NewInstall(&action.Configuration{})
+	install.DryRun, install.ClientOnly, install.Replace = true, true, true
+	install.ReleaseName, install.Namespace = "edge", "gateway"
+	install.KubeVersion = &chartutil.KubeVersion{Version: "v1.33.0", Major: "1", Minor: "33"}
+	rel, err := install.Run(ch, vals)
+	if err != nil {
+		return nil, err
+	}
+	out := &rendered{configMaps: map[string]*corev1.ConfigMap{}, secrets: map[string]*corev1.Secret{}, services: map[string]*corev1.Service{}}
+	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(rel.Manifest, -1) {
+		if strings.TrimSpace(doc) == "" {
+			continue
+		}
+		var head struct{ APIVersion, Kind string }
+		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
+			t.Fatalf("manifest document: %v\n%s", err, doc)
+		}
+		var obj any
+		switch head.APIVersion + " " + head.Kind {
+		case "apps/v1 Deployment":
+			if out.deployment != nil {
+				t.Fatal("two Deployments")
+			}
+			out.deployment = &appsv1.Deployment{}
+			obj = out.deployment
+		case "v1 ConfigMap":
+			obj = &corev1.ConfigMap{}
+		case "v1 Secret":
+			obj = &corev1.Secret{}
+		case "v1 Service":
+			obj = &corev1.Service{}
+		case "policy/v1 PodDisruptionBudget":
+			out.pdb = &policyv1.PodDisruptionBudget{}
+			obj = out.pdb
+		case "monitoring.coreos.com/v1 ServiceMonitor":
+			out.serviceMonitor = &monitoringv1.ServiceMonitor{}
+			obj = out.serviceMonitor
+		default:
+			t.Fatalf("unexpected object %s %s", head.APIVersion, head.Kind)
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+			t.Fatalf("%s: strict decode: %v\n%s", head.Kind, err, doc)
+		}
+		switch o := obj.(type) {
+		case *corev1.ConfigMap:
+			out.configMaps[o.Name] = o
+		case *corev1.Secret:
+			out.secrets[o.Name] = o
+		case *corev1.Service:
+			out.services[o.Name] = o
+		}
+	}
+	if out.deployment == nil {
+		t.Fatal("no Deployment")
+	}
+	return out, nil
+}
+
+// values builds chart values from dotted paths, on top of a plans section
+// listing rawKeys by digest.
+func values(kv ...any) map[string]any {
+	v := map[string]any{
+		"plans": map[string]any{
+			"default_plan": "free",
+			"plans": map[string]any{
+				"free": map[string]any{"capacity": 10, "rate": "2/s"},
+				"pro":  map[string]any{"capacity": 200, "rate": "6000/min"},
+			},
+			"clients": map[string]any{digest(rawKeys[0]): "pro", digest(rawKeys[1]): "free"},
+		},
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m := v
+		parts := strings.Split(kv[i].(string), ".")
+		for _, p := range parts[:len(parts)-1] {
+			next, ok := m[p].(map[string]any)
+			if !ok {
+				next = map[string]any{}
+				m[p] = next
+			}
+			m = next
+		}
+		m[parts[len(parts)-1]] = kv[i+1]
+	}
+	return v
+}
+
+func TestChart(t *testing.T) {
+	tests := []struct {
+		name string
+		vals map[string]any
+		// what the case adds to the invariants
+		check func(t *testing.T, r *rendered)
+	}{
+		{"defaults", nil, func(t *testing.T, r *rendered) {
+			if r.serviceMonitor != nil {
+				t.Error("ServiceMonitor rendered by default")
+			}
+			if len(r.deployment.Spec.Template.Spec.InitContainers) != 1 {
+				t.Error("no init container copying filter.wasm")
+			}
+		}},
+		{"digest plans", values(), nil},
+		{"image volume, service monitor, existing secret, cluster Redis", values(
+			"wasm.source", "imageVolume",
+			"serviceMonitor.enabled", true,
+			"secrets.existingSecret", "edge-credentials",
+			"redis.url", "redis+cluster://r1:6379,r2:6379",
+			"envoy.port", 8443, "envoy.statsPort", 19000, "envoy.adminPort", 19001,
+			"sidecar.port", 18081, "sidecar.adminPort", 18082,
+		), func(t *testing.T, r *rendered) {
+			spec := r.deployment.Spec.Template.Spec
+			if len(spec.InitContainers) != 0 {
+				t.Error("init container with an image volume")
+			}
+			if len(r.secrets) != 0 {
+				t.Errorf("a Secret rendered beside existingSecret: %v", r.secrets)
+			}
+			if r.serviceMonitor == nil || len(r.serviceMonitor.Spec.Endpoints) != 2 {
+				t.Fatalf("ServiceMonitor: %+v", r.serviceMonitor)
+			}
+			metrics := r.services["edge-edgelimit-metrics"]
+			if metrics == nil {
+				t.Fatal("no metrics Service")
+			}
+			for k, v := range r.serviceMonitor.Spec.Selector.MatchLabels {
+				if metrics.Labels[k] != v {
+					t.Errorf("ServiceMonitor selects %s=%s, the metrics Service has %q", k, v, metrics.Labels[k])
+				}
+			}
+			for _, ep := range r.serviceMonitor.Spec.Endpoints {
+				if !hasPort(metrics, ep.Port) {
+					t.Errorf("ServiceMonitor endpoint port %q not on the metrics Service", ep.Port)
+				}
+			}
+			if env(t, container(t, r, "sidecar"), "SIDECAR_REDIS").Value != "redis+cluster://r1:6379,r2:6379" {
+				t.Error("Redis URL not passed")
+			}
+		}},
+		{"secret from values", values("secrets.keySalt", "pepper", "secrets.redisPassword", "hunter2"), func(t *testing.T, r *rendered) {
+			s := r.secrets["edge-edgelimit-secrets"]
+			if s == nil || string(s.Data["key-salt"]) != "pepper" || string(s.Data["redis-password"]) != "hunter2" {
+				t.Fatalf("Secret: %+v", s)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := render(t, tt.vals)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkInvariants(t, r)
+			if tt.check != nil {
+				tt.check(t, r)
+			}
+		})
+	}
+}
+
+// TestChartRefuses: values the chart must not render, each failing with a
+// message that names the value and never quotes an API key.
+func TestChartRefuses(t *testing.T) {
+	tests := []struct {
+		name string
+		vals map[string]any
+		want string
+	}{
+		{"raw API key", values("plans.clients", map[string]any{"client-key-123": "pro"}),
+			"plans.clients: every client must be listed by digest"},
+		{"digest in capitals", values("plans.clients", map[string]any{strings.ToUpper(digest("k")): "pro"}),
+			"plans.clients: every client must be listed by digest"},
+		{"wasm source", values("wasm.source", "http"), `wasm.source: must be initContainer or imageVolume, got "http"`},
+		{"no Redis", values("redis.url", ""), "redis.url is required"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := render(t, tt.vals)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("render: %v, want an error containing %q", err, tt.want)
+			}
+			if strings.Contains(err.Error(), "client-key-123") {
+				t.Errorf("the error quotes an API key: %v", err)
+			}
+		})
+	}
+}
+
+func checkInvariants(t *testing.T, r *rendered) {
+	t.Helper()
+	spec := r.deployment.Spec.Template.Spec
+	envoy, sidecar := container(t, r, "envoy"), container(t, r, "sidecar")
+	boot := bootstrap(t, r)
+
+	// The callout cluster is on loopback, at the sidecar's -listen.
+	sidecarHost, sidecarPort := clusterAddr(t, boot, "ratelimit_sidecar")
+	if sidecarHost != "127.0.0.1" {
+		t.Errorf("ratelimit_sidecar cluster on %s, want 127.0.0.1", sidecarHost)
+	}
+	if listen := arg(t, sidecar, "-listen"); listen != net.JoinHostPort(sidecarHost, strconv.Itoa(sidecarPort)) {
+		t.Errorf("sidecar -listen %s, callout cluster %s:%d", listen, sidecarHost, sidecarPort)
+	}
+	// Envoy's admin is on loopback; the stats listener routes to it.
+	admin := dig(t, boot, "admin", "address", "socket_address").(map[string]any)
+	if admin["address"] != "127.0.0.1" {
+		t.Errorf("Envoy admin on %v, want 127.0.0.1", admin["address"])
+	}
+	if h, p := clusterAddr(t, boot, "envoy_admin"); h != "127.0.0.1" || float64(p) != admin["port_value"] {
+		t.Errorf("envoy_admin cluster %s:%d, admin %v", h, p, admin)
+	}
+	statsPort := listenerPort(t, boot, "stats")
+
+	// The module is mounted where the bootstrap looks for it.
+	wasmFile := dig(t, boot, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config",
+		"http_filters", 0, "typed_config", "config", "vm_config", "code", "local", "filename").(string)
+	wasmDir, file := wasmFile[:strings.LastIndex(wasmFile, "/")], wasmFile[strings.LastIndex(wasmFile, "/")+1:]
+	mount := mountOf(t, envoy, "wasm")
+	if mount.MountPath != wasmDir {
+		t.Errorf("wasm volume mounted on %s, the bootstrap loads %s", mount.MountPath, wasmFile)
+	}
+	vol := volume(t, spec, "wasm")
+	switch {
+	case vol.Image != nil:
+		if vol.Image.Reference == "" {
+			t.Error("image volume without a reference")
+		}
+		if file != "filter.wasm" {
+			t.Errorf("bootstrap loads %s from the image, which holds /filter.wasm", file)
+		}
+	case vol.EmptyDir != nil:
+		if len(spec.InitContainers) != 1 {
+			t.Fatal("emptyDir wasm volume and no init container to fill it")
+		}
+		init := spec.InitContainers[0]
+		to := init.Command[len(init.Command)-1]
+		if m := mountOf(t, &init, "wasm"); to != m.MountPath+"/"+file {
+			t.Errorf("init container copies to %s, volume mounted on %s, bootstrap wants %s", to, m.MountPath, file)
+		}
+	default:
+		t.Errorf("wasm volume is neither an image nor an emptyDir: %+v", vol)
+	}
+
+	// Probes hit the admin ports: Envoy's stats listener, the sidecar's
+	// admin listener; never the check or edge listeners.
+	adminListen := arg(t, sidecar, "-admin-listen")
+	_, adminPortStr, _ := net.SplitHostPort(adminListen)
+	adminPort, _ := strconv.Atoi(adminPortStr)
+	for _, c := range []struct {
+		c    *corev1.Container
+		want int
+	}{{envoy, statsPort}, {sidecar, adminPort}} {
+		for name, p := range map[string]*corev1.Probe{"readiness": c.c.ReadinessProbe, "liveness": c.c.LivenessProbe} {
+			if p == nil {
+				t.Errorf("%s: no %s probe", c.c.Name, name)
+				continue
+			}
+			var port intstr.IntOrString
+			switch {
+			case p.HTTPGet != nil:
+				port = p.HTTPGet.Port
+			case p.TCPSocket != nil:
+				port = p.TCPSocket.Port
+			default:
+				t.Errorf("%s %s probe is neither httpGet nor tcpSocket", c.c.Name, name)
+				continue
+			}
+			if got := resolvePort(t, c.c, port); got != c.want {
+				t.Errorf("%s %s probe on port %d, want the admin port %d", c.c.Name, name, got, c.want)
+			}
+		}
+	}
+	if p := envoy.ReadinessProbe.HTTPGet; p == nil || p.Path != "/ready" {
+		t.Errorf("Envoy readiness probe %+v, want GET /ready", p)
+	}
+
+	// Draining: Envoy's preStop asks the admin to drain, then waits; the
+	// sidecar outlives it; the grace period covers both.
+	pre := envoy.Lifecycle.PreStop.Exec.Command
+	script := pre[len(pre)-1]
+	if !strings.Contains(script, fmt.Sprintf("/dev/tcp/127.0.0.1/%v", admin["port_value"])) || !strings.Contains(script, "POST /drain_listeners?graceful") {
+		t.Errorf("Envoy preStop does not drain through the admin: %q", script)
+	}
+	drain := regexp.MustCompile(`sleep (\d+)$`).FindStringSubmatch(script)
+	if drain == nil {
+		t.Fatalf("Envoy preStop does not wait: %q", script)
+	}
+	drainSecs, _ := strconv.Atoi(drain[1])
+	if s := sidecar.Lifecycle.PreStop.Sleep; s == nil || s.Seconds <= int64(drainSecs) {
+		t.Errorf("sidecar preStop %+v, want a sleep longer than Envoy's %d s", sidecar.Lifecycle.PreStop, drainSecs)
+	}
+	if g := spec.TerminationGracePeriodSeconds; g == nil || *g <= int64(drainSecs)+2 {
+		t.Errorf("terminationGracePeriodSeconds %v, want more than the drain", g)
+	}
+	if ru := r.deployment.Spec.Strategy.RollingUpdate; ru == nil || ru.MaxUnavailable.IntValue() != 0 {
+		t.Errorf("rolling update %+v, want maxUnavailable 0", ru)
+	}
+	if r.pdb == nil {
+		t.Error("no PodDisruptionBudget")
+	}
+	for _, c := range []*corev1.Container{envoy, sidecar} {
+		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Limits.Memory().IsZero() {
+			t.Errorf("%s: resources %+v", c.Name, c.Resources)
+		}
+	}
+
+	// Secrets come from the Secret; the plans from the ConfigMap.
+	for _, name := range []string{"SIDECAR_KEY_SALT", "SIDECAR_REDIS_PASSWORD"} {
+		if e := env(t, sidecar, name); e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+			t.Errorf("%s is not from a Secret: %+v", name, e)
+		}
+	}
+	plansVol := volume(t, spec, "plans")
+	if plansVol.ConfigMap == nil || r.configMaps[plansVol.ConfigMap.Name] == nil {
+		t.Fatalf("plans volume %+v is not a rendered ConfigMap", plansVol)
+	}
+	if p := arg(t, sidecar, "-plans"); p != mountOf(t, sidecar, "plans").MountPath+"/plans.yaml" {
+		t.Errorf("-plans %s not in the plans mount", p)
+	}
+	if _, ok := r.configMaps[plansVol.ConfigMap.Name].Data["plans.yaml"]; !ok {
+		t.Error("plans ConfigMap has no plans.yaml")
+	}
+
+	// No raw API key in any ConfigMap.
+	for name, cm := range r.configMaps {
+		for k, v := range cm.Data {
+			for _, key := range rawKeys {
+				if strings.Contains(v, key) || strings.Contains(k, key) {
+					t.Errorf("ConfigMap %s %s holds the API key %q", name, k, key)
+				}
+			}
+		}
+	}
+}
+
+// bootstrap is Envoy's bootstrap from its ConfigMap, as generic YAML.
+func bootstrap(t *testing.T, r *rendered) map[string]any {
+	t.Helper()
+	vol := volume(t, r.deployment.Spec.Template.Spec, "envoy-config")
+	cm := r.configMaps[vol.ConfigMap.Name]
+	if cm == nil {
+		t.Fatalf("no ConfigMap %s", vol.ConfigMap.Name)
+	}
+	envoy := container(t, r, "envoy")
+	if c := arg(t, envoy, "-c"); c != mountOf(t, envoy, "envoy-config").MountPath+"/envoy.yaml" {
+		t.Fatalf("envoy -c %s is not the mounted bootstrap", c)
+	}
+	// Decoded with Envoy's own API types (unknown fields and @types are
+	// errors) and checked against the field rules of Envoy's protos.
+	js, err := yaml.YAMLToJSON([]byte(cm.Data["envoy.yaml"]))
+	if err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	var pb bootstrapv3.Bootstrap
+	if err := protojson.Unmarshal(js, &pb); err != nil {
+		t.Fatalf("bootstrap rejected by Envoy's API types: %v", err)
+	}
+	if err := pb.ValidateAll(); err != nil {
+		t.Errorf("bootstrap breaks Envoy's field rules: %v", err)
+	}
+	var boot map[string]any
+	if err := yaml.Unmarshal([]byte(cm.Data["envoy.yaml"]), &boot); err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	return boot
+}
+
+// dig follows keys (strings) and indexes (ints) into generic YAML.
+func dig(t *testing.T, v any, path ...any) any {
+	t.Helper()
+	for _, p := range path {
+		switch p := p.(type) {
+		case string:
+			m, ok := v.(map[string]any)
+			if !ok || m[p] == nil {
+				t.Fatalf("bootstrap: no %q in %v", p, v)
+			}
+			v = m[p]
+		case int:
+			l, ok := v.([]any)
+			if !ok || len(l) <= p {
+				t.Fatalf("bootstrap: no item %d in %v", p, v)
+			}
+			v = l[p]
+		}
+	}
+	return v
+}
+
+func clusterAddr(t *testing.T, boot map[string]any, name string) (string, int) {
+	t.Helper()
+	for _, c := range dig(t, boot, "static_resources", "clusters").([]any) {
+		if c.(map[string]any)["name"] == name {
+			sa := dig(t, c, "load_assignment", "endpoints", 0, "lb_endpoints", 0, "endpoint", "address", "socket_address").(map[string]any)
+			return sa["address"].(string), int(sa["port_value"].(float64))
+		}
+	}
+	t.Fatalf("no cluster %s", name)
+	return "", 0
+}
+
+func listenerPort(t *testing.T, boot map[string]any, name string) int {
+	t.Helper()
+	for _, l := range dig(t, boot, "static_resources", "listeners").([]any) {
+		if l.(map[string]any)["name"] == name {
+			return int(dig(t, l, "address", "socket_address", "port_value").(float64))
+		}
+	}
+	t.Fatalf("no listener %s", name)
+	return 0
+}
+
+func container(t *testing.T, r *rendered, name string) *corev1.Container {
+	t.Helper()
+	for i, c := range r.deployment.Spec.Template.Spec.Containers {
+		if c.Name == name {
+			return &r.deployment.Spec.Template.Spec.Containers[i]
+		}
+	}
+	t.Fatalf("no container %s", name)
+	return nil
+}
+
+func volume(t *testing.T, spec corev1.PodSpec, name string) *corev1.Volume {
+	t.Helper()
+	for i, v := range spec.Volumes {
+		if v.Name == name {
+			return &spec.Volumes[i]
+		}
+	}
+	t.Fatalf("no volume %s", name)
+	return nil
+}
+
+func mountOf(t *testing.T, c *corev1.Container, volume string) corev1.VolumeMount {
+	t.Helper()
+	for _, m := range c.VolumeMounts {
+		if m.Name == volume {
+			return m
+		}
+	}
+	t.Fatalf("%s does not mount %s", c.Name, volume)
+	return corev1.VolumeMount{}
+}
+
+func arg(t *testing.T, c *corev1.Container, flag string) string {
+	t.Helper()
+	for i, a := range c.Args {
+		if a == flag && i+1 < len(c.Args) {
+			return c.Args[i+1]
+		}
+	}
+	t.Fatalf("%s has no %s argument: %q", c.Name, flag, c.Args)
+	return ""
+}
+
+func env(t *testing.T, c *corev1.Container, name string) corev1.EnvVar {
+	t.Helper()
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e
+		}
+	}
+	t.Fatalf("%s has no %s", c.Name, name)
+	return corev1.EnvVar{}
+}
+
+func resolvePort(t *testing.T, c *corev1.Container, p intstr.IntOrString) int {
+	t.Helper()
+	if p.Type == intstr.Int {
+		return p.IntValue()
+	}
+	for _, cp := range c.Ports {
+		if cp.Name == p.StrVal {
+			return int(cp.ContainerPort)
+		}
+	}
+	t.Fatalf("%s has no port named %s", c.Name, p.StrVal)
+	return 0
+}
+
+func hasPort(s *corev1.Service, name string) bool {
+	for _, p := range s.Spec.Ports {
+		if p.Name == name {
+			return true
+		}
+	}
+	return false
+}
