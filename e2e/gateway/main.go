@@ -35,6 +35,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 )
@@ -85,6 +86,7 @@ type options struct {
 	poll        string
 	check       bool
 	accessLog   bool
+	cpuProfile  string
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -103,6 +105,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.poll, "poll-oneoff", "enosys", "WASI poll_oneoff answer: enosys (Envoy 1.33, the minimum supported, until the 2026 WASI update), noevents (Envoy with that update), sleep (a real implementation, no Envoy)")
 	fs.BoolVar(&o.check, "check", false, "load the configuration and the module, configure the plugin once, and exit")
 	fs.BoolVar(&o.accessLog, "access-log", false, "write one line per request to stdout")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (for measuring the host's cost per request)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -132,6 +135,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 		cfg := g.current().cfg
 		fmt.Fprintf(stdout, "configuration OK: %s (module %s, %d routes, %d clusters)\n", o.config, cfg.Wasm.Filename, len(cfg.Routes), len(cfg.Clusters))
 		return nil
+	}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if o.accessLog {
 		g.accessLog = stdout
