@@ -231,20 +231,32 @@ func TestHTTPCallResponses(t *testing.T) {
 	callback := "buf 4 0 100;get 6 :status;pairs 6;status;get 0 :path"
 	cases := []struct {
 		name    string
-		respond func(c *fakeCall, clock *ManualClock)
+		respond func(c *fakeCall, vm *probeVM)
 		want    []string
 	}{
-		{"answered", func(c *fakeCall, _ *ManualClock) {
+		{"answered", func(c *fakeCall, _ *probeVM) {
 			c.respond(CalloutResponse{Headers: []Header{{":status", "200"}, {"x-a", "1"}}, Body: []byte("ok")})
 		}, []string{"http_call_response token=4 headers=2 body=2 trailers=0", "buf=0 ptr0=false len=2 data=ok",
 			"get=0 value=200", "pairs=0 ptr0=false pairs=:status=200,x-a=1", "status=0 code=0 msg=", "get=2 value="}},
-		{"timeout is a 504 local reply", func(c *fakeCall, clock *ManualClock) {
-			clock.Advance(50 * time.Millisecond)
-			// A response after the timeout is dropped.
+		{"timeout is a 504 local reply", func(c *fakeCall, vm *probeVM) {
+			vm.clock.Advance(50 * time.Millisecond)
+			vm.Sync()
+			// A response after the VM handled the timeout is dropped.
 			c.respond(CalloutResponse{Headers: []Header{{":status", "200"}}})
 		}, []string{"http_call_response token=4 headers=3 body=24 trailers=0", "buf=0 ptr0=false len=24 data=upstream%20request%20timeout",
 			"get=0 value=504", "pairs=0 ptr0=false pairs=:status=504,content-length=24,content-type=text%2Fplain"}},
-		{"reset is a callback with nothing", func(c *fakeCall, _ *ManualClock) {
+		{"a response received before the VM handles the timeout wins", func(c *fakeCall, vm *probeVM) {
+			// The VM is busy while the timer fires and the response
+			// arrives, as an Envoy worker whose loop iteration finds
+			// both the read event and the expired timer.
+			hold := make(chan struct{})
+			vm.post(func() { <-hold })
+			vm.clock.Advance(50 * time.Millisecond)
+			c.respond(CalloutResponse{Headers: []Header{{":status", "200"}}, Body: []byte("ok")})
+			close(hold)
+		}, []string{"http_call_response token=4 headers=1 body=2 trailers=0", "buf=0 ptr0=false len=2 data=ok",
+			"get=0 value=200", "pairs=0 ptr0=false pairs=:status=200"}},
+		{"reset is a callback with nothing", func(c *fakeCall, _ *probeVM) {
 			c.respond(CalloutResponse{Reset: true})
 		}, []string{"http_call_response token=4 headers=0 body=0 trailers=0", "buf=1 ptr0=true len=0 data=",
 			"get=2 value=", "pairs=0 ptr0=true pairs=", "status=0 code=11 msg=reset"}},
@@ -261,7 +273,7 @@ func TestHTTPCallResponses(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c.respond(d.last(t), vm.clock)
+			c.respond(d.last(t), vm)
 			vm.Sync()
 			vm.Tick()
 			checkLines(t, vm.logs, c.want)

@@ -87,6 +87,14 @@ type pendingCall struct {
 	cancel    context.CancelFunc
 	stopTimer func() bool
 	once      sync.Once
+
+	// received is the response once the dispatcher has it, set from the
+	// dispatcher's goroutine before the delivery is queued: the timeout
+	// task reads it to let a response that already arrived win, as
+	// Envoy's event loop runs the socket's read event before the expired
+	// timer of the same iteration (RATIONALE.md: the callout timeout).
+	mu       sync.Mutex
+	received *CalloutResponse
 }
 
 func (p *pendingCall) finish() {
@@ -96,6 +104,24 @@ func (p *pendingCall) finish() {
 			p.stopTimer()
 		}
 	})
+}
+
+// receive records the response; only the first counts.
+func (p *pendingCall) receive(r CalloutResponse) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.received != nil {
+		return false
+	}
+	p.received = &r
+	return true
+}
+
+// response returns the received response, or nil.
+func (p *pendingCall) response() *CalloutResponse {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.received
 }
 
 // httpCall is proxy_http_call(cluster ptr/len, headers ptr/len, body
@@ -156,7 +182,9 @@ func (vm *VM) httpCall(s []uint64) Status {
 	p := &pendingCall{cancel: cancel}
 	vm.calls[token] = p
 	respond := func(r CalloutResponse) {
-		vm.post(func() { vm.deliver(token, r) })
+		if p.receive(r) {
+			vm.post(func() { vm.deliverReceived(token) })
+		}
 	}
 	if err := vm.o.Dispatcher.Dispatch(ctx, call, respond); err != nil {
 		delete(vm.calls, token)
@@ -167,7 +195,7 @@ func (vm *VM) httpCall(s []uint64) Status {
 		return StatusInternalFailure
 	}
 	if call.Timeout > 0 {
-		p.stopTimer = vm.o.Clock.AfterFunc(call.Timeout, func() { respond(TimeoutResponse()) })
+		p.stopTimer = vm.o.Clock.AfterFunc(call.Timeout, func() { vm.post(func() { vm.timeout(token) }) })
 	}
 	vm.writeU32(tokenPtr, token)
 	return StatusOK
@@ -184,14 +212,37 @@ func setHeader(h []Header, name, value string) []Header {
 	return append(h, Header{name, value})
 }
 
-// deliver runs proxy_on_http_call_response for the first response to a
-// call; later ones (a response after the timeout fired) are dropped. The
-// response is readable only during the callback.
-func (vm *VM) deliver(token uint32, r CalloutResponse) {
+// deliverReceived delivers the response the dispatcher received for the
+// call, unless the call already ended (its timeout was delivered, or the
+// VM failed or closed).
+func (vm *VM) deliverReceived(token uint32) {
 	p := vm.calls[token]
 	if p == nil {
 		return
 	}
+	vm.deliver(token, p, *p.response())
+}
+
+// timeout is the call's timer event on the VM's goroutine. A response the
+// dispatcher received before this task ran wins over the timeout, as in
+// Envoy, where the read event that epoll reported is processed before the
+// timer that expired in the same loop iteration; otherwise the call gets
+// Envoy's 504 and a later response is dropped.
+func (vm *VM) timeout(token uint32) {
+	p := vm.calls[token]
+	if p == nil {
+		return
+	}
+	if r := p.response(); r != nil {
+		vm.deliver(token, p, *r)
+		return
+	}
+	vm.deliver(token, p, TimeoutResponse())
+}
+
+// deliver runs proxy_on_http_call_response for the call's one answer and
+// ends the call. The response is readable only during the callback.
+func (vm *VM) deliver(token uint32, p *pendingCall, r CalloutResponse) {
 	delete(vm.calls, token)
 	p.finish()
 	if vm.failed.Load() || vm.root == nil {

@@ -1,15 +1,17 @@
 package wasmhost
 
 import (
-	"bytes"
+	"bufio"
 	"context"
 	"errors"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -23,18 +25,61 @@ type HTTPCluster struct {
 }
 
 // HTTPDispatcher sends calls over HTTP/1.1 to clusters of real endpoints,
-// with pooled connections, and answers failures as an Envoy cluster does:
-// a connection that cannot be made, or that ends before a response, is a
-// 503 local reply; a response cut short is a reset. The call's timeout is
-// the host's (a 504). It is safe for concurrent use by many VMs.
+// with pooled keep-alive connections, and answers failures as an Envoy
+// cluster does: a connection that cannot be made, or that ends before a
+// response, is a 503 local reply; a response cut short is a reset. The
+// call's timeout is the host's (a 504). It is safe for concurrent use by
+// many VMs.
+//
+// It is a small client of its own rather than net/http's, for what a call
+// costs (RATIONALE.md: callout client): the request is written on the
+// caller's goroutine to an idle connection, and each connection has one
+// goroutine, parked in the network poller, that reads its responses, as
+// Envoy's worker reads an upstream connection when epoll reports it.
 type HTTPDispatcher struct {
 	clusters map[string]*httpCluster
 }
 
 type httpCluster struct {
-	endpoints []string
+	endpoints []*endpointPool
 	next      atomic.Uint64
-	client    *http.Client
+}
+
+// endpointPool is the connections to one endpoint: the idle ones, ready for
+// a request.
+type endpointPool struct {
+	addr   string
+	dialer *net.Dialer
+
+	mu     sync.Mutex
+	idle   []*calloutConn
+	closed bool
+}
+
+// calloutConn is one HTTP/1.1 connection, carrying one call at a time.
+type calloutConn struct {
+	pool *endpointPool
+	nc   net.Conn
+	br   *bufio.Reader
+	bw   *bufio.Writer
+	// req is reused by every response read, for its method (HEAD has no
+	// body).
+	req http.Request
+
+	mu      sync.Mutex
+	current *activeCall // the call in flight, nil when idle
+	dead    bool
+	// wmu is held while a request is written: the response may be read,
+	// and the connection handed to the next call, before the writer's
+	// Flush has returned.
+	wmu sync.Mutex
+}
+
+// activeCall is a call written to a connection, waiting for its response.
+type activeCall struct {
+	respond func(CalloutResponse)
+	stop    func() bool // stops watching the call's context
+	method  string
 }
 
 // NewHTTPDispatcher returns a dispatcher for the given clusters, by name.
@@ -46,20 +91,11 @@ func NewHTTPDispatcher(clusters map[string]HTTPCluster) *HTTPDispatcher {
 			timeout = 5 * time.Second
 		}
 		dialer := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
-		d.clusters[name] = &httpCluster{
-			endpoints: append([]string(nil), c.Endpoints...),
-			client: &http.Client{
-				Transport: &http.Transport{
-					DialContext:         dialer.DialContext,
-					MaxIdleConns:        1024,
-					MaxIdleConnsPerHost: 256,
-					IdleConnTimeout:     60 * time.Second,
-					DisableCompression:  true,
-				},
-				// Envoy's async client does not follow redirects.
-				CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-			},
+		hc := &httpCluster{}
+		for _, e := range c.Endpoints {
+			hc.endpoints = append(hc.endpoints, &endpointPool{addr: e, dialer: dialer})
 		}
+		d.clusters[name] = hc
 	}
 	return d
 }
@@ -70,34 +106,35 @@ func (d *HTTPDispatcher) Cluster(name string) bool {
 	return c != nil && len(c.endpoints) > 0
 }
 
-// Close drops the idle pooled connections.
+// Close closes the idle pooled connections; a connection still carrying a
+// call is closed when the call ends.
 func (d *HTTPDispatcher) Close() {
 	for _, c := range d.clusters {
-		c.client.CloseIdleConnections()
+		for _, p := range c.endpoints {
+			p.mu.Lock()
+			p.closed = true
+			idle := p.idle
+			p.idle = nil
+			p.mu.Unlock()
+			for _, cc := range idle {
+				cc.nc.Close()
+			}
+		}
 	}
 }
 
-// Dispatch sends the call on its own goroutine.
+// errBadRequest is a call whose method or path cannot be sent; net/http
+// refuses the same ones.
+var errBadRequest = errors.New("callout: invalid method or path")
+
+// Dispatch writes the call to an idle connection of the next endpoint, or
+// dials a new one on its own goroutine.
 func (d *HTTPDispatcher) Dispatch(ctx context.Context, call Callout, respond func(CalloutResponse)) error {
 	c := d.clusters[call.Cluster]
 	if c == nil || len(c.endpoints) == 0 {
 		return ErrNoSuchCluster
 	}
-	endpoint := c.endpoints[c.next.Add(1)%uint64(len(c.endpoints))]
-	req, err := buildRequest(ctx, endpoint, call)
-	if err != nil {
-		return err
-	}
-	go func() {
-		r, ok := c.do(ctx, req)
-		if ok {
-			respond(r)
-		}
-	}()
-	return nil
-}
-
-func buildRequest(ctx context.Context, endpoint string, call Callout) (*http.Request, error) {
+	pool := c.endpoints[c.next.Add(1)%uint64(len(c.endpoints))]
 	var method, path, authority string
 	for _, h := range call.Headers {
 		switch h[0] {
@@ -109,47 +146,313 @@ func buildRequest(ctx context.Context, endpoint string, call Callout) (*http.Req
 			authority = h[1]
 		}
 	}
+	if !validMethod(method) {
+		return errBadRequest
+	}
 	if !strings.HasPrefix(path, "/") {
 		path = "/" + path
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+endpoint+path, bytes.NewReader(call.Body))
+	if !plainPath(path) {
+		// What net/http would send for it, or its refusal.
+		u, err := url.Parse("http://" + pool.addr + path)
+		if err != nil {
+			return errBadRequest
+		}
+		path = u.RequestURI()
+	}
+	for _, h := range call.Headers {
+		if !validHeader(h[0], h[1]) {
+			// net/http's transport refuses such a header before sending;
+			// the call ends as a request that got no response.
+			respond(failureResponse(errors.New("invalid header")))
+			return nil
+		}
+	}
+	a := &activeCall{respond: respond, method: method}
+	for cc := pool.take(); cc != nil; cc = pool.take() {
+		if cc.send(ctx, a, call, path, authority) {
+			return nil
+		}
+		// It died while idle, just now; another one may not have.
+	}
+	go func() {
+		cc, err := pool.dial(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				respond(failureResponse(err))
+			}
+			return
+		}
+		if !cc.send(ctx, a, call, path, authority) {
+			respond(failureResponse(io.ErrUnexpectedEOF))
+		}
+	}()
+	return nil
+}
+
+// take returns an idle connection, or nil.
+func (p *endpointPool) take() *calloutConn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := len(p.idle); n > 0 {
+		cc := p.idle[n-1]
+		p.idle = p.idle[:n-1]
+		return cc
+	}
+	return nil
+}
+
+// put makes a connection idle again, or closes it if the pool is closed.
+func (p *endpointPool) put(cc *calloutConn) {
+	p.mu.Lock()
+	if !p.closed {
+		p.idle = append(p.idle, cc)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	cc.nc.Close()
+}
+
+// drop forgets a connection that died while idle.
+func (p *endpointPool) drop(cc *calloutConn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, x := range p.idle {
+		if x == cc {
+			p.idle = append(p.idle[:i], p.idle[i+1:]...)
+			return
+		}
+	}
+}
+
+func (p *endpointPool) dial(ctx context.Context) (*calloutConn, error) {
+	nc, err := p.dialer.DialContext(ctx, "tcp", p.addr)
 	if err != nil {
 		return nil, err
 	}
-	req.Host = authority
+	cc := &calloutConn{pool: p, nc: nc, br: bufio.NewReaderSize(nc, 4096), bw: bufio.NewWriterSize(nc, 4096)}
+	go cc.readLoop()
+	return cc, nil
+}
+
+// send writes the call and leaves its response to the read loop; it
+// reports false, having sent nothing, if the connection is dead. A
+// connection that cannot be written is a call that got no response.
+func (cc *calloutConn) send(ctx context.Context, a *activeCall, call Callout, path, authority string) bool {
+	cc.mu.Lock()
+	if cc.dead {
+		cc.mu.Unlock()
+		return false
+	}
+	cc.current = a
+	// The host stops waiting (timeout, closed VM): Envoy resets the
+	// stream, which on HTTP/1.1 closes the connection. AfterFunc watches
+	// the context without a goroutine until it ends; set under the lock,
+	// so the read loop sees it with the call.
+	a.stop = context.AfterFunc(ctx, func() { cc.abandon(a) })
+	cc.mu.Unlock()
+	cc.wmu.Lock()
+	defer cc.wmu.Unlock()
+	w := cc.bw
+	w.WriteString(a.method)
+	w.WriteByte(' ')
+	w.WriteString(path)
+	w.WriteString(" HTTP/1.1\r\nHost: ")
+	w.WriteString(authority)
+	w.WriteString("\r\n")
 	for _, h := range call.Headers {
 		if strings.HasPrefix(h[0], ":") || h[0] == "content-length" || h[0] == "host" {
 			continue
 		}
-		req.Header.Add(h[0], h[1])
+		w.WriteString(h[0])
+		w.WriteString(": ")
+		w.WriteString(h[1])
+		w.WriteString("\r\n")
 	}
-	req.ContentLength = int64(len(call.Body))
-	return req, nil
+	// As net/http sends it: a length for a body, and 0 for a method that
+	// expects one.
+	if len(call.Body) > 0 || a.method == "POST" || a.method == "PUT" || a.method == "PATCH" {
+		w.WriteString("Content-Length: ")
+		w.WriteString(strconv.Itoa(len(call.Body)))
+		w.WriteString("\r\n")
+	}
+	w.WriteString("\r\n")
+	w.Write(call.Body)
+	if err := w.Flush(); err != nil {
+		cc.fail(a)
+	}
+	return true
 }
 
-// do performs the request; ok is false when the host stopped waiting.
-func (c *httpCluster) do(ctx context.Context, req *http.Request) (CalloutResponse, bool) {
-	resp, err := c.client.Do(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return CalloutResponse{}, false
-		}
-		return failureResponse(err), true
+// abandon ends the call the host stopped waiting for, and its connection.
+func (cc *calloutConn) abandon(a *activeCall) {
+	cc.mu.Lock()
+	mine := cc.current == a
+	if mine {
+		cc.current = nil
+		cc.dead = true
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		if ctx.Err() != nil {
-			return CalloutResponse{}, false
+	cc.mu.Unlock()
+	if mine {
+		cc.nc.Close()
+	}
+}
+
+// fail ends the connection and answers its call, if still in flight, as a
+// request that got no response.
+func (cc *calloutConn) fail(a *activeCall) {
+	cc.mu.Lock()
+	mine := cc.current == a
+	if mine {
+		cc.current = nil
+	}
+	cc.dead = true
+	cc.mu.Unlock()
+	cc.nc.Close()
+	if mine {
+		a.stop()
+		a.respond(failureResponse(io.ErrUnexpectedEOF))
+	}
+}
+
+// readLoop reads one response per call written, until the connection
+// ends. Bytes or an end of the connection while it is idle retire it.
+func (cc *calloutConn) readLoop() {
+	for {
+		_, err := cc.br.Peek(1)
+		cc.mu.Lock()
+		a := cc.current
+		if a == nil {
+			// Idle (or abandoned): the server closed it or sent what
+			// nobody asked for; either way it is no use any more. Dead
+			// before the lock is released, so no call is sent on it.
+			cc.dead = true
 		}
+		cc.mu.Unlock()
+		if a == nil {
+			cc.retire()
+			return
+		}
+		if err != nil {
+			cc.fail(a)
+			return
+		}
+		r, keep, ok := cc.readResponse(a)
+		cc.mu.Lock()
+		mine := cc.current == a
+		if mine {
+			cc.current = nil
+		}
+		cc.mu.Unlock()
+		if !mine {
+			// Abandoned while it was read: the connection is closed.
+			cc.retire()
+			return
+		}
+		a.stop()
+		if !ok {
+			cc.retire()
+			a.respond(r)
+			return
+		}
+		if keep {
+			cc.pool.put(cc)
+		} else {
+			cc.retire()
+		}
+		a.respond(r)
+		if !keep {
+			return
+		}
+	}
+}
+
+// retire closes a connection that will carry no more calls.
+func (cc *calloutConn) retire() {
+	cc.mu.Lock()
+	cc.dead = true
+	cc.mu.Unlock()
+	cc.pool.drop(cc)
+	cc.nc.Close()
+}
+
+// readResponse parses one response; ok is false when the connection broke,
+// r then being Envoy's answer for that (503 before headers, a reset after).
+func (cc *calloutConn) readResponse(a *activeCall) (r CalloutResponse, keep, ok bool) {
+	cc.req.Method = a.method
+	resp, err := http.ReadResponse(cc.br, &cc.req)
+	if err != nil {
+		return failureResponse(err), false, false
+	}
+	var body []byte
+	switch {
+	case resp.ContentLength == 0:
+	case resp.ContentLength > 0 && resp.ContentLength <= 1<<20:
+		// One allocation of the announced size.
+		body = make([]byte, resp.ContentLength)
+		_, err = io.ReadFull(resp.Body, body)
+	default:
+		body, err = io.ReadAll(resp.Body)
+	}
+	if err != nil {
 		// The response had begun: Envoy can only reset.
-		return CalloutResponse{Reset: true}, true
+		return CalloutResponse{Reset: true}, false, false
+	}
+	if len(body) == 0 {
+		body = nil
 	}
 	return CalloutResponse{
 		Headers:  responseHeaders(resp.StatusCode, resp.Header),
 		Body:     body,
 		Trailers: flatten(resp.Trailer),
-	}, true
+	}, !resp.Close, true
+}
+
+// validMethod reports whether m is an HTTP token, as net/http requires.
+func validMethod(m string) bool {
+	if m == "" {
+		return false
+	}
+	for i := 0; i < len(m); i++ {
+		if !isTokenByte(m[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func isTokenByte(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+// plainPath reports whether p can go on the request line as it is.
+func plainPath(p string) bool {
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; c <= ' ' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// validHeader reports whether a header can be written as it is: a token
+// name (pseudo-headers are not written) and a value without line breaks or
+// NULs, the rules net/http's transport enforces.
+func validHeader(name, value string) bool {
+	if !strings.HasPrefix(name, ":") && !validMethod(name) {
+		return false
+	}
+	for i := 0; i < len(value); i++ {
+		if c := value[i]; c == '\r' || c == '\n' || c == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // failureResponse is Envoy's local reply for a request that got no
@@ -174,19 +477,28 @@ func failureResponse(err error) CalloutResponse {
 // plugin: ":status" first, lower-case names (sorted, since Go keeps no
 // wire order), one entry per value.
 func responseHeaders(status int, h http.Header) []Header {
-	return append([]Header{{":status", strconv.Itoa(status)}}, flatten(h)...)
+	out := make([]Header, 1, 1+len(h))
+	out[0] = Header{":status", strconv.Itoa(status)}
+	return appendFlat(out, h)
 }
 
 func flatten(h http.Header) []Header {
+	if len(h) == 0 {
+		return nil
+	}
+	return appendFlat(nil, h)
+}
+
+func appendFlat(out []Header, h http.Header) []Header {
 	names := make([]string, 0, len(h))
 	for name := range h {
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	var out []Header
 	for _, name := range names {
+		lname := strings.ToLower(name)
 		for _, v := range h[name] {
-			out = append(out, Header{strings.ToLower(name), v})
+			out = append(out, Header{lname, v})
 		}
 	}
 	return out

@@ -42,12 +42,12 @@ func (vm *VM) alloc(n uint32) uint32 {
 	f := vm.fns[vm.mod.alloc]
 	prev := vm.allowed
 	vm.allowed = mallocAllowed(vm.mod.poll)
-	res, err := f.Call(vm.ctx, uint64(n))
+	res, err := vm.callWithStack(f, uint64(n))
 	vm.allowed = prev
 	if err != nil {
 		panic(trap{fmt.Sprintf("%s(%d): %v", vm.mod.alloc, n, err)})
 	}
-	ptr := uint32(res[0])
+	ptr := uint32(res)
 	if ptr == 0 {
 		return 0
 	}

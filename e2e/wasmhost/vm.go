@@ -96,6 +96,8 @@ type VM struct {
 	callResp    *CalloutResponse
 	nextCallID  uint32
 	calls       map[uint32]*pendingCall
+	stacks      [4][8]uint64 // callWithStack's, by call depth
+	callDepth   int
 	metricIDs   map[uint32]*metric
 	nextMetric  [3]uint32
 	tickPeriod  time.Duration
@@ -198,7 +200,7 @@ func (vm *VM) initialize() error {
 	vm.allowed = initAllowed(vm.mod.poll)
 	defer func() { vm.allowed = nil }()
 	run := func(name string, args ...uint64) error {
-		if _, err := vm.fns[name].Call(vm.ctx, args...); err != nil {
+		if _, err := vm.callWithStack(vm.fns[name], args...); err != nil {
 			vm.fail(fmt.Errorf("%s: %w", name, err))
 			return vm.Err()
 		}
@@ -345,16 +347,39 @@ func (vm *VM) call(c *vmContext, name string, args ...uint64) (uint64, bool) {
 	}
 	prevCur, prevEff := vm.current, vm.effective
 	vm.current, vm.effective = c, 0
-	res, err := f.Call(vm.ctx, args...)
+	res, err := vm.callWithStack(f, args...)
 	vm.current, vm.effective = prevCur, prevEff
 	if err != nil {
 		vm.fail(fmt.Errorf("%s: %w", name, err))
 		return 0, false
 	}
-	if len(res) == 0 {
-		return 0, true
+	return res, true
+}
+
+// callWithStack calls f with args and returns its first result (0 if it
+// has none). It passes them on one of the VM's reused stacks rather than
+// through api.Function.Call, which allocates the stack and the result
+// slice on every call. A call from a host function (the allocator) nests
+// inside another: each depth has its own stack.
+func (vm *VM) callWithStack(f api.Function, args ...uint64) (uint64, error) {
+	var stack []uint64
+	if vm.callDepth < len(vm.stacks) {
+		stack = vm.stacks[vm.callDepth][:]
+	} else {
+		stack = make([]uint64, len(vm.stacks[0]))
 	}
-	return res[0], true
+	def := f.Definition()
+	if n := max(len(def.ParamTypes()), len(def.ResultTypes())); n > len(stack) {
+		stack = make([]uint64, n)
+	}
+	copy(stack, args)
+	vm.callDepth++
+	err := f.CallWithStack(vm.ctx, stack)
+	vm.callDepth--
+	if err != nil || len(def.ResultTypes()) == 0 {
+		return 0, err
+	}
+	return stack[0], nil
 }
 
 // callDrain is call followed by the deferred actions, as every callback in
@@ -518,7 +543,7 @@ func (vm *VM) run(f func()) {
 		if r := recover(); r != nil {
 			// Whatever was deferred belonged to the broken call; what
 			// fail queues (answers to waiting streams) must still run.
-			vm.after, vm.draining = nil, false
+			vm.after, vm.draining, vm.callDepth = nil, false, 0
 			vm.fail(fmt.Errorf("host panic: %v\n%s", r, debug.Stack()))
 			vm.drainQuietly()
 		}
