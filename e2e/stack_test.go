@@ -61,6 +61,7 @@ type filterConfig struct {
 	OnMissingKey     string   `json:"on_missing_key,omitempty"`
 	Region           string   `json:"region,omitempty"`
 	Costs            []cost   `json:"costs,omitempty"`
+	OnFailure        string   `json:"on_failure,omitempty"`
 }
 
 type cost struct {

@@ -79,13 +79,18 @@ var InvalidConfigs = []ConfigCase{
 	{"breaker-max-open-too-long.json", "breaker.max_open_ms: must be <= 60000, got 60001"},
 	{"breaker-max-below-min.json", "breaker.max_open_ms: must be >= min_open_ms (500), got 200"},
 	{"breaker-max-below-default-min.json", "breaker.max_open_ms: must be >= min_open_ms (100), got 50"},
+	{"on-failure-unknown.json", `on_failure: must be "open" or "local", got "closed"`},
+	{"on-failure-case.json", `on_failure: must be "open" or "local", got "Local"`},
+	{"on-failure-bool.json", `on_failure: must be "open" or "local", got true`},
+	{"on-failure-null.json", `on_failure: must be "open" or "local", got null`},
+	{"on-failure-duplicate.json", `configuration: duplicate field "on_failure"`},
 }
 
 // ValidConfigs lists the valid configuration fixtures under
 // testdata/config/valid/.
 var ValidConfigs = []string{
 	"empty.json", "whitespace.json", "empty-object.json", "full.json", "shadow.json", "off.json", "escapes.json",
-	"breaker-off.json", "breaker-min-only.json",
+	"breaker-off.json", "breaker-min-only.json", "on-failure-open.json", "on-failure-local.json",
 }
 
 // InvalidConfig returns the content of an invalid configuration fixture.

@@ -63,6 +63,11 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"breaker/lost-probe", r.breakerLostProbe},
 		{"breaker/disabled", r.breakerDisabled},
 		{"breaker/default", r.breakerDefault},
+		{"local/limits", r.localLimits},
+		{"local/workers", r.localWorkers},
+		{"local/learns-only-the-plan", r.localLearnsOnlyThePlan},
+		{"local/not-for-shadow", r.localNotForShadow},
+		{"local/off-by-default", r.localOffByDefault},
 	} {
 		t.Run(c.name, c.fn)
 	}
@@ -328,7 +333,7 @@ func (r runner) configValid(t *testing.T) {
 	}
 	want := "edgelimit: configured: mode=enforce sidecar_cluster=edge_ratelimit sidecar_authority=ratelimit.internal:8080 " +
 		"timeout_ms=20 api_key_header=x-client-key on_missing_key=allow canary_clients=2 costs=3 region=eu-west-1 " +
-		"breaker_failures=3 breaker_open_ms=50-2000"
+		"breaker_failures=3 breaker_open_ms=50-2000 on_failure=local"
 	if !slices.Contains(h.Logs(), want) {
 		t.Errorf("logs %q\nwant the line %q", h.Logs(), want)
 	}
@@ -756,11 +761,11 @@ func (b *bucket) answer(now time.Duration, cost int64) []Header {
 		b.tokens -= float64(cost)
 		reset = int64(math.Ceil((b.capacity - b.tokens) / b.rate))
 		h := allowAnswer(int64(b.capacity), int64(math.Floor(b.tokens)), reset, "model")
-		return append(h[:len(h)-2], Header{"x-ratelimit-tokens", strconv.FormatFloat(b.tokens, 'g', 14, 64)}, Header{"x-ratelimit-plan", "model"})
+		return withRate(append(h[:len(h)-2], Header{"x-ratelimit-tokens", strconv.FormatFloat(b.tokens, 'g', 14, 64)}, Header{"x-ratelimit-plan", "model"}), b.rate)
 	}
 	waitMs := (float64(cost) - b.tokens) / b.rate * 1000
-	return denyAnswer(int64(b.capacity), int64(math.Floor(b.tokens)), reset, max(int64(math.Ceil(waitMs/1000)), 1),
-		strconv.FormatFloat(b.tokens, 'g', 14, 64), strconv.FormatFloat(waitMs, 'f', 3, 64), "model")
+	return withRate(denyAnswer(int64(b.capacity), int64(math.Floor(b.tokens)), reset, max(int64(math.Ceil(waitMs/1000)), 1),
+		strconv.FormatFloat(b.tokens, 'g', 14, 64), strconv.FormatFloat(waitMs, 'f', 3, 64), "model"), b.rate)
 }
 
 // denyCacheBucketModel drives the filter with a random mix of clients,

@@ -80,6 +80,10 @@ type Answer struct {
 	HasTokens    bool
 	RetryAfterMs float64
 	HasRetryMs   bool
+	// Rate is x-ratelimit-rate, the plan's refill in tokens per second
+	// (finite, > 0); on_failure "local" learns the plan from it.
+	Rate    float64
+	HasRate bool
 }
 
 // ParseAnswer reads the headers of a callout response that arrived (a reset,
@@ -112,6 +116,8 @@ func ParseAnswer(headers [][2]string) Answer {
 	}
 	a.Plan = header(headers, "x-ratelimit-plan")
 	a.Tokens, a.HasTokens = decimal(header(headers, "x-ratelimit-tokens"))
+	a.Rate, a.HasRate = decimal(header(headers, "x-ratelimit-rate"))
+	a.HasRate = a.HasRate && a.Rate > 0
 	if status == 200 {
 		a.Outcome = Allowed
 		return a

@@ -72,6 +72,9 @@ type Config struct {
 	// Breaker is the circuit breaker on the callout. Defaults to 5 failures,
 	// 100 ms to 5000 ms open.
 	Breaker BreakerConfig
+	// OnFailure is what happens to an enforced request the sidecar cannot
+	// decide (local.go). Defaults to FailOpen.
+	OnFailure FailureMode
 }
 
 // Limits on configuration values.
@@ -137,7 +140,7 @@ func Parse(data []byte) (*Config, error) {
 }
 
 var topFields = []string{"sidecar_cluster", "sidecar_authority", "timeout_ms", "api_key_header",
-	"mode", "canary_clients", "on_missing_key", "costs", "region", "breaker"}
+	"mode", "canary_clients", "on_missing_key", "costs", "region", "breaker", "on_failure"}
 
 var ruleFields = []string{"method", "path_prefix", "cost"}
 
@@ -213,6 +216,15 @@ func (c *Config) set(name string, v jsonValue) error {
 			c.RejectMissingKey = false
 		default:
 			return mustBe(name, `"reject" or "allow"`, v)
+		}
+	case "on_failure":
+		switch {
+		case v.kind == jsonString && v.text == "open":
+			c.OnFailure = FailOpen
+		case v.kind == jsonString && v.text == "local":
+			c.OnFailure = FailLocal
+		default:
+			return mustBe(name, `"open" or "local"`, v)
 		}
 	case "canary_clients":
 		return c.setCanary(v)

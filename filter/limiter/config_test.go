@@ -59,7 +59,7 @@ func TestParseDefaults(t *testing.T) {
 	if d.SidecarCluster != "ratelimit_sidecar" || d.SidecarAuthority != "ratelimit-sidecar" || d.TimeoutMs != 5 ||
 		d.APIKeyHeader != "x-api-key" || d.Mode != limiter.ModeEnforce || !d.RejectMissingKey ||
 		len(d.Costs) != 0 || len(d.CanaryClients) != 0 || d.Region != "" ||
-		d.Breaker != (limiter.BreakerConfig{Failures: 5, MinOpenMs: 100, MaxOpenMs: 5000}) {
+		d.Breaker != (limiter.BreakerConfig{Failures: 5, MinOpenMs: 100, MaxOpenMs: 5000}) || d.OnFailure != limiter.FailOpen {
 		t.Errorf("defaults differ from the documented ones: %+v", d)
 	}
 }
@@ -82,15 +82,16 @@ func TestParseFull(t *testing.T) {
 			{PathPrefix: "/v1/search", Cost: 2},
 			{Method: "DELETE", Cost: 3},
 		},
-		Region:  "eu-west-1",
-		Breaker: limiter.BreakerConfig{Failures: 3, MinOpenMs: 50, MaxOpenMs: 2000},
+		Region:    "eu-west-1",
+		Breaker:   limiter.BreakerConfig{Failures: 3, MinOpenMs: 50, MaxOpenMs: 2000},
+		OnFailure: limiter.FailLocal,
 	}
 	if !equalConfig(cfg, want) {
 		t.Errorf("got %+v\nwant %+v", cfg, want)
 	}
 	if got := cfg.Summary(); got != "mode=enforce sidecar_cluster=edge_ratelimit sidecar_authority=ratelimit.internal:8080 "+
 		"timeout_ms=20 api_key_header=x-client-key on_missing_key=allow canary_clients=2 costs=3 region=eu-west-1 "+
-		"breaker_failures=3 breaker_open_ms=50-2000" {
+		"breaker_failures=3 breaker_open_ms=50-2000 on_failure=local" {
 		t.Errorf("summary %q", got)
 	}
 	esc, err := limiter.Parse([]byte(filtertest.ValidConfig("escapes.json")))
@@ -215,5 +216,27 @@ func equalConfig(a, b *limiter.Config) bool {
 	return a.SidecarCluster == b.SidecarCluster && a.SidecarAuthority == b.SidecarAuthority &&
 		a.TimeoutMs == b.TimeoutMs && a.APIKeyHeader == b.APIKeyHeader && a.Mode == b.Mode &&
 		maps.Equal(a.CanaryClients, b.CanaryClients) && a.RejectMissingKey == b.RejectMissingKey &&
-		slices.Equal(a.Costs, b.Costs) && a.Region == b.Region && a.Breaker == b.Breaker
+		slices.Equal(a.Costs, b.Costs) && a.Region == b.Region && a.Breaker == b.Breaker && a.OnFailure == b.OnFailure
+}
+
+func TestParseOnFailure(t *testing.T) {
+	for _, c := range []struct {
+		config  string
+		want    limiter.FailureMode
+		summary string
+	}{
+		{"", limiter.FailOpen, "on_failure=open"},
+		{filtertest.ValidConfig("on-failure-open.json"), limiter.FailOpen, "on_failure=open"},
+		{filtertest.ValidConfig("on-failure-local.json"), limiter.FailLocal, "on_failure=local"},
+		{`{"mode": "shadow", "on_failure": "local"}`, limiter.FailLocal, "on_failure=local"},
+	} {
+		cfg, err := limiter.Parse([]byte(c.config))
+		if err != nil {
+			t.Errorf("%s: %v", c.config, err)
+			continue
+		}
+		if cfg.OnFailure != c.want || !strings.HasSuffix(cfg.Summary(), " "+c.summary) {
+			t.Errorf("%s: on_failure %v, summary %q; want %v, ending %q", c.config, cfg.OnFailure, cfg.Summary(), c.want, c.summary)
+		}
+	}
 }

@@ -60,6 +60,7 @@ type root struct {
 	cfg     *Config
 	cache   denyCache
 	breaker breaker
+	local   *localLimiter      // nil unless on_failure is "local"
 	calls   map[uint32]*stream // pending callouts by token
 	fails   failLog
 }
@@ -180,6 +181,7 @@ func (l *Limiter) OnConfigure(rootID uint32, size int) (ok bool) {
 		l.defined = true
 	}
 	r.cfg, r.cache, r.breaker = cfg, newDenyCache(cfg.SidecarCluster), newBreaker(cfg)
+	r.local = newLocalLimiter(cfg)
 	h.SetTickPeriod(tickPeriodMs)
 	h.Log(abi.LogInfo, "edgelimit: configured: "+cfg.Summary())
 	return true
@@ -243,7 +245,9 @@ func (l *Limiter) check(s *stream) abi.Action {
 	if b := &s.root.breaker; b.enabled() {
 		allow, probe := b.allow(h, now)
 		if !allow {
-			l.failOpen(s, ReasonCircuitOpen, "circuit breaker open", now)
+			if l.failOpen(s, ReasonCircuitOpen, "circuit breaker open", now) {
+				return abi.ActionPause
+			}
 			return abi.ActionContinue
 		}
 		s.probe = probe
@@ -299,7 +303,9 @@ func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 	token, st := l.host.HTTPCall(cfg.SidecarCluster, headers, nil, nil, cfg.TimeoutMs)
 	if st != abi.StatusOK {
 		l.breakerResult(s.root, true, s.probe, ReasonDispatch, now, now)
-		l.failOpen(s, ReasonDispatch, "proxy_http_call failed: "+st.String(), now)
+		if l.failOpen(s, ReasonDispatch, "proxy_http_call failed: "+st.String(), now) {
+			return abi.ActionPause
+		}
 		return abi.ActionContinue
 	}
 	s.token, s.pending, s.sentAt = token, true, now
@@ -337,6 +343,7 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	// The breaker learns from every answer, whether or not the client is
 	// still there.
 	l.breakerResult(r, breakerFailure(&a), s.probe, a.Reason, s.sentAt, now)
+	r.local.learn(h, s, &a, now)
 	if a.Outcome == Denied {
 		// Cached even when the client has gone: the next request of the
 		// same client is spared a callout.
@@ -382,7 +389,9 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 		l.m.inc(h, cShadowWouldDeny)
 		h.ReplaceHeader(abi.MapRequestHeaders, ShadowHeader, "deny")
 	default:
-		l.failOpen(s, a.Reason, a.Detail, now)
+		if l.failOpen(s, a.Reason, a.Detail, now) {
+			return
+		}
 	}
 	l.resume(s)
 }
@@ -455,13 +464,15 @@ func (l *Limiter) deny(s *stream, plan string, limit, remaining, reset, retryAft
 
 // failOpen lets the request through unlimited and says why: a counter per
 // reason, a throttled log line, and "unknown" to the service when the
-// request was not enforced. The caller resumes the request.
-func (l *Limiter) failOpen(s *stream, r Reason, detail string, now int64) {
+// request was not enforced. The caller resumes the request, unless failOpen
+// reports that the local bucket (on_failure "local") answered it 429.
+func (l *Limiter) failOpen(s *stream, r Reason, detail string, now int64) (answered bool) {
 	l.m.failedOpen(l.host, r)
 	s.root.fails.note(l.host, r, detail, now)
 	if !s.enforce {
 		l.host.ReplaceHeader(abi.MapRequestHeaders, ShadowHeader, "unknown")
 	}
+	return l.localLimit(s, now)
 }
 
 // OnResponseHeaders adds the rate-limit headers to an allowed response,
@@ -549,7 +560,8 @@ func (c *Config) Summary() string {
 		" region=" + c.Region +
 		" breaker_failures=" + strconv.FormatUint(uint64(c.Breaker.Failures), 10) +
 		" breaker_open_ms=" + strconv.FormatUint(uint64(c.Breaker.MinOpenMs), 10) +
-		"-" + strconv.FormatUint(uint64(c.Breaker.MaxOpenMs), 10)
+		"-" + strconv.FormatUint(uint64(c.Breaker.MaxOpenMs), 10) +
+		" on_failure=" + c.OnFailure.String()
 }
 
 // failLogInterval is the least time between two log lines for the same

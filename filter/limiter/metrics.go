@@ -36,6 +36,11 @@ const (
 	// open, 2 half-open (a probe is out). Set at each transition and
 	// refreshed from the shared state at every tick (10 s).
 	MetricBreakerState = "edgelimit.breaker.state"
+	// MetricLocalAllowed and MetricLocalDenied count requests the sidecar
+	// could not decide that the local bucket admitted or answered 429
+	// (on_failure "local"); each is also counted in failed_open.<reason>.
+	MetricLocalAllowed = "edgelimit.requests.local_allowed"
+	MetricLocalDenied  = "edgelimit.requests.local_denied"
 )
 
 type counter uint8
@@ -57,6 +62,8 @@ const (
 	cBreakerOpened = cFailedOpen + counter(numReasons) + iota
 	cBreakerReopened
 	cBreakerClosed
+	cLocalAllowed
+	cLocalDenied
 	numCounters
 )
 
@@ -106,6 +113,10 @@ func counterName(c counter) string {
 		return MetricBreakerReopened
 	case cBreakerClosed:
 		return MetricBreakerClosed
+	case cLocalAllowed:
+		return MetricLocalAllowed
+	case cLocalDenied:
+		return MetricLocalDenied
 	}
 	return MetricFailedOpenPrefix + Reason(c-cFailedOpen).String()
 }

@@ -12,7 +12,9 @@
 //
 // Headers on 200 and 429: ratelimit-limit (plan capacity), ratelimit-remaining
 // (whole tokens left), ratelimit-reset (seconds until full, rounded up),
-// x-ratelimit-tokens (exact tokens left), x-ratelimit-plan. On 429 also
+// x-ratelimit-tokens (exact tokens left), x-ratelimit-plan, x-ratelimit-rate
+// (the plan's refill rate in tokens per second, formatted so that it parses
+// back to the same float64; gateways bound an outage with it). On 429 also
 // retry-after (seconds until cost tokens are back, rounded up, at least 1) and
 // x-ratelimit-retry-after-ms (the same wait in milliseconds, rounded up to
 // the next whole millisecond). A cost larger than the plan's capacity can
@@ -48,6 +50,7 @@ const (
 	HeaderReset        = "ratelimit-reset"
 	HeaderTokens       = "x-ratelimit-tokens"
 	HeaderPlan         = "x-ratelimit-plan"
+	HeaderRate         = "x-ratelimit-rate"
 	HeaderRetryAfter   = "retry-after"
 	HeaderRetryAfterMs = "x-ratelimit-retry-after-ms"
 	HeaderNever        = "x-ratelimit-never"
@@ -186,6 +189,10 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 	setInt(h, HeaderReset, ceilDiv(res.ResetAfter, time.Second))
 	var num [32]byte
 	h.SetBytesV(HeaderTokens, strconv.AppendFloat(num[:0], res.Tokens, 'f', -1, 64))
+	// The plan's rate, not a hot client's region share: a gateway that
+	// enforces the plan on its own during an outage needs the whole plan.
+	// 'g' with -1 is the shortest form that parses back exactly.
+	h.SetBytesV(HeaderRate, strconv.AppendFloat(num[:0], plan.Rate, 'g', -1, 64))
 	switch {
 	case res.Allowed:
 		s.o.Stats.Allowed.Inc()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -109,7 +110,7 @@ func TestCheckHeaders(t *testing.T) {
 	}{
 		{"allowed", lua.Result{Allowed: true, Tokens: 9, ResetAfter: time.Second}, 200, map[string]string{
 			HeaderLimit: "10", HeaderRemaining: "9", HeaderReset: "1", HeaderTokens: "9", HeaderPlan: "free",
-			HeaderRetryAfter: "", HeaderRetryAfterMs: "", HeaderNever: "",
+			HeaderRate: "1", HeaderRetryAfter: "", HeaderRetryAfterMs: "", HeaderNever: "",
 		}},
 		{"allowed fractional", lua.Result{Allowed: true, Tokens: 3.75, ResetAfter: 6250 * time.Millisecond}, 200, map[string]string{
 			HeaderRemaining: "3", HeaderReset: "7", HeaderTokens: "3.75",
@@ -119,7 +120,7 @@ func TestCheckHeaders(t *testing.T) {
 		}},
 		{"denied, sub-second wait rounds up to 1 s", lua.Result{Tokens: 0.25, RetryAfter: 750 * time.Millisecond, ResetAfter: 9750 * time.Millisecond}, 429, map[string]string{
 			HeaderRemaining: "0", HeaderReset: "10", HeaderTokens: "0.25",
-			HeaderRetryAfter: "1", HeaderRetryAfterMs: "750", HeaderNever: "",
+			HeaderRetryAfter: "1", HeaderRetryAfterMs: "750", HeaderNever: "", HeaderRate: "1",
 		}},
 		{"denied, tiny wait is still at least 1 s", lua.Result{Tokens: 0.9999, RetryAfter: 100 * time.Microsecond, ResetAfter: 9 * time.Second}, 429, map[string]string{
 			HeaderRetryAfter: "1", HeaderRetryAfterMs: "1",
@@ -131,7 +132,7 @@ func TestCheckHeaders(t *testing.T) {
 			HeaderRetryAfter: "2", HeaderRetryAfterMs: "1001",
 		}},
 		{"never, full bucket", lua.Result{Never: true, Tokens: 10, ResetAfter: 0}, 429, map[string]string{
-			HeaderNever: "true", HeaderRetryAfter: "1", HeaderRetryAfterMs: "", HeaderRemaining: "10", HeaderPlan: "free",
+			HeaderNever: "true", HeaderRetryAfter: "1", HeaderRetryAfterMs: "", HeaderRemaining: "10", HeaderPlan: "free", HeaderRate: "1",
 		}},
 		{"never, bucket refilling", lua.Result{Never: true, Tokens: 2.5, ResetAfter: 7500 * time.Millisecond}, 429, map[string]string{
 			HeaderNever: "true", HeaderRetryAfter: "8", HeaderRetryAfterMs: "", HeaderRemaining: "2", HeaderReset: "8",
@@ -170,6 +171,58 @@ func TestCheckPassesPlanAndDigest(t *testing.T) {
 	// The debug log names the client by digest only.
 	if strings.Contains(logs.String(), "client-key-123") || !strings.Contains(logs.String(), keys.LogID(want.key)) {
 		t.Fatalf("log should name the client by digest, not key:\n%s", logs)
+	}
+}
+
+// TestRateHeader: x-ratelimit-rate is the plan's rate in tokens per second,
+// on 200 and 429 alike, in a form that parses back to the very same float64
+// (gateways run a local bucket at that rate when the sidecar cannot answer).
+func TestRateHeader(t *testing.T) {
+	yaml := `
+default_plan: free
+plans:
+  free:  {capacity: 10, rate: 1}
+  slow:  {capacity: 5, rate: 0.001}
+  third: {capacity: 3, rate: 0.3333333333333333}
+  fast:  {capacity: 1000000000, rate: 1000000000}
+  odd:   {capacity: 7, rate: 2.5e-5}
+clients:
+  "k-slow": slow
+  "k-third": third
+  "k-fast": fast
+  "k-odd": odd
+`
+	for _, c := range []struct {
+		key  string
+		rate float64
+		want string
+	}{
+		{"someone", 1, "1"},
+		{"k-slow", 0.001, "0.001"},
+		{"k-third", 0.3333333333333333, "0.3333333333333333"},
+		{"k-fast", 1e9, "1e+09"},
+		{"k-odd", 2.5e-5, "2.5e-05"},
+	} {
+		for _, res := range []lua.Result{
+			{Allowed: true, Tokens: 1, ResetAfter: time.Second},
+			{Tokens: 0, RetryAfter: time.Second, ResetAfter: time.Second},
+			{Never: true, Tokens: 0, ResetAfter: time.Second},
+		} {
+			s, _, _ := newTestServer(t, yaml, &fakeDecider{res: res})
+			r := do(s, "POST", "/v1/check", HeaderKey, c.key)
+			got := header(r, HeaderRate)
+			if got != c.want {
+				t.Errorf("%s, status %d: %s = %q, want %q", c.key, r.StatusCode(), HeaderRate, got, c.want)
+			}
+			if f, err := strconv.ParseFloat(got, 64); err != nil || f != c.rate {
+				t.Errorf("%s: %q parses to %v (%v), want exactly %v", c.key, got, f, err, c.rate)
+			}
+		}
+	}
+	// No decision, no rate.
+	s, _, _ := newTestServer(t, yaml, &fakeDecider{err: errors.New("down")})
+	if r := do(s, "POST", "/v1/check", HeaderKey, "someone"); r.StatusCode() != 503 || r.Header.Peek(HeaderRate) != nil {
+		t.Errorf("503: %s %q present", HeaderRate, header(r, HeaderRate))
 	}
 }
 

@@ -1,0 +1,123 @@
+package e2e_test
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"testing"
+	"time"
+)
+
+// With "on_failure": "local", Redis killed: a client the gateways saw
+// before the outage is held to its plan by each gateway on its own, a
+// client never seen passes; Redis back: limiting resumes through the
+// sidecar.
+func TestLocalFailureWhenRedisStops(t *testing.T) {
+	const (
+		gateways = 2
+		capacity = 5
+		rate     = 0.01 // tokens per second: one token per 100 s
+	)
+	s := startStack(t, stackConfig{
+		plans:    "default_plan: tiny\nplans:\n  tiny: {capacity: 5, rate: 0.01}\n",
+		filter:   filterConfig{OnFailure: "local"},
+		gateways: gateways,
+	})
+	fromSidecar := func(r reply) bool { return r.header.Get("ratelimit-limit") == "5" }
+
+	// Each gateway learns the plan from one answer of the sidecar.
+	const seen = "seen-before"
+	for g := 0; g < gateways; g++ {
+		waitFor(t, "gateway answered by the sidecar", 30*time.Second, func() bool {
+			return fromSidecar(s.do(g, "GET", "/orders/1", "x-api-key", seen))
+		})
+	}
+	if got := s.stat(counter("local_allowed")) + s.stat(counter("local_denied")); got != 0 {
+		t.Fatalf("local counters = %d before the outage, want 0", got)
+	}
+
+	if err := s.redis.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	failedBefore := s.failedOpen()
+	const perGateway = 20
+	admitted, denied := 0, 0
+	for g := 0; g < gateways; g++ {
+		for i := 0; i < perGateway; i++ {
+			r := s.do(g, "GET", "/orders/1", "x-api-key", seen)
+			switch r.status {
+			case http.StatusOK:
+				admitted++
+			case http.StatusTooManyRequests:
+				denied++
+				// Empty since some instant t0 of this phase: the next token
+				// is 1/rate = 100 s after t0, so Retry-After is between
+				// 100 s minus the phase so far (rounded up) and 100 s.
+				low := 100 - int(math.Ceil(time.Since(start).Seconds()))
+				if r.retryAfter < max(low, 1) || r.retryAfter > 100 {
+					t.Errorf("Retry-After %d, want %d to 100", r.retryAfter, max(low, 1))
+				}
+				mustContain(t, "429 body", r.body, `"rate_limited"`)
+			default:
+				t.Fatalf("Redis down: status %d, want 200 or 429", r.status)
+			}
+		}
+	}
+	// Each gateway's bucket starts full and gains rate × elapsed tokens:
+	// under one token while the phase lasts less than 1/rate = 100 s, so
+	// each gateway admits exactly its capacity. The bound is gateways ×
+	// plan, not every request.
+	elapsed := time.Since(start)
+	if elapsed >= 100*time.Second {
+		t.Fatalf("the outage phase took %v; the exact bound below needs < 100 s", elapsed)
+	}
+	if want := gateways * capacity; admitted != want || denied != gateways*perGateway-want {
+		t.Errorf("Redis down: %d admitted, %d denied; want %d admitted (gateways × capacity) and %d denied",
+			admitted, denied, want, gateways*perGateway-want)
+	}
+	if got := s.stat(counter("local_allowed")); got != int64(gateways*capacity) {
+		t.Errorf("local_allowed = %d, want %d", got, gateways*capacity)
+	}
+	if got := s.stat(counter("local_denied")); got != int64(denied) {
+		t.Errorf("local_denied = %d, want %d", got, denied)
+	}
+
+	// Never seen: nothing to hold it to, so it passes as with "open".
+	const stranger = "never-seen"
+	for i := 0; i < perGateway; i++ {
+		if r := s.do(0, "GET", "/orders/1", "x-api-key", stranger); r.status != http.StatusOK {
+			t.Fatalf("Redis down, a client never seen: status %d, want 200", r.status)
+		}
+	}
+	// Every request of the outage failed open first (counted by reason).
+	if got, want := s.failedOpen()-failedBefore, int64(gateways*perGateway+perGateway); got != want {
+		t.Errorf("fail-open counters rose by %d, want %d", got, want)
+	}
+
+	if err := s.redis.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Back: the sidecar decides again (once the breaker's probe got an
+	// answer). The restarted Redis is empty, so this client has a full
+	// bucket of 5, spends it, and the sidecar denies the sixth.
+	const after = "after-outage"
+	waitFor(t, "the sidecar answering again", 30*time.Second, func() bool {
+		return fromSidecar(s.do(0, "GET", "/orders/1", "x-api-key", after))
+	})
+	deniedBefore, localDeniedBefore := s.stat(counter("denied")), s.stat(counter("local_denied"))
+	for i := 1; i < capacity; i++ {
+		if r := s.do(0, "GET", "/orders/1", "x-api-key", after); r.status != http.StatusOK || !fromSidecar(r) {
+			t.Fatalf("Redis back, request %d: status %d, limit %q; want 200 from the sidecar", i+1, r.status, r.header.Get("ratelimit-limit"))
+		}
+	}
+	if r := s.do(0, "GET", "/orders/1", "x-api-key", after); r.status != http.StatusTooManyRequests {
+		t.Fatalf("Redis back, request %d: status %d, want 429", capacity+1, r.status)
+	}
+	if got := s.stat(counter("denied")) - deniedBefore; got != 1 {
+		t.Errorf("denied rose by %d, want 1: the sidecar decides again", got)
+	}
+	if got := s.stat(counter("local_denied")) - localDeniedBefore; got != 0 {
+		t.Errorf("local_denied rose by %d after Redis came back, want 0", got)
+	}
+}

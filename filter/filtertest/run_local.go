@@ -1,0 +1,186 @@
+package filtertest
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/filter/limiter"
+)
+
+// The cases of "on_failure": "local". Like the breaker's, they never
+// advance the clock while a callout is pending.
+
+const (
+	localAllowed = limiter.MetricLocalAllowed
+	localDenied  = limiter.MetricLocalDenied
+)
+
+// withRate adds x-ratelimit-rate to an answer exactly as the sidecar
+// formats it.
+func withRate(h []Header, rate float64) []Header {
+	return append(h, Header{"x-ratelimit-rate", strconv.FormatFloat(rate, 'g', -1, 64)})
+}
+
+// learnPlan has the sidecar allow one request of key under plan "gold":
+// capacity 3, 0.5 tokens/s.
+func learnPlan(t *testing.T, h Host, key string) {
+	t.Helper()
+	s, _ := waiting(t, h, get(key))
+	s.RespondCallout(withRate(allowAnswer(3, 2, 2, "gold"), 0.5), nil)
+	wentOn(t, s)
+	s.Done()
+}
+
+// failingTo sends a request whose callout gets answer and returns the
+// stream, decided by the filter alone.
+func failingTo(t *testing.T, h Host, key string, answer []Header) Stream {
+	t.Helper()
+	s, _ := waiting(t, h, get(key))
+	s.RespondCallout(answer, nil)
+	return s
+}
+
+// localLimits: with "local", every way the sidecar can fail to answer sends
+// a known client through its local bucket (capacity 3, 0.5 tokens/s, full
+// when first needed); a client never seen passes as with "open".
+func (r runner) localLimits(t *testing.T) {
+	h := r.host(t, `{"on_failure": "local", "breaker": {"failures": 4, "min_open_ms": 60000, "max_open_ms": 60000}}`)
+	learnPlan(t, h, "alice")
+
+	// Three tokens: a 500 and a malformed 200 (which the breaker does not
+	// count) and a 503 each take one.
+	wentOn(t, failingTo(t, h, "alice", []Header{{":status", "500"}}))
+	wentOn(t, failingTo(t, h, "alice", []Header{{":status", "200"}}))
+	wentOn(t, failingTo(t, h, "alice", unavailableAnswer))
+	// Empty: one token is 2 s away; the bucket is full again in 6 s.
+	denial(t, failingTo(t, h, "alice", timeoutAnswer), `"gold"`, "3", "0", "6", "2")
+	denial(t, failingTo(t, h, "alice", resetAnswer), `"gold"`, "3", "0", "6", "2")
+	h.FailNextDispatch()
+	s, cont := send(h, get("alice"))
+	if cont {
+		t.Fatal("a request the local bucket denies went on after a failed dispatch")
+	}
+	denial(t, s, `"gold"`, "3", "0", "6", "2")
+	if rep, _ := s.LocalReply(); rep.Details != "edgelimit_rate_limited_local" {
+		t.Errorf("details %q", rep.Details)
+	}
+	// That was the fourth failure in a row: the breaker is open, and the
+	// bucket still holds.
+	transitions(t, h, 1, 0, 0)
+	s, _ = send(h, get("alice"))
+	if _, ok := s.Callout(); ok {
+		t.Fatal("callout while the breaker is open")
+	}
+	denial(t, s, `"gold"`, "3", "0", "6", "2")
+
+	// Never seen: through, unlimited.
+	for range 5 {
+		bypassed(t, h, "stranger")
+	}
+	// 2 s: one token back.
+	h.Advance(2 * time.Second)
+	bypassed(t, h, "alice")
+	denial(t, func() Stream { s, _ := send(h, get("alice")); return s }(), `"gold"`, "3", "0", "6", "2")
+	// 1.5 s more: 0.75 tokens; the missing 0.25 take 0.5 s, so 1 s.
+	h.Advance(1500 * time.Millisecond)
+	denial(t, func() Stream { s, _ := send(h, get("alice")); return s }(), `"gold"`, "3", "0", "5", "1")
+
+	counters(t, h, map[string]int64{
+		limiter.MetricAllowed:                           1,
+		limiter.MetricFailedOpenPrefix + "status":       1,
+		limiter.MetricFailedOpenPrefix + "malformed":    1,
+		limiter.MetricFailedOpenPrefix + "unavailable":  1,
+		limiter.MetricFailedOpenPrefix + "timeout":      1,
+		limiter.MetricFailedOpenPrefix + "reset":        1,
+		limiter.MetricFailedOpenPrefix + "dispatch":     1,
+		limiter.MetricFailedOpenPrefix + "circuit_open": 1 + 5 + 1 + 1 + 1,
+		localAllowed: 4,
+		localDenied:  6,
+	})
+}
+
+// localWorkers: the plan and the bucket are the process's, shared by every
+// worker VM: a client learned on one worker is held on another, from the
+// same tokens.
+func (r runner) localWorkers(t *testing.T) {
+	const config = `{"on_failure": "local", "breaker": {"failures": 0}}`
+	h := r.host(t, config)
+	w := h.Worker()
+	owned(t, w)
+	if !w.Configure(config) {
+		t.Fatal("worker rejected the configuration")
+	}
+	learnPlan(t, h, "alice")
+	wentOn(t, failingTo(t, w, "alice", unavailableAnswer))
+	wentOn(t, failingTo(t, h, "alice", unavailableAnswer))
+	wentOn(t, failingTo(t, w, "alice", unavailableAnswer))
+	denial(t, failingTo(t, h, "alice", unavailableAnswer), `"gold"`, "3", "0", "6", "2")
+	denial(t, failingTo(t, w, "alice", unavailableAnswer), `"gold"`, "3", "0", "6", "2")
+	counters(t, h, map[string]int64{
+		limiter.MetricAllowed: 1, limiter.MetricFailedOpenPrefix + "unavailable": 5,
+		localAllowed: 3, localDenied: 2,
+	})
+}
+
+// localLearnsOnlyThePlan: a 429 teaches the plan, not the bucket's tokens.
+// The local bucket starts full when first needed, whatever the sidecar's
+// bucket held, and a newer plan replaces the old one.
+func (r runner) localLearnsOnlyThePlan(t *testing.T) {
+	h := r.host(t, `{"on_failure": "local", "breaker": {"failures": 0}}`)
+	// Without the exact headers, so that the deny cache stays out of it.
+	s := failingTo(t, h, "bob", withRate(denyAnswer(2, 0, 4, 2, "", "", "free"), 0.5))
+	reply(t, s, 429)
+	wentOn(t, failingTo(t, h, "bob", timeoutAnswer))
+	wentOn(t, failingTo(t, h, "bob", timeoutAnswer))
+	denial(t, failingTo(t, h, "bob", timeoutAnswer), `"free"`, "2", "0", "4", "2")
+
+	// The plan grows to 5 at 1 token/s: the bucket keeps its 0 tokens and
+	// refills at the new rate.
+	s = failingTo(t, h, "bob", withRate(allowAnswer(5, 4, 1, "pro"), 1))
+	wentOn(t, s)
+	denial(t, failingTo(t, h, "bob", timeoutAnswer), `"pro"`, "5", "0", "5", "1")
+	h.Advance(time.Second)
+	wentOn(t, failingTo(t, h, "bob", timeoutAnswer))
+
+	// An answer without x-ratelimit-rate (an older sidecar) teaches
+	// nothing: that client passes.
+	s = failingTo(t, h, "carol", allowAnswer(1, 0, 1, "free"))
+	wentOn(t, s)
+	for range 3 {
+		wentOn(t, failingTo(t, h, "carol", timeoutAnswer))
+	}
+	counters(t, h, map[string]int64{
+		limiter.MetricDenied: 1, limiter.MetricAllowed: 2,
+		limiter.MetricFailedOpenPrefix + "timeout": 8,
+		localAllowed: 3, localDenied: 2,
+	})
+}
+
+// localNotForShadow: requests not enforced keep failing open, with
+// "unknown" for the service: the local bucket is not the sidecar's
+// decision, and shadow mode exists to compare the sidecar's.
+func (r runner) localNotForShadow(t *testing.T) {
+	h := r.host(t, `{"mode": "shadow", "on_failure": "local", "breaker": {"failures": 0}}`)
+	s := failingTo(t, h, "alice", withRate(allowAnswer(1, 0, 2, "gold"), 0.5))
+	wentOn(t, s)
+	for range 3 {
+		s := failingTo(t, h, "alice", unavailableAnswer)
+		wentOn(t, s)
+		if got := header(t, s.UpstreamHeaders(), limiter.ShadowHeader); got != "unknown" {
+			t.Errorf("%s %q, want unknown", limiter.ShadowHeader, got)
+		}
+	}
+	counters(t, h, map[string]int64{limiter.MetricShadowAllowed: 1, limiter.MetricFailedOpenPrefix + "unavailable": 3})
+}
+
+// localOffByDefault: without on_failure, a client the sidecar described
+// passes every failure, as the design says.
+func (r runner) localOffByDefault(t *testing.T) {
+	h := r.host(t, `{"breaker": {"failures": 0}}`)
+	learnPlan(t, h, "alice")
+	for range 5 {
+		wentOn(t, failingTo(t, h, "alice", unavailableAnswer))
+	}
+	counters(t, h, map[string]int64{limiter.MetricAllowed: 1, limiter.MetricFailedOpenPrefix + "unavailable": 5})
+}

@@ -1,0 +1,398 @@
+package limiter
+
+import (
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/edgelimit/edgelimit/filter/abi"
+)
+
+// Bounded fail-open ("on_failure": "local").
+//
+// Failing open lets a client through unlimited for as long as the sidecar
+// cannot answer. With "local", each proxy process enforces the client's
+// last known plan itself while the sidecar cannot answer, so an outage
+// admits at most (number of gateways) × plan instead of everything.
+//
+// Only the plan is learned: the capacity (ratelimit-limit) and the exact
+// refill rate (x-ratelimit-rate) of the sidecar's 200 and 429 answers. The
+// bucket's tokens are not copied from those answers: the sidecar's bucket is
+// shared by every gateway, and a gateway cannot tell how much of it the
+// others will spend while it decides alone. A local bucket starts full the
+// first time the sidecar cannot answer for that client and refills at the
+// plan's rate on the host clock. A client no answer ever described passes,
+// as with "open": the filter knows nothing to hold it to.
+//
+// Plans and buckets live in proxy-wasm shared data, so every worker VM of
+// the process enforces one bucket per client (not one per worker):
+// localShards keys per sidecar cluster, each holding up to localShardEntries
+// clients, updated with compare-and-swap like the deny cache. The healthy
+// path writes nothing per request: each VM keeps the plans it has recorded
+// in a bounded map and writes shared data only when an answer shows a plan
+// it has not recorded, or a changed one. filter/RATIONALE.md, "Why a
+// bounded fail-open is an option", has the reasons.
+
+// FailureMode is what the filter does with a request when the sidecar
+// cannot answer ("on_failure").
+type FailureMode uint8
+
+// Failure modes. The zero value is FailOpen, the default.
+const (
+	// FailOpen lets the request through unlimited ("open").
+	FailOpen FailureMode = iota
+	// FailLocal holds a known client to its plan with a token bucket kept
+	// in the proxy process ("local").
+	FailLocal
+)
+
+func (m FailureMode) String() string {
+	if m == FailLocal {
+		return "local"
+	}
+	return "open"
+}
+
+const (
+	// localShards × localShardEntries clients per sidecar cluster keep a
+	// plan and a bucket; past that, the client recorded or used longest ago
+	// is evicted (and passes unlimited in an outage, as with "open").
+	localShards       = 128
+	localShardEntries = 16
+	// localKnownMax bounds each VM's map of the plans it has recorded; a
+	// plan evicted from it costs one shared-data read at its client's next
+	// answer.
+	localKnownMax = localShards * localShardEntries
+	// localCASAttempts bounds the retries when another VM wrote the shard
+	// between our read and write. Giving up admits the request (fail open)
+	// or leaves a plan unrecorded until the next answer.
+	localCASAttempts = 4
+	localFormat      = 1
+	// maxLocalWaitSeconds caps Retry-After and the reset of a local answer;
+	// the sidecar refuses plans that take longer than a year to refill.
+	maxLocalWaitSeconds = 365 * 24 * 3600
+	// maxLocalLimit keeps capacities inside float64's exact integers.
+	maxLocalLimit = int64(1) << 50
+)
+
+// localPlan is what the sidecar's answers say about a client's plan.
+type localPlan struct {
+	name  string  // x-ratelimit-plan, for the 429's policy header
+	limit int64   // capacity in tokens (ratelimit-limit)
+	rate  float64 // refill in tokens per second (x-ratelimit-rate)
+}
+
+func (p *localPlan) valid() bool {
+	return p.limit > 0 && p.limit <= maxLocalLimit && p.rate > 0 &&
+		!math.IsInf(p.rate, 0) && !math.IsNaN(p.rate) && len(p.name) <= 255
+}
+
+// localEntry is one client's plan and local bucket.
+type localEntry struct {
+	key  string
+	plan localPlan
+	// tokens is the bucket at time at (host clock, ns); at 0 means the
+	// bucket was never used and is full.
+	tokens float64
+	at     int64
+	// touched is when the entry was last written, for eviction.
+	touched int64
+}
+
+// level returns the tokens in the bucket at now. A clock that went back
+// adds nothing.
+func (e *localEntry) level(now int64) float64 {
+	limit := float64(e.plan.limit)
+	if e.at == 0 {
+		return limit
+	}
+	if now <= e.at {
+		return math.Min(e.tokens, limit)
+	}
+	return math.Min(limit, e.tokens+e.plan.rate*(float64(now-e.at)/1e9))
+}
+
+// localDecision is the local bucket's answer to one request.
+type localDecision struct {
+	allowed bool
+	// remaining (floor) and reset (seconds until full, ceiling) describe
+	// the bucket after the request; retryAfter (seconds, ceiling, at least
+	// 1) is set on a denial.
+	remaining, reset, retryAfter int64
+}
+
+// take decides a request of cost at now and updates the bucket. A denial
+// leaves the bucket as it was (only its refill is brought up to now). A
+// cost above the capacity can never be admitted; as the sidecar does, its
+// Retry-After is the time until the bucket is full.
+func (e *localEntry) take(cost, now int64) localDecision {
+	tokens := e.level(now)
+	var d localDecision
+	switch c := float64(cost); {
+	case c <= tokens:
+		tokens -= c
+		d.allowed = true
+	case cost > e.plan.limit:
+		d.retryAfter = max(waitSeconds(float64(e.plan.limit)-tokens, e.plan.rate), 1)
+	default:
+		d.retryAfter = max(waitSeconds(c-tokens, e.plan.rate), 1)
+	}
+	e.tokens, e.at = tokens, now
+	d.remaining = int64(math.Floor(tokens))
+	d.reset = waitSeconds(float64(e.plan.limit)-tokens, e.plan.rate)
+	return d
+}
+
+// waitSeconds is how many whole seconds (rounded up) refilling need tokens
+// at rate takes; 0 when nothing is needed.
+func waitSeconds(need, rate float64) int64 {
+	if !(need > 0) {
+		return 0
+	}
+	s := math.Ceil(need / rate)
+	if !(s < maxLocalWaitSeconds) {
+		return maxLocalWaitSeconds
+	}
+	return int64(s)
+}
+
+// localLimiter is one plugin's view of the shared local buckets; nil when
+// on_failure is "open".
+type localLimiter struct {
+	prefix string // shared-data key prefix, one per sidecar cluster
+	// known holds the plans this VM has recorded in shared data (or found
+	// there), so that an answer repeating one costs no host call.
+	known map[string]localPlan
+}
+
+func newLocalLimiter(cfg *Config) *localLimiter {
+	if cfg.OnFailure != FailLocal {
+		return nil
+	}
+	return &localLimiter{
+		prefix: "edgelimit/local/v" + strconv.Itoa(localFormat) + "/" + cfg.SidecarCluster + "/",
+		known:  map[string]localPlan{},
+	}
+}
+
+// learn records the plan an enforced client's 200 or 429 describes. It is
+// on the healthy path: a plan the VM already recorded costs one map lookup
+// and no host call.
+func (c *localLimiter) learn(h abi.Host, s *stream, a *Answer, now int64) {
+	if c == nil || !s.enforce || (a.Outcome != Allowed && a.Outcome != Denied) || !a.HasRate {
+		return
+	}
+	p := localPlan{name: a.Plan, limit: a.Limit, rate: a.Rate}
+	if len(p.name) > maxPlanLen {
+		p.name = "" // the policy header would say "default" anyway
+	}
+	if !p.valid() {
+		return
+	}
+	if old, ok := c.known[s.key]; ok && old == p {
+		return
+	}
+	// Kept beyond the request: copies, not views of request memory.
+	key := strings.Clone(s.key)
+	p.name = strings.Clone(p.name)
+	ok := c.update(h, key, now, func(e *localEntry, found bool) bool {
+		if found && e.plan == p {
+			return false
+		}
+		e.plan = p
+		// A smaller plan caps the bucket at once; a larger one leaves the
+		// tokens to refill.
+		e.tokens = math.Min(e.tokens, float64(p.limit))
+		return true
+	})
+	if ok {
+		c.remember(key, p)
+	}
+}
+
+// remember adds a plan to the VM's map, evicting an arbitrary one when the
+// map is full.
+func (c *localLimiter) remember(key string, p localPlan) {
+	if _, ok := c.known[key]; !ok && len(c.known) >= localKnownMax {
+		for k := range c.known {
+			delete(c.known, k)
+			break
+		}
+	}
+	c.known[key] = p
+}
+
+// take runs a request of cost through the client's local bucket. ok is
+// false when the filter knows no plan for the client, or could not update
+// the shared bucket: the request then fails open as with "open".
+func (c *localLimiter) take(h abi.Host, key string, cost, now int64) (d localDecision, plan localPlan, ok bool) {
+	decided := false
+	settled := c.update(h, key, now, func(e *localEntry, found bool) bool {
+		decided = false
+		if !found {
+			// The shard lost the entry (evicted, or written by a VM that
+			// never saw the client) but this VM knows the plan.
+			p, known := c.known[key]
+			if !known {
+				return false
+			}
+			e.plan = p
+		}
+		d, plan, decided = e.take(cost, now), e.plan, true
+		// A denial changes nothing a later refill would not recompute.
+		return d.allowed || !found
+	})
+	return d, plan, settled && decided
+}
+
+func (c *localLimiter) shardKey(key string) string {
+	return c.prefix + strconv.Itoa(int(fnv1a(key)%localShards))
+}
+
+// update reads key's shard, lets fn change the client's entry (a fresh,
+// full one when found is false) and, when fn reports a change, writes the
+// shard back with compare-and-swap, retrying on a concurrent write. It
+// reports false when the shard could not be read or the write kept losing.
+func (c *localLimiter) update(h abi.Host, key string, now int64, fn func(e *localEntry, found bool) bool) bool {
+	sk := c.shardKey(key)
+	for attempt := 0; attempt < localCASAttempts; attempt++ {
+		v, cas, s := h.GetSharedData(sk)
+		if s != abi.StatusOK && s != abi.StatusNotFound {
+			return false
+		}
+		entries, _ := decodeLocalShard(v) // an unreadable shard is overwritten
+		i := 0
+		for i < len(entries) && entries[i].key != key {
+			i++
+		}
+		found := i < len(entries)
+		e := localEntry{key: key}
+		if found {
+			e = entries[i]
+		}
+		if !fn(&e, found) {
+			return true
+		}
+		e.touched = now
+		if found {
+			entries[i] = e
+		} else {
+			if len(entries) >= localShardEntries {
+				evict := 0
+				for j := range entries {
+					if entries[j].touched < entries[evict].touched {
+						evict = j
+					}
+				}
+				entries = append(entries[:evict], entries[evict+1:]...)
+			}
+			entries = append(entries, e)
+		}
+		if h.SetSharedData(sk, encodeLocalShard(entries), cas) != abi.StatusCASMismatch {
+			return true
+		}
+	}
+	return false
+}
+
+// fnv1a spreads keys over shards; a collision only shares a shard.
+func fnv1a(key string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= 16777619
+	}
+	return h
+}
+
+// Shard format: version byte, entry count byte, then per entry a u16 key
+// length and the key, a u8 plan-name length and the name, limit (i64), rate
+// (f64 bits), tokens (f64 bits), at (i64) and touched (i64), little-endian.
+
+const localEntryFixed = 40
+
+func encodeLocalShard(entries []localEntry) []byte {
+	b := make([]byte, 2, 2+len(entries)*(3+localEntryFixed+32))
+	b[0], b[1] = localFormat, byte(len(entries))
+	for _, e := range entries {
+		b = append(b, byte(len(e.key)), byte(len(e.key)>>8))
+		b = append(b, e.key...)
+		b = append(b, byte(len(e.plan.name)))
+		b = append(b, e.plan.name...)
+		b = appendU64(b, uint64(e.plan.limit))
+		b = appendU64(b, math.Float64bits(e.plan.rate))
+		b = appendU64(b, math.Float64bits(e.tokens))
+		b = appendU64(b, uint64(e.at))
+		b = appendU64(b, uint64(e.touched))
+	}
+	return b
+}
+
+// decodeLocalShard reads every entry; false (and no entries) for a value it
+// does not understand, which must never turn into denials.
+func decodeLocalShard(b []byte) ([]localEntry, bool) {
+	if len(b) < 2 || b[0] != localFormat || int(b[1]) > localShardEntries {
+		return nil, false
+	}
+	n := int(b[1])
+	entries := make([]localEntry, 0, min(n+1, localShardEntries))
+	at := 2
+	for i := 0; i < n; i++ {
+		if len(b)-at < 2 {
+			return nil, false
+		}
+		kl := int(b[at]) | int(b[at+1])<<8
+		at += 2
+		if len(b)-at < kl+1 {
+			return nil, false
+		}
+		key := string(b[at : at+kl])
+		at += kl
+		pl := int(b[at])
+		at++
+		if len(b)-at < pl+localEntryFixed {
+			return nil, false
+		}
+		name := string(b[at : at+pl])
+		at += pl
+		f := b[at : at+localEntryFixed]
+		at += localEntryFixed
+		e := localEntry{
+			key:     key,
+			plan:    localPlan{name: name, limit: int64(u64(f[0:])), rate: math.Float64frombits(u64(f[8:]))},
+			tokens:  math.Float64frombits(u64(f[16:])),
+			at:      int64(u64(f[24:])),
+			touched: int64(u64(f[32:])),
+		}
+		if !e.plan.valid() || !(e.tokens >= 0) || e.tokens > float64(e.plan.limit) || e.at < 0 {
+			return nil, false
+		}
+		entries = append(entries, e)
+	}
+	if at != len(b) {
+		return nil, false
+	}
+	return entries, true
+}
+
+// localLimit is the fail-open hook: with on_failure "local", an enforced
+// request the sidecar could not decide goes through the client's local
+// bucket. It reports whether the request was answered (a 429); false lets
+// it fail open as before.
+func (l *Limiter) localLimit(s *stream, now int64) bool {
+	c := s.root.local
+	if c == nil || !s.enforce {
+		return false
+	}
+	d, plan, ok := c.take(l.host, s.key, s.cost, now)
+	if !ok {
+		return false
+	}
+	if d.allowed {
+		l.m.inc(l.host, cLocalAllowed)
+		return false
+	}
+	l.m.inc(l.host, cLocalDenied)
+	l.deny(s, plan.name, plan.limit, d.remaining, d.reset, d.retryAfter, "edgelimit_rate_limited_local")
+	return true
+}

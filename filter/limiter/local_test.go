@@ -1,0 +1,335 @@
+package limiter
+
+import (
+	"slices"
+	"strconv"
+	"testing"
+
+	"github.com/edgelimit/edgelimit/filter/abi"
+)
+
+// TestLocalBucket walks one client's local bucket through a sequence of
+// requests with exact numbers: capacity 10, 2 tokens/s, full at the first
+// request. Every rate and offset is exact in binary floating point.
+func TestLocalBucket(t *testing.T) {
+	e := localEntry{key: "k", plan: localPlan{name: "p", limit: 10, rate: 2}}
+	for i, c := range []struct {
+		at   int64 // after anchor, ns
+		cost int64
+		want localDecision
+		// tokens in the bucket after the request
+		tokens float64
+	}{
+		// Full: 10 tokens.
+		{0, 4, localDecision{allowed: true, remaining: 6, reset: 2}, 6},
+		{0, 6, localDecision{allowed: true, remaining: 0, reset: 5}, 0},
+		// Empty: 1 token needs 0.5 s, rounded up to 1 s.
+		{0, 1, localDecision{remaining: 0, reset: 5, retryAfter: 1}, 0},
+		// 0.25 s later: 0.5 tokens; 3 tokens need 1.25 s more, so 2 s.
+		{second / 4, 3, localDecision{remaining: 0, reset: 5, retryAfter: 2}, 0.5},
+		// A denial took nothing: 1.25 s after the start, 2.5 tokens.
+		{5 * second / 4, 2, localDecision{allowed: true, remaining: 0, reset: 5}, 0.5},
+		// Exactly enough is enough: 0.5 + 2 × 1.25 = 3 at 2.5 s.
+		{5 * second / 2, 3, localDecision{allowed: true, remaining: 0, reset: 5}, 0},
+		// Refill stops at the capacity: 100 s later, 10 tokens.
+		{10250 * second / 100, 1, localDecision{allowed: true, remaining: 9, reset: 1}, 9},
+		// A cost above the capacity never passes; Retry-After is the time
+		// until full (0.5 s, so 1 s), at least 1 s.
+		{10250 * second / 100, 11, localDecision{remaining: 9, reset: 1, retryAfter: 1}, 9},
+		// A clock that went back adds nothing and takes nothing away.
+		{50 * second, 9, localDecision{allowed: true, remaining: 0, reset: 5}, 0},
+	} {
+		got := e.take(c.cost, anchor+c.at)
+		if got != c.want || e.tokens != c.tokens {
+			t.Fatalf("step %d (cost %d at +%d ns): got %+v with %v tokens, want %+v with %v", i, c.cost, c.at, got, e.tokens, c.want, c.tokens)
+		}
+	}
+}
+
+func TestLocalBucketSlowPlan(t *testing.T) {
+	// 0.001 tokens/s, as the e2e plans use: one token per 1000 s.
+	e := localEntry{plan: localPlan{limit: 2, rate: 0.001}}
+	for i, want := range []localDecision{
+		{allowed: true, remaining: 1, reset: 1000},
+		{allowed: true, remaining: 0, reset: 2000},
+		{remaining: 0, reset: 2000, retryAfter: 1000},
+	} {
+		if got := e.take(1, anchor); got != want {
+			t.Fatalf("request %d: %+v, want %+v", i, got, want)
+		}
+	}
+	// A refill longer than a year is capped.
+	e = localEntry{plan: localPlan{limit: 1, rate: 1e-12}, tokens: 0, at: anchor}
+	if got := e.take(1, anchor); got.retryAfter != maxLocalWaitSeconds || got.reset != maxLocalWaitSeconds {
+		t.Fatalf("%+v, want waits capped at %d s", got, maxLocalWaitSeconds)
+	}
+}
+
+func TestWaitSeconds(t *testing.T) {
+	for _, c := range []struct {
+		need, rate float64
+		want       int64
+	}{
+		{0, 1, 0}, {-1, 1, 0}, {1, 1, 1}, {1, 2, 1}, {3, 2, 2}, {4, 2, 2}, {0.5, 0.25, 2},
+		{1, 0.001, 1000}, {1e9, 1e-3, maxLocalWaitSeconds},
+	} {
+		if got := waitSeconds(c.need, c.rate); got != c.want {
+			t.Errorf("waitSeconds(%v, %v) = %d, want %d", c.need, c.rate, got, c.want)
+		}
+	}
+}
+
+func TestParseAnswerRate(t *testing.T) {
+	base := [][2]string{{":status", "200"}, {"ratelimit-limit", "10"}, {"ratelimit-remaining", "9"}, {"ratelimit-reset", "1"}}
+	for _, c := range []struct {
+		value string
+		rate  float64
+		ok    bool
+	}{
+		{"1", 1, true}, {"0.001", 0.001, true}, {"0.3333333333333333", 0.3333333333333333, true},
+		{"1e+09", 1e9, true}, {"2.5e-05", 2.5e-5, true},
+		{"", 0, false}, {"0", 0, false}, {"-1", 0, false}, {"NaN", 0, false}, {"Inf", 0, false},
+		{"+Inf", 0, false}, {"1e400", 0, false}, {"0x1p-2", 0, false},
+	} {
+		a := ParseAnswer(append(slices.Clone(base), [2]string{"x-ratelimit-rate", c.value}))
+		if a.Outcome != Allowed || a.HasRate != c.ok || (c.ok && a.Rate != c.rate) {
+			t.Errorf("x-ratelimit-rate %q: outcome %d rate %v has %v, want %v %v", c.value, a.Outcome, a.Rate, a.HasRate, c.rate, c.ok)
+		}
+	}
+}
+
+func localConfig() *Config {
+	cfg := DefaultConfig()
+	cfg.OnFailure = FailLocal
+	return cfg
+}
+
+func answerFor(outcome Outcome, plan string, limit int64, rate float64) *Answer {
+	return &Answer{Outcome: outcome, Plan: plan, Limit: limit, Rate: rate, HasRate: true}
+}
+
+func TestLocalLearn(t *testing.T) {
+	if newLocalLimiter(DefaultConfig()) != nil {
+		t.Fatal("a local limiter with on_failure open")
+	}
+	c := newLocalLimiter(localConfig())
+	h := newSharedHost()
+	s := &stream{key: "alice", enforce: true}
+	c.learn(h, s, answerFor(Allowed, "gold", 10, 2), anchor)
+	if h.writes != 1 {
+		t.Fatalf("%d writes for a new plan, want 1", h.writes)
+	}
+	// The healthy path: the same plan again costs no host call.
+	for range 100 {
+		c.learn(h, s, answerFor(Allowed, "gold", 10, 2), anchor)
+		c.learn(h, s, answerFor(Denied, "gold", 10, 2), anchor)
+	}
+	if h.writes != 1 {
+		t.Fatalf("%d writes after repeating the plan, want 1", h.writes)
+	}
+	// Nothing to learn from: another outcome, no rate, a bad plan, a client
+	// not enforced.
+	c.learn(h, s, &Answer{Outcome: FailedOpen, Limit: 5, Rate: 1, HasRate: true}, anchor)
+	c.learn(h, s, &Answer{Outcome: Allowed, Limit: 5}, anchor)
+	c.learn(h, s, answerFor(Allowed, "gold", 0, 2), anchor)
+	c.learn(h, &stream{key: "bob"}, answerFor(Allowed, "gold", 10, 2), anchor)
+	if h.writes != 1 {
+		t.Fatalf("%d writes, want 1: nothing was worth learning", h.writes)
+	}
+	if _, _, ok := c.take(h, "bob", 1, anchor); ok {
+		t.Error("bob was learned while not enforced")
+	}
+
+	// Spend 8 of 10, then the plan shrinks to 5: the bucket is capped at
+	// once and keeps its tokens.
+	if d, _, ok := c.take(h, "alice", 8, anchor); !ok || !d.allowed || d.remaining != 2 {
+		t.Fatalf("take 8: %+v %v", d, ok)
+	}
+	c.learn(h, s, answerFor(Allowed, "small", 5, 1), anchor)
+	d, plan, ok := c.take(h, "alice", 3, anchor)
+	if !ok || d.allowed || d.retryAfter != 1 || plan != (localPlan{"small", 5, 1}) {
+		t.Fatalf("after the plan changed: %+v %+v %v, want a denial under the new plan", d, plan, ok)
+	}
+
+	// Another VM finds the plan and the bucket in shared data.
+	o := newLocalLimiter(localConfig())
+	if d, _, ok := o.take(h, "alice", 2, anchor); !ok || !d.allowed || d.remaining != 0 {
+		t.Fatalf("second VM: %+v %v, want the 2 tokens left", d, ok)
+	}
+	// A VM that learns a plan shared data already holds writes nothing.
+	w := h.writes
+	o.learn(h, s, answerFor(Allowed, "small", 5, 1), anchor)
+	o.learn(h, s, answerFor(Allowed, "small", 5, 1), anchor)
+	if h.writes != w {
+		t.Errorf("%d writes to learn a plan already shared", h.writes-w)
+	}
+	// Another sidecar cluster has its own buckets.
+	cfg := localConfig()
+	cfg.SidecarCluster = "other"
+	if _, _, ok := newLocalLimiter(cfg).take(h, "alice", 1, anchor); ok {
+		t.Error("another sidecar cluster sees the plan")
+	}
+}
+
+func TestLocalTakeNeverSeen(t *testing.T) {
+	c := newLocalLimiter(localConfig())
+	h := newSharedHost()
+	if _, _, ok := c.take(h, "stranger", 1, anchor); ok || h.writes != 0 {
+		t.Fatalf("a client never seen was decided (writes %d)", h.writes)
+	}
+}
+
+func TestLocalCAS(t *testing.T) {
+	c := newLocalLimiter(localConfig())
+	h := newSharedHost()
+	s := &stream{key: "alice", enforce: true}
+	h.casFailures = localCASAttempts
+	c.learn(h, s, answerFor(Allowed, "gold", 10, 2), anchor)
+	if _, ok := c.known["alice"]; ok {
+		t.Fatal("a plan whose write kept losing was remembered; it would never be written")
+	}
+	h.casFailures = localCASAttempts - 1
+	c.learn(h, s, answerFor(Allowed, "gold", 10, 2), anchor)
+	if _, ok := c.known["alice"]; !ok {
+		t.Fatal("plan not recorded after retried CAS mismatches")
+	}
+	// A take that keeps losing fails open rather than deciding.
+	h.casFailures = localCASAttempts
+	if _, _, ok := c.take(h, "alice", 1, anchor); ok {
+		t.Error("decided without storing the bucket")
+	}
+	if d, _, ok := c.take(h, "alice", 10, anchor); !ok || !d.allowed {
+		t.Errorf("%+v %v: the lost take must not have spent tokens", d, ok)
+	}
+}
+
+func TestLocalShardBounds(t *testing.T) {
+	c := newLocalLimiter(localConfig())
+	h := newSharedHost()
+	shard := c.shardKey("k0")
+	var keys []string
+	for i := 0; len(keys) < localShardEntries+3; i++ {
+		if k := "k" + strconv.Itoa(i); c.shardKey(k) == shard {
+			keys = append(keys, k)
+		}
+	}
+	for i, k := range keys {
+		c.learn(h, &stream{key: k, enforce: true}, answerFor(Allowed, "p", 10, 1), anchor+int64(i))
+	}
+	all, ok := decodeLocalShard(h.data[shard])
+	if !ok || len(all) != localShardEntries {
+		t.Fatalf("shard holds %d entries (%v), want %d", len(all), ok, localShardEntries)
+	}
+	// The entries written longest ago went; this VM still knows their
+	// plans, so it puts them back when it needs them.
+	for i, k := range keys {
+		if want := i >= len(keys)-localShardEntries; slices.ContainsFunc(all, func(e localEntry) bool { return e.key == k }) != want {
+			t.Errorf("key %d in the shard = %v, want %v", i, !want, want)
+		}
+	}
+	if d, _, ok := c.take(h, keys[0], 1, anchor+100); !ok || !d.allowed {
+		t.Errorf("evicted key with a known plan: %+v %v", d, ok)
+	}
+	// Only localShards keys per cluster ever exist.
+	for i := 0; i < 5000; i++ {
+		c.learn(h, &stream{key: "x" + strconv.Itoa(i), enforce: true}, answerFor(Allowed, "p", 10, 1), anchor)
+	}
+	if n := len(h.data); n != localShards {
+		t.Errorf("%d shared-data keys, want %d", n, localShards)
+	}
+	if n := len(c.known); n != localKnownMax {
+		t.Errorf("%d plans in the VM's map, want the bound %d", n, localKnownMax)
+	}
+	// A value that is not ours is overwritten, never decoded into denials.
+	h.data[shard] = []byte("garbage")
+	if _, _, ok := c.take(h, "stranger", 1, anchor); ok {
+		t.Error("garbage decided a request")
+	}
+	c.learn(h, &stream{key: keys[1], enforce: true}, answerFor(Allowed, "q", 3, 1), anchor)
+	if all, ok := decodeLocalShard(h.data[shard]); !ok || len(all) != 1 {
+		t.Errorf("garbage shard not replaced: %d entries, %v", len(all), ok)
+	}
+}
+
+func TestLocalShardCodec(t *testing.T) {
+	entries := []localEntry{
+		{key: "a", plan: localPlan{"gold", 100, 0.3333333333333333}, tokens: 12.5, at: anchor, touched: anchor + 1},
+		{key: string(make([]byte, 256)), plan: localPlan{"", 1, 1e9}, touched: 7},
+	}
+	b := encodeLocalShard(entries)
+	got, ok := decodeLocalShard(b)
+	if !ok || !slices.Equal(got, entries) {
+		t.Fatalf("decoded %+v %v, want %+v", got, ok, entries)
+	}
+	for i := 0; i < len(b); i++ {
+		if _, ok := decodeLocalShard(b[:i]); ok {
+			t.Errorf("truncated to %d bytes: decoded", i)
+		}
+	}
+	bad := slices.Clone(b)
+	bad[0] = 9
+	if _, ok := decodeLocalShard(bad); ok {
+		t.Error("unknown format decoded")
+	}
+	tooMany := encodeLocalShard(append(slices.Repeat(entries[:1], localShardEntries), entries[0]))
+	if _, ok := decodeLocalShard(tooMany); ok {
+		t.Error("more entries than a shard holds decoded")
+	}
+	over := encodeLocalShard([]localEntry{{key: "a", plan: localPlan{"p", 5, 1}, tokens: 6}})
+	if _, ok := decodeLocalShard(over); ok {
+		t.Error("more tokens than the capacity decoded")
+	}
+}
+
+func FuzzDecodeLocalShard(f *testing.F) {
+	f.Add(encodeLocalShard([]localEntry{{key: "a", plan: localPlan{"gold", 100, 2}, tokens: 12.5, at: anchor, touched: anchor}}))
+	f.Add([]byte{localFormat, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		entries, ok := decodeLocalShard(b)
+		if !ok {
+			return
+		}
+		for _, e := range entries {
+			if !e.plan.valid() || e.tokens < 0 || e.tokens > float64(e.plan.limit) {
+				t.Fatalf("decoded an unusable entry %+v", e)
+			}
+		}
+		if re := encodeLocalShard(entries); !slices.Equal(re, b) {
+			t.Fatalf("re-encoded %v from %v", re, b)
+		}
+	})
+}
+
+// BenchmarkAllowedPathLocal: BenchmarkAllowedPath with on_failure "local"
+// and the sidecar's x-ratelimit-rate: learning a plan already recorded must
+// add no host call and no allocation to the healthy path.
+func BenchmarkAllowedPathLocal(b *testing.B) {
+	h := benchHost{panicHost: newPanicHost(), shared: newSharedHost()}
+	h.config = []byte(`{"on_failure": "local"}`)
+	l := New(h)
+	l.OnContextCreate(1, 0)
+	if !l.OnConfigure(1, len(h.config)) {
+		b.Fatal(h.logs)
+	}
+	h.request = [][2]string{{":method", "GET"}, {":path", "/v1/items"}, {"x-api-key", "client-1"}}
+	h.response = [][2]string{{":status", "200"}, {"ratelimit-limit", "100"}, {"ratelimit-remaining", "42"},
+		{"ratelimit-reset", "7"}, {"x-ratelimit-tokens", "42.5"}, {"x-ratelimit-plan", "gold"}, {"x-ratelimit-rate", "10"}}
+	b.ReportAllocs()
+	calls := 0
+	for i := 0; b.Loop(); i++ {
+		id := uint32(2 + i)
+		l.OnContextCreate(id, 1)
+		if l.OnRequestHeaders(id, 3, true) != abi.ActionPause {
+			b.Fatal("no callout")
+		}
+		l.OnHTTPCallResponse(1, 4, len(h.response), 0, 0)
+		l.OnResponseHeaders(id, 1, true)
+		l.OnDelete(id)
+		calls = len(h.calls)
+		h.calls = h.calls[:0]
+	}
+	b.ReportMetric(float64(calls), "hostcalls/op")
+	if h.shared.writes != 1 {
+		b.Fatalf("%d shared-data writes, want 1: the plan is recorded once", h.shared.writes)
+	}
+}
