@@ -35,12 +35,23 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"runtime/pprof"
 	"strings"
 	"syscall"
 )
 
 func main() {
+	if os.Getenv("GOGC") == "" {
+		// Envoy has no garbage collector; this stand-in has Go's, and a
+		// request allocates tens of kilobytes in net/http and the host.
+		// At the default GOGC=100 a small live heap means a collection
+		// every few hundred requests, each taking one of the two cores
+		// for its mark phase: latency no Envoy adds to a callout. A
+		// larger target makes collections rare (e2e/wasmhost/RATIONALE.md,
+		// "What a request costs the host").
+		debug.SetGCPercent(400)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, nil); err != nil {
