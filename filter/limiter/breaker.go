@@ -15,7 +15,10 @@ import (
 // a callout that timed out while others, sent before or with it, were being
 // answered was late because the proxy (or the sidecar) was busy with a
 // burst, not because the sidecar is gone, and opening then would let the
-// whole burst through unlimited. Once the open interval
+// whole burst through unlimited.
+// Nor does a timeout whose callback ran well after its deadline: the
+// worker was too busy to run it on time, which is the proxy's own
+// congestion, and the same congestion made the answer late. Once the open interval
 // has passed, the first request is a probe and every other one keeps
 // failing open until its answer: a probe that gets any answer from the
 // sidecar closes the breaker, one that fails opens it again for twice as
@@ -179,7 +182,15 @@ type breaker struct {
 	// (host clock, ns). It is the VM's own, not shared: it needs no host
 	// call, and in a burst every worker sees answers of its own.
 	answered int64
+	// late is how long after sentAt a timeout's callback may run and
+	// still count: the callout timeout plus lateSlack.
+	late int64
 }
+
+// lateSlack is how far past its deadline a timeout may be delivered and
+// still say the sidecar did not answer. An idle worker runs its timer well
+// within it even on a loaded machine; a worker later than that was busy.
+const lateSlack = int64(1e6)
 
 const (
 	breakerFormat = 1
@@ -197,6 +208,7 @@ func newBreaker(c *Config) breaker {
 		cfg:   c.Breaker,
 		key:   "edgelimit/breaker/v" + strconv.Itoa(breakerFormat) + "/" + c.SidecarCluster,
 		lease: msToNs(c.TimeoutMs) + msToNs(c.Breaker.MinOpenMs),
+		late:  msToNs(c.TimeoutMs) + lateSlack,
 	}
 }
 
@@ -238,15 +250,20 @@ func (b *breaker) allow(h abi.Host, now int64) (allow, probe bool) {
 	return false, false
 }
 
-// record applies the result, at now, of a callout sent at sentAt, and
-// reports the state it found and the transition it made. A failure of a
-// callout sent before the sidecar's latest answer changes nothing: the
-// sidecar was answering after it left (see the package comment above). A
-// probe's result always counts: it is the one callout out.
-func (b *breaker) record(h abi.Host, failed, probe bool, sentAt, now int64) (breakerState, breakerEvent) {
-	if !failed {
+// record applies the result, at now, of a callout sent at sentAt
+// (timedOut: Envoy's timeout ended it), and reports the state it found and
+// the transition it made. A failure of a callout sent before the sidecar's
+// latest answer changes nothing: the sidecar was answering after it left;
+// neither does a timeout delivered more than lateSlack after its deadline
+// (see the package comment above). Such a failure neither counts nor
+// resets the count. A probe's result always counts: it is the one callout
+// out.
+func (b *breaker) record(h abi.Host, failed, probe, timedOut bool, sentAt, now int64) (breakerState, breakerEvent) {
+	switch {
+	case !failed:
 		b.answered = max(b.answered, now)
-	} else if !probe && sentAt < b.answered {
+	case probe:
+	case sentAt < b.answered, timedOut && now-sentAt > b.late:
 		return breakerState{}, evNone
 	}
 	for attempt := 0; attempt < breakerCASAttempts; attempt++ {

@@ -225,9 +225,9 @@ func TestBreakerShared(t *testing.T) {
 	if allow, _ := a.allow(h, anchor); !allow || h.writes != 0 {
 		t.Fatalf("closed: allow %v after %d writes; want allowed with no write", allow, h.writes)
 	}
-	a.record(h, true, false, anchor, anchor)
-	b.record(h, true, false, anchor, anchor)
-	if _, ev := a.record(h, true, false, anchor, anchor); ev != evOpened {
+	a.record(h, true, false, false, anchor, anchor)
+	b.record(h, true, false, false, anchor, anchor)
+	if _, ev := a.record(h, true, false, false, anchor, anchor); ev != evOpened {
 		t.Fatalf("third failure across two VMs: event %d, want opened", ev)
 	}
 	if allow, _ := b.allow(h, anchor+99*ms); allow {
@@ -237,7 +237,7 @@ func TestBreakerShared(t *testing.T) {
 	writes := h.writes
 	c := newBreaker(&Config{SidecarCluster: "other", TimeoutMs: 5, Breaker: testBreaker})
 	for range 3 {
-		c.record(h, false, false, anchor, anchor)
+		c.record(h, false, false, false, anchor, anchor)
 	}
 	if h.writes != writes {
 		t.Errorf("successes while closed wrote %d times", h.writes-writes)
@@ -254,10 +254,10 @@ func TestBreakerShared(t *testing.T) {
 	// Another VM keeps winning: give up this probe, lose nothing else.
 	h.casFailures = breakerCASAttempts
 	before := slices.Clone(h.data[a.key])
-	if _, ev := b.record(h, false, true, anchor+101*ms, anchor+101*ms); ev != evNone || !slices.Equal(h.data[a.key], before) {
+	if _, ev := b.record(h, false, true, false, anchor+101*ms, anchor+101*ms); ev != evNone || !slices.Equal(h.data[a.key], before) {
 		t.Fatalf("record after %d CAS failures: event %d, state changed", breakerCASAttempts, ev)
 	}
-	if _, ev := a.record(h, false, true, anchor+101*ms, anchor+101*ms); ev != evClosed {
+	if _, ev := a.record(h, false, true, false, anchor+101*ms, anchor+101*ms); ev != evClosed {
 		t.Fatalf("probe success: event %d, want closed", ev)
 	}
 	if allow, _ := b.allow(h, anchor+102*ms); !allow {
@@ -270,7 +270,7 @@ func TestBreakerShared(t *testing.T) {
 	if allow, _ := a.allow(h, anchor); !allow {
 		t.Fatal("unreadable state refused a callout")
 	}
-	a.record(h, true, false, anchor+200*ms, anchor+205*ms)
+	a.record(h, true, false, false, anchor+200*ms, anchor+205*ms)
 	if st, ok := decodeBreaker(h.data[a.key]); !ok || st.failures != 1 {
 		t.Fatalf("after a failure: %+v, %v", st, ok)
 	}
@@ -287,10 +287,10 @@ func TestBreakerTellsCongestionFromOutage(t *testing.T) {
 	b := newBreaker(cfg)
 	// 30 callouts leave together at anchor; the first answers come back
 	// at +3 ms, the rest time out at +5 ms, interleaved with late answers.
-	b.record(h, false, false, anchor, anchor+3*ms)
+	b.record(h, false, false, false, anchor, anchor+3*ms)
 	for i := range 30 {
 		failed := i%3 != 0
-		if _, ev := b.record(h, failed, false, anchor+int64(i)*ms/10, anchor+5*ms+int64(i)*ms/10); ev != evNone {
+		if _, ev := b.record(h, failed, false, failed, anchor+int64(i)*ms/10, anchor+5*ms+int64(i)*ms/10); ev != evNone {
 			t.Fatalf("callout %d of the burst: event %d, want none", i, ev)
 		}
 	}
@@ -302,7 +302,7 @@ func TestBreakerTellsCongestionFromOutage(t *testing.T) {
 	last := anchor + 5*ms + 3*ms
 	for i := range int64(testBreaker.Failures) {
 		sent := last + (i+1)*ms
-		_, ev := b.record(h, true, false, sent, sent+5*ms)
+		_, ev := b.record(h, true, false, true, sent, sent+5*ms)
 		if want := evNone; i == int64(testBreaker.Failures)-1 {
 			want = evOpened
 			if ev != want {
@@ -311,6 +311,41 @@ func TestBreakerTellsCongestionFromOutage(t *testing.T) {
 		} else if ev != want {
 			t.Fatalf("failure %d after the last answer: event %d, want none", i+1, ev)
 		}
+	}
+}
+
+// Timeouts whose callbacks ran more than lateSlack after their deadline
+// come from a worker too busy to run them on time: they change nothing,
+// even with no answer from the sidecar since (a burst at a cold start);
+// one delivered on time counts, and a late one does not reset the count.
+func TestBreakerLateTimeoutsAreCongestion(t *testing.T) {
+	h := newSharedHost()
+	cfg := DefaultConfig()
+	cfg.Breaker = testBreaker
+	b := newBreaker(cfg)
+	if b.late != 5*ms+lateSlack {
+		t.Fatalf("late = %d, want the 5 ms timeout plus %d", b.late, lateSlack)
+	}
+	for i := range int64(10) {
+		sent := anchor + i*ms/10
+		if _, ev := b.record(h, true, false, true, sent, sent+5*ms+lateSlack+1); ev != evNone {
+			t.Fatalf("late timeout %d: event %d, want none", i, ev)
+		}
+	}
+	if st, _ := b.load(h); st.failures != 0 {
+		t.Fatalf("late timeouts counted: %+v", st)
+	}
+	// On time (exactly at the slack) counts; a late one in between
+	// neither counts nor resets; a 503 counts whenever it comes.
+	sent := anchor + 20*ms
+	b.record(h, true, false, true, sent, sent+5*ms+lateSlack)
+	b.record(h, true, false, true, sent, sent+50*ms)
+	if st, _ := b.load(h); st.failures != 1 {
+		t.Fatalf("after one timely and one late timeout: %d failures, want 1", st.failures)
+	}
+	b.record(h, true, false, false, sent, sent+50*ms)
+	if _, ev := b.record(h, true, false, true, sent, sent+5*ms); ev != evOpened {
+		t.Fatalf("third counted failure: event %d, want opened", ev)
 	}
 }
 
@@ -328,7 +363,7 @@ func TestBreakerSharedDataRefused(t *testing.T) {
 	cfg.Breaker = testBreaker
 	b := newBreaker(cfg)
 	for range 10 {
-		if _, ev := b.record(h, true, false, anchor, anchor); ev != evNone {
+		if _, ev := b.record(h, true, false, false, anchor, anchor); ev != evNone {
 			t.Fatalf("event %d without storing the state", ev)
 		}
 	}

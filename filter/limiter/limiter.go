@@ -405,7 +405,7 @@ func (l *Limiter) breakerResult(r *root, failed, probe bool, reason Reason, sent
 		return
 	}
 	h := l.host
-	before, ev := b.record(h, failed, probe, sentAt, now)
+	before, ev := b.record(h, failed, probe, reason == ReasonTimeout, sentAt, now)
 	switch ev {
 	case evOpened:
 		l.m.inc(h, cBreakerOpened)
