@@ -95,7 +95,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	if pipelines <= 0 {
 		pipelines = decide.DefaultPipelines
 	}
-	a.client = cfg.Redis.NewClient(redisconn.Tuning{PoolSize: pipelines + 4})
+	a.client = cfg.Redis.NewClient(redisconn.Tuning{PoolSize: pipelines + 4, MinIdleConns: pipelines})
 	a.decider = decide.New(a.client, decide.Options{
 		Pipelines:  pipelines,
 		MaxBatch:   cfg.MaxBatch,

@@ -226,6 +226,12 @@ type Tuning struct {
 	// PoolSize, if > 0 and the URL sets no pool_size, bounds the connections
 	// per node.
 	PoolSize int
+	// MinIdleConns, if > 0 and the URL sets no min_idle_conns, is how many
+	// connections per node go-redis dials ahead of need and keeps open. The
+	// sidecar's decisions have a deadline of a few milliseconds; a
+	// connection dialed on a decision's way (a TLS handshake above all)
+	// would spend it.
+	MinIdleConns int
 }
 
 // NewClient builds the client the URL describes. It does not connect: go-redis
@@ -235,26 +241,27 @@ func (s *Spec) NewClient(t Tuning) redis.UniversalClient {
 	switch s.Kind {
 	case Cluster:
 		o := *s.cluster
-		t.apply(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.PoolSize)
+		t.apply(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.PoolSize, &o.MinIdleConns)
 		o.ClusterStateReloadInterval = orDefault(o.ClusterStateReloadInterval, DefaultClusterReload)
 		o.ContextTimeoutEnabled = true
 		return redis.NewClusterClient(&o)
 	case Sentinel:
 		o := *s.failover
-		t.apply(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.PoolSize)
+		t.apply(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.PoolSize, &o.MinIdleConns)
 		o.ContextTimeoutEnabled = true
 		return redis.NewFailoverClient(&o)
 	}
 	o := *s.single
-	t.apply(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.PoolSize)
+	t.apply(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.PoolSize, &o.MinIdleConns)
 	o.ContextTimeoutEnabled = true
 	return redis.NewClient(&o)
 }
 
 // apply fills what the URL left unset: the dial, read and write timeouts,
-// the retries, and the pool size. The three kinds of go-redis options keep
-// these in fields of the same names but different types, hence the pointers.
-func (t Tuning) apply(dial, read, write *time.Duration, retries, pool *int) {
+// the retries, the pool size and the idle connections kept. The three kinds
+// of go-redis options keep these in fields of the same names but different
+// types, hence the pointers.
+func (t Tuning) apply(dial, read, write *time.Duration, retries, pool, minIdle *int) {
 	*dial = orDefault(*dial, DefaultDialTimeout)
 	*read = orDefault(*read, DefaultReadTimeout)
 	*write = orDefault(*write, DefaultWriteTimeout)
@@ -263,6 +270,9 @@ func (t Tuning) apply(dial, read, write *time.Duration, retries, pool *int) {
 	}
 	if *pool == 0 {
 		*pool = t.PoolSize
+	}
+	if *minIdle == 0 {
+		*minIdle = t.MinIdleConns
 	}
 }
 

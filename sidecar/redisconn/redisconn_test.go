@@ -103,20 +103,20 @@ func TestNewClientKinds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := s.NewClient(Tuning{PoolSize: 7})
+		c := s.NewClient(Tuning{PoolSize: 7, MinIdleConns: 2})
 		switch v := c.(type) {
 		case *redis.Client:
 			if tt.want != "*redis.Client" {
 				t.Errorf("%s: got *redis.Client", tt.url)
 			}
-			if o := v.Options(); o.PoolSize != 7 || o.ReadTimeout != DefaultReadTimeout || !o.ContextTimeoutEnabled {
+			if o := v.Options(); o.PoolSize != 7 || o.MinIdleConns != 2 || o.ReadTimeout != DefaultReadTimeout || !o.ContextTimeoutEnabled {
 				t.Errorf("%s: options %+v", tt.url, o)
 			}
 		case *redis.ClusterClient:
 			if tt.want != "*redis.ClusterClient" {
 				t.Errorf("%s: got *redis.ClusterClient", tt.url)
 			}
-			if o := v.Options(); o.PoolSize != 7 || o.MaxRetries != DefaultMaxRetries {
+			if o := v.Options(); o.PoolSize != 7 || o.MinIdleConns != 2 || o.MaxRetries != DefaultMaxRetries {
 				t.Errorf("%s: options %+v", tt.url, o)
 			}
 		}
