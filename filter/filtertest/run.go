@@ -57,6 +57,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"breaker/answers-are-success", r.breakerAnswersAreSuccess},
 		{"breaker/late-answers", r.breakerLateAnswers},
 		{"breaker/burst-stays-closed", r.breakerBurstStaysClosed},
+		{"breaker/wave-counts-once", r.breakerWaveCountsOnce},
 		{"breaker/deny-cache-first", r.breakerDenyCacheFirst},
 		{"breaker/shadow", r.breakerShadow},
 		{"breaker/workers", r.breakerWorkers},

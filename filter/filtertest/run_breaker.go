@@ -301,6 +301,31 @@ func (r runner) breakerBurstStaysClosed(t *testing.T) {
 	counters(t, h, map[string]int64{limiter.MetricFailedOpenPrefix + "timeout": 12, limiter.MetricAllowed: 2, circuitOpen: 1})
 }
 
+// breakerWaveCountsOnce: callouts sent together that all fail before any
+// answer (a sidecar starved by the burst, answering 503 past its Redis
+// deadline) are one failure; failures of callouts sent after it add to it.
+func (r runner) breakerWaveCountsOnce(t *testing.T) {
+	h := r.host(t, breakerConfig)
+	var wave []Stream
+	for range 10 {
+		s, _ := waiting(t, h, get("key-1"))
+		wave = append(wave, s)
+	}
+	h.Advance(3 * time.Millisecond) // under the 5 ms timeout
+	for _, s := range wave {
+		s.RespondCallout(unavailableAnswer, nil)
+		wentOn(t, s)
+	}
+	transitions(t, h, 0, 0, 0)
+	allowing(t, h, "key-2") // checked, not bypassed; and the streak ends
+	failing(t, h, "key-1", timeoutAnswer)
+	failing(t, h, "key-1", timeoutAnswer)
+	transitions(t, h, 0, 0, 0)
+	failing(t, h, "key-1", timeoutAnswer)
+	transitions(t, h, 1, 0, 0)
+	bypassed(t, h, "key-1")
+}
+
 // breakerDenyCacheFirst: a client the deny cache holds is still denied
 // while the breaker is open; the cache needs no sidecar.
 func (r runner) breakerDenyCacheFirst(t *testing.T) {

@@ -78,7 +78,8 @@ type breakerState struct {
 	// presumed lost (half-open); 0 when closed.
 	until int64
 	// since is when the breaker opened after being closed, for the log line
-	// that reports the outage's length.
+	// that reports the outage's length; while closed, when the current
+	// failing streak began (0: none).
 	since int64
 }
 
@@ -134,19 +135,28 @@ func (st breakerState) admit(lease, now int64) (next breakerState, allow, probe 
 	return st, true, true
 }
 
-// record applies the result of a callout sent when the breaker admitted
-// it (probe: as the probe). While open, and while half-open for any
-// callout but a probe, results change nothing: those callouts went out
+// record applies the result, at now, of a callout sent at sentAt when the
+// breaker admitted it (probe: as the probe). While closed, a failing streak
+// starts with its first failure (since); after that only callouts sent at
+// or after since add to it, each one sent when the failure was already
+// known: the callouts of one wave, sent together before any of them came
+// back, count once however many fail. While open, and while half-open for
+// any callout but a probe, results change nothing: those callouts went out
 // before the breaker opened and say nothing about the sidecar since.
-func (st breakerState) record(b *BreakerConfig, failed, probe bool, now int64) (breakerState, breakerEvent) {
+func (st breakerState) record(b *BreakerConfig, failed, probe bool, sentAt, now int64) (breakerState, breakerEvent) {
 	minOpen, maxOpen := msToNs(b.MinOpenMs), msToNs(max(b.MaxOpenMs, b.MinOpenMs))
 	switch st.phase {
 	case phaseClosed:
 		if !failed {
-			st.failures = 0
+			st.failures, st.since = 0, 0
 			return st, evNone
 		}
-		if st.failures < ^uint32(0) {
+		switch {
+		case st.failures == 0:
+			st.failures, st.since = 1, now
+		case sentAt < st.since:
+			return st, evNone
+		case st.failures < ^uint32(0):
 			st.failures++
 		}
 		if st.failures < b.Failures {
@@ -268,7 +278,7 @@ func (b *breaker) record(h abi.Host, failed, probe, timedOut bool, sentAt, now i
 	}
 	for attempt := 0; attempt < breakerCASAttempts; attempt++ {
 		st, cas := b.load(h)
-		next, ev := st.record(&b.cfg, failed, probe, now)
+		next, ev := st.record(&b.cfg, failed, probe, sentAt, now)
 		if next == st {
 			return st, evNone // the common case, a success while closed: no write
 		}

@@ -72,7 +72,7 @@ func TestBreakerStateMachine(t *testing.T) {
 		default:
 			failed := s.op == "fail" || s.op == "probe-fail"
 			probe := s.op == "probe-ok" || s.op == "probe-fail"
-			st, ev = st.record(&testBreaker, failed, probe, now)
+			st, ev = st.record(&testBreaker, failed, probe, now, now)
 		}
 		want := breakerState{phase: s.phase, failures: s.failed}
 		if s.phase != phaseClosed {
@@ -87,7 +87,7 @@ func TestBreakerStateMachine(t *testing.T) {
 func TestBreakerIntervalAndOutageStart(t *testing.T) {
 	var st breakerState
 	for i := range 3 {
-		st, _ = st.record(&testBreaker, true, false, anchor+int64(i)*ms)
+		st, _ = st.record(&testBreaker, true, false, anchor+int64(i)*ms, anchor+int64(i)*ms)
 	}
 	if st.interval != 100*ms || st.since != anchor+2*ms {
 		t.Fatalf("opened %+v, want a 100 ms interval since anchor+2ms", st)
@@ -95,7 +95,7 @@ func TestBreakerIntervalAndOutageStart(t *testing.T) {
 	for _, want := range []int64{200, 400, 400} {
 		now := st.until
 		st, _, _ = st.admit(testLease, now)
-		st, _ = st.record(&testBreaker, true, true, now)
+		st, _ = st.record(&testBreaker, true, true, now, now)
 		if st.interval != want*ms || st.since != anchor+2*ms {
 			t.Fatalf("after a failed probe: %+v, want a %d ms interval, outage since anchor+2ms", st, want)
 		}
@@ -204,7 +204,7 @@ func FuzzDecodeBreaker(f *testing.F) {
 			t.Fatalf("%+v: probe left %+v", st, next)
 		}
 		for _, failed := range []bool{false, true} {
-			after, _ := next.record(&testBreaker, failed, probe, now)
+			after, _ := next.record(&testBreaker, failed, probe, now, now)
 			if after.phase == phaseOpen && after != next && (after.interval < 100*ms || after.interval > 400*ms) {
 				t.Fatalf("%+v: opened for %d ns, outside min_open_ms..max_open_ms", next, after.interval)
 			}
@@ -301,7 +301,7 @@ func TestBreakerTellsCongestionFromOutage(t *testing.T) {
 	// fail, and the third of them (testBreaker.Failures) opens the breaker.
 	last := anchor + 5*ms + 3*ms
 	for i := range int64(testBreaker.Failures) {
-		sent := last + (i+1)*ms
+		sent := last + (i+1)*6*ms // each sent once the one before had failed
 		_, ev := b.record(h, true, false, true, sent, sent+5*ms)
 		if want := evNone; i == int64(testBreaker.Failures)-1 {
 			want = evOpened
@@ -343,9 +343,36 @@ func TestBreakerLateTimeoutsAreCongestion(t *testing.T) {
 	if st, _ := b.load(h); st.failures != 1 {
 		t.Fatalf("after one timely and one late timeout: %d failures, want 1", st.failures)
 	}
-	b.record(h, true, false, false, sent, sent+50*ms)
-	if _, ev := b.record(h, true, false, true, sent, sent+5*ms); ev != evOpened {
+	b.record(h, true, false, false, sent+10*ms, sent+50*ms)
+	if _, ev := b.record(h, true, false, true, sent+60*ms, sent+65*ms); ev != evOpened {
 		t.Fatalf("third counted failure: event %d, want opened", ev)
+	}
+}
+
+// One wave of callouts, sent together before any came back, counts once
+// however many of them fail; callouts sent once a failure was known add to
+// the streak.
+func TestBreakerWaveCountsOnce(t *testing.T) {
+	st := breakerState{}
+	for i := range int64(30) {
+		var ev breakerEvent
+		if st, ev = st.record(&testBreaker, true, false, anchor+i*ms/30, anchor+5*ms+i*ms/30); ev != evNone {
+			t.Fatalf("failure %d of the wave: event %d, want none", i, ev)
+		}
+	}
+	if st.failures != 1 || st.since != anchor+5*ms {
+		t.Fatalf("after the wave: %+v, want 1 failure since its first came back", st)
+	}
+	st, _ = st.record(&testBreaker, true, false, anchor+5*ms, anchor+10*ms)
+	st, ev := st.record(&testBreaker, true, false, anchor+10*ms, anchor+15*ms)
+	if ev != evOpened {
+		t.Fatalf("third failure, each sent after one had failed: event %d, want opened (%+v)", ev, st)
+	}
+	// A success ends the streak: the next failure starts a new one.
+	st = breakerState{failures: 2, since: anchor}
+	st, _ = st.record(&testBreaker, false, false, anchor+ms, anchor+2*ms)
+	if st.failures != 0 || st.since != 0 {
+		t.Fatalf("after a success: %+v, want no streak", st)
 	}
 }
 
