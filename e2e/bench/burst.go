@@ -164,17 +164,13 @@ func burstKey(gateways, senders, step int) string {
 // burstOnce sends one step and counts what happened.
 func burstOnce(ctx context.Context, e *env, fronts []*rig.Front, g, senders, step int, offered float64, window time.Duration) (burstStep, error) {
 	key := burstKey(g, senders, step)
-	before := map[string]int64{}
 	var targets []string
 	for _, f := range fronts {
-		c, err := f.Counters()
-		if err != nil {
-			return burstStep{}, err
-		}
-		for k, v := range c {
-			before[k] += v
-		}
 		targets = append(targets, f.Gateway.Addr)
+	}
+	before, err := sumCounters(fronts)
+	if err != nil {
+		return burstStep{}, err
 	}
 	st := burstStep{Gateways: g, Senders: senders, Offered: offered}
 	e.prog.Printf("burst: %d gateway(s), %s, %.0f req/s", g, st.mode(), offered)
@@ -182,15 +178,11 @@ func burstOnce(ctx context.Context, e *env, fronts []*rig.Front, g, senders, ste
 	if err != nil {
 		return burstStep{}, err
 	}
-	after := map[string]int64{}
+	after, err := sumCounters(fronts)
+	if err != nil {
+		return burstStep{}, err
+	}
 	for _, f := range fronts {
-		c, err := f.Counters()
-		if err != nil {
-			return burstStep{}, err
-		}
-		for k, v := range c {
-			after[k] += v
-		}
 		for _, svc := range f.Fleet.Services {
 			for _, rep := range svc.Stats().Replicas {
 				st.Reached += rep.Clients[key].Received
@@ -202,6 +194,21 @@ func burstOnce(ctx context.Context, e *env, fronts []*rig.Front, g, senders, ste
 	st.Want = plan.Capacity + plan.Rate*r.Window.Seconds()
 	st.FailedOpen = rig.FailedOpen(counterDelta(before, after))
 	return st, nil
+}
+
+// sumCounters adds up the filter's counters over every front.
+func sumCounters(fronts []*rig.Front) (map[string]int64, error) {
+	sum := map[string]int64{}
+	for _, f := range fronts {
+		c, err := f.Counters()
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range c {
+			sum[k] += v
+		}
+	}
+	return sum, nil
 }
 
 func yesNo(b bool) string {

@@ -16,11 +16,11 @@ import (
 // only the fields it is about changed. A value of JSON null removes the
 // field, leaving it to the filter's default.
 func WithFilterConfig(src, dir, overrides string) (string, error) {
+	var doc map[string]any
 	raw, err := os.ReadFile(src)
 	if err != nil {
 		return "", err
 	}
-	var doc map[string]any
 	if err := yaml.Unmarshal(raw, &doc); err != nil {
 		return "", fmt.Errorf("%s: %w", src, err)
 	}
@@ -29,13 +29,12 @@ func WithFilterConfig(src, dir, overrides string) (string, error) {
 		return "", fmt.Errorf("filter configuration overrides %q: want a JSON object: %w", overrides, err)
 	}
 	if err := onlyPluginConfig(doc, src, func(m map[string]any) error {
-		// The shipped text, unparsed, when overrides change nothing; a
-		// text that is not an object is kept as it is for the same reason
-		// (the plugin itself is what rejects it).
-		text, _ := m["value"].(string)
+		// With nothing to change the text stays as written, even one
+		// that is not JSON: the plugin itself is what rejects it.
 		if len(patch) == 0 {
 			return nil
 		}
+		text, _ := m["value"].(string)
 		cfg := map[string]json.RawMessage{}
 		if err := json.Unmarshal([]byte(text), &cfg); err != nil {
 			return fmt.Errorf("%s: the plugin configuration is not a JSON object: %w", src, err)
@@ -62,25 +61,6 @@ func WithFilterConfig(src, dir, overrides string) (string, error) {
 	}
 	dst := filepath.Join(dir, "envoy.yaml")
 	return dst, os.WriteFile(dst, out, 0o644)
-}
-
-// FilterConfig returns the wasm filter's plugin configuration (the JSON text)
-// of the Envoy bootstrap at path.
-func FilterConfig(path string) (string, error) {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return "", err
-	}
-	var doc map[string]any
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		return "", fmt.Errorf("%s: %w", path, err)
-	}
-	var text string
-	err = onlyPluginConfig(doc, path, func(m map[string]any) error {
-		text, _ = m["value"].(string)
-		return nil
-	})
-	return text, err
 }
 
 // onlyPluginConfig calls edit on the one StringValue (the plugin
