@@ -82,6 +82,7 @@ bench: deps build
 	$(GO) build -C e2e/bench/rls -trimpath -o $(EDGELIMIT_BIN_DIR)/rlsload ./rlsload
 	$(GO) run ./e2e/bench/scriptbench -out e2e/bench/results/scriptbench.txt
 	$(GO) run ./e2e/bench/sidecarbench -out e2e/bench/results/sidecarbench.txt
+	$(GO) run ./e2e/bench/filtercost -out e2e/bench/results/filtercost.txt
 	$(GO) run ./e2e/bench -bin $(EDGELIMIT_BIN_DIR)
 
 ## demo: a real burst against the limiter.

@@ -208,6 +208,8 @@ func writeBenchmarks(root, path string, e *env, command string) error {
 		{Title: "Throughput: the script through go-redis vs redis-benchmark", Path: filepath.Join(e.out, "scriptbench.txt")},
 		{Title: "Throughput: the sidecar vs redis-benchmark, and beside envoyproxy/ratelimit", Path: filepath.Join(e.out, "sidecarbench.txt"),
 			Checks: filepath.Join(e.out, "sidecarbench.checks.json")},
+		{Title: "The filter's cost per request: wazero against native", Path: filepath.Join(e.out, "filtercost.txt"),
+			Checks: filepath.Join(e.out, "filtercost.checks.json")},
 	} {
 		if _, err := os.Stat(a.Path); err == nil {
 			a.Shown, _ = filepath.Rel(root, a.Path)

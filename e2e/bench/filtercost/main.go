@@ -1,0 +1,160 @@
+// Command filtercost measures what one allowed request costs the filter
+// inside wazero (filter.wasm in the headless host, BenchmarkFilterRequest)
+// against the same logic compiled natively (BenchmarkAllowedPath), side by
+// side: the two benchmarks run in alternating rounds of the same run, and
+// the medians and their ratio are reported.
+//
+//	go run ./e2e/bench/filtercost [-rounds 5] [-benchtime 1s] [-out FILE]
+//
+// The targets (issue "the limit must hold under bursts"): the whole request
+// lifecycle in wazero at most 10 µs, and at most 15x the native path. The
+// wasm figure includes the host's own work per request (entering exports,
+// host calls), as Envoy's would include V8's.
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/perf/benchfmt"
+
+	"github.com/edgelimit/edgelimit/e2e/bench/report"
+	"github.com/edgelimit/edgelimit/e2e/bench/stat"
+	"github.com/edgelimit/edgelimit/e2e/harness"
+)
+
+// The targets, from the issue that set them.
+const (
+	targetWasmNs = 10_000
+	targetRatio  = 15
+)
+
+// bench is one of the two measured benchmarks.
+type bench struct {
+	name string // as go test prints it, without the -N suffix
+	pkg  string
+}
+
+var (
+	wasm   = bench{"BenchmarkFilterRequest", "./e2e/filterwasm"}
+	native = bench{"BenchmarkAllowedPath", "./filter/limiter"}
+)
+
+func main() {
+	rounds := flag.Int("rounds", 5, "alternating rounds of both benchmarks; the report gives medians")
+	benchtime := flag.String("benchtime", "1s", "go test -benchtime of each round")
+	out := flag.String("out", "", "also write the report to this file, and its checks beside it (FILE without .txt + .checks.json)")
+	flag.Parse()
+	if err := run(*rounds, *benchtime, *out); err != nil {
+		fmt.Fprintln(os.Stderr, "filtercost:", err)
+		os.Exit(1)
+	}
+}
+
+func run(rounds int, benchtime, out string) error {
+	root, err := harness.RepoRoot()
+	if err != nil {
+		return err
+	}
+	started := time.Now()
+	load0 := report.LoadAverage()
+	var ns [2][]float64
+	for r := 0; r < rounds; r++ {
+		// The order alternates, so that a machine getting busier or
+		// quieter during the run weighs on both alike.
+		order := []int{0, 1}
+		if r%2 == 1 {
+			order = []int{1, 0}
+		}
+		for _, i := range order {
+			b := [2]bench{wasm, native}[i]
+			v, err := runBench(root, b, benchtime)
+			if err != nil {
+				return err
+			}
+			ns[i] = append(ns[i], v)
+			fmt.Fprintf(os.Stderr, "filtercost: round %d/%d %s %.0f ns/op\n", r+1, rounds, b.name, v)
+		}
+	}
+	w, n := stat.Median(ns[0]), stat.Median(ns[1])
+	ratio := w / n
+
+	var buf bytes.Buffer
+	fmt.Fprintf(&buf, "One allowed request through the filter: filter.wasm in wazero against the same logic natively\n")
+	fmt.Fprintf(&buf, "go test -bench, %d alternating rounds of -benchtime %s, %s (load average %.1f at the start, %.1f at the end)\n\n",
+		rounds, benchtime, started.UTC().Format("2006-01-02 15:04 UTC"), load0, report.LoadAverage())
+	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "benchmark\tpackage\tns/op per round\tmedian ns/op\t")
+	for i, b := range []bench{wasm, native} {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t\n", b.name, b.pkg, joinNs(ns[i]), stat.Median(ns[i]))
+	}
+	tw.Flush()
+	fmt.Fprintf(&buf, "\nratio wasm / native (medians): %.1fx\n", ratio)
+	fmt.Fprintf(&buf, "targets: wasm <= %d ns (%s), ratio <= %dx (%s)\n", targetWasmNs, met(w <= targetWasmNs), targetRatio, met(ratio <= targetRatio))
+	os.Stdout.Write(buf.Bytes())
+	if out == "" {
+		return nil
+	}
+	if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
+		return err
+	}
+	checks := []report.Check{
+		{Claim: "the filter's whole request in wazero", Target: fmt.Sprintf("<= %d µs", targetWasmNs/1000),
+			Measured: fmt.Sprintf("%.1f µs (median of %d rounds)", w/1000, rounds), Holds: w <= targetWasmNs},
+		{Claim: "the filter in wazero against the native path", Target: fmt.Sprintf("<= %dx", targetRatio),
+			Measured: fmt.Sprintf("%.0fx (%.1f µs / %.2f µs)", ratio, w/1000, n/1000), Holds: ratio <= targetRatio},
+	}
+	return report.SaveChecks(strings.TrimSuffix(out, ".txt")+".checks.json", checks)
+}
+
+// runBench runs one benchmark once and returns its ns/op.
+func runBench(root string, b bench, benchtime string) (float64, error) {
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	cmd := exec.Command(goBin, "test", "-run", "^$", "-bench", "^"+b.name+"$", "-benchtime", benchtime, "-count", "1", b.pkg)
+	cmd.Dir = root
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return 0, fmt.Errorf("go test -bench %s %s: %v\n%s%s", b.name, b.pkg, err, stdout.Bytes(), stderr.Bytes())
+	}
+	printed := stdout.Bytes()
+	r := benchfmt.NewReader(bytes.NewReader(printed), b.pkg)
+	for r.Scan() {
+		// benchfmt names a benchmark without its "Benchmark" prefix.
+		res, ok := r.Result().(*benchfmt.Result)
+		if !ok || string(res.Name.Base()) != strings.TrimPrefix(b.name, "Benchmark") {
+			continue
+		}
+		if v, ok := res.Value("sec/op"); ok {
+			return v * 1e9, nil
+		}
+	}
+	if err := r.Err(); err != nil && err != io.EOF {
+		return 0, err
+	}
+	return 0, fmt.Errorf("go test -bench %s %s printed no sec/op:\n%s", b.name, b.pkg, printed)
+}
+
+func joinNs(xs []float64) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmt.Sprintf("%.0f", x)
+	}
+	return strings.Join(parts, " ")
+}
+
+func met(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "not met"
+}
