@@ -68,9 +68,10 @@ check: deps
 	$(GO) mod tidy -diff
 
 ## bench: the benchmark harness. The script and the sidecar beside
-## redis-benchmark, the sidecar beside envoyproxy/ratelimit, then the design
-## document's scenarios (incident, noisy neighbour, latency budget,
-## throughput, fail open) side by side; writes e2e/bench/results/ and
+## redis-benchmark, the sidecar beside envoyproxy/ratelimit, the filter in
+## wazero beside its native path, then the design document's scenarios
+## (incident, noisy neighbour, latency budget, throughput, fail open) and the
+## burst sweep side by side; writes e2e/bench/results/ and
 ## BENCHMARKS.md from the run. envoyproxy/ratelimit and its gRPC load
 ## generator come from the bench's own module (e2e/bench/rls/go.mod pins
 ## the version), so the main module does not pull their dependencies.
