@@ -773,8 +773,8 @@ func (r runner) denyCacheCosts(t *testing.T) {
 		s, _ := waiting(t, h, request("GET", path, "key-1"))
 		s.RespondCallout(allowAnswer(10, 0, 10, "basic"), nil)
 	}
-	cached("/double", "1") // 2 tokens: not before 1 s
-	cached("/heavy", "4")  // 5 tokens: not before 4 s
+	cached("/double", "1")            // 2 tokens: not before 1 s
+	cached("/heavy", "4")             // 5 tokens: not before 4 s
 	h.Advance(998 * time.Millisecond) // the margin: 10 µs + 1 ms
 	cached("/double", "1")
 	h.Advance(2 * time.Millisecond)

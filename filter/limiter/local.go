@@ -145,7 +145,6 @@ func (e *localEntry) take(cost, now int64) localDecision {
 	return d
 }
 
-
 // localLimiter is one plugin's view of the shared local buckets; nil when
 // on_failure is "open".
 type localLimiter struct {
