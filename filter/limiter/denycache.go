@@ -70,12 +70,15 @@ type denyEntry struct {
 }
 
 // newDenyEntry makes an entry from a 429 for a request of cost sent at
-// sentAt and answered at recvAt. It reports false when the answer lacks the
-// exact tokens or rate, or would cache nothing sound: a cost above the
-// capacity (no wait helps), or one the tokens already cover.
+// sentAt and answered at recvAt, or from a 200 for a client that already has
+// an entry (the bound is the same: the exact tokens after the decision, and
+// what they told the client stays true after the client spent). It reports
+// false when the answer lacks the exact tokens or rate, or would cache
+// nothing sound: a denied cost above the capacity (no wait helps), or one the
+// tokens already cover.
 func newDenyEntry(key string, cost, sentAt, recvAt int64, a *Answer) (denyEntry, bool) {
-	if !a.HasTokens || !a.HasRate || a.Never || sentAt <= 0 || recvAt < sentAt ||
-		a.Limit <= 0 || cost > a.Limit || float64(cost) <= a.Tokens || a.Tokens > float64(a.Limit) {
+	if !a.HasTokens || !a.HasRate || sentAt <= 0 || recvAt < sentAt || a.Limit <= 0 || a.Tokens > float64(a.Limit) ||
+		(a.Outcome == Denied && (a.Never || cost > a.Limit || float64(cost) <= a.Tokens)) {
 		return denyEntry{}, false
 	}
 	e := denyEntry{key: key, plan: a.Plan, limit: a.Limit, tokens: a.Tokens, rate: a.Rate, sent: sentAt, recv: recvAt}

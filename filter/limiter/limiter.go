@@ -73,6 +73,7 @@ type stream struct {
 	enforce bool
 	token   uint32
 	pending bool  // a callout is out and the request waits for it
+	entry   bool  // the deny cache held an entry for the key (not denying this request)
 	probe   bool  // the callout is the circuit breaker's probe
 	settled bool  // the filter has resumed or answered the request
 	gone    bool  // the proxy deleted the stream; only its answer is left
@@ -229,8 +230,11 @@ func (l *Limiter) check(s *stream) abi.Action {
 		s.cost = cfg.Cost(method, path)
 	}
 	now := h.Now()
-	if e, ok := s.root.cache.lookup(h, s.key); ok && e.denies(s.cost, now) {
-		return l.cachedDeny(s, &e, now)
+	if e, ok := s.root.cache.lookup(h, s.key); ok {
+		if e.denies(s.cost, now) {
+			return l.cachedDeny(s, &e, now)
+		}
+		s.entry = true
 	}
 	// The deny cache comes first: it needs no sidecar, so a client it
 	// denies stays denied while the breaker is open.
@@ -336,9 +340,12 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	// still there.
 	l.breakerResult(r, breakerFailure(&a), s.probe, a.Reason, s.sentAt, now)
 	r.local.learn(h, s, &a, now)
-	if a.Outcome == Denied {
-		// Cached even when the client has gone: the next request of the
-		// same client is spared a callout.
+	// A denial is cached even when the client has gone: the next request
+	// of the same client is spared a callout. An admission updates the
+	// client's entry if it has one, so that what a cached denial tells the
+	// client counts what it spent since; a client with no entry (the
+	// healthy path) costs nothing here.
+	if a.Outcome == Denied || (a.Outcome == Allowed && s.entry) {
 		if e, ok := newDenyEntry(s.key, s.cost, s.sentAt, now, &a); ok {
 			r.cache.store(h, e, now)
 		}
