@@ -142,7 +142,7 @@ func (e *denyEntry) reply(cost, now int64) (q quota, retry int64) {
 
 // denyCache is one plugin's view of the shared deny entries.
 type denyCache struct {
-	// shards are the shared-data keys, "edgelimit/deny/v1/<cluster>/<n>",
+	// shards are the shared-data keys, "edgelimit/deny/v2/<cluster>/<n>",
 	// made once so that a lookup builds no string.
 	shards []string
 }
@@ -210,9 +210,9 @@ func (c denyCache) store(h abi.Host, e denyEntry, now int64) {
 // Shard format: version byte, entry count byte, then per entry a u16 key
 // length and the key, a u8 plan length and the plan, limit (i64), tokens
 // (f64 bits), rate (tokens per second, f64 bits), sent and recv (i64),
-// little-endian. Format 1 (a rate per ns derived from the rounded wait, one
-// anchor) is not read: a VM of the old filter sharing the process only
-// costs callouts until its entries are overwritten.
+// little-endian. The format is in the keys (deny/v2): format 1 (a rate per
+// ns derived from a rounded wait, one anchor) lives under other keys, so an
+// older filter's VM in the same process never reads these, nor they its.
 
 const denyEntryFixed = 40
 
