@@ -65,11 +65,19 @@ type Result struct {
 	// RetryAfter is, for a denied call, how long until the bucket will hold
 	// the cost (rounded up to the nanosecond). 0 when allowed or Never.
 	RetryAfter time.Duration
+	// RetryMs is the same wait exactly as the script computed it, in
+	// milliseconds: (cost - tokens) / rate * 1000 in float64. Answers that
+	// must never point earlier than the wait are derived from it, not from
+	// a rounded figure.
+	RetryMs float64
 	// Never says the cost exceeds the capacity: no wait can make it succeed.
 	Never bool
 	// ResetAfter is how long until the bucket is full again (rounded up to
 	// the nanosecond; durations beyond ~292 years saturate).
 	ResetAfter time.Duration
+	// ResetMs is the same time exactly as the script computed it, in
+	// milliseconds.
+	ResetMs float64
 }
 
 // Args returns the script's ARGV for one call: capacity, rate and cost, as
@@ -134,13 +142,13 @@ func ParseReply(v any) (Result, error) {
 		if r.Allowed && ms != 0 {
 			return Result{}, fmt.Errorf("token bucket reply: allowed with retry %v ms", ms)
 		}
-		r.RetryAfter = millis(ms)
+		r.RetryAfter, r.RetryMs = millis(ms), ms
 	}
 	ms, err := replyNumber("reset", arr[3])
 	if err != nil {
 		return Result{}, err
 	}
-	r.ResetAfter = millis(ms)
+	r.ResetAfter, r.ResetMs = millis(ms), ms
 	return r, nil
 }
 

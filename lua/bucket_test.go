@@ -19,20 +19,20 @@ func TestParseReply(t *testing.T) {
 		want  Result
 	}{
 		{"allowed", []any{int64(1), "2.5", "0", "1500"},
-			Result{Allowed: true, Tokens: 2.5, ResetAfter: 1500 * time.Millisecond}},
+			Result{Allowed: true, Tokens: 2.5, ResetAfter: 1500 * time.Millisecond, ResetMs: 1500}},
 		{"denied", []any{int64(0), "0.25", "750", "4750"},
-			Result{Tokens: 0.25, RetryAfter: 750 * time.Millisecond, ResetAfter: 4750 * time.Millisecond}},
+			Result{Tokens: 0.25, RetryAfter: 750 * time.Millisecond, RetryMs: 750, ResetAfter: 4750 * time.Millisecond, ResetMs: 4750}},
 		{"never", []any{int64(0), "3", "never", "0"},
 			Result{Tokens: 3, Never: true}},
 		// 17 significant digits come back as the same double.
 		{"exact fraction", []any{int64(1), "0.33333333333333331", "0", "0"},
 			Result{Allowed: true, Tokens: 1.0 / 3}},
-		// Fractions of a nanosecond round up: a client told to wait is
-		// never told too little.
+		// Fractions of a nanosecond round up in the durations: a client
+		// told to wait is never told too little. The ms stay exact.
 		{"ms rounded up to ns", []any{int64(0), "0", "0.0000001", "1.0000000001"},
-			Result{RetryAfter: 1, ResetAfter: time.Millisecond + 1}},
+			Result{RetryAfter: 1, RetryMs: 0.0000001, ResetAfter: time.Millisecond + 1, ResetMs: 1.0000000001}},
 		{"saturates", []any{int64(0), "0", "1e300", "1e300"},
-			Result{RetryAfter: math.MaxInt64, ResetAfter: math.MaxInt64}},
+			Result{RetryAfter: math.MaxInt64, RetryMs: 1e300, ResetAfter: math.MaxInt64, ResetMs: 1e300}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseReply(tc.reply)

@@ -157,9 +157,11 @@ func allowAnswer(limit, remaining, reset int64, plan string) []Header {
 	}
 }
 
-// denyAnswer is a 429 as the sidecar sends it; tokens and retryMs are the
-// exact bucket state ("" leaves the header out).
-func denyAnswer(limit, remaining, reset, retryAfter int64, tokens, retryMs, plan string) []Header {
+// denyAnswer is a hand-made 429 for the edges of the contract (an older
+// sidecar, values the sidecar never sends); tokens and rate are the exact
+// bucket state ("" leaves the header out). Answers the sidecar really makes
+// come from sidecarAnswer.
+func denyAnswer(limit, remaining, reset, retryAfter int64, tokens, rate, plan string) []Header {
 	h := []Header{
 		{":status", "429"},
 		{"content-type", "application/json"},
@@ -172,8 +174,8 @@ func denyAnswer(limit, remaining, reset, retryAfter int64, tokens, retryMs, plan
 	if tokens != "" {
 		h = append(h, Header{"x-ratelimit-tokens", tokens})
 	}
-	if retryMs != "" {
-		h = append(h, Header{"x-ratelimit-retry-after-ms", retryMs})
+	if rate != "" {
+		h = append(h, Header{"x-ratelimit-rate", rate})
 	}
 	return h
 }
@@ -265,7 +267,7 @@ func reply(t *testing.T, s Stream, status int) Reply {
 // jsonBody decodes a local reply's JSON body.
 func jsonBody(t *testing.T, r Reply) map[string]any {
 	t.Helper()
-	if ct := header(t, r.Headers, "content-type"); ct != "application/json" {
+	if ct := header(t, r.Headers, "content-type"); ct != limiter.ProblemContentType {
 		t.Errorf("content-type %q", ct)
 	}
 	var m map[string]any
@@ -275,27 +277,75 @@ func jsonBody(t *testing.T, r Reply) map[string]any {
 	return m
 }
 
-// denial requires a 429 from the filter with the rate-limit headers.
-func denial(t *testing.T, s Stream, policy, limit, remaining, reset, retryAfter string) Reply {
+// denial requires a 429 from the filter with the rate-limit headers: the
+// whole RateLimit-Policy and RateLimit values, the legacy reset, and
+// retry-after ("" when the request can never succeed and must have none);
+// ratelimit-limit and ratelimit-remaining must repeat q and r. The body is
+// the draft's quota-exceeded problem naming the policy.
+func denial(t *testing.T, s Stream, policy, rl, reset, retryAfter string) Reply {
 	t.Helper()
 	r := reply(t, s, 429)
+	param := func(v, name string) string {
+		for _, p := range strings.Split(v, ";")[1:] {
+			if k, val, _ := strings.Cut(p, "="); k == name {
+				return val
+			}
+		}
+		return ""
+	}
 	for _, c := range [][2]string{
-		{"retry-after", retryAfter},
-		{"ratelimit-policy", policy + ";q=" + limit},
-		{"ratelimit", policy + ";r=" + remaining + ";t=" + reset},
-		{"ratelimit-limit", limit},
-		{"ratelimit-remaining", remaining},
+		{"ratelimit-policy", policy},
+		{"ratelimit", rl},
+		{"ratelimit-limit", param(policy, "q")},
+		{"ratelimit-remaining", param(rl, "r")},
 		{"ratelimit-reset", reset},
+		{"retry-after", retryAfter},
 	} {
+		if c[0] == "retry-after" && c[1] == "" {
+			continue
+		}
 		if got := header(t, r.Headers, c[0]); got != c[1] {
 			t.Errorf("429 header %s = %q, want %q", c[0], got, c[1])
 		}
 	}
+	if _, ok := Get(r.Headers, "retry-after"); retryAfter == "" && ok {
+		t.Errorf("429 with retry-after for a request that can never succeed")
+	}
+	// The draft: Retry-After never points earlier than t.
+	if ra, tt := toInt(retryAfter), toInt(param(rl, "t")); retryAfter != "" && ra < tt {
+		t.Errorf("retry-after %s is earlier than t=%d", retryAfter, tt)
+	}
 	body := jsonBody(t, r)
-	if body["error"] != "rate_limited" || strconv.FormatFloat(toFloat(body["retry_after"]), 'f', -1, 64) != retryAfter {
-		t.Errorf("429 body %s", r.Body)
+	name, _ := strings.CutPrefix(strings.SplitN(policy, ";", 2)[0], `"`)
+	name, _ = strings.CutSuffix(name, `"`)
+	vp, _ := body["violated-policies"].([]any)
+	if body["type"] != limiter.QuotaExceededType || body["status"] != float64(429) || body["title"] == nil || body["detail"] == nil ||
+		len(vp) != 1 || vp[0] != name {
+		t.Errorf("429 body %s: want the quota-exceeded problem for policy %q", r.Body, name)
+	}
+	if retryAfter != "" && (body["error"] != "rate_limited" || strconv.FormatFloat(toFloat(body["retry_after"]), 'f', -1, 64) != retryAfter) {
+		t.Errorf("429 body %s: want error rate_limited, retry_after %s", r.Body, retryAfter)
+	}
+	if retryAfter == "" && (body["error"] != "cost_above_limit" || body["retry_after"] != nil) {
+		t.Errorf("429 body %s: want error cost_above_limit and no retry_after", r.Body)
 	}
 	return r
+}
+
+func toInt(s string) int64 {
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n
+}
+
+// values returns every value of name, in order.
+func values(hs []Header, name string) []string {
+	var v []string
+	for _, h := range hs {
+		if h[0] == name {
+			v = append(v, h[1])
+		}
+	}
+	return v
 }
 
 func toFloat(v any) float64 {
@@ -405,18 +455,23 @@ func (r runner) allowed(t *testing.T) {
 		t.Errorf("upstream x-api-key %q", got)
 	}
 	absent(t, up, "x-ratelimit-shadow")
-	// A service's own (per-service limiter) headers are replaced, not doubled.
-	resp := s.ResponseHeaders([]Header{{":status", "200"}, {"ratelimit-limit", "999"}, {"RateLimit", "stale"}, {"content-type", "text/plain"}})
-	for _, want := range [][2]string{
-		{"ratelimit-policy", `"gold";q=100`},
-		{"ratelimit", `"gold";r=42;t=7`},
+	// A service's own RateLimit fields are kept and the edge's policy is
+	// added beside them (the draft's intermediaries rule: add a more
+	// restrictive policy, never remove the service's); the legacy trio,
+	// which holds one policy, is the edge's. This answer is an older
+	// sidecar's (no rate): no w, and t is its reset.
+	resp := s.ResponseHeaders([]Header{{":status", "200"}, {"ratelimit-limit", "999"}, {"ratelimit", `"svc";r=5;t=1`},
+		{"ratelimit-policy", `"svc";q=10;w=1`}, {"content-type", "text/plain"}})
+	for _, want := range [][]string{
+		{"ratelimit-policy", `"svc";q=10;w=1`, `"gold";q=100`},
+		{"ratelimit", `"svc";r=5;t=1`, `"gold";r=42;t=7`},
 		{"ratelimit-limit", "100"},
 		{"ratelimit-remaining", "42"},
 		{"ratelimit-reset", "7"},
 		{"content-type", "text/plain"},
 	} {
-		if got := header(t, resp, want[0]); got != want[1] {
-			t.Errorf("response header %s = %q, want %q", want[0], got, want[1])
+		if got := values(resp, want[0]); !slices.Equal(got, want[1:]) {
+			t.Errorf("response header %s = %q, want %q", want[0], got, want[1:])
 		}
 	}
 	s.Done()
@@ -424,13 +479,34 @@ func (r runner) allowed(t *testing.T) {
 	if n := metric(t, h, limiter.MetricCalloutLatency); n != 1 {
 		t.Errorf("latency histogram has %d samples, want 1", n)
 	}
+
+	// The sidecar's own answer: 200 burst, 100/s, 1 token taken from a
+	// full bucket. w is the 2 s the rate takes to refill the capacity, the
+	// exact rate a vendor parameter; t the 10 ms to the next whole token,
+	// rounded up to a second.
+	s, _ = waiting(t, h, get("key-1"))
+	s.RespondCallout(sidecarAnswer("pro", 200, 100, 200, 1), nil)
+	wentOn(t, s)
+	resp = s.ResponseHeaders([]Header{{":status", "200"}})
+	for _, want := range [][2]string{
+		{"ratelimit-policy", `"pro";q=200;w=2;edgelimit-rate="100"`},
+		{"ratelimit", `"pro";r=199;t=1`},
+		{"ratelimit-limit", "200"},
+		{"ratelimit-remaining", "199"},
+		{"ratelimit-reset", "1"},
+	} {
+		if got := values(resp, want[0]); !slices.Equal(got, []string{want[1]}) {
+			t.Errorf("response header %s = %q, want %q", want[0], got, want[1])
+		}
+	}
 }
 
 func (r runner) denied(t *testing.T) {
 	h := r.host(t, "")
 	s, _ := waiting(t, h, get("key-1"))
-	s.RespondCallout(denyAnswer(100, 0, 50, 3, "0.25", "2750", "gold"), []byte(`{"allowed":false}`))
-	rep := denial(t, s, `"gold"`, "100", "0", "50", "3")
+	// 0.25 tokens at 1/s: cost 1 is back in 0.75 s, full in 99.75 s.
+	s.RespondCallout(sidecarAnswer("gold", 100, 1, 0.25, 1), []byte(`{"allowed":false}`))
+	rep := denial(t, s, `"gold";q=100;w=100;edgelimit-rate="1"`, `"gold";r=0;t=1`, "100", "1")
 	if strings.ContainsAny(rep.Details, " \t") || rep.Details == "" {
 		t.Errorf("details %q: want a non-empty code without spaces", rep.Details)
 	}
@@ -440,7 +516,26 @@ func (r runner) denied(t *testing.T) {
 	// retry-after 0 would send the client straight back into the denial.
 	s, _ = waiting(t, h, get("key-2"))
 	s.RespondCallout(denyAnswer(10, 0, 5, 0, "", "", "basic"), nil)
-	denial(t, s, `"basic"`, "10", "0", "5", "1")
+	denial(t, s, `"basic";q=10`, `"basic";r=0;t=1`, "5", "1")
+
+	// The issue's case, cost 5 on 200 burst + 100/s with 0.5 tokens: the
+	// sidecar says 45 ms, so 1 s; t (the next whole token, 5 ms) is no later.
+	h = r.host(t, `{"costs": [{"method": "POST", "cost": 5}]}`)
+	s, _ = waiting(t, h, request("POST", "/orders", "key-1"))
+	s.RespondCallout(sidecarAnswer("pro", 200, 100, 0.5, 5), nil)
+	denial(t, s, `"pro";q=200;w=2;edgelimit-rate="100"`, `"pro";r=0;t=1`, "2", "1")
+
+	// A cost above the capacity can never succeed: no retry-after, whatever
+	// the sidecar sent for older gateways, and the body says why.
+	h = r.host(t, `{"costs": [{"method": "POST", "cost": 500}]}`)
+	s, _ = waiting(t, h, request("POST", "/orders", "key-1"))
+	s.RespondCallout(sidecarAnswer("pro", 200, 100, 200, 500), nil)
+	rep = denial(t, s, `"pro";q=200;w=2;edgelimit-rate="100"`, `"pro";r=200`, "0", "")
+	if d, _ := jsonBody(t, rep)["detail"].(string); !strings.Contains(d, "never") {
+		t.Errorf("never: detail %q does not say it can never succeed", d)
+	}
+	// Nothing is cached for it: the next one asks again.
+	waiting(t, h, request("POST", "/orders", "key-1"))
 }
 
 // unknownKey: the sidecar answers 403 when no plan lists the key and there is
@@ -610,10 +705,12 @@ func (r runner) hostileAnswers(t *testing.T) {
 
 func (r runner) denyCacheWindow(t *testing.T) {
 	h := r.host(t, "")
-	// 0.5 tokens left, 2.5 s until 1 token: the refill is 0.2 tokens/s.
+	// 0.5 tokens left on a 10-token plan refilling 0.2 tokens/s: 1 token is
+	// back in 2.5 s.
 	s, _ := waiting(t, h, get("key-1"))
-	s.RespondCallout(denyAnswer(10, 0, 48, 3, "0.5", "2500", "basic"), nil)
-	denial(t, s, `"basic"`, "10", "0", "48", "3")
+	s.RespondCallout(sidecarAnswer("basic", 10, 0.2, 0.5, 1), nil)
+	const policy = `"basic";q=10;w=50;edgelimit-rate="0.2"`
+	denial(t, s, policy, `"basic";r=0;t=3`, "48", "3")
 
 	s, cont := send(h, get("key-1"))
 	if cont {
@@ -622,23 +719,24 @@ func (r runner) denyCacheWindow(t *testing.T) {
 	if _, ok := s.Callout(); ok {
 		t.Fatal("callout within the window, want the cached denial")
 	}
-	denial(t, s, `"basic"`, "10", "0", "48", "3")
+	denial(t, s, policy, `"basic";r=0;t=3`, "48", "3")
 
 	// Another client is not affected.
 	s, _ = waiting(t, h, get("key-2"))
 	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
 	wentOn(t, s)
 
-	// The cache may give up at most 1 ms early (rounding margin), never late.
-	h.Advance(2500*time.Millisecond - 2*time.Millisecond)
+	// The cache gives up early by its margin (10 µs + 2.5 s / 1000 =
+	// 2.51 ms), never late.
+	h.Advance(2500*time.Millisecond - 3*time.Millisecond)
 	s, _ = send(h, get("key-1"))
 	if _, ok := s.Callout(); ok {
-		t.Fatal("callout 2 ms before the tokens can suffice")
+		t.Fatal("callout 3 ms before the tokens can suffice")
 	}
-	// By now at most 0.5 + 0.2·2.498 = 0.9996 tokens: full in 45.002 s at
-	// the earliest.
-	denial(t, s, `"basic"`, "10", "0", "46", "1")
-	h.Advance(2 * time.Millisecond)
+	// By now 0.5 + 0.2·2.497 = 0.9994 tokens: full in 45.003 s, the token
+	// back in 3 ms.
+	denial(t, s, policy, `"basic";r=0;t=1`, "46", "1")
+	h.Advance(time.Millisecond)
 	s, _ = waiting(t, h, get("key-1"))
 	s.RespondCallout(allowAnswer(10, 0, 50, "basic"), nil)
 	wentOn(t, s)
@@ -647,13 +745,13 @@ func (r runner) denyCacheWindow(t *testing.T) {
 
 func (r runner) denyCacheCosts(t *testing.T) {
 	h := r.host(t, `{"costs": [{"path_prefix": "/heavy", "cost": 5}, {"path_prefix": "/double", "cost": 2}]}`)
-	// A cost-5 request denied with 1 token left, 4 s until 5 tokens:
-	// the refill is 1 token/s.
+	// A cost-5 request denied with 1 token left at 1 token/s: 4 s until 5
+	// tokens.
 	s, c := waiting(t, h, request("GET", "/heavy", "key-1"))
 	if got := header(t, c.Headers, "x-ratelimit-cost"); got != "5" {
 		t.Fatalf("cost %q, want 5", got)
 	}
-	s.RespondCallout(denyAnswer(10, 1, 9, 4, "1", "4000", "basic"), nil)
+	s.RespondCallout(sidecarAnswer("basic", 10, 1, 1, 5), nil)
 	reply(t, s, 429)
 
 	// Cost 1 can be met by the token left: ask the sidecar.
@@ -676,9 +774,9 @@ func (r runner) denyCacheCosts(t *testing.T) {
 		s, _ := waiting(t, h, request("GET", path, "key-1"))
 		s.RespondCallout(allowAnswer(10, 0, 10, "basic"), nil)
 	}
-	cached("/double", "1") // 2 tokens: not before 1 s
-	cached("/heavy", "4")  // 5 tokens: not before 4 s
-	h.Advance(998 * time.Millisecond)
+	cached("/double", "1")            // 2 tokens: not before 1 s
+	cached("/heavy", "4")             // 5 tokens: not before 4 s
+	h.Advance(998 * time.Millisecond) // the margin: 10 µs + 1 ms
 	cached("/double", "1")
 	h.Advance(2 * time.Millisecond)
 	asks("/double")
@@ -696,7 +794,7 @@ func (r runner) denyCacheWorkers(t *testing.T) {
 		t.Fatal("worker rejected the configuration")
 	}
 	s, _ := waiting(t, h, get("key-1"))
-	s.RespondCallout(denyAnswer(10, 0, 45, 5, "0", "5000", "basic"), nil)
+	s.RespondCallout(sidecarAnswer("basic", 10, 0.2, 0, 1), nil)
 	reply(t, s, 429)
 
 	s, _ = send(w, get("key-1"))
@@ -724,13 +822,15 @@ func (r runner) denyCacheNeedsExactState(t *testing.T) {
 		path   string
 		answer []Header
 	}{
-		{"no tokens", "", "/", denyAnswer(10, 0, 5, 5, "", "5000", "basic")},
-		{"no retry ms", "", "/", denyAnswer(10, 0, 5, 5, "0", "", "basic")},
-		{"zero retry ms", "", "/", denyAnswer(10, 0, 5, 5, "0", "0", "basic")},
-		{"bad tokens", "", "/", denyAnswer(10, 0, 5, 5, "NaN", "5000", "basic")},
-		{"bad retry ms", "", "/", denyAnswer(10, 0, 5, 5, "0", "Inf", "basic")},
-		{"tokens would suffice", "", "/", denyAnswer(10, 1, 5, 5, "1.5", "5000", "basic")},
-		{"cost above capacity", `{"costs": [{"path_prefix": "/huge", "cost": 20}]}`, "/huge", denyAnswer(10, 0, 5, 5, "0", "5000", "basic")},
+		{"no tokens", "", "/", denyAnswer(10, 0, 5, 5, "", "0.2", "basic")},
+		// An older sidecar: its wait was rounded, and nothing is derived
+		// from a rounded figure.
+		{"no rate", "", "/", append(denyAnswer(10, 0, 5, 5, "0", "", "basic"), Header{"x-ratelimit-retry-after-ms", "5000"})},
+		{"zero rate", "", "/", denyAnswer(10, 0, 5, 5, "0", "0", "basic")},
+		{"bad tokens", "", "/", denyAnswer(10, 0, 5, 5, "NaN", "0.2", "basic")},
+		{"bad rate", "", "/", denyAnswer(10, 0, 5, 5, "0", "Inf", "basic")},
+		{"tokens would suffice", "", "/", denyAnswer(10, 1, 5, 5, "1.5", "0.2", "basic")},
+		{"cost above capacity", `{"costs": [{"path_prefix": "/huge", "cost": 20}]}`, "/huge", sidecarAnswer("basic", 10, 0.2, 0, 20)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := r.host(t, c.config)
@@ -757,16 +857,10 @@ func (b *bucket) level(now time.Duration) float64 {
 // answer decides a request of cost at now and answers as the sidecar does.
 func (b *bucket) answer(now time.Duration, cost int64) []Header {
 	b.tokens, b.at = b.level(now), now
-	reset := int64(math.Ceil((b.capacity - b.tokens) / b.rate))
 	if b.tokens >= float64(cost) {
-		b.tokens -= float64(cost)
-		reset = int64(math.Ceil((b.capacity - b.tokens) / b.rate))
-		h := allowAnswer(int64(b.capacity), int64(math.Floor(b.tokens)), reset, "model")
-		return withRate(append(h[:len(h)-2], Header{"x-ratelimit-tokens", strconv.FormatFloat(b.tokens, 'g', 14, 64)}, Header{"x-ratelimit-plan", "model"}), b.rate)
+		defer func() { b.tokens -= float64(cost) }()
 	}
-	waitMs := (float64(cost) - b.tokens) / b.rate * 1000
-	return withRate(denyAnswer(int64(b.capacity), int64(math.Floor(b.tokens)), reset, max(int64(math.Ceil(waitMs/1000)), 1),
-		strconv.FormatFloat(b.tokens, 'g', 14, 64), strconv.FormatFloat(waitMs, 'f', 3, 64), "model"), b.rate)
+	return sidecarAnswer("model", b.capacity, b.rate, b.tokens, cost)
 }
 
 // denyCacheBucketModel drives the filter with a random mix of clients,
@@ -782,12 +876,16 @@ func (r runner) denyCacheBucketModel(t *testing.T) {
 	for _, k := range []string{"client-a", "client-b", "client-c"} {
 		buckets[k] = &bucket{capacity: 10, rate: 4, tokens: 10}
 	}
+	// A client whose rate has no short binary form, as most plans have.
+	for _, k := range []string{"client-d"} {
+		buckets[k] = &bucket{capacity: 7, rate: 10.0 / 3, tokens: 7}
+	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	var now time.Duration
 	advance := func(d time.Duration) { h.Advance(d); now += d }
 	var calls, cached, sidecarDenied int
 	for i := 0; i < 3000; i++ {
-		key := []string{"client-a", "client-b", "client-c"}[rng.IntN(3)]
+		key := []string{"client-a", "client-b", "client-c", "client-d"}[rng.IntN(4)]
 		p := rng.IntN(len(paths))
 		s, cont := send(h, request("GET", paths[p], key))
 		if cont {
@@ -884,7 +982,7 @@ func (r runner) modeShadow(t *testing.T) {
 	absent(t, s.ResponseHeaders([]Header{{":status", "200"}}), rateLimitHeaderNames...)
 
 	s, _ = waiting(t, h, get("key-2", Header{"x-ratelimit-shadow", "allow"}))
-	s.RespondCallout(denyAnswer(10, 0, 10, 2, "0", "2000", "basic"), nil)
+	s.RespondCallout(sidecarAnswer("basic", 10, 0.5, 0, 1), nil)
 	wentOn(t, s)
 	if got := header(t, s.UpstreamHeaders(), "x-ratelimit-shadow"); got != "deny" {
 		t.Errorf("shadow deny: header %q", got)
@@ -925,11 +1023,11 @@ func (r runner) modeShadow(t *testing.T) {
 func (r runner) canary(t *testing.T) {
 	h := r.host(t, `{"canary_clients": ["vip-1", "vip-2"]}`)
 	s, _ := waiting(t, h, get("vip-1"))
-	s.RespondCallout(denyAnswer(10, 0, 10, 2, "0", "2000", "basic"), nil)
+	s.RespondCallout(sidecarAnswer("basic", 10, 0.5, 0, 1), nil)
 	reply(t, s, 429)
 
 	s, _ = waiting(t, h, get("regular"))
-	s.RespondCallout(denyAnswer(10, 0, 10, 2, "0", "2000", "basic"), nil)
+	s.RespondCallout(sidecarAnswer("basic", 10, 0.5, 0, 1), nil)
 	wentOn(t, s)
 	if got := header(t, s.UpstreamHeaders(), "x-ratelimit-shadow"); got != "deny" {
 		t.Errorf("non-canary client: header %q", got)
@@ -1102,7 +1200,7 @@ func (r runner) lifecycle(t *testing.T) {
 	h = r.host(t, "")
 	s, _ = waiting(t, h, get("key-1"))
 	s.Done()
-	s.RespondCallout(denyAnswer(10, 0, 10, 2, "0", "2000", "basic"), nil)
+	s.RespondCallout(sidecarAnswer("basic", 10, 0.5, 0, 1), nil)
 	if _, ok := s.LocalReply(); ok {
 		t.Error("a local reply was sent to a finished stream")
 	}

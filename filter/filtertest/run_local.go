@@ -22,6 +22,10 @@ func withRate(h []Header, rate float64) []Header {
 	return append(h, Header{"x-ratelimit-rate", strconv.FormatFloat(rate, 'g', -1, 64)})
 }
 
+// goldPolicy is learnPlan's plan as RateLimit-Policy: 3 tokens, refilled
+// in 6 s.
+const goldPolicy = `"gold";q=3;w=6;edgelimit-rate="0.5"`
+
 // learnPlan has the sidecar allow one request of key under plan "gold":
 // capacity 3, 0.5 tokens/s.
 func learnPlan(t *testing.T, h Host, key string) {
@@ -54,14 +58,14 @@ func (r runner) localLimits(t *testing.T) {
 	wentOn(t, failingTo(t, h, "alice", []Header{{":status", "200"}}))
 	wentOn(t, failingTo(t, h, "alice", unavailableAnswer))
 	// Empty: one token is 2 s away; the bucket is full again in 6 s.
-	denial(t, failingTo(t, h, "alice", timeoutAnswer), `"gold"`, "3", "0", "6", "2")
-	denial(t, failingTo(t, h, "alice", resetAnswer), `"gold"`, "3", "0", "6", "2")
+	denial(t, failingTo(t, h, "alice", timeoutAnswer), goldPolicy, `"gold";r=0;t=2`, "6", "2")
+	denial(t, failingTo(t, h, "alice", resetAnswer), goldPolicy, `"gold";r=0;t=2`, "6", "2")
 	h.FailNextDispatch()
 	s, cont := send(h, get("alice"))
 	if cont {
 		t.Fatal("a request the local bucket denies went on after a failed dispatch")
 	}
-	denial(t, s, `"gold"`, "3", "0", "6", "2")
+	denial(t, s, goldPolicy, `"gold";r=0;t=2`, "6", "2")
 	if rep, _ := s.LocalReply(); rep.Details != "edgelimit_rate_limited_local" {
 		t.Errorf("details %q", rep.Details)
 	}
@@ -72,7 +76,7 @@ func (r runner) localLimits(t *testing.T) {
 	if _, ok := s.Callout(); ok {
 		t.Fatal("callout while the breaker is open")
 	}
-	denial(t, s, `"gold"`, "3", "0", "6", "2")
+	denial(t, s, goldPolicy, `"gold";r=0;t=2`, "6", "2")
 
 	// Never seen: through, unlimited.
 	for range 5 {
@@ -81,10 +85,10 @@ func (r runner) localLimits(t *testing.T) {
 	// 2 s: one token back.
 	h.Advance(2 * time.Second)
 	bypassed(t, h, "alice")
-	denial(t, func() Stream { s, _ := send(h, get("alice")); return s }(), `"gold"`, "3", "0", "6", "2")
+	denial(t, func() Stream { s, _ := send(h, get("alice")); return s }(), goldPolicy, `"gold";r=0;t=2`, "6", "2")
 	// 1.5 s more: 0.75 tokens; the missing 0.25 take 0.5 s, so 1 s.
 	h.Advance(1500 * time.Millisecond)
-	denial(t, func() Stream { s, _ := send(h, get("alice")); return s }(), `"gold"`, "3", "0", "5", "1")
+	denial(t, func() Stream { s, _ := send(h, get("alice")); return s }(), goldPolicy, `"gold";r=0;t=1`, "5", "1")
 
 	counters(t, h, map[string]int64{
 		limiter.MetricAllowed:                           1,
@@ -115,8 +119,8 @@ func (r runner) localWorkers(t *testing.T) {
 	wentOn(t, failingTo(t, w, "alice", unavailableAnswer))
 	wentOn(t, failingTo(t, h, "alice", unavailableAnswer))
 	wentOn(t, failingTo(t, w, "alice", unavailableAnswer))
-	denial(t, failingTo(t, h, "alice", unavailableAnswer), `"gold"`, "3", "0", "6", "2")
-	denial(t, failingTo(t, w, "alice", unavailableAnswer), `"gold"`, "3", "0", "6", "2")
+	denial(t, failingTo(t, h, "alice", unavailableAnswer), goldPolicy, `"gold";r=0;t=2`, "6", "2")
+	denial(t, failingTo(t, w, "alice", unavailableAnswer), goldPolicy, `"gold";r=0;t=2`, "6", "2")
 	counters(t, h, map[string]int64{
 		limiter.MetricAllowed: 1, limiter.MetricFailedOpenPrefix + "unavailable": 5,
 		localAllowed: 3, localDenied: 2,
@@ -133,13 +137,13 @@ func (r runner) localLearnsOnlyThePlan(t *testing.T) {
 	reply(t, s, 429)
 	wentOn(t, failingTo(t, h, "bob", timeoutAnswer))
 	wentOn(t, failingTo(t, h, "bob", timeoutAnswer))
-	denial(t, failingTo(t, h, "bob", timeoutAnswer), `"free"`, "2", "0", "4", "2")
+	denial(t, failingTo(t, h, "bob", timeoutAnswer), `"free";q=2;w=4;edgelimit-rate="0.5"`, `"free";r=0;t=2`, "4", "2")
 
 	// The plan grows to 5 at 1 token/s: the bucket keeps its 0 tokens and
 	// refills at the new rate.
 	s = failingTo(t, h, "bob", withRate(allowAnswer(5, 4, 1, "pro"), 1))
 	wentOn(t, s)
-	denial(t, failingTo(t, h, "bob", timeoutAnswer), `"pro"`, "5", "0", "5", "1")
+	denial(t, failingTo(t, h, "bob", timeoutAnswer), `"pro";q=5;w=5;edgelimit-rate="1"`, `"pro";r=0;t=1`, "5", "1")
 	h.Advance(time.Second)
 	wentOn(t, failingTo(t, h, "bob", timeoutAnswer))
 

@@ -73,15 +73,16 @@ type Answer struct {
 	Plan                    string
 	// RetryAfter is retry-after in seconds (429 only, at least 1).
 	RetryAfter int64
-	// Tokens (x-ratelimit-tokens) and RetryAfterMs
-	// (x-ratelimit-retry-after-ms, 429 only) are the exact bucket state the
-	// deny cache needs; Has* say whether they were present and valid.
-	Tokens       float64
-	HasTokens    bool
-	RetryAfterMs float64
-	HasRetryMs   bool
+	// Never is x-ratelimit-never: true (429 only): the cost is above the
+	// capacity, no wait helps.
+	Never bool
+	// Tokens (x-ratelimit-tokens) is the bucket's exact state after the
+	// decision; HasTokens says whether it was present and valid.
+	Tokens    float64
+	HasTokens bool
 	// Rate is x-ratelimit-rate, the plan's refill in tokens per second
-	// (finite, > 0); on_failure "local" learns the plan from it.
+	// (finite, > 0); the deny cache and on_failure "local" use it as it is,
+	// never a rate derived from a rounded wait.
 	Rate    float64
 	HasRate bool
 }
@@ -129,7 +130,7 @@ func ParseAnswer(headers [][2]string) Answer {
 	// retry-after is at least 1 by contract; a 0 would tell clients to
 	// retry at once into the same denial.
 	a.RetryAfter = max(a.RetryAfter, 1)
-	a.RetryAfterMs, a.HasRetryMs = decimal(header(headers, "x-ratelimit-retry-after-ms"))
+	a.Never = header(headers, "x-ratelimit-never") == "true"
 	a.Outcome = Denied
 	return a
 }
@@ -186,23 +187,152 @@ func decimal(s string) (float64, bool) {
 	return f, true
 }
 
+// quota is what the filter tells a client about the bucket of its plan, in
+// the IETF httpapi ratelimit-headers draft's terms (draft -10):
+//
+//	RateLimit-Policy: "<plan>";q=<limit>;w=<window>;edgelimit-rate="<rate>"
+//	RateLimit: "<plan>";r=<remaining>;t=<next>
+//
+// plus the legacy ratelimit-limit/remaining/reset trio.
+type quota struct {
+	plan  string  // x-ratelimit-plan; "" or not printable ASCII names it "default"
+	limit int64   // capacity: q, and ratelimit-limit
+	rate  float64 // the plan's tokens per second; 0 when the sidecar sent none
+	// remaining is the whole tokens left (floor): r, ratelimit-remaining.
+	remaining int64
+	// next is the seconds until one more whole token is back (ceiling): t,
+	// the draft's "time until additional quota is made available". < 0
+	// when the bucket is full: no more quota will come, and t is left out.
+	next int64
+	// reset is the seconds until the bucket is full (ceiling):
+	// ratelimit-reset, as the legacy header always meant.
+	reset int64
+}
+
+// quotaOf is what a sidecar's 200 or 429 says, figured from its exact
+// tokens and rate. A sidecar that sends no rate leaves t to the waits it
+// gives, each no earlier than the next token: its reset, or a 429's
+// retry-after when that is sooner.
+func quotaOf(a *Answer) quota {
+	q := quota{plan: a.Plan, limit: a.Limit, remaining: a.Remaining, reset: a.Reset, next: a.Reset}
+	if a.Reset == 0 {
+		q.next = -1
+	}
+	if a.HasRate {
+		q.rate = a.Rate
+		if a.HasTokens {
+			q.next = nextTokenSeconds(a.Tokens, a.Rate, a.Limit)
+			return q
+		}
+	}
+	// Without them, a denial's Retry-After is also a time by which more
+	// quota is back (the cost needs at least one more token), and an
+	// earlier one than the time until full.
+	if a.Outcome == Denied && q.next > a.RetryAfter {
+		q.next = a.RetryAfter
+	}
+	return q
+}
+
+// quotaAt describes a bucket of limit and rate holding tokens.
+func quotaAt(plan string, limit int64, rate, tokens float64) quota {
+	tokens = math.Max(0, math.Min(tokens, float64(limit)))
+	return quota{plan: plan, limit: limit, rate: rate, remaining: int64(math.Floor(tokens)),
+		next: nextTokenSeconds(tokens, rate, limit), reset: ceilSecondsMs((float64(limit) - tokens) / rate * 1000)}
+}
+
+// nextTokenSeconds is the seconds until a bucket holding tokens has one
+// more whole token (ceiling), or -1 when it is full. It is computed as the
+// sidecar computes a wait, (need) / rate * 1000 ms in float64: need is at
+// most what any denied cost still needs, so this t is never later than a
+// Retry-After from the same state.
+func nextTokenSeconds(tokens, rate float64, limit int64) int64 {
+	if tokens >= float64(limit) || !(rate > 0) {
+		return -1
+	}
+	return ceilSecondsMs((math.Floor(tokens) + 1 - tokens) / rate * 1000)
+}
+
+// retryAfterFor is the Retry-After of a denied cost from a bucket holding
+// tokens: whole seconds no earlier than the exact wait, nor than t (next),
+// and at least 1.
+func retryAfterFor(cost int64, tokens, rate float64, next int64) int64 {
+	return max(1, next, ceilSecondsMs((float64(cost)-tokens)/rate*1000))
+}
+
+// maxSeconds caps a wait in seconds (2^52, far beyond any plan) so that
+// the conversion never overflows.
+const maxSeconds = int64(1) << 52
+
+// ceilSecondsMs is ms rounded up to whole seconds, never less than ms
+// (ms/1000 rounds in float64, so the result is checked against ms and
+// raised when the rounding fell below); 0 for ms <= 0 or NaN. It is the
+// sidecar's CeilSeconds: the filter must not import the sidecar, and the
+// behaviour table holds the two to the same answers.
+func ceilSecondsMs(ms float64) int64 {
+	if !(ms > 0) {
+		return 0
+	}
+	s := math.Ceil(ms / 1000)
+	if !(s < float64(maxSeconds)) {
+		return maxSeconds
+	}
+	if s*1000 < ms {
+		s++
+	}
+	return int64(s)
+}
+
+// window is the policy's w: the seconds the rate takes to refill the whole
+// capacity (ceiling, at least 1). A token bucket has no fixed window; this
+// is the one that describes it without overstating it: over any w seconds
+// the bucket admits at most q + rate·w ≤ 2q, and a client that spends q
+// per w (the steady rate the pair advertises, q/w ≤ rate) is never denied.
+// 0 (no w) when the rate is not known.
+func (q *quota) window() int64 {
+	if !(q.rate > 0) {
+		return 0
+	}
+	return max(1, ceilSecondsMs(float64(q.limit)/q.rate*1000))
+}
+
 // rateLimitHeaders are the response headers that tell a client its limit:
 // RateLimit-Policy and RateLimit of the IETF httpapi ratelimit-headers draft
 // (structured-field lists; the policy is named after the plan), and the
 // legacy ratelimit-limit/remaining/reset trio many clients still read.
-func rateLimitHeaders(plan string, limit, remaining, reset int64) [][2]string {
+func rateLimitHeaders(q *quota) [][2]string {
 	var t text
-	return appendRateLimitHeaders(nil, &t, plan, limit, remaining, reset)
+	return appendRateLimitHeaders(nil, &t, q)
 }
 
 // appendRateLimitHeaders appends rateLimitHeaders to dst, the values
-// formatted into t.
-func appendRateLimitHeaders(dst [][2]string, t *text, plan string, limit, remaining, reset int64) [][2]string {
-	id := t.policyID(plan)
-	l, r, rs := t.int(limit), t.int(remaining), t.int(reset)
+// formatted into t. The draft's two fields come first: OnResponseHeaders
+// adds them beside a service's own and replaces the legacy three.
+func appendRateLimitHeaders(dst [][2]string, t *text, q *quota) [][2]string {
+	id := t.policyID(q.plan)
+	l, r, rs := t.int(q.limit), t.int(q.remaining), t.int(q.reset)
+	m := len(t.b)
+	t.b = append(append(t.b, id...), ";q="...)
+	t.b = strconv.AppendInt(t.b, q.limit, 10)
+	if w := q.window(); w > 0 {
+		t.b = strconv.AppendInt(append(t.b, ";w="...), w, 10)
+		// The exact rate as a vendor-prefixed parameter (the draft's rule
+		// for implementation-specific ones), a String because an sf-decimal
+		// holds only three fractional digits: 'g' -1 is the sidecar's own
+		// x-ratelimit-rate, digits, '.', 'e', '+' and '-' only.
+		t.b = strconv.AppendFloat(append(t.b, `;edgelimit-rate="`...), q.rate, 'g', -1, 64)
+		t.b = append(t.b, '"')
+	}
+	policy := t.since(m)
+	m = len(t.b)
+	t.b = append(append(append(t.b, id...), ";r="...), r...)
+	if q.next >= 0 {
+		t.b = strconv.AppendInt(append(t.b, ";t="...), q.next, 10)
+	}
+	limit := t.since(m)
 	return append(dst,
-		[2]string{"ratelimit-policy", t.cat(id, ";q=", l)},
-		[2]string{"ratelimit", t.cat(id, ";r=", r, ";t=", rs)},
+		[2]string{"ratelimit-policy", policy},
+		[2]string{"ratelimit", limit},
 		[2]string{"ratelimit-limit", l},
 		[2]string{"ratelimit-remaining", r},
 		[2]string{"ratelimit-reset", rs})
@@ -211,21 +341,27 @@ func appendRateLimitHeaders(dst [][2]string, t *text, plan string, limit, remain
 // maxPlanLen bounds the plan name copied into a response header.
 const maxPlanLen = 64
 
-// policyID is the plan's name as a structured-field string, or "default"
-// when the sidecar sent none or one that is not printable ASCII.
-func (t *text) policyID(plan string) string {
-	const fallback = `"default"`
+// policyName is the name the policy goes by: the plan, or "default" when the
+// sidecar sent none, one too long, or one that is not printable ASCII.
+func policyName(plan string) string {
 	if plan == "" || len(plan) > maxPlanLen {
-		return fallback
+		return "default"
 	}
+	for i := 0; i < len(plan); i++ {
+		if plan[i] < 0x20 || plan[i] > 0x7e {
+			return "default"
+		}
+	}
+	return plan
+}
+
+// policyID is the policy's name as a structured-field string.
+func (t *text) policyID(plan string) string {
+	name := policyName(plan)
 	m := len(t.b)
 	t.b = append(t.b, '"')
-	for i := 0; i < len(plan); i++ {
-		c := plan[i]
-		if c < 0x20 || c > 0x7e {
-			t.b = t.b[:m]
-			return fallback
-		}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
 		if c == '"' || c == '\\' {
 			t.b = append(t.b, '\\')
 		}

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -17,12 +18,14 @@ func TestParseAnswer(t *testing.T) {
 	}{
 		{"allowed", with("200", [2]string{"x-ratelimit-plan", "gold"}, [2]string{"x-ratelimit-tokens", "7.25"}),
 			Answer{Outcome: Allowed, Status: 200, Limit: 100, Remaining: 7, Reset: 12, Plan: "gold", Tokens: 7.25, HasTokens: true}},
-		{"denied", with("429", [2]string{"retry-after", "2"}, [2]string{"x-ratelimit-tokens", "1e-05"}, [2]string{"x-ratelimit-retry-after-ms", "1500.5"}),
+		{"denied", with("429", [2]string{"retry-after", "2"}, [2]string{"x-ratelimit-tokens", "1e-05"}, [2]string{"x-ratelimit-rate", "0.5"}),
 			Answer{Outcome: Denied, Status: 429, Limit: 100, Remaining: 7, Reset: 12, RetryAfter: 2,
-				Tokens: 1e-05, HasTokens: true, RetryAfterMs: 1500.5, HasRetryMs: true}},
+				Tokens: 1e-05, HasTokens: true, Rate: 0.5, HasRate: true}},
+		{"denied, never", with("429", [2]string{"retry-after", "2"}, [2]string{"x-ratelimit-never", "true"}),
+			Answer{Outcome: Denied, Status: 429, Limit: 100, Remaining: 7, Reset: 12, RetryAfter: 2, Never: true}},
 		{"denied, retry-after 0 raised to 1", with("429", [2]string{"retry-after", "0"}),
 			Answer{Outcome: Denied, Status: 429, Limit: 100, Remaining: 7, Reset: 12, RetryAfter: 1}},
-		{"denied, bad exact state ignored", with("429", [2]string{"retry-after", "3"}, [2]string{"x-ratelimit-tokens", "-1"}, [2]string{"x-ratelimit-retry-after-ms", "0x10p0"}),
+		{"denied, bad exact state ignored", with("429", [2]string{"retry-after", "3"}, [2]string{"x-ratelimit-tokens", "-1"}, [2]string{"x-ratelimit-rate", "0x10p0"}),
 			Answer{Outcome: Denied, Status: 429, Limit: 100, Remaining: 7, Reset: 12, RetryAfter: 3}},
 		{"first of repeated headers", append(with("200"), [2]string{"ratelimit-limit", "5"}),
 			Answer{Outcome: Allowed, Status: 200, Limit: 100, Remaining: 7, Reset: 12}},
@@ -58,18 +61,90 @@ func TestCountAndDecimal(t *testing.T) {
 }
 
 func TestRateLimitHeaders(t *testing.T) {
-	got := rateLimitHeaders(`a"b\c`, 10, 3, 4)
-	want := [][2]string{
-		{"ratelimit-policy", `"a\"b\\c";q=10`},
-		{"ratelimit", `"a\"b\\c";r=3;t=4`},
-		{"ratelimit-limit", "10"},
-		{"ratelimit-remaining", "3"},
-		{"ratelimit-reset", "4"},
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("header %d: %q, want %q", i, got[i], want[i])
+	for _, c := range []struct {
+		name string
+		q    quota
+		want [][2]string
+	}{
+		// The issue's plan: 200 burst, 100/s. w is the time the rate takes
+		// to refill the whole capacity, 2 s; t the next whole token.
+		{"pro", quota{plan: "pro", limit: 200, rate: 100, remaining: 11, next: 1, reset: 2}, [][2]string{
+			{"ratelimit-policy", `"pro";q=200;w=2;edgelimit-rate="100"`},
+			{"ratelimit", `"pro";r=11;t=1`},
+			{"ratelimit-limit", "200"}, {"ratelimit-remaining", "11"}, {"ratelimit-reset", "2"}}},
+		// A window below a second is still 1 (w is a non-zero integer);
+		// a rate with more than three decimals needs the String.
+		{"fast and exact", quota{plan: "fast", limit: 3, rate: 3.3333333333333335, remaining: 0, next: 1, reset: 1}, [][2]string{
+			{"ratelimit-policy", `"fast";q=3;w=1;edgelimit-rate="3.3333333333333335"`},
+			{"ratelimit", `"fast";r=0;t=1`}}},
+		{"slow", quota{plan: "slow", limit: 10, rate: 2.5e-05, remaining: 10, next: -1, reset: 0}, [][2]string{
+			{"ratelimit-policy", `"slow";q=10;w=400000;edgelimit-rate="2.5e-05"`},
+			{"ratelimit", `"slow";r=10`}}}, // full: no additional quota will come, no t
+		// An older sidecar sends no rate: no w, no rate.
+		{"no rate", quota{plan: `a"b\c`, limit: 10, remaining: 3, next: 4, reset: 4}, [][2]string{
+			{"ratelimit-policy", `"a\"b\\c";q=10`},
+			{"ratelimit", `"a\"b\\c";r=3;t=4`}}},
+		{"unprintable plan", quota{plan: "caf\xc3\xa9", limit: 1, remaining: 0, next: 1, reset: 1}, [][2]string{
+			{"ratelimit-policy", `"default";q=1`}}},
+	} {
+		got := rateLimitHeaders(&c.q)
+		for i := range c.want {
+			if got[i] != c.want[i] {
+				t.Errorf("%s: header %d: %q, want %q", c.name, i, got[i], c.want[i])
+			}
 		}
+	}
+}
+
+func TestNextTokenSeconds(t *testing.T) {
+	for _, c := range []struct {
+		tokens, rate float64
+		limit        int64
+		want         int64
+	}{
+		{0, 1, 10, 1}, {0.999, 100, 200, 1}, {0.5, 0.5, 10, 1}, {0.25, 0.5, 10, 2}, {9.5, 0.1, 10, 5},
+		{10, 1, 10, -1}, {0, 0.001, 2, 1000}, {1.5, 0, 10, -1},
+	} {
+		if got := nextTokenSeconds(c.tokens, c.rate, c.limit); got != c.want {
+			t.Errorf("nextTokenSeconds(%v, %v, %d) = %d, want %d", c.tokens, c.rate, c.limit, got, c.want)
+		}
+	}
+}
+
+func TestQuotaProblem(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		q           quota
+		cost, retry int64
+		want        string
+	}{
+		{"wait", quota{plan: "pro", limit: 200, remaining: 0}, 5, 1,
+			`{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,` +
+				`"detail":"this request costs 5 quota units and 0 remain in policy pro; retry after 1 s","violated-policies":["pro"],"error":"rate_limited","retry_after":1}`},
+		{"never", quota{plan: "pro", limit: 200, remaining: 200}, 500, 0,
+			`{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,` +
+				`"detail":"this request costs 500 quota units and policy pro holds at most 200: it can never succeed, do not retry it","violated-policies":["pro"],"error":"cost_above_limit"}`},
+		{"escaped", quota{plan: `a"b\c`, limit: 1}, 1, 2,
+			`{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,` +
+				`"detail":"this request costs 1 quota units and 0 remain in policy a\"b\\c; retry after 2 s","violated-policies":["a\"b\\c"],"error":"rate_limited","retry_after":2}`},
+	} {
+		got := string(appendQuotaProblem(nil, &c.q, c.cost, c.retry))
+		if got != c.want {
+			t.Errorf("%s:\n got %s\nwant %s", c.name, got, c.want)
+		}
+		var v map[string]any
+		if err := json.Unmarshal([]byte(got), &v); err != nil {
+			t.Errorf("%s: not JSON: %v", c.name, err)
+		}
+	}
+	for _, b := range []string{missingKeyBody, invalidKeyBody, unknownKeyBody} {
+		var v map[string]any
+		if err := json.Unmarshal([]byte(b), &v); err != nil || v["type"] != "about:blank" || v["title"] == "" || v["detail"] == "" {
+			t.Errorf("body %s: %v", b, err)
+		}
+	}
+	if got := string(appendJSONText(nil, "a\x00\x1f\"\\z")); got != `a\u0000\u001f\"\\z` {
+		t.Errorf("appendJSONText = %s", got)
 	}
 }
 
@@ -79,9 +154,9 @@ func FuzzParseAnswer(f *testing.F) {
 	f.Add("200", "10", "5", "3", "", "", "gold")
 	f.Add("429", "10", "0", "3", "2", "150.5", "x\"y")
 	f.Add("429", "1e3", "0", "3", "NaN", "-1", "")
-	f.Fuzz(func(t *testing.T, status, limit, remaining, reset, retry, retryMs, plan string) {
+	f.Fuzz(func(t *testing.T, status, limit, remaining, reset, retry, rate, plan string) {
 		a := ParseAnswer([][2]string{{":status", status}, {"ratelimit-limit", limit}, {"ratelimit-remaining", remaining},
-			{"ratelimit-reset", reset}, {"retry-after", retry}, {"x-ratelimit-retry-after-ms", retryMs}, {"x-ratelimit-plan", plan}})
+			{"ratelimit-reset", reset}, {"retry-after", retry}, {"x-ratelimit-rate", rate}, {"x-ratelimit-tokens", remaining}, {"x-ratelimit-plan", plan}})
 		switch a.Outcome {
 		case Allowed, Denied:
 			if a.Limit < 0 || a.Remaining < 0 || a.Reset < 0 {
@@ -90,10 +165,8 @@ func FuzzParseAnswer(f *testing.F) {
 			if a.Outcome == Denied && a.RetryAfter < 1 {
 				t.Fatalf("retry-after %d", a.RetryAfter)
 			}
-			if a.HasRetryMs && !(a.RetryAfterMs >= 0) {
-				t.Fatalf("retry ms %v", a.RetryAfterMs)
-			}
-			for _, h := range rateLimitHeaders(a.Plan, a.Limit, a.Remaining, a.Reset) {
+			q := quotaOf(&a)
+			for _, h := range rateLimitHeaders(&q) {
 				if strings.ContainsAny(h[1], "\r\n\x00") {
 					t.Fatalf("header %q", h)
 				}

@@ -143,7 +143,7 @@ func BenchmarkBreakerOpenPath(b *testing.B) {
 // answered 429 without a callout.
 func BenchmarkCachedDenyPath(b *testing.B) {
 	l, h := benchLimiter(b)
-	e, _ := newDenyEntry("client-1", 1, anchor, deniedAnswer(100, 0, 3600e3))
+	e, _ := newDenyEntry("client-1", 1, anchor, anchor, deniedAnswer(100, 0, 1.0/3600))
 	l.roots[1].cache.store(h, e, anchor)
 	b.ReportAllocs()
 	calls := 0

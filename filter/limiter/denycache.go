@@ -11,22 +11,27 @@ import (
 // client's bucket cannot possibly hold enough tokens, and only then.
 //
 // A 429 from the sidecar carries the bucket's exact tokens τ at the moment of
-// the decision (x-ratelimit-tokens), the exact wait until the denied cost c is
-// back (x-ratelimit-retry-after-ms) and the capacity (ratelimit-limit). From
-// them the refill rate is (c-τ)/wait. Tokens only come back by refill and only
-// leave through admitted requests, so at any later instant t the bucket holds
-// at most τ + rate·(t - decision), capped at the capacity. The filter does
-// not know Redis's clock; it anchors the bound at the moment it sent the
+// the decision (x-ratelimit-tokens), the plan's exact refill rate r
+// (x-ratelimit-rate) and the capacity (ratelimit-limit). Nothing is derived
+// from a rounded figure. Tokens only come back by refill and only leave
+// through admitted requests, so at any later instant t the bucket holds at
+// most τ + r·(t - decision), capped at the capacity. The filter does not
+// know Redis's clock; it anchors the bound at the moment it sent the
 // callout, which is no later than the decision, so the bound only grows
 // looser. A request of cost c' at local time t is denied from the cache when
 //
-//	t < anchor + (c' - τ)/rate - denyMargin
+//	t - sent < w - denyMargin(w),   w = (c' - τ)/r
 //
 // i.e. when even the most generous bucket could not admit it: the cache
 // never denies what the bucket would admit, and it never admits anything (a
-// miss is a callout). Costs below τ are never denied from the cache.
-// filter/RATIONALE.md, "Why the deny cache is correct", has the details and
-// the limits (clock steps, plan changes).
+// miss is a callout). Costs up to τ are never denied from the cache.
+// filter/RATIONALE.md, "Why the deny cache is correct", derives the margin
+// and states the limits (clock steps, plan changes).
+//
+// What the client is told runs the other way: Retry-After, r and t come from
+// the bucket's least generous state if nobody else spends, anchored at the
+// moment the answer came back (no earlier than the decision), so a client
+// that honours them does not come back early.
 //
 // Entries live in proxy-wasm shared data, shared by every worker VM of the
 // process: denyShards keys per sidecar cluster, each holding up to
@@ -35,17 +40,22 @@ import (
 const (
 	denyShards       = 64
 	denyShardEntries = 8
-	// denyMargin absorbs rounding: the sidecar's retry-after-ms may be
-	// rounded up to a whole millisecond, and the rate is derived in
-	// floating point.
-	denyMargin = int64(1e6)
+	// denyMarginFixed and denyDriftDivisor make the margin by which a cached
+	// denial ends before the bound says it must (RATIONALE.md has the
+	// arithmetic): 10 µs cover Redis's TIME, whole microseconds (1 µs), and
+	// the float64 rounding of the script's refill and of w (a few ulps of a
+	// refill time of at most a year, under 0.1 µs), ten times over; w/1000
+	// covers the proxy's clock and Redis's running at rates up to 1000 ppm
+	// apart (each may be slewed by up to 500 ppm).
+	denyMarginFixed  = int64(10_000)
+	denyDriftDivisor = 1000
 	// maxDenyWindow caps how far ahead one denial reaches (a very slow
 	// refill); a shorter window only means more callouts.
 	maxDenyWindow = 3600 * int64(1e9)
 	// denyCASAttempts bounds the retries when another VM updated the shard
 	// between our read and write; losing the race only loses a cache entry.
 	denyCASAttempts = 4
-	denyFormat      = 1
+	denyFormat      = 2
 )
 
 // denyEntry is what one sidecar denial says about a client's bucket.
@@ -53,85 +63,86 @@ type denyEntry struct {
 	key    string
 	plan   string
 	limit  int64   // capacity (ratelimit-limit)
-	tokens float64 // exact tokens at the decision
-	rate   float64 // refill in tokens per nanosecond
-	anchor int64   // local clock when the callout was sent
+	tokens float64 // exact tokens at the decision (x-ratelimit-tokens)
+	rate   float64 // the plan's refill in tokens per second (x-ratelimit-rate)
+	sent   int64   // local clock when the callout was sent: no later than the decision
+	recv   int64   // local clock when the answer came: no earlier than it
 }
 
-// newDenyEntry derives an entry from a 429 for a request of cost sent at
-// sentAt. It reports false when the answer lacks what the arithmetic needs
-// or is inconsistent (cost above the capacity: the wait is then not a
-// refill time).
-func newDenyEntry(key string, cost, sentAt int64, a *Answer) (denyEntry, bool) {
-	if !a.HasTokens || !a.HasRetryMs || a.RetryAfterMs <= 0 || sentAt <= 0 ||
-		a.Limit <= 0 || cost > a.Limit || float64(cost) <= a.Tokens {
+// newDenyEntry makes an entry from a 429 for a request of cost sent at
+// sentAt and answered at recvAt, or from a 200 for a client that already has
+// an entry (the bound is the same: the exact tokens after the decision, and
+// what they told the client stays true after the client spent). It reports
+// false when the answer lacks the exact tokens or rate, or would cache
+// nothing sound: a denied cost above the capacity (no wait helps), or one the
+// tokens already cover.
+func newDenyEntry(key string, cost, sentAt, recvAt int64, a *Answer) (denyEntry, bool) {
+	if !a.HasTokens || !a.HasRate || sentAt <= 0 || recvAt < sentAt || a.Limit <= 0 || a.Tokens > float64(a.Limit) ||
+		(a.Outcome == Denied && (a.Never || cost > a.Limit || float64(cost) <= a.Tokens)) {
 		return denyEntry{}, false
 	}
-	rate := (float64(cost) - a.Tokens) / (a.RetryAfterMs * 1e6)
-	if !(rate > 0) || math.IsInf(rate, 0) {
-		return denyEntry{}, false
-	}
-	return denyEntry{key: key, plan: a.Plan, limit: a.Limit, tokens: a.Tokens, rate: rate, anchor: sentAt}, true
+	e := denyEntry{key: key, plan: a.Plan, limit: a.Limit, tokens: a.Tokens, rate: a.Rate, sent: sentAt, recv: recvAt}
+	return e, e.valid()
 }
 
-// wait returns how long after the anchor the bucket may first hold cost
-// tokens (0 when it may already), capped at maxDenyWindow.
+// wait returns how long (ns) after the decision the bucket may first hold
+// cost tokens (0 when it may already), capped at maxDenyWindow.
 func (e *denyEntry) wait(cost int64) int64 {
 	need := float64(cost) - e.tokens
 	if need <= 0 {
 		return 0
 	}
-	d := need / e.rate
-	if d >= float64(maxDenyWindow) {
+	d := need / e.rate * 1e9
+	if !(d < float64(maxDenyWindow)) {
 		return maxDenyWindow
 	}
 	return int64(d)
 }
 
+// denyMargin is how much sooner than w a cached denial ends.
+func denyMargin(w int64) int64 { return denyMarginFixed + w/denyDriftDivisor }
+
 // denies reports whether a request of cost at now cannot be admitted.
 // A clock that went back past the anchor voids the entry.
 func (e *denyEntry) denies(cost, now int64) bool {
-	return now >= e.anchor && now-e.anchor < e.wait(cost)-denyMargin
+	w := e.wait(cost)
+	return now >= e.sent && now-e.sent < w-denyMargin(w)
 }
 
 // staleAt is when the bucket may be full again: from then on the entry can
 // deny no cost up to the capacity.
-func (e *denyEntry) staleAt() int64 { return e.anchor + e.wait(e.limit) }
+func (e *denyEntry) staleAt() int64 { return e.sent + e.wait(e.limit) }
 
 // stale reports whether the entry is past staleAt or the clock went back
 // past its anchor.
 func (e *denyEntry) stale(now int64) bool {
-	return now < e.anchor || now >= e.staleAt()
+	return now < e.sent || now >= e.staleAt()
 }
 
 // valid reports whether a decoded entry holds numbers the arithmetic can
 // use; shared data is written by this filter only, but a value that is not
 // what it wrote must not turn into long denials.
 func (e *denyEntry) valid() bool {
-	return e.limit > 0 && e.anchor > 0 && e.tokens >= 0 && e.tokens <= float64(e.limit) &&
+	return e.limit > 0 && e.sent > 0 && e.recv >= e.sent && e.tokens >= 0 && e.tokens <= float64(e.limit) &&
 		e.rate > 0 && !math.IsInf(e.rate, 0)
 }
 
-// reply is the 429 for a cached denial of cost at now: retry-after until the
-// cost may be back, and the bucket's most generous state.
-func (e *denyEntry) reply(cost, now int64) (retryAfter, remaining, reset int64) {
-	retryAfter = max(ceilSeconds(e.wait(cost)-(now-e.anchor)), 1)
-	est := math.Min(float64(e.limit), e.tokens+e.rate*float64(now-e.anchor))
-	remaining = int64(math.Floor(est))
-	reset = ceilSeconds(int64((float64(e.limit) - est) / e.rate))
-	return retryAfter, remaining, reset
-}
-
-func ceilSeconds(ns int64) int64 {
-	if ns <= 0 {
-		return 0
+// reply is what a cached denial of cost at now tells the client: the bucket
+// as it is at now if nobody else spent since the answer came (the least it
+// can hold then), and a Retry-After no earlier than the wait from there.
+func (e *denyEntry) reply(cost, now int64) (q quota, retry int64) {
+	tokens := e.tokens
+	if now > e.recv {
+		tokens += e.rate * (float64(now-e.recv) / 1e9)
 	}
-	return (ns + 1e9 - 1) / 1e9
+	q = quotaAt(e.plan, e.limit, e.rate, tokens)
+	tokens = math.Min(tokens, float64(e.limit))
+	return q, retryAfterFor(cost, tokens, e.rate, q.next)
 }
 
 // denyCache is one plugin's view of the shared deny entries.
 type denyCache struct {
-	// shards are the shared-data keys, "edgelimit/deny/v1/<cluster>/<n>",
+	// shards are the shared-data keys, "edgelimit/deny/v2/<cluster>/<n>",
 	// made once so that a lookup builds no string.
 	shards []string
 }
@@ -198,9 +209,12 @@ func (c denyCache) store(h abi.Host, e denyEntry, now int64) {
 
 // Shard format: version byte, entry count byte, then per entry a u16 key
 // length and the key, a u8 plan length and the plan, limit (i64), tokens
-// (f64 bits), rate (f64 bits) and anchor (i64), little-endian.
+// (f64 bits), rate (tokens per second, f64 bits), sent and recv (i64),
+// little-endian. The format is in the keys (deny/v2): format 1 (a rate per
+// ns derived from a rounded wait, one anchor) lives under other keys, so an
+// older filter's VM in the same process never reads these, nor they its.
 
-const denyEntryFixed = 32
+const denyEntryFixed = 40
 
 func encodeShard(entries []denyEntry) []byte {
 	b := make([]byte, 2, 2+len(entries)*(3+denyEntryFixed+32))
@@ -217,7 +231,8 @@ func encodeShard(entries []denyEntry) []byte {
 		b = appendU64(b, uint64(e.limit))
 		b = appendU64(b, math.Float64bits(e.tokens))
 		b = appendU64(b, math.Float64bits(e.rate))
-		b = appendU64(b, uint64(e.anchor))
+		b = appendU64(b, uint64(e.sent))
+		b = appendU64(b, uint64(e.recv))
 	}
 	return b
 }
@@ -302,7 +317,8 @@ func entryFrom(key, plan string, f []byte) denyEntry {
 		limit:  int64(u64(f[0:])),
 		tokens: math.Float64frombits(u64(f[8:])),
 		rate:   math.Float64frombits(u64(f[16:])),
-		anchor: int64(u64(f[24:])),
+		sent:   int64(u64(f[24:])),
+		recv:   int64(u64(f[32:])),
 	}
 }
 

@@ -14,39 +14,45 @@ const second = int64(1e9)
 // anchor is an arbitrary host clock reading for the tests.
 const anchor = int64(1767225600) * second
 
-func deniedAnswer(limit int64, tokens, retryMs float64) *Answer {
-	return &Answer{Outcome: Denied, Limit: limit, Tokens: tokens, HasTokens: true, RetryAfterMs: retryMs, HasRetryMs: true, RetryAfter: 1, Plan: "p"}
+func deniedAnswer(limit int64, tokens, rate float64) *Answer {
+	return &Answer{Outcome: Denied, Limit: limit, Tokens: tokens, HasTokens: true, Rate: rate, HasRate: true, RetryAfter: 1, Plan: "p"}
 }
 
 func TestNewDenyEntry(t *testing.T) {
-	e, ok := newDenyEntry("k", 5, anchor, deniedAnswer(10, 1, 4000))
-	if !ok || e.rate != 1e-9 || e.tokens != 1 || e.limit != 10 || e.anchor != anchor || e.plan != "p" {
+	e, ok := newDenyEntry("k", 5, anchor, anchor+3e6, deniedAnswer(10, 1, 1))
+	if !ok || e.rate != 1 || e.tokens != 1 || e.limit != 10 || e.sent != anchor || e.recv != anchor+3e6 || e.plan != "p" {
 		t.Fatalf("entry %+v, %v; want 1 token/s from 1 token", e, ok)
 	}
+	never := deniedAnswer(10, 1, 1)
+	never.Never = true
 	for name, a := range map[string]*Answer{
-		"no tokens":           {Limit: 10, HasRetryMs: true, RetryAfterMs: 1},
-		"no retry ms":         {Limit: 10, HasTokens: true},
-		"zero retry ms":       deniedAnswer(10, 1, 0),
-		"tokens enough":       deniedAnswer(10, 5, 100),
-		"cost above capacity": deniedAnswer(4, 1, 100),
-		"no capacity":         deniedAnswer(0, 0, 100),
+		"no tokens":           {Limit: 10, HasRate: true, Rate: 1},
+		"no rate":             {Limit: 10, HasTokens: true},
+		"never":               never,
+		"tokens enough":       deniedAnswer(10, 5, 1),
+		"tokens above limit":  deniedAnswer(4, 4.5, 1),
+		"cost above capacity": deniedAnswer(4, 1, 1),
+		"no capacity":         deniedAnswer(0, 0, 1),
 	} {
-		if e, ok := newDenyEntry("k", 5, anchor, a); ok {
+		if e, ok := newDenyEntry("k", 5, anchor, anchor, a); ok {
 			t.Errorf("%s: cached %+v", name, e)
 		}
 	}
-	if _, ok := newDenyEntry("k", 5, 0, deniedAnswer(10, 1, 4000)); ok {
+	if _, ok := newDenyEntry("k", 5, 0, 0, deniedAnswer(10, 1, 1)); ok {
 		t.Error("cached without a clock reading")
+	}
+	if _, ok := newDenyEntry("k", 5, anchor, anchor-1, deniedAnswer(10, 1, 1)); ok {
+		t.Error("cached an answer that came before its callout left")
 	}
 }
 
-// TestDenyWindow checks the arithmetic: 1 token left at the anchor, a refill
-// of 1 token/s, capacity 10. A cost c cannot be met before c-1 seconds; the
-// cache stops denying denyMargin earlier. The rate is derived in floating
-// point, which may end a window a nanosecond earlier still (never later):
-// the boundaries below allow for that one nanosecond.
+// TestDenyWindow checks the arithmetic: 1 token left at the decision, the
+// plan's 1 token/s, capacity 10, every figure exact in binary. A cost c
+// cannot be met before c-1 seconds; the cache stops denying denyMargin
+// earlier: 10 µs plus a thousandth of the wait.
 func TestDenyWindow(t *testing.T) {
-	e, _ := newDenyEntry("k", 5, anchor, deniedAnswer(10, 1, 4000))
+	e, _ := newDenyEntry("k", 5, anchor, anchor, deniedAnswer(10, 1, 1))
+	m := func(w int64) int64 { return 10_000 + w/1000 }
 	for _, c := range []struct {
 		cost int64
 		at   int64 // after the anchor
@@ -54,11 +60,12 @@ func TestDenyWindow(t *testing.T) {
 	}{
 		{1, 0, false}, // the token left may admit it
 		{2, 0, true},
-		{2, second - denyMargin - 2, true},
-		{2, second - denyMargin, false},
-		{5, 4*second - denyMargin - 2, true},
-		{5, 4*second - denyMargin, false},
-		{10, 9*second - denyMargin - 2, true},
+		{2, second - m(second) - 1, true},
+		{2, second - m(second), false},
+		{5, 4*second - m(4*second) - 1, true},
+		{5, 4*second - m(4*second), false},
+		{10, 9*second - m(9*second) - 1, true},
+		{10, 9*second - m(9*second), false},
 		{11, 9*second + second/2, true}, // above the capacity: never admitted
 		{2, -1, false},                  // the clock went back past the anchor
 	} {
@@ -66,27 +73,46 @@ func TestDenyWindow(t *testing.T) {
 			t.Errorf("denies(cost %d, anchor%+dns) = %v, want %v", c.cost, c.at, got, c.want)
 		}
 	}
-	if d := e.staleAt() - anchor; d < 9*second-1 || d > 9*second || !e.stale(anchor+9*second) || e.stale(anchor+9*second-2) || !e.stale(anchor-1) {
+	if d := e.staleAt() - anchor; d != 9*second || !e.stale(anchor+9*second) || e.stale(anchor+9*second-1) || !e.stale(anchor-1) {
 		t.Errorf("staleAt anchor%+dns, want anchor+9s", d)
 	}
-	retry, remaining, reset := e.reply(5, anchor+second/2)
-	if retry != 4 || remaining != 1 || reset != 9 {
-		t.Errorf("reply at +0.5s = retry %d, remaining %d, reset %d; want 4 (3.5 s), 1 (1.5 tokens), 9 (8.5 s)", retry, remaining, reset)
+	q, retry := e.reply(5, anchor+second/2)
+	if want := (quota{plan: "p", limit: 10, rate: 1, remaining: 1, next: 1, reset: 9}); retry != 4 || q != want {
+		t.Errorf("reply at +0.5s = %+v, retry %d; want %+v (1.5 tokens), retry 4 (3.5 s)", q, retry, want)
 	}
-	retry, _, _ = e.reply(2, anchor+second-denyMargin-2)
+	_, retry = e.reply(2, anchor+second-m(second)-1)
 	if retry != 1 {
 		t.Errorf("retry-after %d just before the window ends, want at least 1", retry)
 	}
-	slow, _ := newDenyEntry("k", 1, anchor, deniedAnswer(10, 0, 1e12))
-	if !slow.denies(1, anchor+maxDenyWindow-denyMargin-1) || slow.denies(1, anchor+maxDenyWindow) {
+	slow, _ := newDenyEntry("k", 1, anchor, anchor, deniedAnswer(10, 0, 1e-6))
+	if !slow.denies(1, anchor+maxDenyWindow-denyMargin(maxDenyWindow)-1) || slow.denies(1, anchor+maxDenyWindow) {
 		t.Error("a very slow refill is not capped at maxDenyWindow")
+	}
+}
+
+// TestDenyReplyAnchors: the decision uses the bound from the moment the
+// callout left (the most the bucket can hold); what the client is told uses
+// the moment the answer came (the least it holds if nobody else spends), so
+// that Retry-After is never early. 0 tokens, 0.5 tokens/s, a callout that
+// took 1 s to be answered.
+func TestDenyReplyAnchors(t *testing.T) {
+	e, _ := newDenyEntry("k", 2, anchor, anchor+second, deniedAnswer(10, 0, 0.5))
+	now := anchor + 2*second
+	if !e.denies(2, now) {
+		t.Fatal("cost 2 not denied 2 s into a 4 s wait")
+	}
+	q, retry := e.reply(2, now)
+	// 1 s after the answer: 0.5 tokens; 1.5 more take 3 s, the next whole
+	// token 1 s, full 19 s.
+	if want := (quota{plan: "p", limit: 10, rate: 0.5, remaining: 0, next: 1, reset: 19}); q != want || retry != 3 {
+		t.Errorf("reply = %+v, retry %d; want %+v, retry 3", q, retry, want)
 	}
 }
 
 func TestShardEncoding(t *testing.T) {
 	entries := []denyEntry{
-		{key: "a", plan: "gold", limit: 10, tokens: 0.5, rate: 2e-10, anchor: anchor},
-		{key: string(make([]byte, MaxKeyLen)), plan: "", limit: 1, tokens: 0, rate: 1e-9, anchor: anchor + 1},
+		{key: "a", plan: "gold", limit: 10, tokens: 0.5, rate: 2e-10, sent: anchor, recv: anchor},
+		{key: string(make([]byte, MaxKeyLen)), plan: "", limit: 1, tokens: 0, rate: 1e-9, sent: anchor + 1, recv: anchor + 1},
 	}
 	b := encodeShard(entries)
 	got, ok := decodeShard(b)
@@ -101,15 +127,16 @@ func TestShardEncoding(t *testing.T) {
 	}
 	for name, bad := range map[string][]byte{
 		"empty":        nil,
-		"version":      {2, 0},
+		"version":      {1, 0},
 		"count":        {denyFormat, 1},
 		"truncated":    b[:len(b)-1],
 		"trailing":     append(slices.Clone(b), 0),
-		"zero rate":    encodeShard([]denyEntry{{key: "a", limit: 1, rate: 0, anchor: anchor}}),
-		"NaN tokens":   encodeShard([]denyEntry{{key: "a", limit: 1, tokens: math.NaN(), rate: 1, anchor: anchor}}),
-		"infinite":     encodeShard([]denyEntry{{key: "a", limit: 1, rate: math.Inf(1), anchor: anchor}}),
-		"no capacity":  encodeShard([]denyEntry{{key: "a", limit: 0, rate: 1, anchor: anchor}}),
-		"tokens above": encodeShard([]denyEntry{{key: "a", limit: 1, tokens: 2, rate: 1, anchor: anchor}}),
+		"zero rate":    encodeShard([]denyEntry{{key: "a", limit: 1, rate: 0, sent: anchor, recv: anchor}}),
+		"NaN tokens":   encodeShard([]denyEntry{{key: "a", limit: 1, tokens: math.NaN(), rate: 1, sent: anchor, recv: anchor}}),
+		"infinite":     encodeShard([]denyEntry{{key: "a", limit: 1, rate: math.Inf(1), sent: anchor, recv: anchor}}),
+		"no capacity":  encodeShard([]denyEntry{{key: "a", limit: 0, rate: 1, sent: anchor, recv: anchor}}),
+		"tokens above": encodeShard([]denyEntry{{key: "a", limit: 1, tokens: 2, rate: 1, sent: anchor, recv: anchor}}),
+		"recv first":   encodeShard([]denyEntry{{key: "a", limit: 1, rate: 1, sent: anchor, recv: anchor - 1}}),
 	} {
 		if got, ok := decodeShard(bad); ok {
 			t.Errorf("%s: decoded %+v", name, got)
@@ -124,7 +151,7 @@ func TestShardEncoding(t *testing.T) {
 // FuzzDecodeShard: shared data is read without panicking, and what decodes
 // re-encodes to the same bytes and only holds usable entries.
 func FuzzDecodeShard(f *testing.F) {
-	f.Add(encodeShard([]denyEntry{{key: "k", plan: "p", limit: 10, tokens: 1, rate: 1e-9, anchor: anchor}}))
+	f.Add(encodeShard([]denyEntry{{key: "k", plan: "p", limit: 10, tokens: 1, rate: 1e-9, sent: anchor, recv: anchor}}))
 	f.Add([]byte{denyFormat, 3, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if e, found := findEntry(b, "k"); found && !e.valid() {
@@ -187,7 +214,7 @@ func (h *sharedHost) SetSharedData(key string, value []byte, cas uint32) abi.Sta
 }
 
 func entry(key string, at int64) denyEntry {
-	e, _ := newDenyEntry(key, 5, at, deniedAnswer(10, 1, 4000))
+	e, _ := newDenyEntry(key, 5, at, at, deniedAnswer(10, 1, 1))
 	return e
 }
 
@@ -196,7 +223,7 @@ func TestDenyCacheStore(t *testing.T) {
 	h := newSharedHost()
 	c.store(h, entry("a", anchor), anchor)
 	c.store(h, entry("a", anchor+second), anchor+second) // replaces
-	if e, ok := c.lookup(h, "a"); !ok || e.anchor != anchor+second {
+	if e, ok := c.lookup(h, "a"); !ok || e.sent != anchor+second {
 		t.Errorf("lookup(a) = %+v %v, want the newer entry", e, ok)
 	}
 	if _, ok := newDenyCache("other").lookup(h, "a"); ok {

@@ -25,13 +25,6 @@ const (
 	CheckPath = "/v1/check"
 )
 
-// Local reply bodies.
-const (
-	missingKeyBody = `{"error":"missing_api_key","message":"an API key is required"}`
-	invalidKeyBody = `{"error":"invalid_api_key","message":"the API key is malformed"}`
-	unknownKeyBody = `{"error":"unknown_api_key","message":"the API key is not known"}`
-)
-
 // tickPeriodMs is how often each root context flushes throttled log lines.
 const tickPeriodMs = 10000
 
@@ -80,18 +73,18 @@ type stream struct {
 	enforce bool
 	token   uint32
 	pending bool  // a callout is out and the request waits for it
+	entry   bool  // the deny cache held an entry for the key (not denying this request)
 	probe   bool  // the callout is the circuit breaker's probe
 	settled bool  // the filter has resumed or answered the request
 	gone    bool  // the proxy deleted the stream; only its answer is left
 	sentAt  int64 // when the callout was dispatched (host clock, ns)
 	// The rate-limit headers set on the response once the request was
-	// allowed, kept as their parts: the plan (a copy in planBuf, empty when
-	// too long to be a policy name, which names it "default" all the same)
-	// and the numbers.
-	limited                 bool
-	plan                    string
-	limit, remaining, reset int64
-	planBuf                 [maxPlanLen]byte
+	// allowed, kept as their parts: the quota, whose plan is a copy in
+	// planBuf (empty when too long to be a policy name, which names it
+	// "default" all the same).
+	limited bool
+	quota   quota
+	planBuf [maxPlanLen]byte
 }
 
 // newStream returns a stream for id, reusing one that ended when it can.
@@ -237,8 +230,11 @@ func (l *Limiter) check(s *stream) abi.Action {
 		s.cost = cfg.Cost(method, path)
 	}
 	now := h.Now()
-	if e, ok := s.root.cache.lookup(h, s.key); ok && e.denies(s.cost, now) {
-		return l.cachedDeny(s, &e, now)
+	if e, ok := s.root.cache.lookup(h, s.key); ok {
+		if e.denies(s.cost, now) {
+			return l.cachedDeny(s, &e, now)
+		}
+		s.entry = true
 	}
 	// The deny cache comes first: it needs no sidecar, so a client it
 	// denies stays denied while the breaker is open.
@@ -269,7 +265,7 @@ func (l *Limiter) noKey(s *stream, ks KeyStatus) abi.Action {
 		return abi.ActionContinue
 	}
 	h.SendLocalResponse(401, details, []byte(body), append(l.headers[:0],
-		[2]string{"content-type", "application/json"},
+		[2]string{"content-type", ProblemContentType},
 		[2]string{"www-authenticate", "Bearer"}), abi.GRPCStatusNone)
 	s.settled = true
 	return abi.ActionPause
@@ -282,8 +278,8 @@ func (l *Limiter) cachedDeny(s *stream, e *denyEntry, now int64) abi.Action {
 		return abi.ActionContinue
 	}
 	l.m.inc(l.host, cDeniedCached)
-	retry, remaining, reset := e.reply(s.cost, now)
-	l.deny(s, e.plan, e.limit, remaining, reset, retry, "edgelimit_rate_limited_cached")
+	q, retry := e.reply(s.cost, now)
+	l.deny(s, &q, retry, "edgelimit_rate_limited_cached")
 	return abi.ActionPause
 }
 
@@ -344,10 +340,13 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	// still there.
 	l.breakerResult(r, breakerFailure(&a), s.probe, a.Reason, s.sentAt, now)
 	r.local.learn(h, s, &a, now)
-	if a.Outcome == Denied {
-		// Cached even when the client has gone: the next request of the
-		// same client is spared a callout.
-		if e, ok := newDenyEntry(s.key, s.cost, s.sentAt, &a); ok {
+	// A denial is cached even when the client has gone: the next request
+	// of the same client is spared a callout. An admission updates the
+	// client's entry if it has one, so that what a cached denial tells the
+	// client counts what it spent since; a client with no entry (the
+	// healthy path) costs nothing here.
+	if a.Outcome == Denied || (a.Outcome == Allowed && s.entry) {
+		if e, ok := newDenyEntry(s.key, s.cost, s.sentAt, now, &a); ok {
 			r.cache.store(h, e, now)
 		}
 	}
@@ -362,9 +361,10 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	case Allowed:
 		if s.enforce {
 			l.m.inc(h, cAllowed)
-			s.limited, s.limit, s.remaining, s.reset = true, a.Limit, a.Remaining, a.Reset
+			s.limited, s.quota = true, quotaOf(&a)
+			s.quota.plan = ""
 			if len(a.Plan) <= maxPlanLen {
-				s.plan = owned(s.planBuf[:], a.Plan)
+				s.quota.plan = owned(s.planBuf[:], a.Plan)
 			}
 		} else {
 			l.m.inc(h, cShadowAllowed)
@@ -373,7 +373,15 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	case Denied:
 		if s.enforce {
 			l.m.inc(h, cDenied)
-			l.deny(s, a.Plan, a.Limit, a.Remaining, a.Reset, a.RetryAfter, "edgelimit_rate_limited")
+			q := quotaOf(&a)
+			// Retry-After is never earlier than the sidecar's (the exact
+			// wait, rounded up) nor than t; a request that can never
+			// succeed gets none.
+			retry := int64(0)
+			if !a.Never {
+				retry = max(a.RetryAfter, q.next, 1)
+			}
+			l.deny(s, &q, retry, "edgelimit_rate_limited")
 			return
 		}
 		l.m.inc(h, cShadowWouldDeny)
@@ -382,7 +390,7 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 		if s.enforce {
 			l.m.inc(h, cUnknownKey)
 			h.SendLocalResponse(403, "edgelimit_unknown_api_key", []byte(unknownKeyBody),
-				append(l.headers[:0], [2]string{"content-type", "application/json"}), abi.GRPCStatusNone)
+				append(l.headers[:0], [2]string{"content-type", ProblemContentType}), abi.GRPCStatusNone)
 			s.settled = true
 			return
 		}
@@ -446,18 +454,20 @@ func (l *Limiter) resume(s *stream) {
 	l.host.ContinueStream(abi.StreamRequest)
 }
 
-// deny answers the request 429 with the rate-limit headers and a short JSON
+// deny answers the request 429 with the rate-limit headers, Retry-After
+// (seconds; 0 leaves it out: the request can never succeed) and a problem
 // body; the request never reaches a service.
-func (l *Limiter) deny(s *stream, plan string, limit, remaining, reset, retryAfter int64, details string) {
+func (l *Limiter) deny(s *stream, q *quota, retry int64, details string) {
 	t := &l.text
 	t.reset()
-	retry := t.int(retryAfter)
-	headers := append(appendRateLimitHeaders(l.headers[:0], t, plan, limit, remaining, reset),
-		[2]string{"retry-after", retry},
-		[2]string{"content-type", "application/json"})
+	headers := appendRateLimitHeaders(l.headers[:0], t, q)
+	if retry > 0 {
+		headers = append(headers, [2]string{"retry-after", t.int(retry)})
+	}
+	headers = append(headers, [2]string{"content-type", ProblemContentType})
 	l.headers = headers
 	m := len(t.b)
-	t.b = append(append(append(t.b, `{"error":"rate_limited","retry_after":`...), retry...), '}')
+	t.b = appendQuotaProblem(t.b, q, s.cost, retry)
 	l.host.SendLocalResponse(429, details, t.b[m:], headers, abi.GRPCStatusNone)
 	s.settled = true
 }
@@ -475,8 +485,13 @@ func (l *Limiter) failOpen(s *stream, r Reason, detail string, now int64) (answe
 	return l.localLimit(s, now)
 }
 
-// OnResponseHeaders adds the rate-limit headers to an allowed response,
-// replacing any a service set itself.
+// OnResponseHeaders adds the rate-limit headers to an allowed response.
+// RateLimit and RateLimit-Policy that the service set itself are kept and
+// the filter's item is added beside them (another field line, which is the
+// same structured-field list): the draft lets an intermediary that enforces
+// its own policy add it, never remove the service's. The legacy trio has
+// room for one policy only; it is replaced by the edge's, which is the one
+// enforced here.
 func (l *Limiter) OnResponseHeaders(id uint32, _ int, _ bool) abi.Action {
 	defer l.recoverLog("proxy_on_response_headers")
 	s := l.streams[id]
@@ -484,9 +499,13 @@ func (l *Limiter) OnResponseHeaders(id uint32, _ int, _ bool) abi.Action {
 		return abi.ActionContinue
 	}
 	l.text.reset()
-	l.headers = appendRateLimitHeaders(l.headers[:0], &l.text, s.plan, s.limit, s.remaining, s.reset)
-	for _, hd := range l.headers {
-		l.host.ReplaceHeader(abi.MapResponseHeaders, hd[0], hd[1])
+	l.headers = appendRateLimitHeaders(l.headers[:0], &l.text, &s.quota)
+	for i, hd := range l.headers {
+		if i < 2 { // ratelimit-policy, ratelimit
+			l.host.AddHeader(abi.MapResponseHeaders, hd[0], hd[1])
+		} else {
+			l.host.ReplaceHeader(abi.MapResponseHeaders, hd[0], hd[1])
+		}
 	}
 	return abi.ActionContinue
 }

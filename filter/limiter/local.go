@@ -115,45 +115,34 @@ func (e *localEntry) level(now int64) float64 {
 // localDecision is the local bucket's answer to one request.
 type localDecision struct {
 	allowed bool
-	// remaining (floor) and reset (seconds until full, ceiling) describe
-	// the bucket after the request; retryAfter (seconds, ceiling, at least
-	// 1) is set on a denial.
-	remaining, reset, retryAfter int64
+	// quota describes the bucket after the request (its plan name left to
+	// the caller); retryAfter (seconds, ceiling, at least 1, no earlier
+	// than t) is set on a denial that a wait can help, 0 when the cost is
+	// above the capacity.
+	quota      quota
+	retryAfter int64
 }
 
 // take decides a request of cost at now and updates the bucket. A denial
 // leaves the bucket as it was (only its refill is brought up to now). A
-// cost above the capacity can never be admitted; as the sidecar does, its
-// Retry-After is the time until the bucket is full.
+// cost above the capacity can never be admitted: it gets no Retry-After.
+// Waits are capped at maxLocalWaitSeconds.
 func (e *localEntry) take(cost, now int64) localDecision {
 	tokens := e.level(now)
 	var d localDecision
-	switch c := float64(cost); {
-	case c <= tokens:
+	c := float64(cost)
+	if c <= tokens {
 		tokens -= c
 		d.allowed = true
-	case cost > e.plan.limit:
-		d.retryAfter = max(waitSeconds(float64(e.plan.limit)-tokens, e.plan.rate), 1)
-	default:
-		d.retryAfter = max(waitSeconds(c-tokens, e.plan.rate), 1)
 	}
 	e.tokens, e.at = tokens, now
-	d.remaining = int64(math.Floor(tokens))
-	d.reset = waitSeconds(float64(e.plan.limit)-tokens, e.plan.rate)
+	d.quota = quotaAt("", e.plan.limit, e.plan.rate, tokens)
+	d.quota.next = min(d.quota.next, maxLocalWaitSeconds)
+	d.quota.reset = min(d.quota.reset, maxLocalWaitSeconds)
+	if !d.allowed && cost <= e.plan.limit {
+		d.retryAfter = min(retryAfterFor(cost, tokens, e.plan.rate, d.quota.next), maxLocalWaitSeconds)
+	}
 	return d
-}
-
-// waitSeconds is how many whole seconds (rounded up) refilling need tokens
-// at rate takes; 0 when nothing is needed.
-func waitSeconds(need, rate float64) int64 {
-	if !(need > 0) {
-		return 0
-	}
-	s := math.Ceil(need / rate)
-	if !(s < maxLocalWaitSeconds) {
-		return maxLocalWaitSeconds
-	}
-	return int64(s)
 }
 
 // localLimiter is one plugin's view of the shared local buckets; nil when
@@ -393,6 +382,7 @@ func (l *Limiter) localLimit(s *stream, now int64) bool {
 		return false
 	}
 	l.m.inc(l.host, cLocalDenied)
-	l.deny(s, plan.name, plan.limit, d.remaining, d.reset, d.retryAfter, "edgelimit_rate_limited_local")
+	d.quota.plan = plan.name
+	l.deny(s, &d.quota, d.retryAfter, "edgelimit_rate_limited_local")
 	return true
 }

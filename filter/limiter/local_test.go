@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"math"
 	"slices"
 	"strconv"
 	"testing"
@@ -20,24 +21,23 @@ func TestLocalBucket(t *testing.T) {
 		// tokens in the bucket after the request
 		tokens float64
 	}{
-		// Full: 10 tokens.
-		{0, 4, localDecision{allowed: true, remaining: 6, reset: 2}, 6},
-		{0, 6, localDecision{allowed: true, remaining: 0, reset: 5}, 0},
+		// Full: 10 tokens. t is the next whole token: 0.5 s, so 1 s.
+		{0, 4, ld(true, 6, 1, 2, 0), 6},
+		{0, 6, ld(true, 0, 1, 5, 0), 0},
 		// Empty: 1 token needs 0.5 s, rounded up to 1 s.
-		{0, 1, localDecision{remaining: 0, reset: 5, retryAfter: 1}, 0},
+		{0, 1, ld(false, 0, 1, 5, 1), 0},
 		// 0.25 s later: 0.5 tokens; 3 tokens need 1.25 s more, so 2 s.
-		{second / 4, 3, localDecision{remaining: 0, reset: 5, retryAfter: 2}, 0.5},
+		{second / 4, 3, ld(false, 0, 1, 5, 2), 0.5},
 		// A denial took nothing: 1.25 s after the start, 2.5 tokens.
-		{5 * second / 4, 2, localDecision{allowed: true, remaining: 0, reset: 5}, 0.5},
+		{5 * second / 4, 2, ld(true, 0, 1, 5, 0), 0.5},
 		// Exactly enough is enough: 0.5 + 2 × 1.25 = 3 at 2.5 s.
-		{5 * second / 2, 3, localDecision{allowed: true, remaining: 0, reset: 5}, 0},
+		{5 * second / 2, 3, ld(true, 0, 1, 5, 0), 0},
 		// Refill stops at the capacity: 100 s later, 10 tokens.
-		{10250 * second / 100, 1, localDecision{allowed: true, remaining: 9, reset: 1}, 9},
-		// A cost above the capacity never passes; Retry-After is the time
-		// until full (0.5 s, so 1 s), at least 1 s.
-		{10250 * second / 100, 11, localDecision{remaining: 9, reset: 1, retryAfter: 1}, 9},
+		{10250 * second / 100, 1, ld(true, 9, 1, 1, 0), 9},
+		// A cost above the capacity never passes: no Retry-After.
+		{10250 * second / 100, 11, ld(false, 9, 1, 1, 0), 9},
 		// A clock that went back adds nothing and takes nothing away.
-		{50 * second, 9, localDecision{allowed: true, remaining: 0, reset: 5}, 0},
+		{50 * second, 9, ld(true, 0, 1, 5, 0), 0},
 	} {
 		got := e.take(c.cost, anchor+c.at)
 		if got != c.want || e.tokens != c.tokens {
@@ -46,13 +46,19 @@ func TestLocalBucket(t *testing.T) {
 	}
 }
 
+// ld is a decision of TestLocalBucket's plan (10 tokens, 2/s).
+func ld(allowed bool, remaining, next, reset, retry int64) localDecision {
+	return localDecision{allowed: allowed, retryAfter: retry,
+		quota: quota{limit: 10, rate: 2, remaining: remaining, next: next, reset: reset}}
+}
+
 func TestLocalBucketSlowPlan(t *testing.T) {
 	// 0.001 tokens/s, as the e2e plans use: one token per 1000 s.
 	e := localEntry{plan: localPlan{limit: 2, rate: 0.001}}
 	for i, want := range []localDecision{
-		{allowed: true, remaining: 1, reset: 1000},
-		{allowed: true, remaining: 0, reset: 2000},
-		{remaining: 0, reset: 2000, retryAfter: 1000},
+		{allowed: true, quota: quota{limit: 2, rate: 0.001, remaining: 1, next: 1000, reset: 1000}},
+		{allowed: true, quota: quota{limit: 2, rate: 0.001, remaining: 0, next: 1000, reset: 2000}},
+		{quota: quota{limit: 2, rate: 0.001, remaining: 0, next: 1000, reset: 2000}, retryAfter: 1000},
 	} {
 		if got := e.take(1, anchor); got != want {
 			t.Fatalf("request %d: %+v, want %+v", i, got, want)
@@ -60,21 +66,21 @@ func TestLocalBucketSlowPlan(t *testing.T) {
 	}
 	// A refill longer than a year is capped.
 	e = localEntry{plan: localPlan{limit: 1, rate: 1e-12}, tokens: 0, at: anchor}
-	if got := e.take(1, anchor); got.retryAfter != maxLocalWaitSeconds || got.reset != maxLocalWaitSeconds {
+	if got := e.take(1, anchor); got.retryAfter != maxLocalWaitSeconds || got.quota.reset != maxLocalWaitSeconds || got.quota.next != maxLocalWaitSeconds {
 		t.Fatalf("%+v, want waits capped at %d s", got, maxLocalWaitSeconds)
 	}
 }
 
-func TestWaitSeconds(t *testing.T) {
+func TestCeilSecondsMs(t *testing.T) {
 	for _, c := range []struct {
-		need, rate float64
-		want       int64
+		ms   float64
+		want int64
 	}{
-		{0, 1, 0}, {-1, 1, 0}, {1, 1, 1}, {1, 2, 1}, {3, 2, 2}, {4, 2, 2}, {0.5, 0.25, 2},
-		{1, 0.001, 1000}, {1e9, 1e-3, maxLocalWaitSeconds},
+		{0, 0}, {-1, 0}, {math.NaN(), 0}, {1e-300, 1}, {0.01, 1}, {1000, 1}, {math.Nextafter(1000, 2000), 2},
+		{1500, 2}, {1e6, 1000}, {math.Nextafter(3e12, 4e12), 3000000001}, {1e300, maxSeconds},
 	} {
-		if got := waitSeconds(c.need, c.rate); got != c.want {
-			t.Errorf("waitSeconds(%v, %v) = %d, want %d", c.need, c.rate, got, c.want)
+		if got := ceilSecondsMs(c.ms); got != c.want {
+			t.Errorf("ceilSecondsMs(%v) = %d, want %d", c.ms, got, c.want)
 		}
 	}
 }
@@ -142,7 +148,7 @@ func TestLocalLearn(t *testing.T) {
 
 	// Spend 8 of 10, then the plan shrinks to 5: the bucket is capped at
 	// once and keeps its tokens.
-	if d, _, ok := c.take(h, "alice", 8, anchor); !ok || !d.allowed || d.remaining != 2 {
+	if d, _, ok := c.take(h, "alice", 8, anchor); !ok || !d.allowed || d.quota.remaining != 2 {
 		t.Fatalf("take 8: %+v %v", d, ok)
 	}
 	c.learn(h, s, answerFor(Allowed, "small", 5, 1), anchor)
@@ -153,7 +159,7 @@ func TestLocalLearn(t *testing.T) {
 
 	// Another VM finds the plan and the bucket in shared data.
 	o := newLocalLimiter(localConfig())
-	if d, _, ok := o.take(h, "alice", 2, anchor); !ok || !d.allowed || d.remaining != 0 {
+	if d, _, ok := o.take(h, "alice", 2, anchor); !ok || !d.allowed || d.quota.remaining != 0 {
 		t.Fatalf("second VM: %+v %v, want the 2 tokens left", d, ok)
 	}
 	// A VM that learns a plan shared data already holds writes nothing.

@@ -10,19 +10,20 @@
 //	403 unknown key, no default_plan
 //	503 cannot decide now            Redis failed, or no answer within the deadline
 //
-// Headers on 200 and 429: ratelimit-limit (plan capacity), ratelimit-remaining
-// (whole tokens left), ratelimit-reset (seconds until full, rounded up),
-// x-ratelimit-tokens (exact tokens left), x-ratelimit-plan, x-ratelimit-rate
-// (the plan's refill rate in tokens per second, formatted so that it parses
-// back to the same float64; gateways bound an outage with it). On 429 also
-// retry-after (seconds until cost tokens are back, rounded up, at least 1) and
-// x-ratelimit-retry-after-ms (the same wait in milliseconds, rounded up to
-// the next whole millisecond). A cost larger than the plan's capacity can
-// never succeed: it gets 429 with x-ratelimit-never: true, no
-// x-ratelimit-retry-after-ms (there is no such wait), and retry-after set to
-// the seconds until the bucket is full (at least 1) so that every 429 carries
-// retry-after as the contract says. It is a denial, not a 400, so that a
-// gateway that fails open on errors still rejects it.
+// Headers on 200 and 429 (Answer.Fill formats them): ratelimit-limit (plan
+// capacity), ratelimit-remaining (whole tokens left), ratelimit-reset
+// (seconds until full, rounded up), x-ratelimit-tokens (exact tokens left),
+// x-ratelimit-plan, x-ratelimit-rate (the plan's refill rate in tokens per
+// second, formatted so that it parses back to the same float64). On 429 also
+// x-ratelimit-retry-after-ms (the exact wait in milliseconds, unrounded) and
+// retry-after (whole seconds no earlier than it, at least 1). Nothing a
+// gateway needs is sent only rounded: it can rebuild the bucket from the
+// exact tokens and rate. A cost larger than the plan's capacity can never
+// succeed: it gets 429 with x-ratelimit-never: true, no
+// x-ratelimit-retry-after-ms (there is no such wait), and a retry-after (the
+// seconds until full, at least 1) that only older gateways need. It is a
+// denial, not a 400, so that a gateway that fails open on errors still
+// rejects it.
 package server
 
 import (
@@ -182,35 +183,17 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 		return
 	}
 
+	var a Answer
+	a.Fill(res, plan)
 	h := &ctx.Response.Header
-	h.Set(HeaderLimit, plan.LimitHeader)
-	h.Set(HeaderPlan, plan.Name)
-	setInt(h, HeaderRemaining, int64(math.Floor(math.Max(res.Tokens, 0))))
-	setInt(h, HeaderReset, ceilDiv(res.ResetAfter, time.Second))
-	var num [32]byte
-	h.SetBytesV(HeaderTokens, strconv.AppendFloat(num[:0], res.Tokens, 'f', -1, 64))
-	// The plan's rate, not a hot client's region share: a gateway that
-	// enforces the plan on its own during an outage needs the whole plan.
-	// 'g' with -1 is the shortest form that parses back exactly.
-	h.SetBytesV(HeaderRate, strconv.AppendFloat(num[:0], plan.Rate, 'g', -1, 64))
-	switch {
-	case res.Allowed:
+	for i := range a.Len() {
+		h.SetBytesV(a.Field(i))
+	}
+	ctx.SetStatusCode(a.Status)
+	if res.Allowed {
 		s.o.Stats.Allowed.Inc()
-		ctx.SetStatusCode(fasthttp.StatusOK)
-	case res.Never:
-		// No wait helps; retry-after is still sent (the bucket's time to
-		// full, a lower bound on anything changing) because gateways treat
-		// a 429 without it as malformed and would fail open.
+	} else {
 		s.o.Stats.Denied.Inc()
-		h.Set(HeaderNever, "true")
-		setInt(h, HeaderRetryAfter, max(1, ceilDiv(res.ResetAfter, time.Second)))
-		ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
-	default:
-		s.o.Stats.Denied.Inc()
-		ms := ceilDiv(res.RetryAfter, time.Millisecond)
-		setInt(h, HeaderRetryAfterMs, ms)
-		setInt(h, HeaderRetryAfter, max(1, (ms+999)/1000))
-		ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
 	}
 	if s.o.Log.Enabled(context.Background(), slog.LevelDebug) {
 		s.o.Log.Debug("decision", "client", keys.LogID(bucket), "plan", plan.Name, "cost", req.Cost,
@@ -226,17 +209,112 @@ func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
 	text(ctx, fasthttp.StatusOK, "ready")
 }
 
-// ceilDiv returns d/unit rounded up, and 0 for d <= 0.
-func ceilDiv(d, unit time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + unit - 1) / unit)
+// maxAnswerFields is the most headers one answer carries.
+const maxAnswerFields = 10
+
+// Answer is the status and headers of a decided check, formatted without
+// allocating (an Answer kept on the stack). It is exported so that the
+// filter's behaviour table answers exactly as the sidecar does, down to the
+// rounding, from the same code.
+type Answer struct {
+	Status int
+	fields [maxAnswerFields]span
+	n, end int
+	// buf holds the values: a plan name (at most 64 bytes) and numbers of
+	// at most 25 bytes each fit with room to spare.
+	buf [320]byte
 }
 
-func setInt(h *fasthttp.ResponseHeader, name string, v int64) {
-	var num [20]byte
-	h.SetBytesV(name, strconv.AppendInt(num[:0], v, 10))
+type span struct {
+	name     string
+	from, to int
+}
+
+// Len is the number of headers Fill wrote.
+func (a *Answer) Len() int { return a.n }
+
+// Field returns header i; the value is a view of the Answer, valid until it
+// is filled again.
+func (a *Answer) Field(i int) (name string, value []byte) {
+	f := a.fields[i]
+	return f.name, a.buf[f.from:f.to]
+}
+
+func (a *Answer) put(name string, v []byte) {
+	n := copy(a.buf[a.end:], v)
+	a.fields[a.n] = span{name, a.end, a.end + n}
+	a.end += n
+	a.n++
+}
+
+func (a *Answer) putString(name, v string) {
+	n := copy(a.buf[a.end:], v)
+	a.fields[a.n] = span{name, a.end, a.end + n}
+	a.end += n
+	a.n++
+}
+
+// Fill formats the answer to a check of plan that the script decided as res.
+//
+//   - ratelimit-limit: the capacity; ratelimit-remaining: whole tokens left
+//     (floor); ratelimit-reset: seconds until full (ceiling of the exact ms);
+//     x-ratelimit-tokens: the exact tokens ('f', shortest round trip);
+//     x-ratelimit-plan; x-ratelimit-rate: the plan's rate ('g', shortest
+//     round trip).
+//   - 429 with a wait: x-ratelimit-retry-after-ms, the exact wait in ms
+//     ('f', shortest round trip: "0.01", never rounded), and retry-after,
+//     whole seconds no earlier than that wait (ceiling, at least 1).
+//   - 429 that can never succeed (cost above capacity): x-ratelimit-never:
+//     true, no x-ratelimit-retry-after-ms, and retry-after as the seconds
+//     until full (at least 1), kept only for gateways older than this
+//     contract, which read a 429 without retry-after as malformed and would
+//     let the request through; current gateways tell the client no
+//     Retry-After.
+func (a *Answer) Fill(res lua.Result, plan *plans.Plan) {
+	a.n, a.end = 0, 0
+	var num [32]byte
+	a.putString(HeaderLimit, plan.LimitHeader)
+	a.putString(HeaderPlan, plan.Name)
+	a.put(HeaderRemaining, strconv.AppendInt(num[:0], int64(math.Floor(math.Max(res.Tokens, 0))), 10))
+	a.put(HeaderReset, strconv.AppendInt(num[:0], CeilSeconds(res.ResetMs), 10))
+	a.put(HeaderTokens, strconv.AppendFloat(num[:0], res.Tokens, 'f', -1, 64))
+	// The plan's rate, not a hot client's region share: a gateway that
+	// enforces the plan on its own during an outage needs the whole plan.
+	// 'g' with -1 is the shortest form that parses back exactly.
+	a.put(HeaderRate, strconv.AppendFloat(num[:0], plan.Rate, 'g', -1, 64))
+	switch {
+	case res.Allowed:
+		a.Status = fasthttp.StatusOK
+	case res.Never:
+		a.Status = fasthttp.StatusTooManyRequests
+		a.putString(HeaderNever, "true")
+		a.put(HeaderRetryAfter, strconv.AppendInt(num[:0], max(1, CeilSeconds(res.ResetMs)), 10))
+	default:
+		a.Status = fasthttp.StatusTooManyRequests
+		a.put(HeaderRetryAfterMs, strconv.AppendFloat(num[:0], res.RetryMs, 'f', -1, 64))
+		a.put(HeaderRetryAfter, strconv.AppendInt(num[:0], max(1, CeilSeconds(res.RetryMs)), 10))
+	}
+}
+
+// maxSeconds caps a ceiling in seconds where an int64 of ms would overflow;
+// plans refill within a year, so no real answer comes near it.
+const maxSeconds = int64(1) << 52
+
+// CeilSeconds is ms rounded up to whole seconds, never less than ms: the
+// quotient ms/1000 is rounded in float64, so the result is checked against
+// ms itself and raised when the rounding fell below. 0 for ms <= 0.
+func CeilSeconds(ms float64) int64 {
+	if !(ms > 0) {
+		return 0
+	}
+	s := math.Ceil(ms / 1000)
+	if !(s < float64(maxSeconds)) {
+		return maxSeconds
+	}
+	if s*1000 < ms {
+		s++
+	}
+	return int64(s)
 }
 
 func text(ctx *fasthttp.RequestCtx, code int, body string) {

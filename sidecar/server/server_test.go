@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -108,33 +109,36 @@ func TestCheckHeaders(t *testing.T) {
 		status int
 		want   map[string]string // "" means the header must be absent
 	}{
-		{"allowed", lua.Result{Allowed: true, Tokens: 9, ResetAfter: time.Second}, 200, map[string]string{
+		{"allowed", lua.Result{Allowed: true, Tokens: 9, ResetMs: 1000}, 200, map[string]string{
 			HeaderLimit: "10", HeaderRemaining: "9", HeaderReset: "1", HeaderTokens: "9", HeaderPlan: "free",
 			HeaderRate: "1", HeaderRetryAfter: "", HeaderRetryAfterMs: "", HeaderNever: "",
 		}},
-		{"allowed fractional", lua.Result{Allowed: true, Tokens: 3.75, ResetAfter: 6250 * time.Millisecond}, 200, map[string]string{
+		{"allowed fractional", lua.Result{Allowed: true, Tokens: 3.75, ResetMs: 6250}, 200, map[string]string{
 			HeaderRemaining: "3", HeaderReset: "7", HeaderTokens: "3.75",
 		}},
-		{"full bucket resets now", lua.Result{Allowed: true, Tokens: 10, ResetAfter: 0}, 200, map[string]string{
+		{"full bucket resets now", lua.Result{Allowed: true, Tokens: 10, ResetMs: 0}, 200, map[string]string{
 			HeaderRemaining: "10", HeaderReset: "0", HeaderTokens: "10",
 		}},
-		{"denied, sub-second wait rounds up to 1 s", lua.Result{Tokens: 0.25, RetryAfter: 750 * time.Millisecond, ResetAfter: 9750 * time.Millisecond}, 429, map[string]string{
+		{"denied, sub-second wait rounds up to 1 s", lua.Result{Tokens: 0.25, RetryMs: 750, ResetMs: 9750}, 429, map[string]string{
 			HeaderRemaining: "0", HeaderReset: "10", HeaderTokens: "0.25",
 			HeaderRetryAfter: "1", HeaderRetryAfterMs: "750", HeaderNever: "", HeaderRate: "1",
 		}},
-		{"denied, tiny wait is still at least 1 s", lua.Result{Tokens: 0.9999, RetryAfter: 100 * time.Microsecond, ResetAfter: 9 * time.Second}, 429, map[string]string{
-			HeaderRetryAfter: "1", HeaderRetryAfterMs: "1",
+		// The case: 0.999 tokens, 100/s, cost 1. The wait is 0.01 ms,
+		// sent as it is: a gateway that divided by a rounded 1 ms would
+		// believe the bucket refills 100 times slower than it does.
+		{"denied, a wait far below 1 ms stays exact", lua.Result{Tokens: 0.999, RetryMs: 0.010000000000000009, ResetMs: 9.01}, 429, map[string]string{
+			HeaderRetryAfter: "1", HeaderRetryAfterMs: "0.010000000000000009", HeaderTokens: "0.999",
 		}},
-		{"denied, exact seconds", lua.Result{Tokens: 0, RetryAfter: 2 * time.Second, ResetAfter: 10 * time.Second}, 429, map[string]string{
+		{"denied, exact seconds", lua.Result{Tokens: 0, RetryMs: 2000, ResetMs: 10000}, 429, map[string]string{
 			HeaderRetryAfter: "2", HeaderRetryAfterMs: "2000",
 		}},
-		{"denied, just over a second", lua.Result{Tokens: 0, RetryAfter: 1000*time.Millisecond + time.Microsecond, ResetAfter: 10 * time.Second}, 429, map[string]string{
-			HeaderRetryAfter: "2", HeaderRetryAfterMs: "1001",
+		{"denied, just over a second", lua.Result{Tokens: 0, RetryMs: 1000.001, ResetMs: 10000}, 429, map[string]string{
+			HeaderRetryAfter: "2", HeaderRetryAfterMs: "1000.001",
 		}},
-		{"never, full bucket", lua.Result{Never: true, Tokens: 10, ResetAfter: 0}, 429, map[string]string{
+		{"never, full bucket", lua.Result{Never: true, Tokens: 10, ResetMs: 0}, 429, map[string]string{
 			HeaderNever: "true", HeaderRetryAfter: "1", HeaderRetryAfterMs: "", HeaderRemaining: "10", HeaderPlan: "free", HeaderRate: "1",
 		}},
-		{"never, bucket refilling", lua.Result{Never: true, Tokens: 2.5, ResetAfter: 7500 * time.Millisecond}, 429, map[string]string{
+		{"never, bucket refilling", lua.Result{Never: true, Tokens: 2.5, ResetMs: 7500}, 429, map[string]string{
 			HeaderNever: "true", HeaderRetryAfter: "8", HeaderRetryAfterMs: "", HeaderRemaining: "2", HeaderReset: "8",
 		}},
 	}
@@ -429,5 +433,43 @@ func TestThrottle(t *testing.T) {
 	th.do(func(n int64) { logged = append(logged, n) })
 	if len(logged) != 2 || logged[1] != 4 {
 		t.Fatalf("logged %v, want the 4 suppressed lines reported", logged)
+	}
+}
+
+// TestCeilSeconds: whole seconds never earlier than the exact ms, also
+// where ms/1000 rounds down in float64.
+func TestCeilSeconds(t *testing.T) {
+	for _, tc := range []struct {
+		ms   float64
+		want int64
+	}{
+		{0, 0}, {-1, 0}, {math.NaN(), 0}, {1e-300, 1}, {0.01, 1}, {999.999, 1}, {1000, 1},
+		{math.Nextafter(1000, 2000), 2}, {1000.001, 2}, {2000, 2}, {31536000000, 31536000},
+		{math.Nextafter(3e12, 4e12), 3000000001}, {1e300, 1 << 52},
+	} {
+		got := CeilSeconds(tc.ms)
+		if got != tc.want {
+			t.Errorf("CeilSeconds(%v) = %d, want %d", tc.ms, got, tc.want)
+		}
+		if tc.ms > 0 && tc.ms < 1e15 && float64(got)*1000 < tc.ms {
+			t.Errorf("CeilSeconds(%v) = %d s is earlier than the wait", tc.ms, got)
+		}
+	}
+}
+
+// TestAnswerDoesNotAllocate: the sidecar formats every answer on the stack.
+func TestAnswerDoesNotAllocate(t *testing.T) {
+	p := &plans.Plan{Name: "pro", Capacity: 200, Rate: 100, LimitHeader: "200"}
+	res := lua.Result{Tokens: 0.999, RetryMs: 0.01, ResetMs: 1990.01}
+	var sink int
+	if n := testing.AllocsPerRun(100, func() {
+		var a Answer
+		a.Fill(res, p)
+		for i := range a.Len() {
+			_, v := a.Field(i)
+			sink += len(v)
+		}
+	}); n != 0 {
+		t.Errorf("Fill allocates %v times, want 0", n)
 	}
 }

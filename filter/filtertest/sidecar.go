@@ -1,0 +1,63 @@
+package filtertest
+
+import (
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/edgelimit/edgelimit/lua"
+	"github.com/edgelimit/edgelimit/sidecar/plans"
+	"github.com/edgelimit/edgelimit/sidecar/server"
+)
+
+// sidecarAnswer is the sidecar's answer to a check of cost under plan
+// (capacity, rate) whose bucket holds tokens when the script runs. The
+// result is the one tokenbucket.lua computes, with the same float64
+// operations in the same order, and the headers are made by the sidecar's
+// own code (server.Answer), so the table's model answers exactly as the real
+// sidecar does, down to the rounding.
+//
+// filtertest is test support; importing the sidecar here is what keeps the
+// two from drifting apart. The filter itself never imports it.
+func sidecarAnswer(plan string, capacity, rate, tokens float64, cost int64) []Header {
+	res := scriptResult(capacity, rate, tokens, cost)
+	p := &plans.Plan{Name: plan, Capacity: capacity, Rate: rate, LimitHeader: strconv.FormatFloat(capacity, 'f', -1, 64)}
+	var a server.Answer
+	a.Fill(res, p)
+	h := []Header{{":status", strconv.Itoa(a.Status)}, {"content-length", "0"}}
+	for i := range a.Len() {
+		name, v := a.Field(i)
+		h = append(h, Header{name, string(v)})
+	}
+	return h
+}
+
+// scriptResult is what tokenbucket.lua replies, as lua.ParseReply reads it,
+// for a bucket holding tokens (already refilled to now).
+func scriptResult(capacity, rate, tokens float64, cost int64) lua.Result {
+	c := float64(cost)
+	var r lua.Result
+	switch {
+	case c > capacity:
+		r.Never = true
+	case tokens < c:
+		r.RetryMs = (c - tokens) / rate * 1000
+	default:
+		r.Allowed = true
+		if cost > 0 {
+			tokens -= c
+		}
+	}
+	r.Tokens = tokens
+	r.ResetMs = (capacity - tokens) / rate * 1000
+	r.RetryAfter, r.ResetAfter = ceilNs(r.RetryMs), ceilNs(r.ResetMs)
+	return r
+}
+
+func ceilNs(ms float64) time.Duration {
+	ns := math.Ceil(ms * 1e6)
+	if ns >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(ns)
+}
