@@ -52,20 +52,21 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer gen.release()
 	worker, _ := r.Context().Value(workerKey{}).(int)
 	vm := gen.workers[worker%len(gen.workers)]
-	s, err := vm.NewStream(wasmhost.StreamInfo{SourceAddr: r.RemoteAddr, DestinationAddr: localAddr(r), Protocol: r.Proto})
-	if err != nil {
+	// The stream's context is made by its first call, and it ends
+	// without the handler waiting for proxy_on_log and proxy_on_done: one
+	// handoff to the VM and one back per phase (RATIONALE.md, what a
+	// request costs the host).
+	s := vm.OpenStream(wasmhost.StreamInfo{SourceAddr: r.RemoteAddr, DestinationAddr: localAddr(r), Protocol: r.Proto})
+	defer s.DoneAsync()
+
+	endOfStream := r.Body == nil || r.Body == http.NoBody
+	// The request waits here, unsent, until the filter resumes or answers
+	// it.
+	st, err := s.RequestHeadersWait(r.Context(), requestHeaders(r, path), endOfStream)
+	if errors.Is(err, wasmhost.ErrClosed) {
 		x.status, x.details = http.StatusServiceUnavailable, "wasm_vm_closed"
 		http.Error(w, "", http.StatusServiceUnavailable)
 		return
-	}
-	defer s.Done()
-
-	endOfStream := r.Body == nil || r.Body == http.NoBody
-	st, err := s.RequestHeaders(requestHeaders(r, path), endOfStream)
-	if err == nil && st == wasmhost.Paused {
-		// The request waits here, unsent, until the filter resumes or
-		// answers it.
-		st, err = s.Wait(r.Context())
 	}
 	if err != nil {
 		x.details = "downstream_remote_disconnect"
@@ -144,11 +145,7 @@ func (g *gateway) route(w http.ResponseWriter, r *http.Request, gen *generation,
 		}
 	}
 	rh = append(rh, wasmhost.Header{"x-envoy-upstream-service-time", strconv.FormatInt(time.Since(start).Milliseconds(), 10)})
-	st, out, err := s.ResponseHeaders(rh, false)
-	if err == nil && st == wasmhost.Paused {
-		st, err = s.Wait(r.Context())
-		out = s.ResponseHeadersOut()
-	}
+	st, out, err := s.ResponseHeadersWait(r.Context(), rh, false)
 	if err != nil {
 		return
 	}
@@ -176,11 +173,7 @@ func (g *gateway) localReply(w http.ResponseWriter, s *wasmhost.Stream, x *excha
 	if body != "" {
 		h = append(h, wasmhost.Header{"content-length", strconv.Itoa(len(body))}, wasmhost.Header{"content-type", "text/plain"})
 	}
-	st, out, err := s.ResponseHeaders(h, body == "")
-	if err == nil && st == wasmhost.Paused {
-		_, err = s.Wait(context.Background())
-		out = s.ResponseHeadersOut()
-	}
+	st, out, err := s.ResponseHeadersWait(context.Background(), h, body == "")
 	if err == nil && st == wasmhost.Replied {
 		reply, _ := s.LocalReply()
 		g.writeReply(w, x, reply.Headers, reply.Body)
