@@ -83,15 +83,6 @@ type generation struct {
 	pluginErrors []string
 }
 
-// upstream is one cluster the router forwards to.
-type upstream struct {
-	name      string
-	endpoints []string
-	next      atomic.Uint64
-	client    *http.Client
-	stats     *clusterCounters
-}
-
 func newGateway(ctx context.Context, o options, log *slog.Logger) (*gateway, error) {
 	poll, err := wasmhost.ParsePollMode(o.poll)
 	if err != nil {
@@ -290,24 +281,6 @@ func (g *gateway) retire(old *generation) {
 	}()
 }
 
-func newUpstream(c envoyconfig.Cluster) *upstream {
-	dialer := &net.Dialer{Timeout: c.ConnectTimeout, KeepAlive: 30 * time.Second}
-	return &upstream{
-		name:      c.Name,
-		endpoints: c.Endpoints,
-		client: &http.Client{
-			Transport: &http.Transport{
-				DialContext:         dialer.DialContext,
-				MaxIdleConns:        1024,
-				MaxIdleConnsPerHost: 256,
-				IdleConnTimeout:     60 * time.Second,
-				DisableCompression:  true,
-			},
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		},
-	}
-}
-
 // pluginLog forwards a worker VM's plugin log lines to the gateway's log,
 // as Envoy's "wasm log" lines, and keeps its error lines while gen is being
 // configured.
@@ -344,7 +317,7 @@ func (gen *generation) close() {
 			gen.calls.Close()
 		}
 		for _, u := range gen.upstreams {
-			u.client.CloseIdleConnections()
+			u.close()
 		}
 		if gen.mod != nil {
 			gen.mod.Close(context.Background())

@@ -108,15 +108,13 @@ func (g *gateway) route(w http.ResponseWriter, r *http.Request, gen *generation,
 	u.stats.total.inc()
 	ctx, cancel := context.WithTimeout(r.Context(), routeTimeout)
 	defer cancel()
-	endpoint := u.endpoints[u.next.Add(1)%uint64(len(u.endpoints))]
-	req, err := upstreamRequest(ctx, r, endpoint, headers)
-	if err != nil {
+	start := time.Now()
+	resp, err := u.roundTrip(ctx, r, headers)
+	if errors.Is(err, errUpstreamRequest) {
 		x.details = "upstream_request_invalid"
 		g.localReply(w, s, x, http.StatusBadRequest, "")
 		return
 	}
-	start := time.Now()
-	resp, err := u.client.Do(req)
 	if err != nil {
 		switch {
 		case r.Context().Err() != nil:
@@ -299,29 +297,6 @@ func requestHeaders(r *http.Request, path string) []wasmhost.Header {
 		h = append(h, wasmhost.Header{"x-forwarded-for", xff})
 	}
 	return append(h, wasmhost.Header{"x-forwarded-proto", "http"}, wasmhost.Header{"x-request-id", newRequestID()})
-}
-
-// upstreamRequest builds the request to an endpoint from the headers the
-// filter left.
-func upstreamRequest(ctx context.Context, r *http.Request, endpoint string, headers []wasmhost.Header) (*http.Request, error) {
-	var body io.Reader
-	if r.Body != nil && r.Body != http.NoBody {
-		body = r.Body
-	}
-	req, err := http.NewRequestWithContext(ctx, firstValue(headers, ":method"), "http://"+endpoint+firstValue(headers, ":path"), body)
-	if err != nil {
-		return nil, err
-	}
-	req.Host = firstValue(headers, ":authority")
-	req.ContentLength = r.ContentLength
-	for _, h := range headers {
-		if strings.HasPrefix(h[0], ":") || hopHeaders[h[0]] || h[0] == "content-length" {
-			continue
-		}
-		req.Header.Add(h[0], h[1])
-	}
-	req.Header.Set("x-envoy-expected-rq-timeout-ms", strconv.FormatInt(routeTimeout.Milliseconds(), 10))
-	return req, nil
 }
 
 // upstreamFailureBody is Envoy's local reply text when no response came.
