@@ -68,9 +68,15 @@ var expectedTimeout = wasmhost.Header{"x-envoy-expected-rq-timeout-ms", strconv.
 // next endpoint on an idle connection or a new one, and returns the
 // response; its body returns the connection to the pool once read to the
 // end and closed. ctx ending closes the connection (Envoy resets the
-// stream): the error is then ctx's. A request without a body that finds
-// its reused connection closed by the server before any answer goes again
-// on a new one, as Envoy's pool, which sees the close, never uses it.
+// stream): the error is then ctx's.
+//
+// A connection the server closed while idle is one Envoy's pool, which
+// sees the close event, never uses. Here an idempotent request without a
+// body (GET, HEAD, OPTIONS, TRACE) is sent on the idle connection as it is
+// and, if that connection ends before any byte of an answer, again on a
+// new one, as net/http retries it; any other request first checks that the
+// idle connection is still open (Conn.Alive, one more system call) and is
+// not sent twice.
 func (u *upstream) roundTrip(ctx context.Context, r *http.Request, headers []wasmhost.Header) (*http.Response, error) {
 	method, path, authority := firstValue(headers, ":method"), firstValue(headers, ":path"), firstValue(headers, ":authority")
 	pool := u.pools[u.next.Add(1)%uint64(len(u.pools))]
@@ -91,8 +97,9 @@ func (u *upstream) roundTrip(ctx context.Context, r *http.Request, headers []was
 	if hasBody {
 		bodyLen = r.ContentLength // -1: unknown, sent chunked
 	}
+	retry := !hasBody && idempotent(method)
 	for {
-		cc, reused := takeAlive(pool)
+		cc, reused := take(pool, !retry)
 		if !reused {
 			c, err := pool.Dial(ctx)
 			if err != nil {
@@ -105,7 +112,7 @@ func (u *upstream) roundTrip(ctx context.Context, r *http.Request, headers []was
 		}
 		resp, err := u.exchange(ctx, pool, cc, r.Body, method, target, authority, headers, bodyLen)
 		if errors.Is(err, errStale) {
-			if reused && !hasBody && ctx.Err() == nil {
+			if reused && retry && ctx.Err() == nil {
 				continue
 			}
 			err = io.ErrUnexpectedEOF
@@ -117,19 +124,29 @@ func (u *upstream) roundTrip(ctx context.Context, r *http.Request, headers []was
 	}
 }
 
-// takeAlive returns an idle connection that is still open, closing those
-// the server closed meanwhile.
-func takeAlive(p *upstreamPool) (*upstreamConn, bool) {
+// take returns an idle connection; with check, only one still open,
+// closing those the server closed meanwhile.
+func take(p *upstreamPool, check bool) (*upstreamConn, bool) {
 	for {
 		cc, ok := p.Take()
 		if !ok {
 			return nil, false
 		}
-		if cc.Alive() {
+		if !check || cc.Alive() {
 			return cc, true
 		}
 		cc.Close()
 	}
+}
+
+// idempotent reports whether a request may be sent again, as net/http's
+// transport decides.
+func idempotent(method string) bool {
+	switch method {
+	case "GET", "HEAD", "OPTIONS", "TRACE":
+		return true
+	}
+	return false
 }
 
 // errStale is a connection that ended before any byte of a response.

@@ -142,16 +142,36 @@ func readRequest(br *bufio.Reader) bool {
 // TestUpstreamClosesIdleConnections: a server that closes every connection
 // after its answer, without saying so, costs the client nothing.
 func TestUpstreamClosesIdleConnections(t *testing.T) {
+	closed := make(chan struct{}, 10)
 	addr := rawService(t, func(c net.Conn, br *bufio.Reader) {
 		if readRequest(br) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
+		c.Close()
+		closed <- struct{}{}
 	})
 	g := startWith(t, addr, closedAddr(t))
-	for i := 0; i < 5; i++ {
-		if resp, body := get(t, "http://"+g.addr+"/orders/1", "x-api-key", "alice"); resp.StatusCode != 200 || body != "ok" {
-			t.Fatalf("request %d: %d %q", i, resp.StatusCode, body)
+	for i := 0; i < 6; i++ {
+		// GETs go again on a new connection; POSTs check the idle one
+		// first.
+		method := []string{"GET", "POST"}[i%2]
+		req, _ := http.NewRequest(method, "http://"+g.addr+"/orders/1", strings.NewReader("b"))
+		req.Header.Set("x-api-key", "alice")
+		if method == "GET" {
+			req.Body, req.ContentLength = nil, 0
 		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(body) != "ok" {
+			t.Fatalf("request %d (%s): %d %q", i, method, resp.StatusCode, body)
+		}
+		// The server has closed the connection before the next request
+		// (which a retried GET does not need, but a POST does).
+		<-closed
 	}
 }
 

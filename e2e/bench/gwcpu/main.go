@@ -35,8 +35,9 @@ func main() {
 	rate := flag.Float64("rate", 1500, "requests per second in total")
 	window := flag.Duration("window", 4*time.Second, "how long each run sends")
 	senders := flag.Int("senders", 30, "requests fired together per tick")
+	profile := flag.String("cpuprofile", "", "write each gateway's CPU profile to this prefix + its index + .prof")
 	flag.Parse()
-	if err := run(*bin, strings.Split(*gateways, ","), *rounds, *rate, *window, *senders); err != nil {
+	if err := run(*bin, strings.Split(*gateways, ","), *rounds, *rate, *window, *senders, *profile); err != nil {
 		fmt.Fprintln(os.Stderr, "gwcpu:", err)
 		os.Exit(1)
 	}
@@ -49,7 +50,7 @@ type gw struct {
 	fo  []float64 // failed-open share, per round
 }
 
-func run(binDir string, bins []string, rounds int, rate float64, window time.Duration, senders int) error {
+func run(binDir string, bins []string, rounds int, rate float64, window time.Duration, senders int, profile string) error {
 	ctx := context.Background()
 	root, err := harness.RepoRoot()
 	if err != nil {
@@ -84,12 +85,17 @@ func run(binDir string, bins []string, rounds int, rate float64, window time.Dur
 	}
 	defer svc.Close()
 	var gws []*gw
-	for _, path := range bins {
+	for i, path := range bins {
 		bb := b
 		bb.Gateway = path
+		var extra []string
+		if profile != "" {
+			extra = []string{"-cpuprofile", fmt.Sprintf("%s%d.prof", profile, i)}
+		}
 		g, err := harness.StartGateway(ctx, bb, harness.GatewayConfig{
 			Config:   filepath.Join(root, "envoy", "envoy.yaml"),
 			Clusters: map[string]string{"orders": svc.Addr, "billing": svc.Addr, "ratelimit_sidecar": scAddr},
+			Extra:    extra,
 		})
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
