@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -33,15 +34,18 @@ const drainTimeout = 10 * time.Second
 // gateway is the running stand-in for Envoy: the listeners it bound at
 // start, and the generation of configuration requests are served with now.
 type gateway struct {
-	o         options
-	log       *slog.Logger
-	poll      wasmhost.PollMode
-	listener  string // the listener address as configured at start
-	admin     string // the admin address as configured at start
-	stats     *wasmhost.Stats
-	shared    *wasmhost.SharedData
-	next      atomic.Uint64
-	counters  counters
+	o        options
+	log      *slog.Logger
+	poll     wasmhost.PollMode
+	listener string // the listener address as configured at start
+	admin    string // the admin address as configured at start
+	stats    *wasmhost.Stats
+	shared   *wasmhost.SharedData
+	next     atomic.Uint64
+	counters counters
+	// The listener's request counters.
+	rqTotal   lazyCounter
+	rqClass   *classCounters
 	accessLog io.Writer
 	logMu     sync.Mutex
 
@@ -79,14 +83,6 @@ type generation struct {
 	pluginErrors []string
 }
 
-// upstream is one cluster the router forwards to.
-type upstream struct {
-	name      string
-	endpoints []string
-	next      atomic.Uint64
-	client    *http.Client
-}
-
 func newGateway(ctx context.Context, o options, log *slog.Logger) (*gateway, error) {
 	poll, err := wasmhost.ParsePollMode(o.poll)
 	if err != nil {
@@ -104,6 +100,8 @@ func newGateway(ctx context.Context, o options, log *slog.Logger) (*gateway, err
 	// the filter's deny cache and breaker state outlive a reload.
 	g := &gateway{o: o, log: log, poll: poll, listener: cfg.Listener, admin: cfg.Admin,
 		stats: wasmhost.NewStats(), shared: wasmhost.NewSharedData(), old: map[*generation]bool{}}
+	g.rqTotal = lazyCounter{c: &g.counters, name: "http.edge.downstream_rq_total"}
+	g.rqClass = newClassCounters(&g.counters, "http.edge.downstream_rq_")
 	workers := o.concurrency
 	if o.check {
 		workers = 1
@@ -155,7 +153,11 @@ func (g *gateway) build(ctx context.Context, cfg *envoyconfig.Config, workers in
 		clusters[name] = wasmhost.HTTPCluster{Endpoints: c.Endpoints, ConnectTimeout: c.ConnectTimeout}
 		gen.upstreams[name] = newUpstream(c)
 	}
-	gen.calls = &countingDispatcher{HTTPDispatcher: wasmhost.NewHTTPDispatcher(clusters), g: g}
+	gen.calls = &countingDispatcher{HTTPDispatcher: wasmhost.NewHTTPDispatcher(clusters), g: g, clusters: map[string]*clusterCounters{}}
+	for name := range cfg.Clusters {
+		gen.calls.clusters[name] = newClusterCounters(&g.counters, name)
+		gen.upstreams[name].stats = gen.calls.clusters[name]
+	}
 	var err error
 	gen.mod, err = wasmhost.LoadFile(ctx, cfg.Wasm.Filename, wasmhost.ModuleOptions{Poll: g.poll})
 	if err != nil {
@@ -279,24 +281,6 @@ func (g *gateway) retire(old *generation) {
 	}()
 }
 
-func newUpstream(c envoyconfig.Cluster) *upstream {
-	dialer := &net.Dialer{Timeout: c.ConnectTimeout, KeepAlive: 30 * time.Second}
-	return &upstream{
-		name:      c.Name,
-		endpoints: c.Endpoints,
-		client: &http.Client{
-			Transport: &http.Transport{
-				DialContext:         dialer.DialContext,
-				MaxIdleConns:        1024,
-				MaxIdleConnsPerHost: 256,
-				IdleConnTimeout:     60 * time.Second,
-				DisableCompression:  true,
-			},
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		},
-	}
-}
-
 // pluginLog forwards a worker VM's plugin log lines to the gateway's log,
 // as Envoy's "wasm log" lines, and keeps its error lines while gen is being
 // configured.
@@ -333,7 +317,7 @@ func (gen *generation) close() {
 			gen.calls.Close()
 		}
 		for _, u := range gen.upstreams {
-			u.client.CloseIdleConnections()
+			u.close()
 		}
 		if gen.mod != nil {
 			gen.mod.Close(context.Background())
@@ -464,30 +448,98 @@ func (g *gateway) writeStats(w io.Writer) {
 }
 
 // counters are the gateway's own statistics, named as Envoy names them.
+// Each is an atomic, made on first use: an increment on the request path
+// takes no lock once the name exists (lazyCounter), and a name never used
+// is not listed, as before.
 type counters struct {
-	mu sync.Mutex
-	m  map[string]int64
+	mu sync.RWMutex
+	m  map[string]*atomic.Int64
+}
+
+func (c *counters) counter(name string) *atomic.Int64 {
+	c.mu.RLock()
+	n := c.m[name]
+	c.mu.RUnlock()
+	if n != nil {
+		return n
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]*atomic.Int64{}
+	}
+	if n = c.m[name]; n == nil {
+		n = new(atomic.Int64)
+		c.m[name] = n
+	}
+	return n
 }
 
 func (c *counters) inc(name string) { c.add(name, 1) }
 
-func (c *counters) add(name string, d int64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = map[string]int64{}
-	}
-	c.m[name] += d
-}
+func (c *counters) add(name string, d int64) { c.counter(name).Add(d) }
 
 func (c *counters) snapshot() map[string]int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.mu.RLock()
+	defer c.mu.RUnlock()
 	out := make(map[string]int64, len(c.m))
 	for k, v := range c.m {
-		out[k] = v
+		out[k] = v.Load()
 	}
 	return out
+}
+
+// lazyCounter is one counter whose name is known in advance; it is made
+// in counters at its first increment.
+type lazyCounter struct {
+	c    *counters
+	name string
+	p    atomic.Pointer[atomic.Int64]
+}
+
+func (l *lazyCounter) inc() {
+	p := l.p.Load()
+	if p == nil {
+		p = l.c.counter(l.name)
+		l.p.Store(p)
+	}
+	p.Add(1)
+}
+
+// classCounters are prefix+"1xx" … prefix+"9xx", by status code.
+type classCounters [10]lazyCounter
+
+func newClassCounters(c *counters, prefix string) *classCounters {
+	var cc classCounters
+	for i := range cc {
+		cc[i].c, cc[i].name = c, prefix+strconv.Itoa(i)+"xx"
+	}
+	return &cc
+}
+
+func (cc *classCounters) inc(code int) {
+	if i := code / 100; i >= 0 && i < len(cc) {
+		cc[i].inc()
+		return
+	}
+	cc[0].c.inc(cc[0].name[:len(cc[0].name)-3] + statusClass(code))
+}
+
+// clusterCounters are a cluster's upstream statistics.
+type clusterCounters struct {
+	total, timeout, connectFail, reset lazyCounter
+	class                              *classCounters
+}
+
+func newClusterCounters(c *counters, cluster string) *clusterCounters {
+	prefix := "cluster." + cluster + "."
+	return &clusterCounters{
+		total:       lazyCounter{c: c, name: prefix + "upstream_rq_total"},
+		timeout:     lazyCounter{c: c, name: prefix + "upstream_rq_timeout"},
+		connectFail: lazyCounter{c: c, name: prefix + "upstream_cx_connect_fail"},
+		reset:       lazyCounter{c: c, name: prefix + "upstream_rq_rx_reset"},
+		class:       newClassCounters(c, prefix+"upstream_rq_"),
+	}
 }
 
 func statusClass(code int) string { return strconv.Itoa(code/100) + "xx" }
@@ -496,26 +548,41 @@ func statusClass(code int) string { return strconv.Itoa(code/100) + "xx" }
 // as Envoy's async client does, and sends them on.
 type countingDispatcher struct {
 	*wasmhost.HTTPDispatcher
-	g *gateway
+	g        *gateway
+	clusters map[string]*clusterCounters // read-only once built
 }
 
 func (d *countingDispatcher) Dispatch(ctx context.Context, call wasmhost.Callout, respond func(wasmhost.CalloutResponse)) error {
-	prefix := "cluster." + call.Cluster + "."
-	d.g.counters.inc(prefix + "upstream_rq_total")
+	cc := d.clusters[call.Cluster]
+	if cc == nil {
+		cc = newClusterCounters(&d.g.counters, call.Cluster)
+	}
+	cc.total.inc()
 	return d.HTTPDispatcher.Dispatch(ctx, call, func(r wasmhost.CalloutResponse) {
 		if r.Reset {
-			d.g.counters.inc(prefix + "upstream_rq_rx_reset")
+			cc.reset.inc()
 		} else {
-			d.g.counters.inc(prefix + "upstream_rq_" + statusClass(r.Status()))
+			cc.class.inc(r.Status())
 		}
 		respond(r)
 	})
 }
 
+// newRequestID is a random (version 4) UUID, hex-encoded into one string.
 func newRequestID() string {
 	var b [16]byte
 	rand.Read(b[:])
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+	var out [36]byte
+	hex.Encode(out[0:8], b[0:4])
+	out[8] = '-'
+	hex.Encode(out[9:13], b[4:6])
+	out[13] = '-'
+	hex.Encode(out[14:18], b[6:8])
+	out[18] = '-'
+	hex.Encode(out[19:23], b[8:10])
+	out[23] = '-'
+	hex.Encode(out[24:36], b[10:16])
+	return string(out[:])
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -35,10 +36,10 @@ type exchange struct {
 // wasm filter, then the router.
 func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	x := &exchange{start: time.Now()}
-	g.counters.inc("http.edge.downstream_rq_total")
+	g.rqTotal.inc()
 	defer func() {
 		if x.status != 0 {
-			g.counters.inc("http.edge.downstream_rq_" + statusClass(x.status))
+			g.rqClass.inc(x.status)
 		}
 		g.writeAccessLog(r, x)
 	}()
@@ -52,20 +53,21 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer gen.release()
 	worker, _ := r.Context().Value(workerKey{}).(int)
 	vm := gen.workers[worker%len(gen.workers)]
-	s, err := vm.NewStream(wasmhost.StreamInfo{SourceAddr: r.RemoteAddr, DestinationAddr: localAddr(r), Protocol: r.Proto})
-	if err != nil {
+	// The stream's context is made by its first call, and it ends
+	// without the handler waiting for proxy_on_log and proxy_on_done: one
+	// handoff to the VM and one back per phase (RATIONALE.md, what a
+	// request costs the host).
+	s := vm.OpenStream(wasmhost.StreamInfo{SourceAddr: r.RemoteAddr, DestinationAddr: localAddr(r), Protocol: r.Proto})
+	defer s.DoneAsync()
+
+	endOfStream := r.Body == nil || r.Body == http.NoBody
+	// The request waits here, unsent, until the filter resumes or answers
+	// it.
+	st, err := s.RequestHeadersWait(r.Context(), requestHeaders(r, path), endOfStream)
+	if errors.Is(err, wasmhost.ErrClosed) {
 		x.status, x.details = http.StatusServiceUnavailable, "wasm_vm_closed"
 		http.Error(w, "", http.StatusServiceUnavailable)
 		return
-	}
-	defer s.Done()
-
-	endOfStream := r.Body == nil || r.Body == http.NoBody
-	st, err := s.RequestHeaders(requestHeaders(r, path), endOfStream)
-	if err == nil && st == wasmhost.Paused {
-		// The request waits here, unsent, until the filter resumes or
-		// answers it.
-		st, err = s.Wait(r.Context())
 	}
 	if err != nil {
 		x.details = "downstream_remote_disconnect"
@@ -103,39 +105,37 @@ func (g *gateway) route(w http.ResponseWriter, r *http.Request, gen *generation,
 	}
 	u := gen.upstreams[cluster]
 	x.cluster = cluster
-	prefix := "cluster." + cluster + "."
-	g.counters.inc(prefix + "upstream_rq_total")
+	u.stats.total.inc()
 	ctx, cancel := context.WithTimeout(r.Context(), routeTimeout)
 	defer cancel()
-	endpoint := u.endpoints[u.next.Add(1)%uint64(len(u.endpoints))]
-	req, err := upstreamRequest(ctx, r, endpoint, headers)
-	if err != nil {
+	start := time.Now()
+	resp, err := u.roundTrip(ctx, r, headers)
+	if errors.Is(err, errUpstreamRequest) {
 		x.details = "upstream_request_invalid"
 		g.localReply(w, s, x, http.StatusBadRequest, "")
 		return
 	}
-	start := time.Now()
-	resp, err := u.client.Do(req)
 	if err != nil {
 		switch {
 		case r.Context().Err() != nil:
 			x.details = "downstream_remote_disconnect"
 		case errors.Is(err, context.DeadlineExceeded):
-			g.counters.inc(prefix + "upstream_rq_timeout")
+			u.stats.timeout.inc()
 			x.details = "upstream_response_timeout"
 			g.localReply(w, s, x, http.StatusGatewayTimeout, "upstream request timeout")
 		default:
-			g.counters.inc(prefix + "upstream_cx_connect_fail")
+			u.stats.connectFail.inc()
 			x.details = "upstream_reset_before_response_started{connection_failure}"
 			g.localReply(w, s, x, http.StatusServiceUnavailable, upstreamFailureBody(err))
 		}
 		return
 	}
 	defer resp.Body.Close()
-	g.counters.inc(prefix + "upstream_rq_" + statusClass(resp.StatusCode))
-	rh := []wasmhost.Header{{":status", strconv.Itoa(resp.StatusCode)}}
+	u.stats.class.inc(resp.StatusCode)
+	rh := make([]wasmhost.Header, 1, len(resp.Header)+2)
+	rh[0] = wasmhost.Header{":status", strconv.Itoa(resp.StatusCode)}
 	for name, values := range resp.Header {
-		lname := strings.ToLower(name)
+		lname := lowerName(name)
 		if hopHeaders[lname] {
 			continue
 		}
@@ -144,11 +144,7 @@ func (g *gateway) route(w http.ResponseWriter, r *http.Request, gen *generation,
 		}
 	}
 	rh = append(rh, wasmhost.Header{"x-envoy-upstream-service-time", strconv.FormatInt(time.Since(start).Milliseconds(), 10)})
-	st, out, err := s.ResponseHeaders(rh, false)
-	if err == nil && st == wasmhost.Paused {
-		st, err = s.Wait(r.Context())
-		out = s.ResponseHeadersOut()
-	}
+	st, out, err := s.ResponseHeadersWait(r.Context(), rh, false)
 	if err != nil {
 		return
 	}
@@ -163,7 +159,7 @@ func (g *gateway) route(w http.ResponseWriter, r *http.Request, gen *generation,
 	}
 	x.details = "via_upstream"
 	g.writeHeaders(w, x, out)
-	if err := copyBody(w, resp.Body); err != nil {
+	if err := copyBody(w, resp.Body, resp.ContentLength); err != nil {
 		// Headers are out: all Envoy can do is reset the stream.
 		panic(http.ErrAbortHandler)
 	}
@@ -176,11 +172,7 @@ func (g *gateway) localReply(w http.ResponseWriter, s *wasmhost.Stream, x *excha
 	if body != "" {
 		h = append(h, wasmhost.Header{"content-length", strconv.Itoa(len(body))}, wasmhost.Header{"content-type", "text/plain"})
 	}
-	st, out, err := s.ResponseHeaders(h, body == "")
-	if err == nil && st == wasmhost.Paused {
-		_, err = s.Wait(context.Background())
-		out = s.ResponseHeadersOut()
-	}
+	st, out, err := s.ResponseHeadersWait(context.Background(), h, body == "")
 	if err == nil && st == wasmhost.Replied {
 		reply, _ := s.LocalReply()
 		g.writeReply(w, x, reply.Headers, reply.Body)
@@ -216,16 +208,23 @@ func (g *gateway) writeHeaders(w http.ResponseWriter, x *exchange, headers []was
 	w.WriteHeader(status)
 }
 
-func copyBody(w http.ResponseWriter, body io.Reader) error {
+// copyBody streams an upstream body to the client, flushing what each read
+// brought as Envoy forwards data as it arrives; once a body of known length
+// is complete the handler's return sends it, without a flush of its own.
+func copyBody(w http.ResponseWriter, body io.Reader, length int64) error {
 	flusher, _ := w.(http.Flusher)
-	buf := make([]byte, 32<<10)
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	var sent int64
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				return werr
 			}
-			if flusher != nil {
+			sent += int64(n)
+			if flusher != nil && sent != length {
 				flusher.Flush()
 			}
 		}
@@ -238,15 +237,42 @@ func copyBody(w http.ResponseWriter, body io.Reader) error {
 	}
 }
 
+// copyBufs are copyBody's buffers, reused: a new 32 KiB buffer per request
+// was half of what a request allocated.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// lowerName is strings.ToLower for a header name, without an allocation
+// for the canonical names that come on most requests.
+func lowerName(name string) string {
+	if l, ok := commonNames[name]; ok {
+		return l
+	}
+	return strings.ToLower(name)
+}
+
+var commonNames = func() map[string]string {
+	m := map[string]string{}
+	for _, n := range []string{"Accept", "Accept-Encoding", "Accept-Language", "Authorization", "Cache-Control",
+		"Connection", "Content-Length", "Content-Type", "Cookie", "Date", "Etag", "Expect", "Host",
+		"Keep-Alive", "Last-Modified", "Location", "Origin", "Referer", "Retry-After", "Server",
+		"Set-Cookie", "Transfer-Encoding", "User-Agent", "Vary", "X-Api-Key", "X-Forwarded-For",
+		"X-Forwarded-Proto", "X-Request-Id", "X-Ratelimit-Shadow", "Ratelimit-Limit", "Ratelimit-Remaining",
+		"Ratelimit-Reset", "X-Ratelimit-Plan", "X-Service"} {
+		m[n] = strings.ToLower(n)
+	}
+	return m
+}()
+
 // requestHeaders is the request as Envoy's connection manager hands it to
 // the filters: pseudo-headers first, lower-case names, connection headers
 // dropped, and the edge's own x-forwarded-for, x-forwarded-proto and a fresh
 // x-request-id (use_remote_address: true).
 func requestHeaders(r *http.Request, path string) []wasmhost.Header {
-	h := []wasmhost.Header{{":authority", r.Host}, {":path", path}, {":method", r.Method}, {":scheme", "http"}}
+	h := make([]wasmhost.Header, 4, len(r.Header)+8)
+	h[0], h[1], h[2], h[3] = wasmhost.Header{":authority", r.Host}, wasmhost.Header{":path", path}, wasmhost.Header{":method", r.Method}, wasmhost.Header{":scheme", "http"}
 	var xff string
 	for name, values := range r.Header {
-		lname := strings.ToLower(name)
+		lname := lowerName(name)
 		switch {
 		case hopHeaders[lname], lname == "x-request-id", lname == "x-forwarded-proto":
 			continue
@@ -271,29 +297,6 @@ func requestHeaders(r *http.Request, path string) []wasmhost.Header {
 		h = append(h, wasmhost.Header{"x-forwarded-for", xff})
 	}
 	return append(h, wasmhost.Header{"x-forwarded-proto", "http"}, wasmhost.Header{"x-request-id", newRequestID()})
-}
-
-// upstreamRequest builds the request to an endpoint from the headers the
-// filter left.
-func upstreamRequest(ctx context.Context, r *http.Request, endpoint string, headers []wasmhost.Header) (*http.Request, error) {
-	var body io.Reader
-	if r.Body != nil && r.Body != http.NoBody {
-		body = r.Body
-	}
-	req, err := http.NewRequestWithContext(ctx, firstValue(headers, ":method"), "http://"+endpoint+firstValue(headers, ":path"), body)
-	if err != nil {
-		return nil, err
-	}
-	req.Host = firstValue(headers, ":authority")
-	req.ContentLength = r.ContentLength
-	for _, h := range headers {
-		if strings.HasPrefix(h[0], ":") || hopHeaders[h[0]] || h[0] == "content-length" {
-			continue
-		}
-		req.Header.Add(h[0], h[1])
-	}
-	req.Header.Set("x-envoy-expected-rq-timeout-ms", strconv.FormatInt(routeTimeout.Milliseconds(), 10))
-	return req, nil
 }
 
 // upstreamFailureBody is Envoy's local reply text when no response came.

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -150,3 +151,35 @@ func procNetAddr(s string) (string, error) {
 	}
 	return net.JoinHostPort(ip.String(), strconv.FormatUint(port, 10)), nil
 }
+
+// CPUTime returns the CPU time the process has used, user and system
+// (utime + stime of /proc/<pid>/stat; Linux only, in clock ticks of 10 ms).
+func (p *Process) CPUTime() (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
+	if err != nil {
+		return 0, err
+	}
+	// The command name, field 2, is in parentheses and may hold spaces.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", p.Pid())
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", p.Pid(), len(f)+2)
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/%d/stat: %w", p.Pid(), err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * (time.Second / clockTicks), nil
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on every
+// Linux architecture Go supports.
+const clockTicks = 100

@@ -1,13 +1,11 @@
 package wasmhost
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -15,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/edgelimit/edgelimit/e2e/http1"
 )
 
 // HTTPCluster is an upstream cluster calls can be sent to.
@@ -46,22 +46,13 @@ type httpCluster struct {
 }
 
 // endpointPool is the connections to one endpoint: the idle ones, ready for
-// a request.
-type endpointPool struct {
-	addr   string
-	dialer *net.Dialer
-
-	mu     sync.Mutex
-	idle   []*calloutConn
-	closed bool
-}
+// a request (package http1, shared with the gateway's router).
+type endpointPool = http1.Pool[*calloutConn]
 
 // calloutConn is one HTTP/1.1 connection, carrying one call at a time.
 type calloutConn struct {
+	*http1.Conn
 	pool *endpointPool
-	nc   net.Conn
-	br   *bufio.Reader
-	bw   *bufio.Writer
 	// req is reused by every response read, for its method (HEAD has no
 	// body).
 	req http.Request
@@ -86,14 +77,9 @@ type activeCall struct {
 func NewHTTPDispatcher(clusters map[string]HTTPCluster) *HTTPDispatcher {
 	d := &HTTPDispatcher{clusters: map[string]*httpCluster{}}
 	for name, c := range clusters {
-		timeout := c.ConnectTimeout
-		if timeout <= 0 {
-			timeout = 5 * time.Second
-		}
-		dialer := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
 		hc := &httpCluster{}
 		for _, e := range c.Endpoints {
-			hc.endpoints = append(hc.endpoints, &endpointPool{addr: e, dialer: dialer})
+			hc.endpoints = append(hc.endpoints, http1.NewPool[*calloutConn](e, c.ConnectTimeout))
 		}
 		d.clusters[name] = hc
 	}
@@ -111,14 +97,7 @@ func (d *HTTPDispatcher) Cluster(name string) bool {
 func (d *HTTPDispatcher) Close() {
 	for _, c := range d.clusters {
 		for _, p := range c.endpoints {
-			p.mu.Lock()
-			p.closed = true
-			idle := p.idle
-			p.idle = nil
-			p.mu.Unlock()
-			for _, cc := range idle {
-				cc.nc.Close()
-			}
+			p.Close()
 		}
 	}
 }
@@ -146,22 +125,16 @@ func (d *HTTPDispatcher) Dispatch(ctx context.Context, call Callout, respond fun
 			authority = h[1]
 		}
 	}
-	if !validMethod(method) {
+	if !http1.ValidMethod(method) {
 		return errBadRequest
 	}
-	if !strings.HasPrefix(path, "/") {
-		path = "/" + path
-	}
-	if !plainPath(path) {
-		// What net/http would send for it, or its refusal.
-		u, err := url.Parse("http://" + pool.addr + path)
-		if err != nil {
-			return errBadRequest
-		}
-		path = u.RequestURI()
+	// What net/http would send for it, or its refusal.
+	path, ok := http1.Target(pool.Addr, path)
+	if !ok {
+		return errBadRequest
 	}
 	for _, h := range call.Headers {
-		if !validHeader(h[0], h[1]) {
+		if !http1.ValidHeader(h[0], h[1]) {
 			// net/http's transport refuses such a header before sending;
 			// the call ends as a request that got no response.
 			respond(failureResponse(errors.New("invalid header")))
@@ -169,14 +142,14 @@ func (d *HTTPDispatcher) Dispatch(ctx context.Context, call Callout, respond fun
 		}
 	}
 	a := &activeCall{respond: respond, method: method}
-	for cc := pool.take(); cc != nil; cc = pool.take() {
+	for cc, ok := pool.Take(); ok; cc, ok = pool.Take() {
 		if cc.send(ctx, a, call, path, authority) {
 			return nil
 		}
 		// It died while idle, just now; another one may not have.
 	}
 	go func() {
-		cc, err := pool.dial(ctx)
+		cc, err := dial(ctx, pool)
 		if err != nil {
 			if ctx.Err() == nil {
 				respond(failureResponse(err))
@@ -190,48 +163,12 @@ func (d *HTTPDispatcher) Dispatch(ctx context.Context, call Callout, respond fun
 	return nil
 }
 
-// take returns an idle connection, or nil.
-func (p *endpointPool) take() *calloutConn {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if n := len(p.idle); n > 0 {
-		cc := p.idle[n-1]
-		p.idle = p.idle[:n-1]
-		return cc
-	}
-	return nil
-}
-
-// put makes a connection idle again, or closes it if the pool is closed.
-func (p *endpointPool) put(cc *calloutConn) {
-	p.mu.Lock()
-	if !p.closed {
-		p.idle = append(p.idle, cc)
-		p.mu.Unlock()
-		return
-	}
-	p.mu.Unlock()
-	cc.nc.Close()
-}
-
-// drop forgets a connection that died while idle.
-func (p *endpointPool) drop(cc *calloutConn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for i, x := range p.idle {
-		if x == cc {
-			p.idle = append(p.idle[:i], p.idle[i+1:]...)
-			return
-		}
-	}
-}
-
-func (p *endpointPool) dial(ctx context.Context) (*calloutConn, error) {
-	nc, err := p.dialer.DialContext(ctx, "tcp", p.addr)
+func dial(ctx context.Context, p *endpointPool) (*calloutConn, error) {
+	c, err := p.Dial(ctx)
 	if err != nil {
 		return nil, err
 	}
-	cc := &calloutConn{pool: p, nc: nc, br: bufio.NewReaderSize(nc, 4096), bw: bufio.NewWriterSize(nc, 4096)}
+	cc := &calloutConn{Conn: c, pool: p}
 	go cc.readLoop()
 	return cc, nil
 }
@@ -254,30 +191,8 @@ func (cc *calloutConn) send(ctx context.Context, a *activeCall, call Callout, pa
 	cc.mu.Unlock()
 	cc.wmu.Lock()
 	defer cc.wmu.Unlock()
-	w := cc.bw
-	w.WriteString(a.method)
-	w.WriteByte(' ')
-	w.WriteString(path)
-	w.WriteString(" HTTP/1.1\r\nHost: ")
-	w.WriteString(authority)
-	w.WriteString("\r\n")
-	for _, h := range call.Headers {
-		if strings.HasPrefix(h[0], ":") || h[0] == "content-length" || h[0] == "host" {
-			continue
-		}
-		w.WriteString(h[0])
-		w.WriteString(": ")
-		w.WriteString(h[1])
-		w.WriteString("\r\n")
-	}
-	// As net/http sends it: a length for a body, and 0 for a method that
-	// expects one.
-	if len(call.Body) > 0 || a.method == "POST" || a.method == "PUT" || a.method == "PATCH" {
-		w.WriteString("Content-Length: ")
-		w.WriteString(strconv.Itoa(len(call.Body)))
-		w.WriteString("\r\n")
-	}
-	w.WriteString("\r\n")
+	w := cc.W
+	http1.WriteHead(w, a.method, path, authority, call.Headers, nil, int64(len(call.Body)))
 	w.Write(call.Body)
 	if err := w.Flush(); err != nil {
 		cc.fail(a)
@@ -295,7 +210,7 @@ func (cc *calloutConn) abandon(a *activeCall) {
 	}
 	cc.mu.Unlock()
 	if mine {
-		cc.nc.Close()
+		cc.Close()
 	}
 }
 
@@ -309,7 +224,7 @@ func (cc *calloutConn) fail(a *activeCall) {
 	}
 	cc.dead = true
 	cc.mu.Unlock()
-	cc.nc.Close()
+	cc.Close()
 	if mine {
 		a.stop()
 		a.respond(failureResponse(io.ErrUnexpectedEOF))
@@ -320,7 +235,7 @@ func (cc *calloutConn) fail(a *activeCall) {
 // ends. Bytes or an end of the connection while it is idle retire it.
 func (cc *calloutConn) readLoop() {
 	for {
-		_, err := cc.br.Peek(1)
+		_, err := cc.R.Peek(1)
 		cc.mu.Lock()
 		a := cc.current
 		if a == nil {
@@ -357,7 +272,7 @@ func (cc *calloutConn) readLoop() {
 			return
 		}
 		if keep {
-			cc.pool.put(cc)
+			cc.pool.Put(cc)
 		} else {
 			cc.retire()
 		}
@@ -373,15 +288,15 @@ func (cc *calloutConn) retire() {
 	cc.mu.Lock()
 	cc.dead = true
 	cc.mu.Unlock()
-	cc.pool.drop(cc)
-	cc.nc.Close()
+	cc.pool.Drop(cc)
+	cc.Close()
 }
 
 // readResponse parses one response; ok is false when the connection broke,
 // r then being Envoy's answer for that (503 before headers, a reset after).
 func (cc *calloutConn) readResponse(a *activeCall) (r CalloutResponse, keep, ok bool) {
 	cc.req.Method = a.method
-	resp, err := http.ReadResponse(cc.br, &cc.req)
+	resp, err := http.ReadResponse(cc.R, &cc.req)
 	if err != nil {
 		return failureResponse(err), false, false
 	}
@@ -407,52 +322,6 @@ func (cc *calloutConn) readResponse(a *activeCall) (r CalloutResponse, keep, ok 
 		Body:     body,
 		Trailers: flatten(resp.Trailer),
 	}, !resp.Close, true
-}
-
-// validMethod reports whether m is an HTTP token, as net/http requires.
-func validMethod(m string) bool {
-	if m == "" {
-		return false
-	}
-	for i := 0; i < len(m); i++ {
-		if !isTokenByte(m[i]) {
-			return false
-		}
-	}
-	return true
-}
-
-func isTokenByte(c byte) bool {
-	switch {
-	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		return true
-	}
-	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
-}
-
-// plainPath reports whether p can go on the request line as it is.
-func plainPath(p string) bool {
-	for i := 0; i < len(p); i++ {
-		if c := p[i]; c <= ' ' || c >= 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
-// validHeader reports whether a header can be written as it is: a token
-// name (pseudo-headers are not written) and a value without line breaks or
-// NULs, the rules net/http's transport enforces.
-func validHeader(name, value string) bool {
-	if !strings.HasPrefix(name, ":") && !validMethod(name) {
-		return false
-	}
-	for i := 0; i < len(value); i++ {
-		if c := value[i]; c == '\r' || c == '\n' || c == 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // failureResponse is Envoy's local reply for a request that got no

@@ -77,30 +77,52 @@ type Stream struct {
 	respCode    int
 	done        bool
 
+	// posted counts the tasks the caller posted (the caller's alone).
+	posted uint64
+
 	mu        sync.Mutex
 	state     State
-	changed   chan struct{}
+	ran       uint64 // tasks of the caller's that have run
 	upstream  []Header
 	forwarded bool
 	reply     *LocalReply
+	respOut   []Header // the response headers once the response left Paused
+	// wake holds a token after a change of state or a task that ran; a
+	// waiter looks at the state again. One buffered slot, made once: a
+	// state change costs no channel allocation.
+	wake chan struct{}
 }
 
-// NewStream opens a stream context whose parent is the root context.
-// proxy_on_context_create runs with the request headers, as in Envoy.
+// NewStream opens a stream context whose parent is the root context, and
+// waits until it exists. proxy_on_context_create runs with the request
+// headers, as in Envoy.
 func (vm *VM) NewStream(info StreamInfo) (*Stream, error) {
-	s := &Stream{vm: vm, info: info, changed: make(chan struct{})}
-	err := vm.do(func() {
-		var root uint32
-		if vm.root != nil {
-			root = vm.root.id
-		}
-		s.c = vm.newContext(root)
-		s.c.stream = s
-	})
-	if err != nil {
+	s := vm.OpenStream(info)
+	if err := vm.do(s.ensureContext); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// OpenStream returns a stream whose context is made by its first call
+// (RequestHeadersWait, or any other), on the VM's goroutine, without a
+// round trip of its own. ID is valid once that call returned.
+func (vm *VM) OpenStream(info StreamInfo) *Stream {
+	return &Stream{vm: vm, info: info, wake: make(chan struct{}, 1)}
+}
+
+// ensureContext makes the stream's context if it has none yet. On the VM's
+// goroutine.
+func (s *Stream) ensureContext() {
+	if s.c != nil {
+		return
+	}
+	var root uint32
+	if s.vm.root != nil {
+		root = s.vm.root.id
+	}
+	s.c = s.vm.newContext(root)
+	s.c.stream = s
 }
 
 // ID returns the stream's context id.
@@ -108,10 +130,19 @@ func (s *Stream) ID() uint32 { return s.c.id }
 
 func (s *Stream) setState(st State) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.state = st
-	close(s.changed)
-	s.changed = make(chan struct{})
+	if st != Paused && s.inResponse {
+		s.respOut = append([]Header(nil), s.respHeaders...)
+	}
+	s.mu.Unlock()
+	s.notify()
+}
+
+func (s *Stream) notify() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }
 
 // State returns where the current phase stands.
@@ -123,20 +154,50 @@ func (s *Stream) State() State {
 
 // Wait blocks while the current phase is Paused and returns the state it
 // reached, or ctx's error.
-func (s *Stream) Wait(ctx context.Context) (State, error) {
+func (s *Stream) Wait(ctx context.Context) (State, error) { return s.await(ctx, 0) }
+
+// await blocks until the caller's task seq has run and the phase is not
+// Paused.
+func (s *Stream) await(ctx context.Context, seq uint64) (State, error) {
 	for {
 		s.mu.Lock()
-		st, ch := s.state, s.changed
+		st, ran := s.state, s.ran
 		s.mu.Unlock()
-		if st != Paused {
+		if ran >= seq && st != Paused {
 			return st, nil
 		}
 		select {
-		case <-ch:
+		case <-s.wake:
 		case <-ctx.Done():
 			return Paused, ctx.Err()
 		}
 	}
+}
+
+// start posts f for the stream to the VM's goroutine without waiting and
+// returns its number for await. A VM that is shutting down when f's turn
+// comes resets a stream that has no context yet, as Close resets the
+// waiting ones.
+func (s *Stream) start(f func()) (uint64, error) {
+	s.posted++
+	seq := s.posted
+	ok := s.vm.post(func() {
+		defer func() {
+			s.mu.Lock()
+			s.ran = seq
+			s.mu.Unlock()
+			s.notify()
+		}()
+		if s.c == nil && s.vm.closing {
+			s.setState(Reset)
+			return
+		}
+		f()
+	})
+	if !ok {
+		return 0, ErrClosed
+	}
+	return seq, nil
 }
 
 // UpstreamHeaders returns the request headers as they go on to the
@@ -160,6 +221,7 @@ func (s *Stream) LocalReply() (LocalReply, bool) {
 }
 
 func (s *Stream) create() {
+	s.ensureContext()
 	if s.c.created {
 		return
 	}
@@ -180,8 +242,20 @@ func (s *Stream) RequestHeaders(headers []Header, endOfStream bool) (State, erro
 	return st, err
 }
 
+// RequestHeadersWait is RequestHeaders, then Wait while Paused, in one
+// handoff to the VM's goroutine and one back: what a proxy needs, which
+// waits either way. headers must not change afterwards.
+func (s *Stream) RequestHeadersWait(ctx context.Context, headers []Header, endOfStream bool) (State, error) {
+	seq, err := s.start(func() { s.requestHeaders(headers, endOfStream) })
+	if err != nil {
+		return Paused, err
+	}
+	return s.await(ctx, seq)
+}
+
 func (s *Stream) requestHeaders(headers []Header, eos bool) State {
 	vm := s.vm
+	s.ensureContext()
 	s.reqHeaders = lowerKeys(headers)
 	if vm.failed.Load() {
 		s.c.created = true
@@ -348,6 +422,23 @@ func (s *Stream) ResponseHeaders(headers []Header, endOfStream bool) (State, []H
 	return st, out, err
 }
 
+// ResponseHeadersWait is ResponseHeaders, then Wait while Paused and
+// ResponseHeadersOut, in one handoff to the VM's goroutine and one back.
+// headers must not change afterwards.
+func (s *Stream) ResponseHeadersWait(ctx context.Context, headers []Header, endOfStream bool) (State, []Header, error) {
+	seq, err := s.start(func() { s.responseHeaders(headers, endOfStream) })
+	if err != nil {
+		return Paused, nil, err
+	}
+	st, err := s.await(ctx, seq)
+	if err != nil {
+		return st, nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return st, s.respOut, nil
+}
+
 // ResponseHeadersOut returns the response headers as they stand (after a
 // paused response was resumed).
 func (s *Stream) ResponseHeadersOut() []Header {
@@ -358,6 +449,7 @@ func (s *Stream) ResponseHeadersOut() []Header {
 
 func (s *Stream) responseHeaders(headers []Header, eos bool) State {
 	vm := s.vm
+	s.ensureContext()
 	s.inResponse = true
 	s.respHeaders = lowerKeys(headers)
 	if code, err := strconv.Atoi(firstValue(s.respHeaders, ":status")); err == nil {
@@ -394,27 +486,37 @@ func (s *Stream) responseHeaders(headers []Header, eos bool) State {
 // Done ends the stream as Envoy does: proxy_on_log (the access-log phase,
 // where the final request and response headers are readable), then
 // proxy_on_done and proxy_on_delete.
-func (s *Stream) Done() {
-	s.vm.do(func() {
-		if s.done {
-			return
-		}
-		vm := s.vm
-		if !vm.failed.Load() {
-			s.create()
-			s.logPhase = true
-			s.logRequest = s.reqHeaders
-			if s.logResponse == nil {
-				s.logResponse = s.respHeaders
-			}
-			vm.callDrain(s.c, "proxy_on_log", uint64(s.c.id))
-			s.logPhase = false
-			vm.callDrain(s.c, "proxy_on_done", uint64(s.c.id))
-			vm.callDrain(s.c, "proxy_on_delete", uint64(s.c.id))
-		}
+func (s *Stream) Done() { s.vm.do(s.end) }
+
+// DoneAsync is Done without waiting for it: the callbacks run on the VM's
+// goroutine after everything queued before them, which is all a proxy
+// that has answered its client needs.
+func (s *Stream) DoneAsync() { s.vm.post(s.end) }
+
+func (s *Stream) end() {
+	if s.done {
+		return
+	}
+	if s.c == nil {
+		// Never started: no context to end.
 		s.done = true
-		delete(vm.contexts, s.c.id)
-	})
+		return
+	}
+	vm := s.vm
+	if !vm.failed.Load() {
+		s.create()
+		s.logPhase = true
+		s.logRequest = s.reqHeaders
+		if s.logResponse == nil {
+			s.logResponse = s.respHeaders
+		}
+		vm.callDrain(s.c, "proxy_on_log", uint64(s.c.id))
+		s.logPhase = false
+		vm.callDrain(s.c, "proxy_on_done", uint64(s.c.id))
+		vm.callDrain(s.c, "proxy_on_delete", uint64(s.c.id))
+	}
+	s.done = true
+	delete(vm.contexts, s.c.id)
 }
 
 func b2u(b bool) uint64 {

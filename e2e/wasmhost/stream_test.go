@@ -390,3 +390,99 @@ func TestCloseEndsWaitingStreams(t *testing.T) {
 		t.Errorf("a call into a closed VM: %v", err)
 	}
 }
+
+// TestWaitingCallsMatchTheSyncOnes runs one paused request and response
+// through the calls a proxy uses (OpenStream, RequestHeadersWait,
+// ResponseHeadersWait, DoneAsync) and through the step-by-step ones: the
+// plugin sees the same callbacks in the same order, and the caller the same
+// headers.
+func TestWaitingCallsMatchTheSyncOnes(t *testing.T) {
+	phases := map[string]string{
+		"request_headers":    "log 2 REQ;" + callout,
+		"http_call_response": "effective stream;add 0 x-decision allow;continue 0",
+		"response_headers":   "log 2 RESP;add 2 x-r 1",
+		"log":                "log 2 LOG;get 0 x-decision;get 2 x-r",
+		"done":               "log 2 DONE",
+		"delete":             "log 2 DELETE",
+	}
+	type result struct {
+		logs     []string
+		upstream []Header
+		out      []Header
+		id       uint32
+	}
+	run := func(waiting bool) result {
+		d := newFakeDispatcher("sidecar")
+		vm := newProbeVM(t, PollSleep, Options{Dispatcher: d})
+		if err := vm.Configure(script(phases)); err != nil {
+			t.Fatal(err)
+		}
+		// Answer the callout once it is made, from another goroutine as
+		// a dispatcher does.
+		go func() {
+			for len(d.all()) == 0 {
+				time.Sleep(time.Millisecond)
+			}
+			d.all()[0].respond(CalloutResponse{Headers: []Header{{":status", "200"}}})
+		}()
+		resp := []Header{{":status", "200"}}
+		var r result
+		if waiting {
+			s := vm.OpenStream(StreamInfo{SourceAddr: "127.0.0.1:5555", DestinationAddr: "127.0.0.1:8080", Protocol: "HTTP/1.1"})
+			if st, err := s.RequestHeadersWait(context.Background(), getReq, true); err != nil || st != Continued {
+				t.Fatalf("RequestHeadersWait = %v, %v", st, err)
+			}
+			st, out, err := s.ResponseHeadersWait(context.Background(), resp, true)
+			if err != nil || st != Continued {
+				t.Fatalf("ResponseHeadersWait = %v, %v", st, err)
+			}
+			s.DoneAsync()
+			vm.Sync()
+			r = result{upstream: s.UpstreamHeaders(), out: out, id: s.ID()}
+		} else {
+			s := newStream(t, vm)
+			if st, err := s.RequestHeaders(getReq, true); err != nil || st != Paused {
+				t.Fatalf("RequestHeaders = %v, %v", st, err)
+			}
+			if st, err := s.Wait(context.Background()); err != nil || st != Continued {
+				t.Fatalf("Wait = %v, %v", st, err)
+			}
+			st, out, err := s.ResponseHeaders(resp, true)
+			if err != nil || st != Continued {
+				t.Fatalf("ResponseHeaders = %v, %v", st, err)
+			}
+			s.Done()
+			r = result{upstream: s.UpstreamHeaders(), out: out, id: s.ID()}
+		}
+		r.logs = vm.logs.all()
+		return r
+	}
+	sync, waiting := run(false), run(true)
+	if strings.Join(sync.logs, "\n") != strings.Join(waiting.logs, "\n") {
+		t.Errorf("callbacks differ:\nstep by step:\n%s\nwaiting:\n%s", strings.Join(sync.logs, "\n"), strings.Join(waiting.logs, "\n"))
+	}
+	if !equalHeaders(sync.upstream, waiting.upstream) || firstValue(waiting.upstream, "x-decision") != "allow" {
+		t.Errorf("upstream headers %q, step by step %q", waiting.upstream, sync.upstream)
+	}
+	if !equalHeaders(sync.out, waiting.out) || firstValue(waiting.out, "x-r") != "1" {
+		t.Errorf("response headers %q, step by step %q", waiting.out, sync.out)
+	}
+	if sync.id != waiting.id {
+		t.Errorf("context id %d, step by step %d", waiting.id, sync.id)
+	}
+}
+
+// TestOpenStreamOnAClosedVM: a stream opened on a closed VM is refused at
+// its first call.
+func TestOpenStreamOnAClosedVM(t *testing.T) {
+	vm := newProbeVM(t, PollSleep, Options{})
+	if err := vm.Configure(script(map[string]string{})); err != nil {
+		t.Fatal(err)
+	}
+	s := vm.OpenStream(StreamInfo{})
+	vm.Close()
+	if _, err := s.RequestHeadersWait(context.Background(), getReq, true); err != ErrClosed {
+		t.Errorf("RequestHeadersWait on a closed VM: %v, want ErrClosed", err)
+	}
+	s.DoneAsync() // nothing to end, no panic
+}

@@ -71,10 +71,11 @@ type VM struct {
 	// The executor: tasks run in order on the VM's goroutine.
 	qmu    sync.Mutex
 	qcond  *sync.Cond
-	queue  []func()
+	queue  []task
 	closed bool
 	exited chan struct{}
 
+	closing   bool // Close's task has run; on the VM's goroutine
 	failed    atomic.Bool
 	failMu    sync.Mutex
 	failErr   error
@@ -483,6 +484,7 @@ func (vm *VM) Stats() *Stats { return vm.o.Stats }
 // more than once.
 func (vm *VM) Close() {
 	_ = vm.do(func() {
+		vm.closing = true
 		if vm.root != nil && vm.root.created && !vm.failed.Load() {
 			if r, ok := vm.callDrain(vm.root, "proxy_on_done", uint64(vm.root.id)); !ok || r != 0 {
 				vm.callDrain(vm.root, "proxy_on_delete", uint64(vm.root.id))
@@ -529,12 +531,27 @@ func (vm *VM) loop() {
 			vm.qmu.Unlock()
 			return
 		}
-		f := vm.queue[0]
+		t := vm.queue[0]
+		vm.queue[0] = task{}
 		vm.queue = vm.queue[1:]
 		vm.qmu.Unlock()
-		vm.run(f)
+		vm.run(t.f)
+		if t.done != nil {
+			t.done <- struct{}{}
+		}
 	}
 }
+
+// task is one entry of the VM's queue; done, if not nil, gets a token once
+// f has run (do's wait).
+type task struct {
+	f    func()
+	done chan struct{}
+}
+
+// doneChans are do's reusable channels, one buffered slot each: a task
+// signals its waiter without a channel made and closed per call.
+var doneChans = sync.Pool{New: func() any { return make(chan struct{}, 1) }}
 
 // run runs one task; a panic in the host's own code fails the VM instead of
 // the process.
@@ -564,13 +581,15 @@ func (vm *VM) drainQuietly() {
 
 // post queues f to run on the VM's goroutine and returns at once; it
 // reports false if the VM is closed.
-func (vm *VM) post(f func()) bool {
+func (vm *VM) post(f func()) bool { return vm.enqueue(task{f: f}) }
+
+func (vm *VM) enqueue(t task) bool {
 	vm.qmu.Lock()
 	defer vm.qmu.Unlock()
 	if vm.closed {
 		return false
 	}
-	vm.queue = append(vm.queue, f)
+	vm.queue = append(vm.queue, t)
 	vm.qcond.Signal()
 	return true
 }
@@ -578,19 +597,23 @@ func (vm *VM) post(f func()) bool {
 // do runs f on the VM's goroutine and waits for it. It must not be called
 // from that goroutine.
 func (vm *VM) do(f func()) error {
-	done := make(chan struct{})
-	if !vm.post(func() { defer close(done); f() }) {
+	done := doneChans.Get().(chan struct{})
+	if !vm.enqueue(task{f: f, done: done}) {
+		doneChans.Put(done)
 		return ErrClosed
 	}
 	select {
 	case <-done:
+		doneChans.Put(done)
 		return nil
 	case <-vm.exited:
 		// Closed while f was queued or running.
 		select {
 		case <-done:
+			doneChans.Put(done)
 			return nil
 		default:
+			// The token may still come: the channel is not reused.
 			return ErrClosed
 		}
 	}
