@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -21,6 +22,7 @@ import (
 	"github.com/edgelimit/edgelimit/internal/syncbuf"
 
 	"github.com/edgelimit/edgelimit/e2e/filterwasm"
+	"github.com/edgelimit/edgelimit/filter/filtertest"
 )
 
 var (
@@ -98,27 +100,35 @@ func (s *service) header(name string) string {
 func newSidecar(t testing.TB) *httptest.Server {
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("x-api-key")
-		h := w.Header()
-		h.Set("ratelimit-limit", "10")
-		h.Set("ratelimit-reset", "5")
-		h.Set("x-ratelimit-plan", "free")
+		// Plan free: 10 tokens, 0.32/s. A denied client holds 0.2 tokens
+		// (its next token is 2.5 s away), an allowed one 10.5 before
+		// paying 1.
+		tokens := 10.5
 		switch {
 		case strings.HasPrefix(key, "deny"):
-			h.Set("ratelimit-remaining", "0")
-			h.Set("x-ratelimit-tokens", "0.2")
-			h.Set("retry-after", "3")
-			h.Set("x-ratelimit-retry-after-ms", "2500")
-			w.WriteHeader(http.StatusTooManyRequests)
+			tokens = 0.2
 		case strings.HasPrefix(key, "slow"):
 			time.Sleep(100 * time.Millisecond)
-			fallthrough
-		default:
-			h.Set("ratelimit-remaining", "9")
-			h.Set("x-ratelimit-tokens", "9.5")
 		}
+		writeAnswer(w, filtertest.SidecarAnswer("free", 10, 0.32, min(tokens, 10), 1))
 	}))
 	t.Cleanup(s.Close)
 	return s
+}
+
+// writeAnswer writes a sidecar answer made by the sidecar's own code.
+func writeAnswer(w http.ResponseWriter, h []filtertest.Header) {
+	status := http.StatusOK
+	for _, kv := range h {
+		switch kv[0] {
+		case ":status":
+			status, _ = strconv.Atoi(kv[1])
+		case "content-length":
+		default:
+			w.Header().Set(kv[0], kv[1])
+		}
+	}
+	w.WriteHeader(status)
 }
 
 // closedAddr returns a loopback address nothing listens on.
@@ -226,7 +236,7 @@ func TestGatewayWithTheFilter(t *testing.T) {
 		{"allowed", "/orders/1", "alice", 200, "orders /orders/1", [2]string{"ratelimit-limit", "10"}},
 		{"second service", "/billing/7", "alice", 200, "billing /billing/7", [2]string{"x-service", "billing"}},
 		{"path normalised before routing", "/billing/../orders//2", "alice", 200, "orders /orders/2", [2]string{"server", "envoy"}},
-		{"denied", "/orders/1", "deny-bob", 429, `{"error":"rate_limited","retry_after":3}`, [2]string{"retry-after", "3"}},
+		{"denied", "/orders/1", "deny-bob", 429, "", [2]string{"retry-after", "3"}},
 		{"no key", "/orders/1", "", 401, "", [2]string{"www-authenticate", "Bearer"}},
 		{"slow sidecar fails open after timeout_ms", "/orders/3", "slow-carol", 200, "orders /orders/3", [2]string{"x-service", "orders"}},
 		{"no route", "/elsewhere", "alice", 404, "", [2]string{"server", "envoy"}},
@@ -244,6 +254,17 @@ func TestGatewayWithTheFilter(t *testing.T) {
 			}
 			if c.wantBody != "" && body != c.wantBody {
 				t.Errorf("body %q, want %q", body, c.wantBody)
+			}
+			if c.wantStatus == 429 {
+				var p struct {
+					Type       string `json:"type"`
+					Status     int    `json:"status"`
+					RetryAfter int    `json:"retry_after"`
+				}
+				if err := json.Unmarshal([]byte(body), &p); err != nil || p.Status != 429 || p.RetryAfter != 3 ||
+					p.Type != "https://iana.org/assignments/http-problem-types#quota-exceeded" {
+					t.Errorf("429 body %q: want the quota-exceeded problem with retry_after 3 (%v)", body, err)
+				}
 			}
 			if got := resp.Header.Get(c.wantHeader[0]); got != c.wantHeader[1] {
 				t.Errorf("header %s = %q, want %q", c.wantHeader[0], got, c.wantHeader[1])

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/filter/filtertest"
 )
 
 // longDenySidecar answers checks by key like newSidecar, except that a
@@ -22,20 +23,13 @@ func longDenySidecar(t *testing.T) (*httptest.Server, *atomic.Int64) {
 	var calls atomic.Int64
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
-		h := w.Header()
-		h.Set("ratelimit-limit", "10")
-		h.Set("ratelimit-reset", "600")
-		h.Set("x-ratelimit-plan", "free")
+		// Plan free: 10 tokens, one back every 10 minutes; a denied client
+		// holds none.
+		tokens := 10.0
 		if strings.HasPrefix(r.Header.Get("x-api-key"), "deny") {
-			h.Set("ratelimit-remaining", "0")
-			h.Set("x-ratelimit-tokens", "0")
-			h.Set("retry-after", "60")
-			h.Set("x-ratelimit-retry-after-ms", "60000")
-			w.WriteHeader(http.StatusTooManyRequests)
-			return
+			tokens = 0
 		}
-		h.Set("ratelimit-remaining", "9")
-		h.Set("x-ratelimit-tokens", "9")
+		writeAnswer(w, filtertest.SidecarAnswer("free", 10, 1.0/600, tokens, 1))
 	}))
 	t.Cleanup(s.Close)
 	return s, &calls

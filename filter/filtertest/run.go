@@ -485,7 +485,7 @@ func (r runner) allowed(t *testing.T) {
 	// exact rate a vendor parameter; t the 10 ms to the next whole token,
 	// rounded up to a second.
 	s, _ = waiting(t, h, get("key-1"))
-	s.RespondCallout(sidecarAnswer("pro", 200, 100, 200, 1), nil)
+	s.RespondCallout(SidecarAnswer("pro", 200, 100, 200, 1), nil)
 	wentOn(t, s)
 	resp = s.ResponseHeaders([]Header{{":status", "200"}})
 	for _, want := range [][2]string{
@@ -505,7 +505,7 @@ func (r runner) denied(t *testing.T) {
 	h := r.host(t, "")
 	s, _ := waiting(t, h, get("key-1"))
 	// 0.25 tokens at 1/s: cost 1 is back in 0.75 s, full in 99.75 s.
-	s.RespondCallout(sidecarAnswer("gold", 100, 1, 0.25, 1), []byte(`{"allowed":false}`))
+	s.RespondCallout(SidecarAnswer("gold", 100, 1, 0.25, 1), []byte(`{"allowed":false}`))
 	rep := denial(t, s, `"gold";q=100;w=100;edgelimit-rate="1"`, `"gold";r=0;t=1`, "100", "1")
 	if strings.ContainsAny(rep.Details, " \t") || rep.Details == "" {
 		t.Errorf("details %q: want a non-empty code without spaces", rep.Details)
@@ -522,14 +522,14 @@ func (r runner) denied(t *testing.T) {
 	// sidecar says 45 ms, so 1 s; t (the next whole token, 5 ms) is no later.
 	h = r.host(t, `{"costs": [{"method": "POST", "cost": 5}]}`)
 	s, _ = waiting(t, h, request("POST", "/orders", "key-1"))
-	s.RespondCallout(sidecarAnswer("pro", 200, 100, 0.5, 5), nil)
+	s.RespondCallout(SidecarAnswer("pro", 200, 100, 0.5, 5), nil)
 	denial(t, s, `"pro";q=200;w=2;edgelimit-rate="100"`, `"pro";r=0;t=1`, "2", "1")
 
 	// A cost above the capacity can never succeed: no retry-after, whatever
 	// the sidecar sent for older gateways, and the body says why.
 	h = r.host(t, `{"costs": [{"method": "POST", "cost": 500}]}`)
 	s, _ = waiting(t, h, request("POST", "/orders", "key-1"))
-	s.RespondCallout(sidecarAnswer("pro", 200, 100, 200, 500), nil)
+	s.RespondCallout(SidecarAnswer("pro", 200, 100, 200, 500), nil)
 	rep = denial(t, s, `"pro";q=200;w=2;edgelimit-rate="100"`, `"pro";r=200`, "0", "")
 	if d, _ := jsonBody(t, rep)["detail"].(string); !strings.Contains(d, "never") {
 		t.Errorf("never: detail %q does not say it can never succeed", d)
@@ -708,7 +708,7 @@ func (r runner) denyCacheWindow(t *testing.T) {
 	// 0.5 tokens left on a 10-token plan refilling 0.2 tokens/s: 1 token is
 	// back in 2.5 s.
 	s, _ := waiting(t, h, get("key-1"))
-	s.RespondCallout(sidecarAnswer("basic", 10, 0.2, 0.5, 1), nil)
+	s.RespondCallout(SidecarAnswer("basic", 10, 0.2, 0.5, 1), nil)
 	const policy = `"basic";q=10;w=50;edgelimit-rate="0.2"`
 	denial(t, s, policy, `"basic";r=0;t=3`, "48", "3")
 
@@ -751,7 +751,7 @@ func (r runner) denyCacheCosts(t *testing.T) {
 	if got := header(t, c.Headers, "x-ratelimit-cost"); got != "5" {
 		t.Fatalf("cost %q, want 5", got)
 	}
-	s.RespondCallout(sidecarAnswer("basic", 10, 1, 1, 5), nil)
+	s.RespondCallout(SidecarAnswer("basic", 10, 1, 1, 5), nil)
 	reply(t, s, 429)
 
 	// Cost 1 can be met by the token left: ask the sidecar.
@@ -794,7 +794,7 @@ func (r runner) denyCacheWorkers(t *testing.T) {
 		t.Fatal("worker rejected the configuration")
 	}
 	s, _ := waiting(t, h, get("key-1"))
-	s.RespondCallout(sidecarAnswer("basic", 10, 0.2, 0, 1), nil)
+	s.RespondCallout(SidecarAnswer("basic", 10, 0.2, 0, 1), nil)
 	reply(t, s, 429)
 
 	s, _ = send(w, get("key-1"))
@@ -830,7 +830,7 @@ func (r runner) denyCacheNeedsExactState(t *testing.T) {
 		{"bad tokens", "", "/", denyAnswer(10, 0, 5, 5, "NaN", "0.2", "basic")},
 		{"bad rate", "", "/", denyAnswer(10, 0, 5, 5, "0", "Inf", "basic")},
 		{"tokens would suffice", "", "/", denyAnswer(10, 1, 5, 5, "1.5", "0.2", "basic")},
-		{"cost above capacity", `{"costs": [{"path_prefix": "/huge", "cost": 20}]}`, "/huge", sidecarAnswer("basic", 10, 0.2, 0, 20)},
+		{"cost above capacity", `{"costs": [{"path_prefix": "/huge", "cost": 20}]}`, "/huge", SidecarAnswer("basic", 10, 0.2, 0, 20)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := r.host(t, c.config)
@@ -860,7 +860,7 @@ func (b *bucket) answer(now time.Duration, cost int64) []Header {
 	if b.tokens >= float64(cost) {
 		defer func() { b.tokens -= float64(cost) }()
 	}
-	return sidecarAnswer("model", b.capacity, b.rate, b.tokens, cost)
+	return SidecarAnswer("model", b.capacity, b.rate, b.tokens, cost)
 }
 
 // denyCacheBucketModel drives the filter with a random mix of clients,
@@ -982,7 +982,7 @@ func (r runner) modeShadow(t *testing.T) {
 	absent(t, s.ResponseHeaders([]Header{{":status", "200"}}), rateLimitHeaderNames...)
 
 	s, _ = waiting(t, h, get("key-2", Header{"x-ratelimit-shadow", "allow"}))
-	s.RespondCallout(sidecarAnswer("basic", 10, 0.5, 0, 1), nil)
+	s.RespondCallout(SidecarAnswer("basic", 10, 0.5, 0, 1), nil)
 	wentOn(t, s)
 	if got := header(t, s.UpstreamHeaders(), "x-ratelimit-shadow"); got != "deny" {
 		t.Errorf("shadow deny: header %q", got)
@@ -1023,11 +1023,11 @@ func (r runner) modeShadow(t *testing.T) {
 func (r runner) canary(t *testing.T) {
 	h := r.host(t, `{"canary_clients": ["vip-1", "vip-2"]}`)
 	s, _ := waiting(t, h, get("vip-1"))
-	s.RespondCallout(sidecarAnswer("basic", 10, 0.5, 0, 1), nil)
+	s.RespondCallout(SidecarAnswer("basic", 10, 0.5, 0, 1), nil)
 	reply(t, s, 429)
 
 	s, _ = waiting(t, h, get("regular"))
-	s.RespondCallout(sidecarAnswer("basic", 10, 0.5, 0, 1), nil)
+	s.RespondCallout(SidecarAnswer("basic", 10, 0.5, 0, 1), nil)
 	wentOn(t, s)
 	if got := header(t, s.UpstreamHeaders(), "x-ratelimit-shadow"); got != "deny" {
 		t.Errorf("non-canary client: header %q", got)
@@ -1200,7 +1200,7 @@ func (r runner) lifecycle(t *testing.T) {
 	h = r.host(t, "")
 	s, _ = waiting(t, h, get("key-1"))
 	s.Done()
-	s.RespondCallout(sidecarAnswer("basic", 10, 0.5, 0, 1), nil)
+	s.RespondCallout(SidecarAnswer("basic", 10, 0.5, 0, 1), nil)
 	if _, ok := s.LocalReply(); ok {
 		t.Error("a local reply was sent to a finished stream")
 	}

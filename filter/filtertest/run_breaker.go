@@ -331,7 +331,7 @@ func (r runner) breakerWaveCountsOnce(t *testing.T) {
 func (r runner) breakerDenyCacheFirst(t *testing.T) {
 	h := r.host(t, breakerConfig)
 	s, _ := waiting(t, h, get("greedy"))
-	s.RespondCallout(sidecarAnswer("basic", 10, 0.2, 0, 1), nil)
+	s.RespondCallout(SidecarAnswer("basic", 10, 0.2, 0, 1), nil)
 	reply(t, s, 429)
 	openBreaker(t, h)
 	s, _ = send(h, get("greedy"))

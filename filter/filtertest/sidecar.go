@@ -10,7 +10,7 @@ import (
 	"github.com/edgelimit/edgelimit/sidecar/server"
 )
 
-// sidecarAnswer is the sidecar's answer to a check of cost under plan
+// SidecarAnswer is the sidecar's answer to a check of cost under plan
 // (capacity, rate) whose bucket holds tokens when the script runs. The
 // result is the one tokenbucket.lua computes, with the same float64
 // operations in the same order, and the headers are made by the sidecar's
@@ -19,7 +19,7 @@ import (
 //
 // filtertest is test support; importing the sidecar here is what keeps the
 // two from drifting apart. The filter itself never imports it.
-func sidecarAnswer(plan string, capacity, rate, tokens float64, cost int64) []Header {
+func SidecarAnswer(plan string, capacity, rate, tokens float64, cost int64) []Header {
 	res := scriptResult(capacity, rate, tokens, cost)
 	p := &plans.Plan{Name: plan, Capacity: capacity, Rate: rate, LimitHeader: strconv.FormatFloat(capacity, 'f', -1, 64)}
 	var a server.Answer
