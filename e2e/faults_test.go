@@ -201,8 +201,13 @@ func TestFaultRedisRestartedEmpty(t *testing.T) {
 	if err := s.redis.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
-	restartedAt := sent.Load()
-	waitFor(t, "traffic after the restart", 10*time.Second, func() bool { return sent.Load() > restartedAt+50 })
+	restartedAt, allowedAt := sent.Load(), s.decisions()["allowed"]
+	// The restart is an outage: the circuit breaker may open and let
+	// requests through unchecked until its probe finds Redis back. The
+	// traffic goes on until the sidecar decides again.
+	waitFor(t, "traffic after the restart, decided again", 20*time.Second, func() bool {
+		return sent.Load() > restartedAt+50 && s.decisions()["allowed"] > allowedAt
+	})
 	close(stop)
 	wg.Wait()
 	if n := notOK.Load(); n != 0 {

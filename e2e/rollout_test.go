@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
 
 // The rollout plan of the design document, walked on one running system
@@ -113,14 +114,18 @@ func TestRolloutCanaryShadowEnforce(t *testing.T) {
 	apply("step 2 (shadow)", filterConfig{Mode: "shadow"})
 	cmp := compareShadow(t, s, capacity, shadowTraffic())
 	t.Logf("step 2 (shadow): %s", cmp.report())
-	if cmp.unknown != 0 {
-		t.Fatalf("%d requests carried x-ratelimit-shadow: unknown (the sidecar did not decide); the comparison would not measure the limiters", cmp.unknown)
+	// A request whose check failed open carries "unknown" and is not a
+	// comparison; the design allows 1% of them.
+	if float64(cmp.unknown) > 0.01*float64(cmp.total) {
+		t.Fatalf("%d of %d requests carried x-ratelimit-shadow: unknown (the sidecar did not decide), more than 1%%", cmp.unknown, cmp.total)
 	}
 	if cmp.edgeMismatch != 0 {
 		t.Fatalf("%d shadow decisions differ from the edge bucket's arithmetic", cmp.edgeMismatch)
 	}
-	if cmp.total != 1210 || cmp.expected != 1 {
-		t.Fatalf("the traffic holds %d requests and %d predicted disagreements; shadowTraffic says 1210 and 1", cmp.total, cmp.expected)
+	// One predicted disagreement, unless the request it falls on failed
+	// open and was not compared.
+	if cmp.total != 1210 || cmp.expected > 1 || cmp.expected+cmp.unknown < 1 {
+		t.Fatalf("the traffic holds %d requests and %d predicted disagreements (%d not compared); shadowTraffic says 1210 and 1", cmp.total, cmp.expected, cmp.unknown)
 	}
 	if cmp.disagree != cmp.expected {
 		t.Fatalf("disagreements %d, want %d (%v)", cmp.disagree, cmp.expected, cmp.perClient)
@@ -301,7 +306,15 @@ func compareShadow(t *testing.T, s *stack, capacity int, traffic [][]request) *s
 			}
 			c.total++
 			if seen == "" || seen == "unknown" {
+				// Failed open: the sidecar may or may not have spent a
+				// token before the answer was given up on. The bucket
+				// says which; the model goes on from there (no refill
+				// to speak of: one token per 1000 s).
 				c.unknown++
+				tokens, err := s.redis.Client(t).HGet(context.Background(), keys.New(nil).BucketKey([]byte(r.client)), "tokens").Float64()
+				if err == nil {
+					edgeUsed[r.client] = capacity - int(math.Floor(tokens))
+				}
 				continue
 			}
 			edge := seen == "allow"

@@ -297,6 +297,11 @@ func (cc *calloutConn) retire() {
 func (cc *calloutConn) readResponse(a *activeCall) (r CalloutResponse, keep, ok bool) {
 	cc.req.Method = a.method
 	resp, err := http.ReadResponse(cc.R, &cc.req)
+	// Interim answers (1xx but 101) are not the response: Envoy's codec
+	// skips them and goes on waiting, as the gateway's upstream does.
+	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+		resp, err = http.ReadResponse(cc.R, &cc.req)
+	}
 	if err != nil {
 		return failureResponse(err), false, false
 	}
