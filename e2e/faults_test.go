@@ -506,9 +506,11 @@ func stall(text string) answerFunc {
 }
 
 // The plans file replaced by an invalid one while traffic flows: no
-// request fails (none even fails open), the plans in force stay (the
-// listed client keeps its plan's limit), each rejection is counted, and a
-// valid file afterwards is picked up, all without a restart.
+// request fails, and none fails open for a reason of the sidecar's (only
+// a callout late by the shipped 5 ms timeout may, within the design's 1%),
+// the plans in force stay (the listed client keeps its plan's limit), each
+// rejection is counted, and a valid file afterwards is picked up, all
+// without a restart.
 func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 	const listed = "plans-listed-client"
 	valid := func(capacity int) string {
@@ -519,20 +521,26 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 		plans:       valid(777777),
 		sidecarArgs: []string{"-plans-poll", "20ms"},
 	})
+	// limitOf asks as the listed client; a request that failed open (no
+	// decision, no header) is asked again.
 	limitOf := func() string {
 		t.Helper()
-		r := s.timedDo(0, "GET", "/orders/1", "x-api-key", listed)
-		if r.status != http.StatusOK {
-			t.Fatalf("listed client: status %d", r.status)
+		for try := 0; ; try++ {
+			r := s.timedDo(0, "GET", "/orders/1", "x-api-key", listed)
+			if r.status != http.StatusOK {
+				t.Fatalf("listed client: status %d", r.status)
+			}
+			if l := r.header.Get("ratelimit-limit"); l != "" || try == 10 {
+				return l
+			}
 		}
-		return r.header.Get("ratelimit-limit")
 	}
 	if got := limitOf(); got != "777777" {
 		t.Fatalf("listed client's limit = %q, want 777777", got)
 	}
 
 	before := s.decisions()
-	var sent, bad atomic.Int64
+	var sent, bad, undecided atomic.Int64
 	var firstBad atomic.Value
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -548,7 +556,10 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 				}
 				r, err := s.try(0, "GET", "/billing/1", "x-api-key", "plans-load-"+strconv.Itoa(w)+"-"+strconv.Itoa(i%50))
 				sent.Add(1)
-				if err != nil || r.status != http.StatusOK || r.header.Get("ratelimit-limit") != "1000000000" {
+				switch {
+				case err == nil && r.status == http.StatusOK && r.header.Get("ratelimit-limit") == "":
+					undecided.Add(1) // failed open: the counters say why
+				case err != nil || r.status != http.StatusOK || r.header.Get("ratelimit-limit") != "1000000000":
 					if bad.Add(1) == 1 {
 						firstBad.Store(r.status)
 					}
@@ -603,8 +614,11 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 		t.Fatalf("%d of %d requests under load failed (first status %v)", n, sent.Load(), firstBad.Load())
 	}
 	d := s.decisions().minus(before)
-	if d.failedOpen() != 0 {
-		t.Fatalf("requests failed open while the plans file changed: %v", d)
+	if late := d["failed_open.timeout"]; d.failedOpen() != late || float64(late) > 0.01*float64(sent.Load()) {
+		t.Fatalf("requests failed open while the plans file changed: %v (only late answers may, within 1%%)", d)
+	}
+	if n := undecided.Load(); n > d.failedOpen() {
+		t.Fatalf("%d requests came back without a decision, %d failed open", n, d.failedOpen())
 	}
 	t.Logf("%d requests while the plans file was replaced %d times: %v", sent.Load(), len(invalid)+2, d)
 }

@@ -98,6 +98,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	a.client = cfg.Redis.NewClient(redisconn.Tuning{PoolSize: pipelines + 4, MinIdleConns: pipelines})
 	a.decider = decide.New(a.client, decide.Options{
 		Pipelines:  pipelines,
+		WarmConns:  min(pipelines, redisconn.MinIdleConns(a.client)),
 		MaxBatch:   cfg.MaxBatch,
 		OnBatch:    a.stats.ObserveBatch,
 		OnNoScript: a.stats.ScriptLoads.Inc,

@@ -29,8 +29,22 @@ func (d *Decider) Ready(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, DefaultReadyTimeout)
 	defer cancel()
 	err := d.checkScript(ctx)
+	if err == nil {
+		err = d.checkConns()
+	}
 	d.ready.err, d.ready.until = err, time.Now().Add(DefaultReadyCache)
 	return err
+}
+
+// checkConns reports whether the connections Options.WarmConns asks for
+// are open: the client dials them ahead of need (redisconn.Tuning's
+// MinIdleConns), and until it has, a decision could spend its few
+// milliseconds on a dial and a TLS handshake.
+func (d *Decider) checkConns() error {
+	if n := d.client.PoolStats().TotalConns; n < uint32(d.opt.WarmConns) {
+		return fmt.Errorf("redis: %d of %d connections open", n, d.opt.WarmConns)
+	}
+	return nil
 }
 
 type readyCache struct {

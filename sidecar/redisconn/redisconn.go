@@ -257,6 +257,18 @@ func (s *Spec) NewClient(t Tuning) redis.UniversalClient {
 	return redis.NewClient(&o)
 }
 
+// MinIdleConns returns the idle connections per node the client keeps
+// open, as NewClient (or the URL) set it.
+func MinIdleConns(c redis.UniversalClient) int {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().MinIdleConns
+	case *redis.ClusterClient:
+		return c.Options().MinIdleConns
+	}
+	return 0
+}
+
 // apply fills what the URL left unset: the dial, read and write timeouts,
 // the retries, the pool size and the idle connections kept. The three kinds
 // of go-redis options keep these in fields of the same names but different

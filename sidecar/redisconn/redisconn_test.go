@@ -104,6 +104,9 @@ func TestNewClientKinds(t *testing.T) {
 			t.Fatal(err)
 		}
 		c := s.NewClient(Tuning{PoolSize: 7, MinIdleConns: 2})
+		if n := MinIdleConns(c); n != 2 {
+			t.Errorf("%s: MinIdleConns = %d, want 2", tt.url, n)
+		}
 		switch v := c.(type) {
 		case *redis.Client:
 			if tt.want != "*redis.Client" {
