@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -110,6 +111,11 @@ func newGateway(ctx context.Context, o options, log *slog.Logger) (*gateway, err
 	if err != nil {
 		return nil, err
 	}
+	// Compiling the module leaves tens of megabytes of garbage. Collected
+	// now, before the listener opens, it is not collected under the first
+	// requests, where the mark phase would take a core from them: Envoy
+	// has no collector to pause its first callouts.
+	runtime.GC()
 	for _, name := range []string{statReloadSuccess, statReloadFailed} {
 		g.counters.add(name, 0)
 	}
