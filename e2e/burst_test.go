@@ -11,7 +11,7 @@ import (
 )
 
 // The burst scenarios: one client at five times its plan and more, through
-// the shipped envoy.yaml (5 ms callout) and the sidecar's defaults (3 ms
+// the shipped envoy.yaml (5 ms callout) and the sidecar's defaults (4 ms
 // Redis deadline), through one gateway and through three that share one
 // sidecar and Redis. Each run must hold the three promises of the design at
 // once:

@@ -49,7 +49,7 @@ func blocked(err error) bool {
 }
 
 // Redis slow: paused for writes, paused for everything, or asleep inside a
-// command. The sidecar gives up at its deadline (3 ms) and answers 503, or
+// command. The sidecar gives up at its deadline (4 ms) and answers 503, or
 // the filter's 5 ms timeout passes first: either way every request goes
 // through at once, counted as failed open, and limiting is back when Redis
 // is.

@@ -23,7 +23,7 @@ import (
 // the bound is the capacity itself with no tolerance.
 //
 // The gateways run envoy/envoy.yaml's 5 ms callout and the sidecars their
-// 3 ms Redis deadline. 48 requests at once through 3 gateways is more than
+// 4 ms Redis deadline. 48 requests at once through 3 gateways is more than
 // this 2-core machine answers within them (the burst test and `make bench`
 // measure where that limit lies), so some requests fail open and are
 // admitted whatever the bucket said. The exact count is therefore the

@@ -33,7 +33,7 @@ func TestParseOptions(t *testing.T) {
 		check func(t *testing.T, o *options)
 	}{
 		{"defaults", []string{"-plans", "p.yaml"}, nil, func(t *testing.T, o *options) {
-			if o.cfg.Listen != "127.0.0.1:8081" || o.cfg.RedisTimeout != 3*time.Millisecond ||
+			if o.cfg.Listen != "127.0.0.1:8081" || o.cfg.RedisTimeout != 4*time.Millisecond ||
 				o.cfg.Redis.Redacted != "redis://127.0.0.1:6379/0" || o.cfg.PlansPath != "p.yaml" ||
 				o.cfg.Pipelines != 2 || o.cfg.MaxBatch != 128 || o.cfg.PlansPoll != time.Second || o.check {
 				t.Errorf("defaults: %+v", o.cfg)
@@ -123,7 +123,7 @@ func TestUsageListsEveryEnvVar(t *testing.T) {
 	for _, want := range []string{
 		"SIDECAR_LISTEN", "SIDECAR_ADMIN_LISTEN", "SIDECAR_REDIS_PASSWORD", "SIDECAR_REDIS (", "SIDECAR_PLANS\n", "SIDECAR_REDIS_TIMEOUT", "SIDECAR_CHECK", "SIDECAR_KEY_SALT",
 		"SIDECAR_PLANS_POLL", "SIDECAR_REDIS_PIPELINES", "SIDECAR_REDIS_MAX_BATCH", "SIDECAR_LOG_LEVEL", "SIDECAR_LOG_FORMAT",
-		"redis+cluster://", "redis+sentinel://", "rediss://", `(default "3ms")`, `(default "127.0.0.1:8081")`,
+		"redis+cluster://", "redis+sentinel://", "rediss://", `(default "4ms")`, `(default "127.0.0.1:8081")`,
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("-h does not mention %q", want)

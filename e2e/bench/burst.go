@@ -133,7 +133,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 	}
 	t.Notes = []string{
 		"Each step is a fresh client whose plan is a fifth of what it sends (burst: a tenth), so admissions and callouts grow with the rate. \"Plan allows\" is capacity + rate x the client's sending window. A step holds when admissions are within 5% of it, at most 1% of the requests failed open, and the services received exactly the admitted requests. A row stops at the first step that does not hold.",
-		"The gateways run the filter with its 5 ms callout timeout and the sidecar its defaults (3 ms Redis deadline); everything (Redis, the sidecar, the gateways, the services and the load generator) shares this machine's 2 cores, so a burst of n senders is n requests' work for every one of them at once.",
+		"The gateways run the filter with its 5 ms callout timeout and the sidecar its defaults (4 ms Redis deadline); everything (Redis, the sidecar, the gateways, the services and the load generator) shares this machine's 2 cores, so a burst of n senders is n requests' work for every one of them at once.",
 	}
 	summary := report.Table{Title: "The limiter's burst capacity on this machine", Header: []string{"gateways", "sending", "highest offered rate that held"}}
 	var checks []report.Check

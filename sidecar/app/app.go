@@ -41,7 +41,7 @@ type Config struct {
 	Redis *redisconn.Spec
 	// PlansPath is the plans file.
 	PlansPath string
-	// RedisTimeout is the deadline for one decision (default 3 ms).
+	// RedisTimeout is the deadline for one decision (default 4 ms).
 	RedisTimeout time.Duration
 	// KeySalt, if set, keys the bucket-key digest (HMAC-SHA256).
 	KeySalt []byte

@@ -58,7 +58,7 @@ const (
 )
 
 // DefaultTimeout is the default deadline for one decision.
-const DefaultTimeout = 3 * time.Millisecond
+const DefaultTimeout = 4 * time.Millisecond
 
 // Decider makes decisions on Redis (decide.Decider in production).
 type Decider interface {
@@ -76,7 +76,7 @@ type Options struct {
 	Keys    *keys.Digester
 	// Timeout is the sidecar's own deadline for one decision, counted from
 	// the moment the request is read: past it the answer is 503 at once.
-	// Defaults to DefaultTimeout (3 ms).
+	// Defaults to DefaultTimeout (4 ms).
 	Timeout time.Duration
 	// Hot, if set, splits hot clients' buckets by region; without it a hot
 	// client has one bucket like any other.

@@ -295,7 +295,7 @@ func rlsNote(cfg config) string {
 		"  and no key is here, so turning it on would change nothing. NEAR_LIMIT_RATIO 0.8 only splits its statistics; no check is near the",
 		"  limit. REDIS_POOL_SIZE 10: radix v4 shares those connections between concurrent calls (implicit pipelining, one flush per call).",
 		"  LIMIT_RESPONSE_HEADERS_ENABLED is off (RLS sends no rate limit headers); the sidecar always sends its five.",
-		"- deadlines: the sidecar gives Redis 3 ms (-redis-timeout) and answers 503 past it (\"not decided\": the filter fails open);",
+		"- deadlines: the sidecar gives Redis 4 ms (-redis-timeout) and answers 503 past it (\"not decided\": the filter fails open);",
 		"  RLS waits up to REDIS_TIMEOUT, 10 s by default. On a saturated machine the sidecar sheds checks where RLS queues them.",
 		"- pipelined mode: not run, because this RLS has none on standalone Redis. REDIS_PIPELINE_WINDOW sets radix v4's write-flush interval",
 		"  only when REDIS_TYPE=cluster (src/redis/driver_impl.go), and REDIS_PIPELINE_LIMIT is deprecated and ignored since the move to radix v4.",
