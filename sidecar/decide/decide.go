@@ -55,8 +55,9 @@ type Options struct {
 	// connection is freed. A pipeline also stops at the latest deadline of
 	// the calls in it, usually much sooner. Defaults to 1 s.
 	ExecTimeout time.Duration
-	// WarmConns is how many Redis connections must be open before Ready
-	// says yes: those the client dials ahead of need. Defaults to 0.
+	// WarmConns is how many Redis connections Ready opens, authenticates
+	// and keeps idle before it first says yes, one per pipeline in the
+	// sidecar. Defaults to 0.
 	WarmConns int
 	// OnBatch, if set, is called with the size of every pipeline sent (for
 	// the batch-size histogram).

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/edgelimit/edgelimit/lua"
 )
 
@@ -29,28 +31,49 @@ func (d *Decider) Ready(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, DefaultReadyTimeout)
 	defer cancel()
 	err := d.checkScript(ctx)
-	if err == nil {
-		err = d.checkConns()
+	if err == nil && !d.ready.warmed {
+		if err = d.warm(ctx); err == nil {
+			d.ready.warmed = true
+		}
 	}
 	d.ready.err, d.ready.until = err, time.Now().Add(DefaultReadyCache)
 	return err
 }
 
-// checkConns reports whether the connections Options.WarmConns asks for
-// are open: the client dials them ahead of need (redisconn.Tuning's
-// MinIdleConns), and until it has, a decision could spend its few
-// milliseconds on a dial and a TLS handshake.
-func (d *Decider) checkConns() error {
-	if n := d.client.PoolStats().TotalConns; n < uint32(d.opt.WarmConns) {
-		return fmt.Errorf("redis: %d of %d connections open", n, d.opt.WarmConns)
+// warm opens Options.WarmConns connections at once and sends a PING on
+// each, so that each is dialed, through its TLS handshake and
+// authenticated before a decision needs it: go-redis does all three
+// lazily, on a connection's first command, which would spend a decision's
+// few milliseconds. Only a single-node client can hold several
+// connections at once (a cluster client keeps a pool per node and warms
+// each on its first use).
+func (d *Decider) warm(ctx context.Context) error {
+	c, ok := d.client.(*redis.Client)
+	if !ok || d.opt.WarmConns <= 0 {
+		return nil
+	}
+	conns := make([]*redis.Conn, d.opt.WarmConns)
+	defer func() {
+		for _, cn := range conns {
+			if cn != nil {
+				cn.Close()
+			}
+		}
+	}()
+	for i := range conns {
+		conns[i] = c.Conn()
+		if err := conns[i].Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("redis: warm connection %d of %d: %w", i+1, len(conns), err)
+		}
 	}
 	return nil
 }
 
 type readyCache struct {
-	mu    sync.Mutex
-	until time.Time
-	err   error
+	mu     sync.Mutex
+	until  time.Time
+	err    error
+	warmed bool // the warm connections were opened once
 }
 
 func (d *Decider) checkScript(ctx context.Context) error {
