@@ -78,8 +78,8 @@ type breakerState struct {
 	// presumed lost (half-open); 0 when closed.
 	until int64
 	// since is when the breaker opened after being closed, for the log line
-	// that reports the outage's length; while closed, when the current
-	// failing streak began (0: none).
+	// that reports the outage's length; while closed, when the streak's
+	// last counted failure came back (0: no streak).
 	since int64
 }
 
@@ -136,11 +136,11 @@ func (st breakerState) admit(lease, now int64) (next breakerState, allow, probe 
 }
 
 // record applies the result, at now, of a callout sent at sentAt when the
-// breaker admitted it (probe: as the probe). While closed, a failing streak
-// starts with its first failure (since); after that only callouts sent at
-// or after since add to it, each one sent when the failure was already
-// known: the callouts of one wave, sent together before any of them came
-// back, count once however many fail. While open, and while half-open for
+// breaker admitted it (probe: as the probe). While closed, a failure adds
+// to the streak only if its callout was sent at or after the streak's last
+// counted failure came back (since): each counted failure was sent when the
+// one before was already known, so the callouts of one wave, sent together
+// before any of them came back, count once however many fail. While open, and while half-open for
 // any callout but a probe, results change nothing: those callouts went out
 // before the breaker opened and say nothing about the sidecar since.
 func (st breakerState) record(b *BreakerConfig, failed, probe bool, sentAt, now int64) (breakerState, breakerEvent) {
@@ -157,7 +157,7 @@ func (st breakerState) record(b *BreakerConfig, failed, probe bool, sentAt, now 
 		case sentAt < st.since:
 			return st, evNone
 		case st.failures < ^uint32(0):
-			st.failures++
+			st.failures, st.since = st.failures+1, now
 		}
 		if st.failures < b.Failures {
 			return st, evNone
