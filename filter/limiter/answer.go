@@ -3,6 +3,8 @@ package limiter
 import (
 	"math"
 	"strconv"
+
+	"github.com/edgelimit/edgelimit/internal/seconds"
 )
 
 // Outcome is what a sidecar answer means for the request.
@@ -238,7 +240,7 @@ func quotaOf(a *Answer) quota {
 func quotaAt(plan string, limit int64, rate, tokens float64) quota {
 	tokens = math.Max(0, math.Min(tokens, float64(limit)))
 	return quota{plan: plan, limit: limit, rate: rate, remaining: int64(math.Floor(tokens)),
-		next: nextTokenSeconds(tokens, rate, limit), reset: ceilSecondsMs((float64(limit) - tokens) / rate * 1000)}
+		next: nextTokenSeconds(tokens, rate, limit), reset: seconds.Ceil((float64(limit) - tokens) / rate * 1000)}
 }
 
 // nextTokenSeconds is the seconds until a bucket holding tokens has one
@@ -250,37 +252,14 @@ func nextTokenSeconds(tokens, rate float64, limit int64) int64 {
 	if tokens >= float64(limit) || !(rate > 0) {
 		return -1
 	}
-	return ceilSecondsMs((math.Floor(tokens) + 1 - tokens) / rate * 1000)
+	return seconds.Ceil((math.Floor(tokens) + 1 - tokens) / rate * 1000)
 }
 
 // retryAfterFor is the Retry-After of a denied cost from a bucket holding
 // tokens: whole seconds no earlier than the exact wait, nor than t (next),
 // and at least 1.
 func retryAfterFor(cost int64, tokens, rate float64, next int64) int64 {
-	return max(1, next, ceilSecondsMs((float64(cost)-tokens)/rate*1000))
-}
-
-// maxSeconds caps a wait in seconds (2^52, far beyond any plan) so that
-// the conversion never overflows.
-const maxSeconds = int64(1) << 52
-
-// ceilSecondsMs is ms rounded up to whole seconds, never less than ms
-// (ms/1000 rounds in float64, so the result is checked against ms and
-// raised when the rounding fell below); 0 for ms <= 0 or NaN. It is the
-// sidecar's CeilSeconds: the filter must not import the sidecar, and the
-// behaviour table holds the two to the same answers.
-func ceilSecondsMs(ms float64) int64 {
-	if !(ms > 0) {
-		return 0
-	}
-	s := math.Ceil(ms / 1000)
-	if !(s < float64(maxSeconds)) {
-		return maxSeconds
-	}
-	if s*1000 < ms {
-		s++
-	}
-	return int64(s)
+	return max(1, next, seconds.Ceil((float64(cost)-tokens)/rate*1000))
 }
 
 // window is the policy's w: the seconds the rate takes to refill the whole
@@ -293,7 +272,7 @@ func (q *quota) window() int64 {
 	if !(q.rate > 0) {
 		return 0
 	}
-	return max(1, ceilSecondsMs(float64(q.limit)/q.rate*1000))
+	return max(1, seconds.Ceil(float64(q.limit)/q.rate*1000))
 }
 
 // rateLimitHeaders are the response headers that tell a client its limit:

@@ -1,7 +1,6 @@
 package limiter
 
 import (
-	"math"
 	"slices"
 	"strconv"
 	"testing"
@@ -68,20 +67,6 @@ func TestLocalBucketSlowPlan(t *testing.T) {
 	e = localEntry{plan: localPlan{limit: 1, rate: 1e-12}, tokens: 0, at: anchor}
 	if got := e.take(1, anchor); got.retryAfter != maxLocalWaitSeconds || got.quota.reset != maxLocalWaitSeconds || got.quota.next != maxLocalWaitSeconds {
 		t.Fatalf("%+v, want waits capped at %d s", got, maxLocalWaitSeconds)
-	}
-}
-
-func TestCeilSecondsMs(t *testing.T) {
-	for _, c := range []struct {
-		ms   float64
-		want int64
-	}{
-		{0, 0}, {-1, 0}, {math.NaN(), 0}, {1e-300, 1}, {0.01, 1}, {1000, 1}, {math.Nextafter(1000, 2000), 2},
-		{1500, 2}, {1e6, 1000}, {math.Nextafter(3e12, 4e12), 3000000001}, {1e300, maxSeconds},
-	} {
-		if got := ceilSecondsMs(c.ms); got != c.want {
-			t.Errorf("ceilSecondsMs(%v) = %d, want %d", c.ms, got, c.want)
-		}
 	}
 }
 

@@ -37,6 +37,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/edgelimit/edgelimit/internal/seconds"
 	"github.com/edgelimit/edgelimit/lua"
 	"github.com/edgelimit/edgelimit/sidecar/hot"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
@@ -276,7 +277,7 @@ func (a *Answer) Fill(res lua.Result, plan *plans.Plan) {
 	a.putString(HeaderLimit, plan.LimitHeader)
 	a.putString(HeaderPlan, plan.Name)
 	a.put(HeaderRemaining, strconv.AppendInt(num[:0], int64(math.Floor(math.Max(res.Tokens, 0))), 10))
-	a.put(HeaderReset, strconv.AppendInt(num[:0], CeilSeconds(res.ResetMs), 10))
+	a.put(HeaderReset, strconv.AppendInt(num[:0], seconds.Ceil(res.ResetMs), 10))
 	a.put(HeaderTokens, strconv.AppendFloat(num[:0], res.Tokens, 'f', -1, 64))
 	// The plan's rate, not a hot client's region share: a gateway that
 	// enforces the plan on its own during an outage needs the whole plan.
@@ -288,33 +289,12 @@ func (a *Answer) Fill(res lua.Result, plan *plans.Plan) {
 	case res.Never:
 		a.Status = fasthttp.StatusTooManyRequests
 		a.putString(HeaderNever, "true")
-		a.put(HeaderRetryAfter, strconv.AppendInt(num[:0], max(1, CeilSeconds(res.ResetMs)), 10))
+		a.put(HeaderRetryAfter, strconv.AppendInt(num[:0], max(1, seconds.Ceil(res.ResetMs)), 10))
 	default:
 		a.Status = fasthttp.StatusTooManyRequests
 		a.put(HeaderRetryAfterMs, strconv.AppendFloat(num[:0], res.RetryMs, 'f', -1, 64))
-		a.put(HeaderRetryAfter, strconv.AppendInt(num[:0], max(1, CeilSeconds(res.RetryMs)), 10))
+		a.put(HeaderRetryAfter, strconv.AppendInt(num[:0], max(1, seconds.Ceil(res.RetryMs)), 10))
 	}
-}
-
-// maxSeconds caps a ceiling in seconds where an int64 of ms would overflow;
-// plans refill within a year, so no real answer comes near it.
-const maxSeconds = int64(1) << 52
-
-// CeilSeconds is ms rounded up to whole seconds, never less than ms: the
-// quotient ms/1000 is rounded in float64, so the result is checked against
-// ms itself and raised when the rounding fell below. 0 for ms <= 0.
-func CeilSeconds(ms float64) int64 {
-	if !(ms > 0) {
-		return 0
-	}
-	s := math.Ceil(ms / 1000)
-	if !(s < float64(maxSeconds)) {
-		return maxSeconds
-	}
-	if s*1000 < ms {
-		s++
-	}
-	return int64(s)
 }
 
 func text(ctx *fasthttp.RequestCtx, code int, body string) {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -433,27 +432,6 @@ func TestThrottle(t *testing.T) {
 	th.do(func(n int64) { logged = append(logged, n) })
 	if len(logged) != 2 || logged[1] != 4 {
 		t.Fatalf("logged %v, want the 4 suppressed lines reported", logged)
-	}
-}
-
-// TestCeilSeconds: whole seconds never earlier than the exact ms, also
-// where ms/1000 rounds down in float64.
-func TestCeilSeconds(t *testing.T) {
-	for _, tc := range []struct {
-		ms   float64
-		want int64
-	}{
-		{0, 0}, {-1, 0}, {math.NaN(), 0}, {1e-300, 1}, {0.01, 1}, {999.999, 1}, {1000, 1},
-		{math.Nextafter(1000, 2000), 2}, {1000.001, 2}, {2000, 2}, {31536000000, 31536000},
-		{math.Nextafter(3e12, 4e12), 3000000001}, {1e300, 1 << 52},
-	} {
-		got := CeilSeconds(tc.ms)
-		if got != tc.want {
-			t.Errorf("CeilSeconds(%v) = %d, want %d", tc.ms, got, tc.want)
-		}
-		if tc.ms > 0 && tc.ms < 1e15 && float64(got)*1000 < tc.ms {
-			t.Errorf("CeilSeconds(%v) = %d s is earlier than the wait", tc.ms, got)
-		}
 	}
 }
 
