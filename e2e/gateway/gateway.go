@@ -559,12 +559,19 @@ type countingDispatcher struct {
 }
 
 func (d *countingDispatcher) Dispatch(ctx context.Context, call wasmhost.Callout, respond func(wasmhost.CalloutResponse)) error {
+	_, err := d.DispatchWatched(ctx, call, respond)
+	return err
+}
+
+// DispatchWatched is Dispatch, with the HTTP dispatcher's report of a
+// response that reached the socket (wasmhost.WatchingDispatcher).
+func (d *countingDispatcher) DispatchWatched(ctx context.Context, call wasmhost.Callout, respond func(wasmhost.CalloutResponse)) (func() bool, error) {
 	cc := d.clusters[call.Cluster]
 	if cc == nil {
 		cc = newClusterCounters(&d.g.counters, call.Cluster)
 	}
 	cc.total.inc()
-	return d.HTTPDispatcher.Dispatch(ctx, call, func(r wasmhost.CalloutResponse) {
+	return d.HTTPDispatcher.DispatchWatched(ctx, call, func(r wasmhost.CalloutResponse) {
 		if r.Reset {
 			cc.reset.inc()
 		} else {

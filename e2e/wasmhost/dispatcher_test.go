@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -63,3 +64,14 @@ func (d *fakeDispatcher) last(t testing.TB) *fakeCall {
 }
 
 var errSendFailed = errors.New("send failed")
+
+// watchingDispatcher is a fakeDispatcher that reports, as the HTTP
+// dispatcher does from the socket, whether a call's response has arrived.
+type watchingDispatcher struct {
+	*fakeDispatcher
+	arrivedNow atomic.Bool
+}
+
+func (d *watchingDispatcher) DispatchWatched(ctx context.Context, c Callout, respond func(CalloutResponse)) (func() bool, error) {
+	return d.arrivedNow.Load, d.Dispatch(ctx, c, respond)
+}

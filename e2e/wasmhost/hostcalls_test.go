@@ -452,3 +452,47 @@ func TestPropertiesOfAStream(t *testing.T) {
 		// Once the request went on, its headers are gone for the plugin.
 		"prop=1 value=", "prop=0 value=" + url.PathEscape(string([]byte{200, 0, 0, 0, 0, 0, 0, 0}))})
 }
+
+// A timeout that finds its response in the socket, not yet read, lets it
+// win, as Envoy reads a ready socket before an expired timer; bytes that
+// are no longer waiting by the next look leave the timeout to fire.
+func TestHTTPCallTimeoutAndArrivedResponse(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		respond bool // the response is read after the first look
+		want    []string
+	}{
+		{"arrived, then read: the response wins", true, []string{"http_call_response token=4 headers=1 body=0 trailers=0", "get=0 value=200"}},
+		{"arrived, then nothing more: the timeout", false, []string{"http_call_response token=4 headers=3 body=24 trailers=0", "get=0 value=504"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := &watchingDispatcher{fakeDispatcher: newFakeDispatcher("sidecar")}
+			vm := newProbeVM(t, PollSleep, Options{Dispatcher: d, ManualTicks: true})
+			err := vm.Configure(script(map[string]string{
+				"configure":          "call sidecar :method=GET,:path=/,:authority=s - 50",
+				"http_call_response": "get 6 :status",
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			call := d.last(t)
+			d.arrivedNow.Store(true)
+			vm.clock.Advance(50 * time.Millisecond)
+			vm.Sync()
+			if n := len(vm.logs.results("http_call_response token")); n != 0 {
+				t.Fatalf("%d callbacks while the response sat in the socket; want 0", n)
+			}
+			if c.respond {
+				call.respond(CalloutResponse{Headers: []Header{{":status", "200"}}})
+			} else {
+				d.arrivedNow.Store(false)
+			}
+			vm.clock.Advance(arrivalRecheck)
+			vm.Sync()
+			checkLines(t, vm.logs, c.want)
+			if n := len(vm.logs.results("http_call_response token")); n != 1 {
+				t.Errorf("%d callbacks for one call; want 1", n)
+			}
+		})
+	}
+}

@@ -25,6 +25,18 @@ type Dispatcher interface {
 	Dispatch(ctx context.Context, call Callout, respond func(CalloutResponse)) error
 }
 
+// WatchingDispatcher is a Dispatcher that can also tell whether a call's
+// response has reached the proxy before its reader has handed it over.
+// DispatchWatched is Dispatch that also returns arrived, which reports
+// whether bytes of the response are in the connection's socket or being
+// parsed. A timeout that finds them lets the response win, as Envoy's
+// event loop reads a socket that is ready before it runs a timer that
+// expired in the same iteration (RATIONALE.md: the callout timeout).
+type WatchingDispatcher interface {
+	Dispatcher
+	DispatchWatched(ctx context.Context, call Callout, respond func(CalloutResponse)) (arrived func() bool, err error)
+}
+
 // Callout is one HTTP call a plugin dispatched.
 type Callout struct {
 	Token     uint32
@@ -87,6 +99,9 @@ type pendingCall struct {
 	cancel    context.CancelFunc
 	stopTimer func() bool
 	once      sync.Once
+	// arrived, from a WatchingDispatcher, reports whether the response is
+	// in the proxy's socket though not yet received; nil otherwise.
+	arrived func() bool
 
 	// received is the response once the dispatcher has it, set from the
 	// dispatcher's goroutine before the delivery is queued: the timeout
@@ -186,7 +201,13 @@ func (vm *VM) httpCall(s []uint64) Status {
 			vm.post(func() { vm.deliverReceived(token) })
 		}
 	}
-	if err := vm.o.Dispatcher.Dispatch(ctx, call, respond); err != nil {
+	var err error
+	if wd, ok := vm.o.Dispatcher.(WatchingDispatcher); ok {
+		p.arrived, err = wd.DispatchWatched(ctx, call, respond)
+	} else {
+		err = vm.o.Dispatcher.Dispatch(ctx, call, respond)
+	}
+	if err != nil {
 		delete(vm.calls, token)
 		cancel()
 		if errors.Is(err, ErrNoSuchCluster) {
@@ -227,7 +248,11 @@ func (vm *VM) deliverReceived(token uint32) {
 // dispatcher received before this task ran wins over the timeout, as in
 // Envoy, where the read event that epoll reported is processed before the
 // timer that expired in the same loop iteration; otherwise the call gets
-// Envoy's 504 and a later response is dropped.
+// Envoy's 504 and a later response is dropped. A response whose bytes are
+// already in the socket, its reader not yet scheduled, is one Envoy's loop
+// would read first too: the timeout looks again once that reader has had
+// a turn (arrivalRecheck), and fires only if by then nothing was received
+// and nothing more is waiting in the socket.
 func (vm *VM) timeout(token uint32) {
 	p := vm.calls[token]
 	if p == nil {
@@ -237,8 +262,17 @@ func (vm *VM) timeout(token uint32) {
 		vm.deliver(token, p, *r)
 		return
 	}
+	if p.arrived != nil && p.arrived() {
+		p.stopTimer = vm.o.Clock.AfterFunc(arrivalRecheck, func() { vm.post(func() { vm.timeout(token) }) })
+		return
+	}
 	vm.deliver(token, p, TimeoutResponse())
 }
+
+// arrivalRecheck is how long a timeout that found its response in the
+// socket waits before looking again: long enough for the reader's
+// goroutine to be scheduled, short against the callout's milliseconds.
+const arrivalRecheck = 100 * time.Microsecond
 
 // deliver runs proxy_on_http_call_response for the call's one answer and
 // ends the call. The response is readable only during the callback.

@@ -71,6 +71,41 @@ type activeCall struct {
 	respond func(CalloutResponse)
 	stop    func() bool // stops watching the call's context
 	method  string
+	conn    atomic.Pointer[calloutConn] // once written
+	reading atomic.Bool                 // its response has begun to arrive
+}
+
+// arrived reports whether the call's response is in its connection's
+// socket, or being read from it, though not yet handed over. A response
+// being read counts once: a reader still short of its end at the next look
+// is waiting for bytes that have not come.
+func (a *activeCall) arrived() bool {
+	if a.reading.Swap(false) {
+		return true
+	}
+	cc := a.conn.Load()
+	if cc == nil {
+		return false
+	}
+	cc.mu.Lock()
+	mine := cc.current == a && !cc.dead
+	cc.mu.Unlock()
+	return mine && unread(cc.NC)
+}
+
+// unread reports whether bytes wait in the socket of c.
+func unread(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	n := 0
+	rc.Control(func(fd uintptr) { n = socketUnread(int(fd)) })
+	return n > 0
 }
 
 // NewHTTPDispatcher returns a dispatcher for the given clusters, by name.
@@ -109,9 +144,16 @@ var errBadRequest = errors.New("callout: invalid method or path")
 // Dispatch writes the call to an idle connection of the next endpoint, or
 // dials a new one on its own goroutine.
 func (d *HTTPDispatcher) Dispatch(ctx context.Context, call Callout, respond func(CalloutResponse)) error {
+	_, err := d.DispatchWatched(ctx, call, respond)
+	return err
+}
+
+// DispatchWatched is Dispatch, and reports whether the response has
+// reached the call's socket (WatchingDispatcher).
+func (d *HTTPDispatcher) DispatchWatched(ctx context.Context, call Callout, respond func(CalloutResponse)) (func() bool, error) {
 	c := d.clusters[call.Cluster]
 	if c == nil || len(c.endpoints) == 0 {
-		return ErrNoSuchCluster
+		return nil, ErrNoSuchCluster
 	}
 	pool := c.endpoints[c.next.Add(1)%uint64(len(c.endpoints))]
 	var method, path, authority string
@@ -126,25 +168,25 @@ func (d *HTTPDispatcher) Dispatch(ctx context.Context, call Callout, respond fun
 		}
 	}
 	if !http1.ValidMethod(method) {
-		return errBadRequest
+		return nil, errBadRequest
 	}
 	// What net/http would send for it, or its refusal.
 	path, ok := http1.Target(pool.Addr, path)
 	if !ok {
-		return errBadRequest
+		return nil, errBadRequest
 	}
 	for _, h := range call.Headers {
 		if !http1.ValidHeader(h[0], h[1]) {
 			// net/http's transport refuses such a header before sending;
 			// the call ends as a request that got no response.
 			respond(failureResponse(errors.New("invalid header")))
-			return nil
+			return nil, nil
 		}
 	}
 	a := &activeCall{respond: respond, method: method}
 	for cc, ok := pool.Take(); ok; cc, ok = pool.Take() {
 		if cc.send(ctx, a, call, path, authority) {
-			return nil
+			return a.arrived, nil
 		}
 		// It died while idle, just now; another one may not have.
 	}
@@ -160,7 +202,7 @@ func (d *HTTPDispatcher) Dispatch(ctx context.Context, call Callout, respond fun
 			respond(failureResponse(io.ErrUnexpectedEOF))
 		}
 	}()
-	return nil
+	return a.arrived, nil
 }
 
 func dial(ctx context.Context, p *endpointPool) (*calloutConn, error) {
@@ -183,6 +225,7 @@ func (cc *calloutConn) send(ctx context.Context, a *activeCall, call Callout, pa
 		return false
 	}
 	cc.current = a
+	a.conn.Store(cc)
 	// The host stops waiting (timeout, closed VM): Envoy resets the
 	// stream, which on HTTP/1.1 closes the connection. AfterFunc watches
 	// the context without a goroutine until it ends; set under the lock,
@@ -253,6 +296,7 @@ func (cc *calloutConn) readLoop() {
 			cc.fail(a)
 			return
 		}
+		a.reading.Store(true)
 		r, keep, ok := cc.readResponse(a)
 		cc.mu.Lock()
 		mine := cc.current == a

@@ -80,3 +80,52 @@ func TestHTTPDispatcher(t *testing.T) {
 		t.Error("Cluster answers wrongly")
 	}
 }
+
+// unread sees bytes waiting in a socket before anyone reads them, and
+// none once they are read: what a callout's timeout asks of the socket.
+func TestUnreadSeesTheSocket(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	srv := <-accepted
+	if srv == nil {
+		t.Fatal("accept failed")
+	}
+	defer srv.Close()
+	if unread(c) {
+		t.Fatal("unread before anything was sent")
+	}
+	if _, err := srv.Write([]byte("HTTP/1.1 200 OK\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	// Loopback delivery is not instant: poll until the kernel has it.
+	deadline := time.Now().Add(10 * time.Second)
+	for !unread(c) {
+		if time.Now().After(deadline) {
+			t.Fatal("the bytes sent never showed as unread")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	buf := make([]byte, 64)
+	if _, err := io.ReadAtLeast(c, buf, len("HTTP/1.1 200 OK\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if unread(c) {
+		t.Error("unread after everything was read")
+	}
+}

@@ -111,7 +111,7 @@ func Load(ctx context.Context, wasm []byte, o ModuleOptions) (*Module, error) {
 	}
 	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().
 		WithCompilationCache(cache).
-		WithCloseOnContextDone(true))
+		WithCloseOnContextDone(false))
 	m := &Module{rt: rt, poll: o.Poll, exports: map[string]bool{}}
 	ok := false
 	defer func() {

@@ -511,7 +511,8 @@ func (vm *VM) Close() {
 		vm.qcond.Broadcast()
 	}
 	vm.qmu.Unlock()
-	// Ends a call stuck in the module (wazero closes it on ctx done).
+	// Ends the context host functions see; a call running in the module
+	// is waited for, as Envoy cannot stop one either (RATIONALE.md).
 	vm.stop()
 	<-vm.exited
 	if vm.inst != nil {
