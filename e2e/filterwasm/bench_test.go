@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/edgelimit/edgelimit/e2e/wasmhost"
+	"github.com/edgelimit/edgelimit/filter/filtertest"
 )
 
 // BenchmarkFilterRequest is one allowed request through filter.wasm in the
@@ -17,8 +18,24 @@ import (
 // that allocated would grow the Go heap, and with it the memory, until the
 // collector caught up).
 func BenchmarkFilterRequest(b *testing.B) {
+	benchmarkFilter(b, instantSidecar{}, wasmhost.Continued)
+}
+
+// BenchmarkFilterDenied is one request the sidecar denies: stream
+// creation, request headers, the callout answered at once with the
+// sidecar's own 429 (filtertest.SidecarAnswer), the filter's local reply and
+// its response headers, the end of the stream. Every key is new to the
+// deny cache, so each request makes its callout (64 keys, each denied
+// for less time than the 64 requests take to come round again would
+// leave cached: the plan refills a token every 10 ms; the cached path is
+// BenchmarkCachedDenyPath's).
+func BenchmarkFilterDenied(b *testing.B) {
+	benchmarkFilter(b, denyingSidecar{filtertest.SidecarAnswer("free", 10, 100, 0, 1)}, wasmhost.Replied)
+}
+
+func benchmarkFilter(b *testing.B, sidecar wasmhost.Dispatcher, want wasmhost.State) {
 	mod := filterModule(b)
-	vm, err := mod.NewVM(context.Background(), wasmhost.Options{Dispatcher: instantSidecar{}, VMID: "bench",
+	vm, err := mod.NewVM(context.Background(), wasmhost.Options{Dispatcher: sidecar, VMID: "bench",
 		SharedData: wasmhost.NewSharedData(), Log: func(wasmhost.LogLevel, string) {}})
 	if err != nil {
 		b.Fatal(err)
@@ -28,7 +45,7 @@ func BenchmarkFilterRequest(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	keys := make([]string, 64)
+	keys := make([]string, 1024)
 	for i := range keys {
 		keys[i] = "key-" + strconv.Itoa(i)
 	}
@@ -39,10 +56,12 @@ func BenchmarkFilterRequest(b *testing.B) {
 		}
 		s.RequestHeaders([]wasmhost.Header{{":method", "GET"}, {":path", "/orders/1"}, {":authority", "shop"},
 			{"x-api-key", keys[i%len(keys)]}}, true)
-		if st, _ := s.Wait(ctx); st != wasmhost.Continued {
-			b.Fatalf("request %d: %v", i, st)
+		if st, _ := s.Wait(ctx); st != want {
+			b.Fatalf("request %d: %v, want %v", i, st, want)
 		}
-		s.ResponseHeaders([]wasmhost.Header{{":status", "200"}}, false)
+		if want == wasmhost.Continued {
+			s.ResponseHeaders([]wasmhost.Header{{":status", "200"}}, false)
+		}
 		s.Done()
 	}
 	for i := range 100 {
@@ -56,6 +75,20 @@ func BenchmarkFilterRequest(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(vm.MemoryBytes()-mem), "wasm-mem-growth-B")
+}
+
+// denyingSidecar answers every check at once with its answer.
+type denyingSidecar struct{ answer []filtertest.Header }
+
+func (denyingSidecar) Cluster(string) bool { return true }
+
+func (d denyingSidecar) Dispatch(_ context.Context, _ wasmhost.Callout, respond func(wasmhost.CalloutResponse)) error {
+	h := make([]wasmhost.Header, len(d.answer))
+	for i, f := range d.answer {
+		h[i] = wasmhost.Header(f)
+	}
+	respond(wasmhost.CalloutResponse{Headers: h})
+	return nil
 }
 
 // instantSidecar answers every check "allowed" at once.

@@ -145,11 +145,15 @@ type denyCache struct {
 	// shards are the shared-data keys, "edgelimit/deny/v2/<cluster>/<n>",
 	// made once so that a lookup builds no string.
 	shards []string
+	// buf is the scratch a shard is rewritten in (the VM runs one callback
+	// at a time, and the host copies what is set).
+	buf *[]byte
 }
 
 func newDenyCache(cluster string) denyCache {
 	prefix := "edgelimit/deny/v" + strconv.Itoa(denyFormat) + "/" + cluster + "/"
-	c := denyCache{shards: make([]string, denyShards)}
+	buf := make([]byte, 0, 2+denyShardEntries*(3+denyEntryFixed+64))
+	c := denyCache{shards: make([]string, denyShards), buf: &buf}
 	for i := range c.shards {
 		c.shards[i] = prefix + strconv.Itoa(i)
 	}
@@ -184,27 +188,65 @@ func (c denyCache) store(h abi.Host, e denyEntry, now int64) {
 		if s != abi.StatusOK && s != abi.StatusNotFound {
 			return
 		}
-		old, _ := decodeShard(v) // an unreadable shard is overwritten
-		entries := make([]denyEntry, 0, len(old)+1)
-		for _, o := range old {
-			if o.key != e.key && !o.stale(now) {
-				entries = append(entries, o)
-			}
-		}
-		entries = append(entries, e)
-		for len(entries) > denyShardEntries {
-			evict := 0
-			for i := range entries {
-				if entries[i].staleAt() < entries[evict].staleAt() {
-					evict = i
-				}
-			}
-			entries = append(entries[:evict], entries[evict+1:]...)
-		}
-		if h.SetSharedData(sk, encodeShard(entries), cas) != abi.StatusCASMismatch {
+		if h.SetSharedData(sk, c.withEntry(v, e, now), cas) != abi.StatusCASMismatch {
 			return
 		}
 	}
+}
+
+// withEntry returns shard v with e stored, in the cache's scratch buffer
+// (valid until the next call): the entries of other clients that are not
+// stale are copied as they are, without decoding their keys, so a denial
+// allocates nothing. A shard that is unreadable, or holds more entries than
+// this filter writes, is overwritten.
+func (c denyCache) withEntry(v []byte, e denyEntry, now int64) []byte {
+	type kept struct {
+		from, to int
+		staleAt  int64
+	}
+	var keep [denyShardEntries + 1]kept
+	n := 0
+	if count, ok := shardHeader(v); ok && count <= denyShardEntries {
+		at := 2
+		for i := 0; i < count && ok; i++ {
+			var k, fixed []byte
+			var next int
+			if k, _, fixed, next, ok = entryAt(v, at); !ok {
+				break
+			}
+			o := entryFrom("", "", fixed)
+			if ok = o.valid(); ok && string(k) != e.key && !o.stale(now) {
+				keep[n] = kept{at, next, o.staleAt()}
+				n++
+			}
+			at = next
+		}
+		if !ok || at != len(v) {
+			n = 0
+		}
+	}
+	keep[n] = kept{-1, -1, e.staleAt()} // the new entry, last
+	n++
+	for n > denyShardEntries {
+		evict := 0
+		for i := 1; i < n; i++ {
+			if keep[i].staleAt < keep[evict].staleAt {
+				evict = i
+			}
+		}
+		copy(keep[evict:n], keep[evict+1:n])
+		n--
+	}
+	b := append((*c.buf)[:0], denyFormat, byte(n))
+	for _, k := range keep[:n] {
+		if k.from < 0 {
+			b = appendEntry(b, e)
+		} else {
+			b = append(b, v[k.from:k.to]...)
+		}
+	}
+	*c.buf = b
+	return b
 }
 
 // Shard format: version byte, entry count byte, then per entry a u16 key
@@ -216,48 +258,21 @@ func (c denyCache) store(h abi.Host, e denyEntry, now int64) {
 
 const denyEntryFixed = 40
 
-func encodeShard(entries []denyEntry) []byte {
-	b := make([]byte, 2, 2+len(entries)*(3+denyEntryFixed+32))
-	b[0], b[1] = denyFormat, byte(len(entries))
-	for _, e := range entries {
-		plan := e.plan
-		if len(plan) > 255 {
-			plan = ""
-		}
-		b = append(b, byte(len(e.key)), byte(len(e.key)>>8))
-		b = append(b, e.key...)
-		b = append(b, byte(len(plan)))
-		b = append(b, plan...)
-		b = appendU64(b, uint64(e.limit))
-		b = appendU64(b, math.Float64bits(e.tokens))
-		b = appendU64(b, math.Float64bits(e.rate))
-		b = appendU64(b, uint64(e.sent))
-		b = appendU64(b, uint64(e.recv))
+// appendEntry appends e in the shard format.
+func appendEntry(b []byte, e denyEntry) []byte {
+	plan := e.plan
+	if len(plan) > 255 {
+		plan = ""
 	}
-	return b
-}
-
-// decodeShard reads every entry; false for a value it does not understand.
-func decodeShard(b []byte) ([]denyEntry, bool) {
-	n, ok := shardHeader(b)
-	if !ok {
-		return nil, false
-	}
-	entries := make([]denyEntry, 0, n)
-	at := 2
-	for i := 0; i < n; i++ {
-		key, plan, fixed, next, ok := entryAt(b, at)
-		if !ok {
-			return nil, false
-		}
-		e := entryFrom(string(key), string(plan), fixed)
-		if !e.valid() {
-			return nil, false
-		}
-		entries = append(entries, e)
-		at = next
-	}
-	return entries, at == len(b)
+	b = append(b, byte(len(e.key)), byte(len(e.key)>>8))
+	b = append(b, e.key...)
+	b = append(b, byte(len(plan)))
+	b = append(b, plan...)
+	b = appendU64(b, uint64(e.limit))
+	b = appendU64(b, math.Float64bits(e.tokens))
+	b = appendU64(b, math.Float64bits(e.rate))
+	b = appendU64(b, uint64(e.sent))
+	return appendU64(b, uint64(e.recv))
 }
 
 // findEntry looks for key in an encoded shard, decoding only its entry.

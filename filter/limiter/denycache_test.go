@@ -1,7 +1,10 @@
 package limiter
 
 import (
+	"bytes"
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"testing"
@@ -280,5 +283,128 @@ func TestDenyCacheShardBounds(t *testing.T) {
 	c.store(h, entry("k0", late), late)
 	if _, ok := c.lookup(h, "k0"); !ok {
 		t.Error("a garbage shard was not replaced")
+	}
+}
+
+// encodeShard and decodeShard are the shard format written out whole: the
+// model the cache's byte-level rewrite (withEntry) is checked against.
+
+func encodeShard(entries []denyEntry) []byte {
+	b := make([]byte, 2, 2+len(entries)*(3+denyEntryFixed+32))
+	b[0], b[1] = denyFormat, byte(len(entries))
+	for _, e := range entries {
+		b = appendEntry(b, e)
+	}
+	return b
+}
+
+// decodeShard reads every entry; false for a value it does not understand.
+func decodeShard(b []byte) ([]denyEntry, bool) {
+	n, ok := shardHeader(b)
+	if !ok {
+		return nil, false
+	}
+	entries := make([]denyEntry, 0, n)
+	at := 2
+	for i := 0; i < n; i++ {
+		key, plan, fixed, next, ok := entryAt(b, at)
+		if !ok {
+			return nil, false
+		}
+		e := entryFrom(string(key), string(plan), fixed)
+		if !e.valid() {
+			return nil, false
+		}
+		entries = append(entries, e)
+		at = next
+	}
+	return entries, at == len(b)
+}
+
+
+// modelStore is what storing e into shard v must give: decode every entry,
+// drop the client's old one and the stale ones, add e, evict whichever goes
+// stale first while the shard is over its size (the earliest such on a
+// tie), encode.
+func modelStore(v []byte, e denyEntry, now int64) []byte {
+	old, ok := decodeShard(v)
+	if !ok || len(old) > denyShardEntries {
+		old = nil
+	}
+	entries := make([]denyEntry, 0, len(old)+1)
+	for _, o := range old {
+		if o.key != e.key && !o.stale(now) {
+			entries = append(entries, o)
+		}
+	}
+	entries = append(entries, e)
+	for len(entries) > denyShardEntries {
+		evict := 0
+		for i := range entries {
+			if entries[i].staleAt() < entries[evict].staleAt() {
+				evict = i
+			}
+		}
+		entries = append(entries[:evict], entries[evict+1:]...)
+	}
+	return encodeShard(entries)
+}
+
+// The byte-level rewrite of a shard equals the model on random shards:
+// few keys (so the client's old entry is often there), entries stale and
+// live, full shards, ties in staleAt, and unreadable values.
+func TestWithEntryMatchesTheModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	c := newDenyCache("sidecar")
+	// Few distinct values, so that staleAt ties and full shards are common.
+	entry := func() denyEntry {
+		limit := int64(4 * (1 + rng.IntN(2)))
+		e := denyEntry{key: fmt.Sprintf("k%d", rng.IntN(24)), plan: []string{"", "free", "pro"}[rng.IntN(3)], limit: limit,
+			tokens: float64(limit) * float64(rng.IntN(3)) / 4, rate: float64(1 + rng.IntN(2)),
+			sent: anchor + int64(rng.IntN(3))*second}
+		e.recv = e.sent + int64(rng.IntN(3))*1e6
+		return e
+	}
+	full := 0
+	for i := 0; i < 20000; i++ {
+		var shard []byte
+		switch rng.IntN(10) {
+		case 0: // nothing stored yet
+		case 1: // not what this filter writes
+			shard = []byte{denyFormat, 3, 1}
+		case 2: // more entries than this filter writes
+			var es []denyEntry
+			for range denyShardEntries + 1 {
+				es = append(es, entry())
+			}
+			shard = encodeShard(es)
+		default:
+			var es []denyEntry
+			seen := map[string]bool{}
+			n := denyShardEntries
+			if rng.IntN(2) == 0 {
+				n = rng.IntN(denyShardEntries + 1)
+			}
+			for range n {
+				if o := entry(); !seen[o.key] {
+					seen[o.key] = true
+					es = append(es, o)
+				}
+			}
+			shard = encodeShard(es)
+		}
+		e := entry()
+		now := anchor + int64(rng.IntN(6))*second
+		want := modelStore(shard, e, now)
+		if old, ok := decodeShard(want); ok && len(old) == denyShardEntries {
+			full++
+		}
+		if got := c.withEntry(shard, e, now); !bytes.Equal(got, want) {
+			t.Fatalf("case %d: storing %+v at %d into %x\ngot  %x\nwant %x", i, e, now, shard, got, want)
+		}
+	}
+	// Eviction is where the two could part: make sure it was reached.
+	if full < 200 {
+		t.Fatalf("only %d of 20000 stores left a full shard: the cases no longer reach eviction", full)
 	}
 }
