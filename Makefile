@@ -49,10 +49,11 @@ $(BUILD)/filter.wasm:
 $(BUILD)/sidecar:
 	$(GO) build -trimpath -o $@ ./sidecar
 $(BUILD)/gateway:
-	$(GO) build -trimpath -o $@ ./e2e/gateway
+	$(GO) build -trimpath -o $@ ./envoy/gateway
 
 ## test: vet, then every native package with the race detector; the wasm
-## module is tested inside the headless host (e2e/). The system tests of
+## module is tested inside the headless host (envoy/wasmhost, from
+## e2e/filterwasm and the system tests). The system tests of
 ## ./e2e run last, alone and without the race detector: what they test are
 ## the built binaries in processes of their own, with the shipped 5 ms
 ## callout timeout, and a load generator slowed tenfold by the detector, or

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgelimit/edgelimit/e2e/wasmhost"
+	"github.com/edgelimit/edgelimit/envoy/wasmhost"
 	"github.com/edgelimit/edgelimit/filter/abi"
 	"github.com/edgelimit/edgelimit/filter/limiter"
 )

@@ -1,5 +1,5 @@
 // Command demoservice is the upstream used by the demo deployment
-// (envoy/compose.yaml): it answers every request with 200 and reports what
+// (deploy/compose/compose.yaml): it answers every request with 200 and reports what
 // reached it, per client, at GET /_stats.
 package main
 

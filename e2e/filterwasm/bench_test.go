@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/edgelimit/edgelimit/e2e/wasmhost"
+	"github.com/edgelimit/edgelimit/envoy/wasmhost"
 	"github.com/edgelimit/edgelimit/filter/filtertest"
 )
 

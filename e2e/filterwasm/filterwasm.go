@@ -1,5 +1,5 @@
 // Package filterwasm runs the compiled filter.wasm in the headless Envoy
-// (e2e/wasmhost) behind the filtertest.Host interface, so the filter's table
+// (envoy/wasmhost) behind the filtertest.Host interface, so the filter's table
 // of behaviour runs against the real module exactly as it runs natively.
 package filterwasm
 
@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgelimit/edgelimit/e2e/wasmhost"
+	"github.com/edgelimit/edgelimit/envoy/wasmhost"
 	"github.com/edgelimit/edgelimit/filter/filtertest"
 )
 

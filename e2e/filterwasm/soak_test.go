@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/edgelimit/edgelimit/e2e/wasmhost"
+	"github.com/edgelimit/edgelimit/envoy/wasmhost"
 )
 
 // soakBursts and soakBurstSize shape the filter soak: bursts of requests all

@@ -59,7 +59,7 @@ func Build(ctx context.Context, dir string) (Binaries, error) {
 	}{
 		{[]string{"GOOS=wasip1", "GOARCH=wasm"}, []string{"build", "-buildmode=c-shared", "-o", b.Filter, "./filter"}},
 		{nil, []string{"build", "-o", b.Sidecar, "./sidecar"}},
-		{nil, []string{"build", "-o", b.Gateway, "./e2e/gateway"}},
+		{nil, []string{"build", "-o", b.Gateway, "./envoy/gateway"}},
 	}
 	for _, s := range steps {
 		cmd := exec.CommandContext(ctx, goBin, s.args...)

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/edgelimit/edgelimit/e2e/wasmhost"
+	"github.com/edgelimit/edgelimit/envoy/wasmhost"
 )
 
 // filterTimeoutMs is the filter's callout timeout in the soak: the

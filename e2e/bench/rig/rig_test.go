@@ -7,7 +7,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/edgelimit/edgelimit/e2e/envoyconfig"
+	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
 )
 
 // TestBootstrapLoads: the generated bootstrap passes the same strict load

@@ -4,7 +4,7 @@
 // safety limit (the new design's backstop) and its own bounded worker pool.
 // Package services says more.
 //
-//	fleet -plans envoy/plans.yaml -limiter enforce \
+//	fleet -plans deploy/compose/plans.yaml -limiter enforce \
 //	      -service orders=127.0.0.1:9001 -service billing=127.0.0.1:9002
 //
 // GET /_stats on a service's address gives its counts per replica and

@@ -1,7 +1,7 @@
 // Package http1 is the lean HTTP/1.1 client of the headless gateway, used
 // for the plugin's callouts (wasmhost.HTTPDispatcher) and for the router's
-// upstream requests (e2e/gateway). It is not net/http's Transport, for what
-// a request costs (e2e/wasmhost/RATIONALE.md, "What a request costs the
+// upstream requests (envoy/gateway). It is not net/http's Transport, for what
+// a request costs (envoy/wasmhost/RATIONALE.md, "What a request costs the
 // host"): no goroutines per request, no read and write loops per
 // connection; a connection is written and read by whoever holds it, and
 // kept idle per endpoint between requests as Envoy's connection pool keeps

@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/edgelimit/edgelimit/e2e/wasmhost"
+	"github.com/edgelimit/edgelimit/envoy/wasmhost"
 )
 
 // hopHeaders are connection-level headers a proxy does not forward.

@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/edgelimit/edgelimit/e2e/http1"
+	"github.com/edgelimit/edgelimit/envoy/http1"
 )
 
 // HTTPCluster is an upstream cluster calls can be sent to.

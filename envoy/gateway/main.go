@@ -48,7 +48,7 @@ func main() {
 		// At the default GOGC=100 a small live heap means a collection
 		// every few hundred requests, each taking one of the two cores
 		// for its mark phase: latency no Envoy adds to a callout. A
-		// larger target makes collections rare (e2e/wasmhost/RATIONALE.md,
+		// larger target makes collections rare (envoy/wasmhost/RATIONALE.md,
 		// "What a request costs the host").
 		debug.SetGCPercent(400)
 	}
@@ -112,7 +112,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.concurrency, "concurrency", 2, "worker VMs, like Envoy's --concurrency")
 	// The default is the minimum supported Envoy's answer (README: 1.33),
 	// so nothing passes here that would fail there; sleep is what no
-	// Envoy does (e2e/wasmhost/RATIONALE.md: poll_oneoff modes).
+	// Envoy does (envoy/wasmhost/RATIONALE.md: poll_oneoff modes).
 	fs.StringVar(&o.poll, "poll-oneoff", "enosys", "WASI poll_oneoff answer: enosys (Envoy 1.33, the minimum supported, until the 2026 WASI update), noevents (Envoy with that update), sleep (a real implementation, no Envoy)")
 	fs.BoolVar(&o.check, "check", false, "load the configuration and the module, configure the plugin once, and exit")
 	fs.BoolVar(&o.accessLog, "access-log", false, "write one line per request to stdout")

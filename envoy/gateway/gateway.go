@@ -21,8 +21,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/edgelimit/edgelimit/e2e/envoyconfig"
-	"github.com/edgelimit/edgelimit/e2e/wasmhost"
+	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
+	"github.com/edgelimit/edgelimit/envoy/wasmhost"
 )
 
 // routeTimeout is Envoy's default route timeout: an upstream that has not

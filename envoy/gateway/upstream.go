@@ -9,16 +9,16 @@ import (
 	"strconv"
 	"sync/atomic"
 
-	"github.com/edgelimit/edgelimit/e2e/envoyconfig"
-	"github.com/edgelimit/edgelimit/e2e/http1"
-	"github.com/edgelimit/edgelimit/e2e/wasmhost"
+	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
+	"github.com/edgelimit/edgelimit/envoy/http1"
+	"github.com/edgelimit/edgelimit/envoy/wasmhost"
 )
 
 // upstream is one cluster the router forwards to, over the same lean
 // HTTP/1.1 client the plugin's callouts use (package http1), not net/http's
 // Transport: the handler's goroutine writes the request and reads the
 // response itself, with no read and write loop goroutines per connection
-// and no handoffs between them (e2e/wasmhost/RATIONALE.md, "What a request
+// and no handoffs between them (envoy/wasmhost/RATIONALE.md, "What a request
 // costs the host").
 type upstream struct {
 	name  string

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"log"
 
-	"github.com/edgelimit/edgelimit/e2e/envoyconfig"
+	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
 )
 
 // Load the deployed bootstrap and point it at local processes, as
