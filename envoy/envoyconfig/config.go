@@ -28,6 +28,27 @@ type Config struct {
 	Routes   []Route            // first match wins
 	Clusters map[string]Cluster // by name
 	Wasm     Wasm               // the envoy.filters.http.wasm filter
+	// Histograms is stats_config.histogram_bucket_settings, in order.
+	Histograms []HistogramBuckets
+}
+
+// HistogramBuckets is one entry of stats_config.histogram_bucket_settings:
+// the bucket bounds of the histograms whose full name Match accepts.
+type HistogramBuckets struct {
+	Match   func(name string) bool
+	Buckets []float64 // ascending; nil: Envoy's defaults
+}
+
+// BucketsFor returns the bucket bounds of the histogram of that full name
+// (for a plugin's, "wasmcustom.<name>"): those of the first setting that
+// matches it, as Envoy picks them, or nil for the defaults.
+func (c *Config) BucketsFor(name string) []float64 {
+	for _, h := range c.Histograms {
+		if h.Match(name) {
+			return h.Buckets
+		}
+	}
+	return nil
 }
 
 // Route sends requests whose path starts with Prefix to Cluster.

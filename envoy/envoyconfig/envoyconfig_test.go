@@ -159,7 +159,62 @@ var invalidCases = []struct{ name, want string }{
 	{"unknown_field", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.stat_prefx: unknown field \"stat_prefx\" in envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"},
 	{"unknown_field_in_wasm", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config.rootid_: unknown field \"rootid_\" in envoy.extensions.wasm.v3.PluginConfig"},
 	{"wasm_missing", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters: no envoy.filters.http.wasm filter (typed_config type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm)"},
+	{"histogram_bad_regex", "stats_config.histogram_bucket_settings[0].match.safe_regex.regex: error parsing regexp: missing closing ): `wasmcustom\\.(lat`"},
 	{"wrong_shape", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].domains: want a list, got a string"},
+}
+
+// The shipped bootstrap gives the filter's callout latency its own buckets,
+// sorted, every 500 µs up to the 5 ms timeout; other histograms keep
+// Envoy's defaults.
+func TestRealConfigHistogramBuckets(t *testing.T) {
+	c, err := Load(realConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := c.BucketsFor("wasmcustom.edgelimit.callout.latency_us")
+	if !slices.IsSorted(b) || !slices.Contains(b, 4500) || !slices.Contains(b, 5000) {
+		t.Errorf("callout latency buckets = %v, want sorted, with 4500 and 5000", b)
+	}
+	if b := c.BucketsFor("wasmcustom.edgelimit.other"); b != nil {
+		t.Errorf("another histogram's buckets = %v, want nil (the defaults)", b)
+	}
+}
+
+// Each kind of StringMatcher picks histograms as Envoy's does; the first
+// setting that matches wins; buckets come sorted whatever their order.
+func TestHistogramBucketMatchers(t *testing.T) {
+	base, err := os.ReadFile("testdata/valid.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := string(base) + `stats_config:
+  histogram_bucket_settings:
+  - {match: {exact: wasmcustom.a}, buckets: [3, 1, 2]}
+  - {match: {prefix: wasmcustom.p.}, buckets: [10]}
+  - {match: {suffix: _ms, ignore_case: true}, buckets: [20]}
+  - {match: {contains: mid}, buckets: [30]}
+  - {match: {safe_regex: {regex: "wasmcustom\\.r[0-9]"}}, buckets: [40]}
+  - {match: {prefix: wasmcustom.a}, buckets: [50]}
+`
+	c, err := parse([]byte(conf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string][]float64{
+		"wasmcustom.a":     {1, 2, 3},
+		"wasmcustom.ab":    {50},
+		"wasmcustom.p.x":   {10},
+		"wasmcustom.x_MS":  {20},
+		"wasmcustom.a_mid": {30}, // contains comes before the second prefix
+		"wasmcustom.x_mid": {30},
+		"wasmcustom.r7":    {40},
+		"wasmcustom.r7x":   nil, // a regex matches the whole name
+		"wasmcustom.other": nil,
+	} {
+		if got := c.BucketsFor(name); !slices.Equal(got, want) {
+			t.Errorf("BucketsFor(%q) = %v, want %v", name, got, want)
+		}
+	}
 }
 
 func TestLoadInvalid(t *testing.T) {

@@ -4,12 +4,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	wasmfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
@@ -59,7 +63,50 @@ func extract(b *bootstrapv3.Bootstrap) (*Config, error) {
 	if c.Wasm, err = extractWasm(hcm, hcmPath.hcm, c.Clusters); err != nil {
 		return nil, err
 	}
+	for i, h := range b.GetStatsConfig().GetHistogramBucketSettings() {
+		path := fmt.Sprintf("stats_config.histogram_bucket_settings[%d]", i)
+		match, err := stringMatcher(h.GetMatch(), path+".match")
+		if err != nil {
+			return nil, err
+		}
+		var buckets []float64
+		if len(h.GetBuckets()) > 0 {
+			// Envoy takes them in any order.
+			buckets = slices.Sorted(slices.Values(h.GetBuckets()))
+		}
+		c.Histograms = append(c.Histograms, HistogramBuckets{Match: match, Buckets: buckets})
+	}
 	return c, nil
+}
+
+// stringMatcher is Envoy's StringMatcher as a function. A safe_regex must
+// match the whole string, as in Envoy.
+func stringMatcher(m *matcherv3.StringMatcher, path string) (func(string) bool, error) {
+	fold := func(s string) string { return s }
+	if m.GetIgnoreCase() {
+		fold = strings.ToLower
+	}
+	switch p := m.GetMatchPattern().(type) {
+	case *matcherv3.StringMatcher_Exact:
+		want := fold(p.Exact)
+		return func(s string) bool { return fold(s) == want }, nil
+	case *matcherv3.StringMatcher_Prefix:
+		want := fold(p.Prefix)
+		return func(s string) bool { return strings.HasPrefix(fold(s), want) }, nil
+	case *matcherv3.StringMatcher_Suffix:
+		want := fold(p.Suffix)
+		return func(s string) bool { return strings.HasSuffix(fold(s), want) }, nil
+	case *matcherv3.StringMatcher_Contains:
+		want := fold(p.Contains)
+		return func(s string) bool { return strings.Contains(fold(s), want) }, nil
+	case *matcherv3.StringMatcher_SafeRegex:
+		if _, err := regexp.Compile(p.SafeRegex.GetRegex()); err != nil {
+			return nil, fmt.Errorf("%s.safe_regex.regex: %v", path, err)
+		}
+		re := regexp.MustCompile(`^(?:` + p.SafeRegex.GetRegex() + `)$`)
+		return re.MatchString, nil
+	}
+	return nil, fmt.Errorf("%s: want exact, prefix, suffix, contains or safe_regex", path)
 }
 
 type hcmPaths struct{ listener, hcm string }

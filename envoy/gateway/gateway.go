@@ -101,6 +101,9 @@ func newGateway(ctx context.Context, o options, log *slog.Logger) (*gateway, err
 	// the filter's deny cache and breaker state outlive a reload.
 	g := &gateway{o: o, log: log, poll: poll, listener: cfg.Listener, admin: cfg.Admin,
 		stats: wasmhost.NewStats(), shared: wasmhost.NewSharedData(), old: map[*generation]bool{}}
+	// Bucket bounds are fixed when a histogram is made, from the bootstrap
+	// the process started with, as in Envoy (a reload does not change them).
+	g.stats.SetHistogramBuckets(cfg.BucketsFor)
 	g.rqTotal = lazyCounter{c: &g.counters, name: "http.edge.downstream_rq_total"}
 	g.rqClass = newClassCounters(&g.counters, "http.edge.downstream_rq_")
 	workers := o.concurrency
@@ -415,6 +418,14 @@ func (g *gateway) adminHandler(ctx context.Context) http.Handler {
 	mux.HandleFunc("/stats", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("content-type", "text/plain")
 		g.writeStats(w)
+	})
+	// The plugin's metrics as Envoy's /stats/prometheus writes them; the
+	// gateway's own Envoy-style statistics are in /stats only (their
+	// Prometheus form needs Envoy's tag extraction, which the gateway does
+	// not have).
+	mux.HandleFunc("/stats/prometheus", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("content-type", "text/plain; version=0.0.4")
+		g.stats.WritePrometheus(w)
 	})
 	mux.HandleFunc("POST /reload", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("content-type", "text/plain")

@@ -295,6 +295,32 @@ func TestGatewayWithTheFilter(t *testing.T) {
 	if resp, _ := get(t, "http://"+g.admin+"/ready"); resp.StatusCode != 200 {
 		t.Errorf("/ready %d", resp.StatusCode)
 	}
+	// The plugin's metrics in Envoy's Prometheus form, the callout latency
+	// in the buckets envoy.yaml's stats_config gives it (every callout so
+	// far, the slow one included, is in the +Inf bucket's count).
+	_, prom := get(t, "http://"+g.admin+"/stats/prometheus")
+	for _, want := range []string{
+		"# TYPE edgelimit_requests_allowed counter\n",
+		"# TYPE edgelimit_callout_latency_us histogram\n",
+		`edgelimit_callout_latency_us_bucket{le="4500"} `,
+		`edgelimit_callout_latency_us_bucket{le="5000"} `,
+	} {
+		if !strings.Contains(prom, want) {
+			t.Errorf("/stats/prometheus lacks %q:\n%s", want, prom)
+		}
+	}
+	var count, inf int64 = -1, -2
+	for _, line := range strings.Split(prom, "\n") {
+		if v, ok := strings.CutPrefix(line, "edgelimit_callout_latency_us_count "); ok {
+			count, _ = strconv.ParseInt(v, 10, 64)
+		}
+		if v, ok := strings.CutPrefix(line, `edgelimit_callout_latency_us_bucket{le="+Inf"} `); ok {
+			inf, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	if count < 5 || inf != count {
+		t.Errorf("callout latency: count %d, +Inf bucket %d; want the same, at least the 5 callouts made", count, inf)
+	}
 }
 
 func TestGatewayUpstreamFailures(t *testing.T) {

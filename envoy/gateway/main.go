@@ -8,7 +8,9 @@
 //	        [-cluster NAME=HOST:PORT ...] [-wasm PATH] [-concurrency N]
 //
 // The admin listener serves /stats (Envoy's "name: value" text, the
-// plugin's wasmcustom.* metrics included), /ready and POST /reload. SIGTERM
+// plugin's wasmcustom.* metrics included), /stats/prometheus (the plugin's
+// metrics only, named as Envoy names them, histograms in the buckets of the
+// bootstrap's stats_config), /ready and POST /reload. SIGTERM
 // or SIGINT drains in-flight requests and stops.
 //
 // SIGHUP (or POST /reload) reloads the configuration as Envoy applies a

@@ -126,6 +126,44 @@ func TestMetricsAreSharedAndNamedLikeEnvoy(t *testing.T) {
 	}
 }
 
+// /stats/prometheus names a plugin's metrics as Envoy does (no wasmcustom,
+// no envoy_ prefix, '.' made '_') and writes a histogram's cumulative
+// buckets: the bootstrap's for a matching name, Envoy's defaults otherwise.
+func TestMetricsInThePrometheusFormat(t *testing.T) {
+	stats := NewStats()
+	stats.SetHistogramBuckets(func(name string) []float64 {
+		if name == "wasmcustom.edge.lat_us" {
+			return []float64{10, 20, 30}
+		}
+		return nil
+	})
+	cfg := script(map[string]string{"configure": "define 0 edge.hits;inc last 3;define 2 edge.lat_us;record last 10;record last 11;record last 30;record last 31;" +
+		"define 2 other;record last 7"})
+	vm := newProbeVM(t, PollSleep, Options{Stats: stats})
+	if err := vm.Configure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := stats.WritePrometheus(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"# TYPE edge_hits counter\nedge_hits 3\n",
+		"# TYPE edge_lat_us histogram\n" +
+			`edge_lat_us_bucket{le="10"} 1` + "\n" + // 10 is at or below 10
+			`edge_lat_us_bucket{le="20"} 2` + "\n" +
+			`edge_lat_us_bucket{le="30"} 3` + "\n" +
+			`edge_lat_us_bucket{le="+Inf"} 4` + "\n" +
+			"edge_lat_us_sum 82\nedge_lat_us_count 4\n",
+		// Envoy's default bounds: 7 is above 5 and at or below 10.
+		`other_bucket{le="5"} 0` + "\n" + `other_bucket{le="10"} 1` + "\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("prometheus text lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
 func TestSharedDataAcrossVMs(t *testing.T) {
 	shared := NewSharedData()
 	a := newProbeVM(t, PollSleep, Options{VMID: "one", SharedData: shared})

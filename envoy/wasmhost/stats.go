@@ -1,10 +1,13 @@
 package wasmhost
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"math"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -15,6 +18,7 @@ import (
 type Stats struct {
 	mu      sync.Mutex
 	metrics map[string]*metric
+	buckets func(name string) []float64 // a histogram's bucket bounds by full name; nil: Envoy's defaults
 }
 
 type metric struct {
@@ -24,6 +28,24 @@ type metric struct {
 	sum     float64   // histogram
 	samples []float64 // histogram, the most recent maxSamples, a ring
 	next    int       // where the ring's next sample goes once it is full
+	bounds  []float64 // histogram bucket upper bounds, ascending
+	counts  []int64   // samples per bucket (not cumulative); one more for above the last bound
+}
+
+// DefaultBuckets are Envoy's default histogram bucket bounds (the
+// bootstrap's stats_config.histogram_bucket_settings replaces them for the
+// histograms it matches).
+var DefaultBuckets = []float64{0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000, 600000, 1800000, 3600000}
+
+// SetHistogramBuckets sets how the bucket bounds of a histogram defined from
+// now on are chosen, by its full name ("wasmcustom.<name>"): what f returns
+// (ascending, as envoyconfig gives them), or DefaultBuckets when it returns
+// nil. Envoy fixes a histogram's buckets when the stat is made, from the
+// bootstrap; so does this.
+func (s *Stats) SetHistogramBuckets(f func(name string) []float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.buckets = f
 }
 
 // maxSamples bounds the memory a histogram keeps for its quantiles.
@@ -45,6 +67,15 @@ func (s *Stats) define(kind MetricType, name string) *metric {
 	m := s.metrics[full]
 	if m == nil {
 		m = &metric{kind: kind}
+		if kind == MetricHistogram {
+			if s.buckets != nil {
+				m.bounds = s.buckets(full)
+			}
+			if m.bounds == nil {
+				m.bounds = DefaultBuckets
+			}
+			m.counts = make([]int64, len(m.bounds)+1)
+		}
 		s.metrics[full] = m
 	}
 	return m
@@ -67,6 +98,8 @@ func (s *Stats) record(m *metric, v uint64) {
 	defer s.mu.Unlock()
 	m.count++
 	m.sum += float64(v)
+	// A bucket counts the samples at or below its bound (Prometheus's le).
+	m.counts[sort.SearchFloat64s(m.bounds, float64(v))]++
 	// A ring: shifting the window by one on every sample was 4096 copies
 	// per record, the largest cost of a request in the host's profile.
 	if len(m.samples) < maxSamples {
@@ -107,6 +140,15 @@ type Metric struct {
 	// Quantiles of a histogram's recent samples at 0, 25, 50, 75, 90, 95,
 	// 99, 99.5, 99.9 and 100 percent; NaN when there are none.
 	Quantiles []float64
+	// Buckets of a histogram since it was made: each bound with the count
+	// of samples at or below it (cumulative), the last one +Inf.
+	Buckets []Bucket
+}
+
+// Bucket is one cumulative histogram bucket.
+type Bucket struct {
+	UpperBound float64
+	Count      int64
 }
 
 // quantilePoints are the quantiles Envoy's /stats prints for a histogram.
@@ -123,6 +165,15 @@ func (s *Stats) Snapshot() []Metric {
 			mm.Value = m.count
 			mm.Sum = m.sum
 			mm.Quantiles = quantiles(m.samples)
+			var n int64
+			for i, c := range m.counts {
+				n += c
+				le := math.Inf(1)
+				if i < len(m.bounds) {
+					le = m.bounds[i]
+				}
+				mm.Buckets = append(mm.Buckets, Bucket{le, n})
+			}
 		}
 		out = append(out, mm)
 	}
@@ -182,4 +233,45 @@ func formatQuantiles(q []float64) string {
 		out += fmt.Sprintf("P%g(%s,%s)", p, v, v)
 	}
 	return out
+}
+
+// WritePrometheus writes the metrics in the Prometheus text format, named as
+// Envoy's admin /stats/prometheus names a plugin's metrics: the wasmcustom
+// namespace taken off, no envoy_ prefix (Envoy's custom stat namespaces),
+// and every character Prometheus does not allow in a name made '_'.
+// Histograms get their cumulative buckets, _sum and _count.
+func (s *Stats) WritePrometheus(w io.Writer) error {
+	bw := bufio.NewWriter(w)
+	for _, m := range s.Snapshot() {
+		name := PrometheusName(m.Name)
+		switch m.Kind {
+		case MetricCounter:
+			fmt.Fprintf(bw, "# TYPE %s counter\n%s %d\n", name, name, m.Value)
+		case MetricGauge:
+			fmt.Fprintf(bw, "# TYPE %s gauge\n%s %d\n", name, name, m.Value)
+		case MetricHistogram:
+			fmt.Fprintf(bw, "# TYPE %s histogram\n", name)
+			for _, b := range m.Buckets {
+				le := "+Inf"
+				if !math.IsInf(b.UpperBound, 1) {
+					le = strconv.FormatFloat(b.UpperBound, 'g', -1, 64)
+				}
+				fmt.Fprintf(bw, "%s_bucket{le=%q} %d\n", name, le, b.Count)
+			}
+			fmt.Fprintf(bw, "%s_sum %s\n%s_count %d\n", name, strconv.FormatFloat(m.Sum, 'g', -1, 64), name, m.Value)
+		}
+	}
+	return bw.Flush()
+}
+
+// PrometheusName is the name Envoy's /stats/prometheus gives a plugin
+// metric of this full name.
+func PrometheusName(full string) string {
+	b := []byte(strings.TrimPrefix(full, customPrefix))
+	for i, c := range b {
+		if !(c == '_' || c == ':' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' && i > 0) {
+			b[i] = '_'
+		}
+	}
+	return string(b)
 }
