@@ -15,9 +15,9 @@ import (
 
 // Run is the filter's table of behaviour. It drives hosts made by newHost
 // through the Host and Stream interfaces only, so the same cases run
-// natively (NewNative) and against filter.wasm in the headless host. Every
-// host it makes is closed at the test's cleanup, and no host may log a
-// recovered panic.
+// natively (native.NewHost) and against filter.wasm in the headless host
+// (filterwasm.NewHost). Every host it makes is closed at the test's cleanup,
+// and no host may log a recovered panic.
 func Run(t *testing.T, newHost func(t *testing.T) Host) {
 	r := runner{newHost: newHost}
 	for _, c := range []struct {
