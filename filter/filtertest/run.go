@@ -95,6 +95,18 @@ func (r runner) unconfigured(t *testing.T) Host {
 	return h
 }
 
+// worker returns another VM of h's process configured with config, closed
+// at cleanup.
+func worker(t *testing.T, h Host, config string) Host {
+	t.Helper()
+	w := h.Worker()
+	owned(t, w)
+	if !w.Configure(config) {
+		t.Fatalf("worker: configuration %s rejected; logs:\n%s", config, strings.Join(w.Logs(), "\n"))
+	}
+	return w
+}
+
 // owned closes h at cleanup, after checking it never recovered a panic.
 func owned(t *testing.T, h Host) {
 	t.Cleanup(func() {
@@ -788,11 +800,7 @@ func (r runner) denyCacheCosts(t *testing.T) {
 func (r runner) denyCacheWorkers(t *testing.T) {
 	const config = `{"sidecar_cluster": "rl"}`
 	h := r.host(t, config)
-	w := h.Worker()
-	owned(t, w)
-	if !w.Configure(config) {
-		t.Fatal("worker rejected the configuration")
-	}
+	w := worker(t, h, config)
 	s, _ := waiting(t, h, get("key-1"))
 	s.RespondCallout(SidecarAnswer("basic", 10, 0.2, 0, 1), nil)
 	reply(t, s, 429)
@@ -807,11 +815,7 @@ func (r runner) denyCacheWorkers(t *testing.T) {
 	}
 
 	// A plugin limiting through another sidecar cluster has its own cache.
-	o := w.Worker()
-	owned(t, o)
-	if !o.Configure(`{"sidecar_cluster": "other"}`) {
-		t.Fatal("rejected")
-	}
+	o := worker(t, w, `{"sidecar_cluster": "other"}`)
 	waiting(t, o, get("key-1"))
 }
 
