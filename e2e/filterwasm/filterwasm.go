@@ -1,6 +1,7 @@
 // Package filterwasm runs the compiled filter.wasm in the headless Envoy
 // (envoy/wasmhost) behind the filtertest.Host interface, so the filter's table
-// of behaviour runs against the real module exactly as it runs natively.
+// of behaviour runs against the real module exactly as it runs natively
+// (filter/filtertest/native).
 package filterwasm
 
 import (

@@ -103,7 +103,8 @@ func TestFilterSmoke(t *testing.T) {
 }
 
 // TestFilterBehaviour runs the filter's whole table of behaviour against
-// the compiled module, the same table filter/filtertest runs natively.
+// the compiled module, the same table filter/filtertest/native runs
+// natively.
 func TestFilterBehaviour(t *testing.T) {
 	filtertest.Run(t, newHost)
 }

@@ -12,7 +12,7 @@
 //
 // The logic never sees wasm: it is written against Host and Plugin, so that
 // the same code runs inside Envoy and behind the emulated host of package
-// filtertest.
+// filter/filtertest/native.
 package abi
 
 // Status is the result code of every host call (proxy_status_t).

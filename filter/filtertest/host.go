@@ -1,7 +1,11 @@
-// Package filtertest drives the rate-limit filter through a proxy-wasm host,
-// so that one table of behaviour runs twice: natively, with the limiter logic
-// behind an emulated host, and as the compiled filter.wasm inside the headless
-// Envoy in e2e/. A Host is one plugin in one VM, as Envoy runs it on a worker.
+// Package filtertest is the rate-limit filter's table of behaviour: the
+// cases (Run) describing what the filter must do, the configuration fixtures
+// they use and the sidecar's model answer. The cases drive the filter through
+// the Host interface only, so that the whole table runs on every host: the
+// limiter natively behind an emulated host (package
+// filter/filtertest/native), and the compiled filter.wasm in the headless
+// Envoy (package e2e/filterwasm). The package holds no host of its own.
+// A Host is one plugin in one VM, as Envoy runs it on a worker.
 package filtertest
 
 import "time"

@@ -15,9 +15,9 @@ import (
 
 // Run is the filter's table of behaviour. It drives hosts made by newHost
 // through the Host and Stream interfaces only, so the same cases run
-// natively (NewNative) and against filter.wasm in the headless host. Every
-// host it makes is closed at the test's cleanup, and no host may log a
-// recovered panic.
+// natively (native.NewHost) and against filter.wasm in the headless host
+// (filterwasm.NewHost). Every host it makes is closed at the test's cleanup,
+// and no host may log a recovered panic.
 func Run(t *testing.T, newHost func(t *testing.T) Host) {
 	r := runner{newHost: newHost}
 	for _, c := range []struct {
@@ -93,6 +93,18 @@ func (r runner) unconfigured(t *testing.T) Host {
 	h := r.newHost(t)
 	owned(t, h)
 	return h
+}
+
+// worker returns another VM of h's process configured with config, closed
+// at cleanup.
+func worker(t *testing.T, h Host, config string) Host {
+	t.Helper()
+	w := h.Worker()
+	owned(t, w)
+	if !w.Configure(config) {
+		t.Fatalf("worker: configuration %s rejected; logs:\n%s", config, strings.Join(w.Logs(), "\n"))
+	}
+	return w
 }
 
 // owned closes h at cleanup, after checking it never recovered a panic.
@@ -788,11 +800,7 @@ func (r runner) denyCacheCosts(t *testing.T) {
 func (r runner) denyCacheWorkers(t *testing.T) {
 	const config = `{"sidecar_cluster": "rl"}`
 	h := r.host(t, config)
-	w := h.Worker()
-	owned(t, w)
-	if !w.Configure(config) {
-		t.Fatal("worker rejected the configuration")
-	}
+	w := worker(t, h, config)
 	s, _ := waiting(t, h, get("key-1"))
 	s.RespondCallout(SidecarAnswer("basic", 10, 0.2, 0, 1), nil)
 	reply(t, s, 429)
@@ -807,11 +815,7 @@ func (r runner) denyCacheWorkers(t *testing.T) {
 	}
 
 	// A plugin limiting through another sidecar cluster has its own cache.
-	o := w.Worker()
-	owned(t, o)
-	if !o.Configure(`{"sidecar_cluster": "other"}`) {
-		t.Fatal("rejected")
-	}
+	o := worker(t, w, `{"sidecar_cluster": "other"}`)
 	waiting(t, o, get("key-1"))
 }
 

@@ -277,53 +277,52 @@ func (r runner) breakerLateAnswers(t *testing.T) {
 // busy, not gone) leaves the breaker closed, so the burst stays limited;
 // callouts that fail after the sidecar's last answer still open it.
 func (r runner) breakerBurstStaysClosed(t *testing.T) {
-	h := r.host(t, breakerConfig)
-	var burst []Stream
-	for range 10 {
-		s, _ := waiting(t, h, get("key-1"))
-		burst = append(burst, s)
-	}
-	h.Advance(2 * time.Millisecond) // under the 5 ms timeout
-	burst[0].RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
-	wentOn(t, burst[0])
-	for _, s := range burst[1:] {
-		s.RespondCallout(timeoutAnswer, nil)
-		wentOn(t, s)
-	}
-	transitions(t, h, 0, 0, 0)
-	breakerState(t, h, 0)
-	// The next request is checked, not bypassed.
-	allowing(t, h, "key-2")
-	// Now no answer comes after the callouts leave: three failures open it.
-	openBreaker(t, h)
-	transitions(t, h, 1, 0, 0)
-	bypassed(t, h, "key-1")
-	counters(t, h, map[string]int64{limiter.MetricFailedOpenPrefix + "timeout": 12, limiter.MetricAllowed: 2, circuitOpen: 1})
+	answers := slices.Repeat([][]Header{timeoutAnswer}, 10)
+	answers[0] = allowAnswer(10, 9, 1, "basic")
+	r.sentTogether(t, 2*time.Millisecond, answers, map[string]int64{
+		limiter.MetricFailedOpenPrefix + "timeout": 12, limiter.MetricAllowed: 2, circuitOpen: 1,
+	})
 }
 
 // breakerWaveCountsOnce: callouts sent together that all fail before any
 // answer (a sidecar starved by the burst, answering 503 past its Redis
 // deadline) are one failure; failures of callouts sent after it add to it.
 func (r runner) breakerWaveCountsOnce(t *testing.T) {
+	r.sentTogether(t, 3*time.Millisecond, slices.Repeat([][]Header{unavailableAnswer}, 10), map[string]int64{
+		limiter.MetricFailedOpenPrefix + "unavailable": 10,
+		limiter.MetricFailedOpenPrefix + "timeout":     3, limiter.MetricAllowed: 1, circuitOpen: 1,
+	})
+}
+
+// sentTogether sends one request of key-1 per answer, all waiting for their
+// callouts at once; after elapsed (under the 5 ms timeout) it answers them in
+// order. Every request must go on and the breaker stay closed: the next
+// request is checked, not bypassed, and its answer ends any run of failures,
+// so that it takes three failures in a row after it to open the breaker.
+// want is every requests.* counter at the end.
+func (r runner) sentTogether(t *testing.T, elapsed time.Duration, answers [][]Header, want map[string]int64) {
+	t.Helper()
 	h := r.host(t, breakerConfig)
-	var wave []Stream
-	for range 10 {
+	var together []Stream
+	for range answers {
 		s, _ := waiting(t, h, get("key-1"))
-		wave = append(wave, s)
+		together = append(together, s)
 	}
-	h.Advance(3 * time.Millisecond) // under the 5 ms timeout
-	for _, s := range wave {
-		s.RespondCallout(unavailableAnswer, nil)
+	h.Advance(elapsed)
+	for i, s := range together {
+		s.RespondCallout(answers[i], nil)
 		wentOn(t, s)
 	}
 	transitions(t, h, 0, 0, 0)
-	allowing(t, h, "key-2") // checked, not bypassed; and the streak ends
+	breakerState(t, h, 0)
+	allowing(t, h, "key-2")
 	failing(t, h, "key-1", timeoutAnswer)
 	failing(t, h, "key-1", timeoutAnswer)
 	transitions(t, h, 0, 0, 0)
 	failing(t, h, "key-1", timeoutAnswer)
 	transitions(t, h, 1, 0, 0)
 	bypassed(t, h, "key-1")
+	counters(t, h, want)
 }
 
 // breakerDenyCacheFirst: a client the deny cache holds is still denied
@@ -361,16 +360,8 @@ func (r runner) breakerShadow(t *testing.T) {
 // together, and one probe goes out for all.
 func (r runner) breakerWorkers(t *testing.T) {
 	h := r.host(t, breakerConfig)
-	w := h.Worker()
-	owned(t, w)
-	if !w.Configure(breakerConfig) {
-		t.Fatal("worker rejected the configuration")
-	}
-	o := h.Worker()
-	owned(t, o)
-	if !o.Configure(`{"sidecar_cluster": "other", "breaker": {"failures": 3, "min_open_ms": 100, "max_open_ms": 400}}`) {
-		t.Fatal("rejected")
-	}
+	w := worker(t, h, breakerConfig)
+	o := worker(t, h, `{"sidecar_cluster": "other", "breaker": {"failures": 3, "min_open_ms": 100, "max_open_ms": 400}}`)
 	failing(t, h, "key-1", timeoutAnswer)
 	failing(t, w, "key-1", timeoutAnswer)
 	failing(t, h, "key-1", timeoutAnswer)
@@ -398,11 +389,7 @@ func (r runner) breakerWorkers(t *testing.T) {
 // its lease (timeout + min_open_ms) has run out, another request probes.
 func (r runner) breakerLostProbe(t *testing.T) {
 	h := r.host(t, breakerConfig)
-	w := h.Worker()
-	owned(t, w)
-	if !w.Configure(breakerConfig) {
-		t.Fatal("worker rejected the configuration")
-	}
+	w := worker(t, h, breakerConfig)
 	openBreaker(t, h)
 	h.Advance(100 * time.Millisecond)
 	waiting(t, w, get("key-1"))

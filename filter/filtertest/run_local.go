@@ -110,11 +110,7 @@ func (r runner) localLimits(t *testing.T) {
 func (r runner) localWorkers(t *testing.T) {
 	const config = `{"on_failure": "local", "breaker": {"failures": 0}}`
 	h := r.host(t, config)
-	w := h.Worker()
-	owned(t, w)
-	if !w.Configure(config) {
-		t.Fatal("worker rejected the configuration")
-	}
+	w := worker(t, h, config)
 	learnPlan(t, h, "alice")
 	wentOn(t, failingTo(t, w, "alice", unavailableAnswer))
 	wentOn(t, failingTo(t, h, "alice", unavailableAnswer))

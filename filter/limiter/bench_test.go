@@ -29,32 +29,48 @@ func (h benchHost) SetSharedData(key string, value []byte, cas uint32) abi.Statu
 	return h.shared.SetSharedData(key, value, cas)
 }
 
-func benchLimiter(b *testing.B) (*Limiter, benchHost) {
+// benchLimiter returns a limiter configured with config on a benchHost
+// whose request is a GET of client-1.
+func benchLimiter(tb testing.TB, config string) (*Limiter, benchHost) {
 	h := benchHost{panicHost: newPanicHost(), shared: newSharedHost()}
+	h.config = []byte(config)
 	l := New(h)
 	l.OnContextCreate(1, 0)
-	if !l.OnConfigure(1, 0) {
-		b.Fatal(h.logs)
+	if !l.OnConfigure(1, len(h.config)) {
+		tb.Fatal(h.logs)
 	}
 	h.request = [][2]string{{":method", "GET"}, {":path", "/v1/items"}, {"x-api-key", "client-1"}}
 	return l, h
+}
+
+// requestLoop runs request once per iteration, each on a new stream
+// context, and reports the host calls one request makes as hostcalls/op.
+func requestLoop(b *testing.B, h benchHost, request func(id uint32)) {
+	b.ReportAllocs()
+	calls := 0
+	for i := 0; b.Loop(); i++ {
+		request(uint32(2 + i))
+		calls = len(h.calls)
+		h.calls = h.calls[:0]
+	}
+	b.ReportMetric(float64(calls), "hostcalls/op")
 }
 
 // BenchmarkAllowedPath: a request checked with the sidecar and allowed,
 // from context creation to deletion. hostcalls/op counts the host calls
 // it makes (each one crosses the wasm boundary in Envoy).
 func BenchmarkAllowedPath(b *testing.B) {
-	l, h := benchLimiter(b)
-	allowedLoop(b, l, h)
+	l, h := benchLimiter(b, "")
+	allowedLoop(b, l, h, allowedAnswer)
 }
 
 // BenchmarkAllowedPathAfterOutage: the same once the circuit breaker's
 // shared state exists (closed again), so that each read of it hands the
 // module a value.
 func BenchmarkAllowedPathAfterOutage(b *testing.B) {
-	l, h := benchLimiter(b)
+	l, h := benchLimiter(b, "")
 	h.SetSharedData(l.roots[1].breaker.key, encodeBreaker(breakerState{}), 0)
-	allowedLoop(b, l, h)
+	allowedLoop(b, l, h, allowedAnswer)
 }
 
 var allowedAnswer = [][2]string{{":status", "200"}, {"ratelimit-limit", "100"}, {"ratelimit-remaining", "42"},
@@ -71,16 +87,26 @@ func allowedRequest(tb testing.TB, l *Limiter, h benchHost, id uint32) {
 	l.OnDelete(id)
 }
 
-func allowedLoop(b *testing.B, l *Limiter, h benchHost) {
-	h.response = allowedAnswer
-	b.ReportAllocs()
-	calls := 0
-	for i := 0; b.Loop(); i++ {
-		allowedRequest(b, l, h, uint32(2+i))
-		calls = len(h.calls)
-		h.calls = h.calls[:0]
+// allowedLoop runs allowed requests whose callouts get answer.
+func allowedLoop(b *testing.B, l *Limiter, h benchHost, answer [][2]string) {
+	h.response = answer
+	requestLoop(b, h, func(id uint32) { allowedRequest(b, l, h, id) })
+}
+
+// decidedLoop runs requests the filter decides in proxy_on_request_headers
+// without a callout: each must return want, and counter must have counted
+// them.
+func decidedLoop(b *testing.B, l *Limiter, h benchHost, want abi.Action, counter string) {
+	requestLoop(b, h, func(id uint32) {
+		l.OnContextCreate(id, 1)
+		if got := l.OnRequestHeaders(id, 3, true); got != want {
+			b.Fatalf("proxy_on_request_headers returned %v, want %v", got, want)
+		}
+		l.OnDelete(id)
+	})
+	if n := h.counter(counter); n == 0 {
+		b.Fatalf("no request counted in %s", counter)
 	}
-	b.ReportMetric(float64(calls), "hostcalls/op")
 }
 
 // TestAllowedPathDoesNotAllocate: once warm, an allowed request allocates
@@ -90,13 +116,7 @@ func allowedLoop(b *testing.B, l *Limiter, h benchHost) {
 // this host makes none of its own.
 func TestAllowedPathDoesNotAllocate(t *testing.T) {
 	for _, outage := range []bool{false, true} {
-		h := benchHost{panicHost: newPanicHost(), shared: newSharedHost()}
-		l := New(h)
-		l.OnContextCreate(1, 0)
-		h.config = []byte(`{"region": "eu-west-1", "costs": [{"method": "POST", "cost": 3}]}`)
-		if !l.OnConfigure(1, len(h.config)) {
-			t.Fatal(h.logs)
-		}
+		l, h := benchLimiter(t, `{"region": "eu-west-1", "costs": [{"method": "POST", "cost": 3}]}`)
 		if outage {
 			h.SetSharedData(l.roots[1].breaker.key, encodeBreaker(breakerState{}), 0)
 		}
@@ -118,47 +138,17 @@ func TestAllowedPathDoesNotAllocate(t *testing.T) {
 // BenchmarkBreakerOpenPath: a request that fails open at once because the
 // circuit breaker is open.
 func BenchmarkBreakerOpenPath(b *testing.B) {
-	l, h := benchLimiter(b)
+	l, h := benchLimiter(b, "")
 	open := breakerState{phase: phaseOpen, interval: maxBreakerInterval, until: anchor + maxBreakerInterval, since: anchor}
 	h.SetSharedData(l.roots[1].breaker.key, encodeBreaker(open), 0)
-	b.ReportAllocs()
-	calls := 0
-	for i := 0; b.Loop(); i++ {
-		id := uint32(2 + i)
-		l.OnContextCreate(id, 1)
-		if l.OnRequestHeaders(id, 3, true) != abi.ActionContinue {
-			b.Fatal("not failed open")
-		}
-		l.OnDelete(id)
-		calls = len(h.calls)
-		h.calls = h.calls[:0]
-	}
-	b.ReportMetric(float64(calls), "hostcalls/op")
-	if n := h.counter(MetricFailedOpenPrefix + "circuit_open"); n == 0 {
-		b.Fatal("no circuit_open counted")
-	}
+	decidedLoop(b, l, h, abi.ActionContinue, MetricFailedOpenPrefix+"circuit_open")
 }
 
 // BenchmarkCachedDenyPath: a request of a client the deny cache holds,
 // answered 429 without a callout.
 func BenchmarkCachedDenyPath(b *testing.B) {
-	l, h := benchLimiter(b)
+	l, h := benchLimiter(b, "")
 	e, _ := newDenyEntry("client-1", 1, anchor, anchor, deniedAnswer(100, 0, 1.0/3600))
 	l.roots[1].cache.store(h, e, anchor)
-	b.ReportAllocs()
-	calls := 0
-	for i := 0; b.Loop(); i++ {
-		id := uint32(2 + i)
-		l.OnContextCreate(id, 1)
-		if l.OnRequestHeaders(id, 3, true) != abi.ActionPause {
-			b.Fatal("not denied")
-		}
-		l.OnDelete(id)
-		calls = len(h.calls)
-		h.calls = h.calls[:0]
-	}
-	b.ReportMetric(float64(calls), "hostcalls/op")
-	if n := h.counter(MetricDeniedCached); n == 0 {
-		b.Fatal("no cached denial counted")
-	}
+	decidedLoop(b, l, h, abi.ActionPause, MetricDeniedCached)
 }

@@ -25,25 +25,6 @@ func TestParseRejectsEveryInvalidFixture(t *testing.T) {
 	}
 }
 
-func TestEveryFixtureIsInATable(t *testing.T) {
-	listed := map[string]bool{}
-	for _, c := range filtertest.InvalidConfigs {
-		listed["invalid/"+c.File] = true
-	}
-	for _, f := range filtertest.ValidConfigs {
-		listed["valid/"+f] = true
-	}
-	files := filtertest.ConfigFixtures()
-	for _, f := range files {
-		if !listed[f] {
-			t.Errorf("fixture %s has no entry in filtertest's tables", f)
-		}
-	}
-	if len(files) != len(listed) {
-		t.Errorf("%d fixture files, %d table entries", len(files), len(listed))
-	}
-}
-
 func TestParseDefaults(t *testing.T) {
 	for _, f := range []string{"empty.json", "whitespace.json", "empty-object.json"} {
 		cfg, err := limiter.Parse([]byte(filtertest.ValidConfig(f)))

@@ -321,7 +321,6 @@ func decodeShard(b []byte) ([]denyEntry, bool) {
 	return entries, at == len(b)
 }
 
-
 // modelStore is what storing e into shard v must give: decode every entry,
 // drop the client's old one and the stale ones, add e, evict whichever goes
 // stale first while the shard is over its size (the earliest such on a

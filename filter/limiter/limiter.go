@@ -5,7 +5,7 @@
 //
 // It talks to the proxy only through abi.Host and implements abi.Plugin, so
 // it runs unchanged inside Envoy (wired by filter/main.go) and natively
-// behind the emulated host of package filtertest.
+// behind the emulated host of package filter/filtertest/native.
 package limiter
 
 import (

@@ -4,8 +4,6 @@ import (
 	"slices"
 	"strconv"
 	"testing"
-
-	"github.com/edgelimit/edgelimit/filter/abi"
 )
 
 // TestLocalBucket walks one client's local bucket through a sequence of
@@ -295,31 +293,9 @@ func FuzzDecodeLocalShard(f *testing.F) {
 // and the sidecar's x-ratelimit-rate: learning a plan already recorded must
 // add no host call and no allocation to the healthy path.
 func BenchmarkAllowedPathLocal(b *testing.B) {
-	h := benchHost{panicHost: newPanicHost(), shared: newSharedHost()}
-	h.config = []byte(`{"on_failure": "local"}`)
-	l := New(h)
-	l.OnContextCreate(1, 0)
-	if !l.OnConfigure(1, len(h.config)) {
-		b.Fatal(h.logs)
-	}
-	h.request = [][2]string{{":method", "GET"}, {":path", "/v1/items"}, {"x-api-key", "client-1"}}
-	h.response = [][2]string{{":status", "200"}, {"ratelimit-limit", "100"}, {"ratelimit-remaining", "42"},
-		{"ratelimit-reset", "7"}, {"x-ratelimit-tokens", "42.5"}, {"x-ratelimit-plan", "gold"}, {"x-ratelimit-rate", "10"}}
-	b.ReportAllocs()
-	calls := 0
-	for i := 0; b.Loop(); i++ {
-		id := uint32(2 + i)
-		l.OnContextCreate(id, 1)
-		if l.OnRequestHeaders(id, 3, true) != abi.ActionPause {
-			b.Fatal("no callout")
-		}
-		l.OnHTTPCallResponse(1, 4, len(h.response), 0, 0)
-		l.OnResponseHeaders(id, 1, true)
-		l.OnDelete(id)
-		calls = len(h.calls)
-		h.calls = h.calls[:0]
-	}
-	b.ReportMetric(float64(calls), "hostcalls/op")
+	l, h := benchLimiter(b, `{"on_failure": "local"}`)
+	allowedLoop(b, l, h, [][2]string{{":status", "200"}, {"ratelimit-limit", "100"}, {"ratelimit-remaining", "42"},
+		{"ratelimit-reset", "7"}, {"x-ratelimit-tokens", "42.5"}, {"x-ratelimit-plan", "gold"}, {"x-ratelimit-rate", "10"}})
 	if h.shared.writes != 1 {
 		b.Fatalf("%d shared-data writes, want 1: the plan is recorded once", h.shared.writes)
 	}

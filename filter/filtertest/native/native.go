@@ -1,4 +1,9 @@
-package filtertest
+// Package native is the filter's emulated host: it runs the limiter
+// in-process, as plain Go, behind an implementation of abi.Host with Envoy's
+// semantics, and serves it to the behaviour table of package filtertest
+// through filtertest.Host. e2e/filterwasm is the other host, the compiled
+// filter.wasm in the headless Envoy; both run the whole table.
+package native
 
 import (
 	"slices"
@@ -8,12 +13,13 @@ import (
 	"unsafe"
 
 	"github.com/edgelimit/edgelimit/filter/abi"
+	"github.com/edgelimit/edgelimit/filter/filtertest"
 	"github.com/edgelimit/edgelimit/filter/limiter"
 )
 
-// NewNative returns a Host that runs the limiter natively: the same
-// abi.Plugin the wasm binding drives, behind an emulation of the host calls
-// with Envoy's semantics (see RATIONALE.md next to the filter):
+// NewHost returns a filtertest.Host that runs the limiter natively: the
+// same abi.Plugin the wasm binding drives, behind an emulation of the host
+// calls with Envoy's semantics (see filter/RATIONALE.md):
 //
 //   - stream calls act on the effective context: the stream whose callback
 //     runs, or the one proxy_set_effective_context chose; root callbacks
@@ -41,7 +47,7 @@ import (
 // Anything the plugin does that Envoy would refuse, or that a proxy must
 // never see (a CR, LF or NUL in a header it sets, a log level above
 // critical), fails the test.
-func NewNative(t *testing.T) Host {
+func NewHost(t *testing.T) filtertest.Host {
 	return newEmulated(t, func(h abi.Host) abi.Plugin { return limiter.New(h) })
 }
 
@@ -94,19 +100,19 @@ type vm struct {
 	streams   map[uint32]*nativeStream
 
 	// Callback state.
-	effective uint32          // effective context id, 0 outside callbacks
-	config    []byte          // plugin configuration, during on_configure
-	response  *call           // the answered callout, during its callback
-	respond   []Header        // its headers
-	body      []byte          // its body
-	touched   []*nativeStream // streams with deferred actions
-	lent      [][]byte        // results handed out during the callback
+	effective uint32              // effective context id, 0 outside callbacks
+	config    []byte              // plugin configuration, during on_configure
+	response  *call               // the answered callout, during its callback
+	respond   []filtertest.Header // its headers
+	body      []byte              // its body
+	touched   []*nativeStream     // streams with deferred actions
+	lent      [][]byte            // results handed out during the callback
 }
 
 type call struct {
 	token   uint32
 	stream  *nativeStream
-	callout Callout
+	callout filtertest.Callout
 }
 
 func (p *process) newVM(t *testing.T) *vm {
@@ -132,7 +138,7 @@ func (v *vm) newID() uint32 {
 // plugin deferred.
 func (v *vm) callback(id uint32, fn func()) {
 	if v.effective != 0 {
-		v.t.Fatalf("filtertest: nested callback")
+		v.t.Fatalf("native host: nested callback")
 	}
 	v.effective = id
 	fn()
@@ -170,11 +176,11 @@ func (v *vm) lendString(s string) string {
 
 func (v *vm) refuse(call string) {
 	if !v.started {
-		v.t.Errorf("filtertest: %s called while the plugin is created; Envoy allows only proxy_log then", call)
+		v.t.Errorf("native host: %s called while the plugin is created; Envoy allows only proxy_log then", call)
 	}
 }
 
-// ---- Host (the test's side) ----
+// ---- filtertest.Host (the test's side) ----
 
 func (v *vm) Configure(config string) bool {
 	ok := true
@@ -190,7 +196,7 @@ func (v *vm) Configure(config string) bool {
 	return ok
 }
 
-func (v *vm) NewStream() Stream {
+func (v *vm) NewStream() filtertest.Stream {
 	s := &nativeStream{vm: v, id: v.newID()}
 	v.streams[s.id] = s
 	v.callback(s.id, func() { v.plugin.OnContextCreate(s.id, v.rootID) })
@@ -213,7 +219,7 @@ func (v *vm) Advance(d time.Duration) { v.proc.clock += int64(d) }
 
 func (v *vm) Tick() { v.callback(v.rootID, func() { v.plugin.OnTick(v.rootID) }) }
 
-func (v *vm) Worker() Host { return v.proc.newVM(v.t) }
+func (v *vm) Worker() filtertest.Host { return v.proc.newVM(v.t) }
 
 func (v *vm) Close() {
 	if v.closed {
@@ -229,7 +235,7 @@ var _ abi.Host = (*vm)(nil)
 
 func (v *vm) Log(level abi.LogLevel, msg string) abi.Status {
 	if level > abi.LogCritical {
-		v.t.Errorf("filtertest: proxy_log level %d", level)
+		v.t.Errorf("native host: proxy_log level %d", level)
 		return abi.StatusBadArgument
 	}
 	v.logs = append(v.logs, strings.Clone(msg))
@@ -262,7 +268,7 @@ func (v *vm) GetBuffer(t abi.BufferType, start, max int) ([]byte, abi.Status) {
 
 // headerMap returns the map m of the effective context, nil when Envoy would
 // not have it now.
-func (v *vm) headerMap(m abi.MapType) *[]Header {
+func (v *vm) headerMap(m abi.MapType) *[]filtertest.Header {
 	if m == abi.MapHTTPCallResponseHeaders {
 		if v.response == nil {
 			return nil
@@ -288,7 +294,7 @@ func (v *vm) GetHeader(m abi.MapType, key string) (string, abi.Status) {
 	if hm == nil {
 		return "", abi.StatusNotFound
 	}
-	if val, ok := Get(*hm, strings.ToLower(key)); ok {
+	if val, ok := filtertest.Get(*hm, strings.ToLower(key)); ok {
 		return v.lendString(val), abi.StatusOK
 	}
 	return "", abi.StatusNotFound
@@ -301,7 +307,7 @@ func (v *vm) GetHeaders(m abi.MapType, dst [][2]string) ([][2]string, abi.Status
 		return dst, abi.StatusNotFound
 	}
 	for _, h := range *hm {
-		dst = append(dst, Header{v.lendString(h[0]), v.lendString(h[1])})
+		dst = append(dst, filtertest.Header{v.lendString(h[0]), v.lendString(h[1])})
 	}
 	return dst, abi.StatusOK
 }
@@ -309,7 +315,7 @@ func (v *vm) GetHeaders(m abi.MapType, dst [][2]string) ([][2]string, abi.Status
 func (v *vm) setHeader(call string, m abi.MapType, key, value string, replace bool) abi.Status {
 	v.refuse(call)
 	if strings.ContainsAny(key, "\r\n\x00") || strings.ContainsAny(value, "\r\n\x00") {
-		v.t.Errorf("filtertest: %s(%q, %q): CR, LF or NUL in a header", call, key, value)
+		v.t.Errorf("native host: %s(%q, %q): CR, LF or NUL in a header", call, key, value)
 		return abi.StatusBadArgument
 	}
 	hm := v.headerMap(m)
@@ -318,9 +324,9 @@ func (v *vm) setHeader(call string, m abi.MapType, key, value string, replace bo
 	}
 	key, value = strings.Clone(strings.ToLower(key)), strings.Clone(value)
 	if replace {
-		*hm = slices.DeleteFunc(*hm, func(h Header) bool { return h[0] == key })
+		*hm = slices.DeleteFunc(*hm, func(h filtertest.Header) bool { return h[0] == key })
 	}
-	*hm = append(*hm, Header{key, value})
+	*hm = append(*hm, filtertest.Header{key, value})
 	return abi.StatusOK
 }
 
@@ -339,7 +345,7 @@ func (v *vm) RemoveHeader(m abi.MapType, key string) abi.Status {
 		return abi.StatusNotFound
 	}
 	key = strings.ToLower(key)
-	*hm = slices.DeleteFunc(*hm, func(h Header) bool { return h[0] == key })
+	*hm = slices.DeleteFunc(*hm, func(h filtertest.Header) bool { return h[0] == key })
 	return abi.StatusOK
 }
 
@@ -361,14 +367,14 @@ func (v *vm) SendLocalResponse(status uint32, details string, body []byte, heade
 	}
 	for _, h := range headers {
 		if strings.ContainsAny(h[0]+h[1], "\r\n\x00") {
-			v.t.Errorf("filtertest: local reply header %q: CR, LF or NUL", h)
+			v.t.Errorf("native host: local reply header %q: CR, LF or NUL", h)
 			return abi.StatusBadArgument
 		}
 	}
 	if strings.ContainsAny(details, " \t\r\n") {
-		v.t.Errorf("filtertest: local reply details %q: Envoy's response code details hold no whitespace", details)
+		v.t.Errorf("native host: local reply details %q: Envoy's response code details hold no whitespace", details)
 	}
-	s.deferredReply = &Reply{Status: int(status), Headers: cloneHeaders(headers), Body: slices.Clone(body), Details: strings.Clone(details)}
+	s.deferredReply = &filtertest.Reply{Status: int(status), Headers: cloneHeaders(headers), Body: slices.Clone(body), Details: strings.Clone(details)}
 	v.touched = append(v.touched, s)
 	return abi.StatusOK
 }
@@ -379,13 +385,13 @@ func (v *vm) HTTPCall(cluster string, headers [][2]string, body []byte, trailers
 		return 0, abi.StatusBadArgument
 	}
 	for _, pseudo := range []string{":method", ":path", ":authority"} {
-		if val, ok := Get(headers, pseudo); !ok || val == "" {
+		if val, ok := filtertest.Get(headers, pseudo); !ok || val == "" {
 			return 0, abi.StatusBadArgument
 		}
 	}
 	for _, h := range headers {
 		if strings.ContainsAny(h[0]+h[1], "\r\n\x00") {
-			v.t.Errorf("filtertest: callout header %q: CR, LF or NUL", h)
+			v.t.Errorf("native host: callout header %q: CR, LF or NUL", h)
 			return 0, abi.StatusBadArgument
 		}
 	}
@@ -395,7 +401,7 @@ func (v *vm) HTTPCall(cluster string, headers [][2]string, body []byte, trailers
 		return 0, abi.StatusInternalFailure
 	}
 	v.nextToken += 4
-	c := &call{token: v.nextToken, stream: v.streams[v.effective], callout: Callout{
+	c := &call{token: v.nextToken, stream: v.streams[v.effective], callout: filtertest.Callout{
 		Cluster: strings.Clone(cluster), Headers: cloneHeaders(headers), Body: slices.Clone(body), TimeoutMs: timeoutMs,
 	}}
 	v.calls[c.token] = c
@@ -508,7 +514,7 @@ func (v *vm) Now() int64 {
 	return v.proc.clock
 }
 
-// ---- Stream ----
+// ---- filtertest.Stream ----
 
 type streamState uint8
 
@@ -526,15 +532,15 @@ type nativeStream struct {
 	id    uint32
 	state streamState
 
-	request    []Header
-	upstream   []Header
+	request    []filtertest.Header
+	upstream   []filtertest.Header
 	wentUp     bool
-	response   []Header
+	response   []filtertest.Header
 	inResponse bool
-	reply      *Reply
+	reply      *filtertest.Reply
 	call       *call // pending callout dispatched for this stream
 
-	deferredReply    *Reply
+	deferredReply    *filtertest.Reply
 	deferredContinue bool
 }
 
@@ -555,9 +561,9 @@ func (s *nativeStream) goUpstream() {
 	s.upstream = slices.Clone(s.request)
 }
 
-func (s *nativeStream) RequestHeaders(headers []Header) bool {
+func (s *nativeStream) RequestHeaders(headers []filtertest.Header) bool {
 	if s.state != fresh {
-		s.vm.t.Fatalf("filtertest: RequestHeaders twice on one stream")
+		s.vm.t.Fatalf("native host: RequestHeaders twice on one stream")
 	}
 	s.request = slices.Clone(headers)
 	s.state = deciding
@@ -574,17 +580,17 @@ func (s *nativeStream) RequestHeaders(headers []Header) bool {
 	return s.state == continued
 }
 
-func (s *nativeStream) Callout() (Callout, bool) {
+func (s *nativeStream) Callout() (filtertest.Callout, bool) {
 	if s.call == nil {
-		return Callout{}, false
+		return filtertest.Callout{}, false
 	}
 	return s.call.callout, true
 }
 
-func (s *nativeStream) RespondCallout(headers []Header, body []byte) {
+func (s *nativeStream) RespondCallout(headers []filtertest.Header, body []byte) {
 	v, c := s.vm, s.call
 	if c == nil {
-		v.t.Fatalf("filtertest: RespondCallout without a pending callout")
+		v.t.Fatalf("native host: RespondCallout without a pending callout")
 	}
 	s.call = nil
 	delete(v.calls, c.token)
@@ -597,18 +603,18 @@ func (s *nativeStream) RespondCallout(headers []Header, body []byte) {
 
 func (s *nativeStream) Continued() bool { return s.wentUp }
 
-func (s *nativeStream) LocalReply() (Reply, bool) {
+func (s *nativeStream) LocalReply() (filtertest.Reply, bool) {
 	if s.reply == nil {
-		return Reply{}, false
+		return filtertest.Reply{}, false
 	}
 	return *s.reply, true
 }
 
-func (s *nativeStream) UpstreamHeaders() []Header { return slices.Clone(s.upstream) }
+func (s *nativeStream) UpstreamHeaders() []filtertest.Header { return slices.Clone(s.upstream) }
 
-func (s *nativeStream) ResponseHeaders(headers []Header) []Header {
+func (s *nativeStream) ResponseHeaders(headers []filtertest.Header) []filtertest.Header {
 	if s.state != continued {
-		s.vm.t.Fatalf("filtertest: ResponseHeaders on a request that did not go upstream")
+		s.vm.t.Fatalf("native host: ResponseHeaders on a request that did not go upstream")
 	}
 	s.response = slices.Clone(headers)
 	s.inResponse = true
@@ -628,13 +634,13 @@ func (s *nativeStream) Done() {
 
 // cloneHeaders copies headers a plugin handed over, strings included: the
 // plugin may reuse their memory once the call returns.
-func cloneHeaders(headers [][2]string) []Header {
+func cloneHeaders(headers [][2]string) []filtertest.Header {
 	if headers == nil {
 		return nil
 	}
-	c := make([]Header, len(headers))
+	c := make([]filtertest.Header, len(headers))
 	for i, h := range headers {
-		c[i] = Header{strings.Clone(h[0]), strings.Clone(h[1])}
+		c[i] = filtertest.Header{strings.Clone(h[0]), strings.Clone(h[1])}
 	}
 	return c
 }

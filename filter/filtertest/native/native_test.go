@@ -1,4 +1,4 @@
-package filtertest
+package native
 
 import (
 	"slices"
@@ -6,7 +6,15 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/filter/abi"
+	"github.com/edgelimit/edgelimit/filter/filtertest"
 )
+
+// TestBehaviour runs the filter's whole table of behaviour against the
+// limiter behind this host; e2e/filterwasm runs the same table against
+// filter.wasm.
+func TestBehaviour(t *testing.T) {
+	filtertest.Run(t, NewHost)
+}
 
 // script is a plugin whose callbacks are set by each test, to check that
 // the emulated host answers as Envoy does.
@@ -64,7 +72,7 @@ func want(t *testing.T, what string, got, want abi.Status) {
 	}
 }
 
-var calloutHeaders = []Header{{":method", "POST"}, {":path", "/v1/check"}, {":authority", "sidecar"}}
+var calloutHeaders = []filtertest.Header{{":method", "POST"}, {":path", "/v1/check"}, {":authority", "sidecar"}}
 
 func TestNativeLocalReplyIsDeferredAndWins(t *testing.T) {
 	s := &script{}
@@ -81,11 +89,11 @@ func TestNativeLocalReplyIsDeferredAndWins(t *testing.T) {
 	v := emulated(t, s)
 	v.Configure("")
 	st := v.NewStream()
-	if st.RequestHeaders([]Header{{":path", "/"}, {"x-api-key", "k"}}) {
+	if st.RequestHeaders([]filtertest.Header{{":path", "/"}, {"x-api-key", "k"}}) {
 		t.Error("the request went on after a local reply")
 	}
 	r, ok := st.LocalReply()
-	if !ok || r.Status != 403 || string(r.Body) != "no" || r.Details != "denied" || !slices.Equal(r.Headers, []Header{{"x-why", "test"}}) {
+	if !ok || r.Status != 403 || string(r.Body) != "no" || r.Details != "denied" || !slices.Equal(r.Headers, []filtertest.Header{{"x-why", "test"}}) {
 		t.Errorf("reply %+v %v", r, ok)
 	}
 }
@@ -125,18 +133,18 @@ func TestNativeCalloutBelongsToTheRoot(t *testing.T) {
 	v.Configure("")
 	st := v.NewStream()
 	stream = s.lastStream
-	if st.RequestHeaders([]Header{{":path", "/"}}) {
+	if st.RequestHeaders([]filtertest.Header{{":path", "/"}}) {
 		t.Fatal("went on while paused")
 	}
 	c, ok := st.Callout()
 	if !ok || c.Cluster != "sidecar" || c.TimeoutMs != 5 || !slices.Equal(c.Headers, calloutHeaders) {
 		t.Fatalf("callout %+v %v", c, ok)
 	}
-	st.RespondCallout([]Header{{":status", "200"}}, []byte("ok"))
+	st.RespondCallout([]filtertest.Header{{":status", "200"}}, []byte("ok"))
 	if !st.Continued() {
 		t.Fatal("not resumed")
 	}
-	if got := st.UpstreamHeaders(); !slices.Equal(got, []Header{{":path", "/"}, {"x-decision", "allow"}}) {
+	if got := st.UpstreamHeaders(); !slices.Equal(got, []filtertest.Header{{":path", "/"}, {"x-decision", "allow"}}) {
 		t.Errorf("upstream %q", got)
 	}
 	if _, ok := st.Callout(); ok {
@@ -148,7 +156,7 @@ func TestNativeCalloutBelongsToTheRoot(t *testing.T) {
 		want(t, "request header after continue", st, abi.StatusNotFound)
 		want(t, "response header", h.AddHeader(abi.MapResponseHeaders, "x-added", "1"), abi.StatusOK)
 	}
-	if got := st.ResponseHeaders([]Header{{":status", "200"}}); !slices.Equal(got, []Header{{":status", "200"}, {"x-added", "1"}}) {
+	if got := st.ResponseHeaders([]filtertest.Header{{":status", "200"}}); !slices.Equal(got, []filtertest.Header{{":status", "200"}, {"x-added", "1"}}) {
 		t.Errorf("response %q", got)
 	}
 }
@@ -159,7 +167,7 @@ func TestNativeHTTPCallChecks(t *testing.T) {
 	s := &script{request: func(h abi.Host, id uint32) abi.Action {
 		for _, c := range []struct {
 			cluster string
-			headers []Header
+			headers []filtertest.Header
 		}{
 			{"sidecar", calloutHeaders[:2]}, // no :authority
 			{"", calloutHeaders},
@@ -264,8 +272,8 @@ func TestNativeReplaceDropsDuplicates(t *testing.T) {
 	v := emulated(t, s)
 	v.Configure("")
 	st := v.NewStream()
-	st.RequestHeaders([]Header{{"x-key", "a"}, {":path", "/"}, {"x-key", "b"}})
-	if got := st.UpstreamHeaders(); !slices.Equal(got, []Header{{":path", "/"}, {"x-key", "one"}}) {
+	st.RequestHeaders([]filtertest.Header{{"x-key", "a"}, {":path", "/"}, {"x-key", "b"}})
+	if got := st.UpstreamHeaders(); !slices.Equal(got, []filtertest.Header{{":path", "/"}, {"x-key", "one"}}) {
 		t.Errorf("upstream %q", got)
 	}
 }
