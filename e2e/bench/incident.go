@@ -81,17 +81,20 @@ func measureIncident(ctx context.Context, e *env, p incidentParams) ([][2]incide
 	}
 	defer b.Close()
 	old, err := b.StartFront(ctx, rig.FrontOptions{
-		Name:   "per_service",
-		Fleet:  services.Config{Limiter: services.LimiterEnforce, Plans: pl.Lookup()},
+		Name:  "per_service",
+		Fleet: services.Config{Limiter: services.LimiterEnforce, Plans: pl.Lookup()},
+		// The old design (ADR-001): no limiter at the edge, each replica
+		// limits on its own.
 		Filter: rig.Filter{Mode: "off"},
 	})
 	if err != nil {
 		return nil, err
 	}
+	// The new design: the filter as shipped, the services keeping only
+	// their safety limit.
 	edge, err := b.StartFront(ctx, rig.FrontOptions{
-		Name:   "edge",
-		Fleet:  services.Config{SafetyFactor: 10, Plans: pl.Lookup()},
-		Filter: rig.Filter{Mode: "enforce"},
+		Name:  "edge",
+		Fleet: services.Config{SafetyFactor: 10, Plans: pl.Lookup()},
 	})
 	if err != nil {
 		return nil, err

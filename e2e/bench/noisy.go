@@ -79,13 +79,16 @@ func runNoisy(ctx context.Context, e *env) (*report.Scenario, error) {
 		Limiter: services.LimiterEnforce, Plans: pl.Lookup(),
 		Workers: p.Workers, Queue: p.Queue, ServiceTime: p.ServiceTime,
 	}
+	// The old design (ADR-001): no limiter at the edge, each replica limits
+	// on its own.
 	old, err := b.StartFront(ctx, rig.FrontOptions{Name: "per_service", Fleet: fleet, Filter: rig.Filter{Mode: "off"}})
 	if err != nil {
 		return nil, err
 	}
 	// The canary: the edge enforces the noisy clients only; everyone else
-	// runs in shadow there and stays under the per-service limiters.
-	edge, err := b.StartFront(ctx, rig.FrontOptions{Name: "edge", Fleet: fleet, Filter: rig.Filter{Mode: "enforce", CanaryClients: canary}})
+	// runs in shadow there and stays under the per-service limiters. The
+	// rest of the filter configuration is as shipped.
+	edge, err := b.StartFront(ctx, rig.FrontOptions{Name: "edge", Fleet: fleet, Filter: rig.Filter{CanaryClients: canary}})
 	if err != nil {
 		return nil, err
 	}

@@ -1,39 +1,30 @@
 // Package rig assembles the system a benchmark scenario measures, from the
 // real parts: a redis-server, the sidecar, and any number of fronts — a
 // fleet of services (package services) behind its own gateway running
-// filter.wasm with its own filter configuration. Two fronts sharing one
+// filter.wasm. A front's bootstrap is envoy/envoy.yaml as shipped, with
+// routes and clusters for the front's services and only the filter
+// configuration changes its scenario asks for. Two fronts sharing one
 // backend run the old design and the new one side by side in the same run.
 // Everything a rig starts, Close stops.
 package rig
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
-	"text/template"
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/e2e/services"
 	"github.com/edgelimit/edgelimit/internal/redisproc"
 )
-
-//go:embed envoy.yaml.tmpl
-var envoyTemplate string
-
-var bootstrap = template.Must(template.New("envoy").Funcs(template.FuncMap{
-	"port": func(i int) int { return 9001 + i },
-}).Parse(envoyTemplate))
 
 // DefaultServices are the incident's three services.
 var DefaultServices = []string{"orders", "billing", "accounts"}
@@ -47,7 +38,8 @@ type Backend struct {
 	SidecarAddr string
 	PlansPath   string
 
-	fronts []*Front
+	envoyYAML string // envoy/envoy.yaml, which every front's bootstrap starts from
+	fronts    []*Front
 }
 
 // StartBackend starts redis-server and the sidecar with plans (the plans
@@ -63,6 +55,9 @@ func StartBackend(ctx context.Context, bin harness.Binaries, plans string, sidec
 			b.Close()
 		}
 	}()
+	if b.envoyYAML, err = shippedEnvoyYAML(); err != nil {
+		return nil, err
+	}
 	if b.Redis, err = redisproc.Start(ctx, redisproc.Options{Dir: filepath.Join(dir, "redis")}); err != nil {
 		return nil, err
 	}
@@ -104,47 +99,41 @@ type Cost struct {
 	Cost       int64  `json:"cost"`
 }
 
-// Filter is the filter's configuration (filter/README.md, "Configuration"
-// configuration"); the zero value enforces with a 5 ms timeout.
+// Filter is what a front changes in envoy/envoy.yaml's filter
+// configuration (filter/README.md, "Configuration"): each field set
+// replaces the shipped value and each field left zero keeps it, so the
+// zero value runs the filter as shipped. A scenario says beside each field
+// it sets why.
 type Filter struct {
-	Mode          string   // enforce (default), shadow or off
-	TimeoutMs     int      // default 5
+	Mode          string   // enforce, shadow or off
+	TimeoutMs     int      // the callout timeout: only for a scenario about it
 	CanaryClients []string // enforced while the rest run in shadow
-	Costs         []Cost
+	Costs         []Cost   // replace the shipped rules
 	// BreakerOff turns the filter's circuit breaker off ("breaker":
 	// {"failures": 0}): every check makes its callout and waits for its
 	// answer or the timeout, however many failed before.
 	BreakerOff bool
 }
 
-func (f Filter) json() (string, error) {
-	if f.Mode == "" {
-		f.Mode = "enforce"
+// overrides is f as the fields to merge over the shipped configuration.
+func (f Filter) overrides() (string, error) {
+	o := map[string]any{}
+	if f.Mode != "" {
+		o["mode"] = f.Mode
 	}
-	if f.TimeoutMs == 0 {
-		f.TimeoutMs = 5
+	if f.TimeoutMs != 0 {
+		o["timeout_ms"] = f.TimeoutMs
 	}
-	if f.CanaryClients == nil {
-		f.CanaryClients = []string{}
+	if len(f.CanaryClients) > 0 {
+		o["canary_clients"] = f.CanaryClients
 	}
-	if f.Costs == nil {
-		f.Costs = []Cost{}
-	}
-	conf := map[string]any{
-		"sidecar_cluster":   "ratelimit_sidecar",
-		"sidecar_authority": "ratelimit-sidecar",
-		"timeout_ms":        f.TimeoutMs,
-		"api_key_header":    "x-api-key",
-		"mode":              f.Mode,
-		"canary_clients":    f.CanaryClients,
-		"on_missing_key":    "reject",
-		"region":            "bench",
-		"costs":             f.Costs,
+	if len(f.Costs) > 0 {
+		o["costs"] = f.Costs
 	}
 	if f.BreakerOff {
-		conf["breaker"] = map[string]any{"failures": 0}
+		o["breaker"] = map[string]any{"failures": 0}
 	}
-	b, err := json.Marshal(conf)
+	b, err := json.Marshal(o)
 	return string(b), err
 }
 
@@ -166,8 +155,6 @@ type Front struct {
 	Config  string // the bootstrap file
 }
 
-var validName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
-
 // StartFront starts a fleet and a gateway in front of it, with its own
 // bootstrap. Backend.Close stops it.
 func (b *Backend) StartFront(ctx context.Context, o FrontOptions) (f *Front, err error) {
@@ -177,7 +164,7 @@ func (b *Backend) StartFront(ctx context.Context, o FrontOptions) (f *Front, err
 	if o.Concurrency == 0 {
 		o.Concurrency = 2
 	}
-	conf, err := Bootstrap(o.Services, o.Filter)
+	conf, err := bootstrap(b.envoyYAML, o.Services, o.Filter)
 	if err != nil {
 		return nil, fmt.Errorf("front %s: %w", o.Name, err)
 	}
@@ -205,28 +192,39 @@ func (b *Backend) StartFront(ctx context.Context, o FrontOptions) (f *Front, err
 	return f, nil
 }
 
-// Bootstrap renders the gateway's Envoy bootstrap: one route and one
-// cluster per service (/NAME → NAME), the sidecar's cluster, and the filter
-// configured by f. Addresses are placeholders the gateway's flags replace.
-func Bootstrap(services []string, f Filter) ([]byte, error) {
-	if len(services) == 0 {
-		return nil, fmt.Errorf("services: none")
+// shippedEnvoyYAML is envoy/envoy.yaml of the repository the bench runs in.
+func shippedEnvoyYAML() (string, error) {
+	root, err := harness.RepoRoot()
+	if err != nil {
+		return "", err
 	}
-	for _, s := range services {
-		if !validName.MatchString(s) || s == "ratelimit_sidecar" {
-			return nil, fmt.Errorf("service name %q: want lower-case letters, digits and _, not ratelimit_sidecar", s)
-		}
+	path := filepath.Join(root, "envoy", "envoy.yaml")
+	if _, err := os.Stat(path); err != nil {
+		return "", err
 	}
-	conf, err := f.json()
+	return path, nil
+}
+
+// bootstrap renders a front's bootstrap: the Envoy bootstrap at src with
+// one route and one cluster per service (/NAME → NAME) in place of its
+// own, its sidecar cluster, and its filter configuration changed by f.
+// Addresses are placeholders the gateway's flags replace.
+func bootstrap(src string, services []string, f Filter) ([]byte, error) {
+	b, err := harness.ReadBootstrap(src)
 	if err != nil {
 		return nil, err
 	}
-	quoted, _ := json.Marshal(conf) // a JSON string is a YAML double-quoted scalar
-	var buf bytes.Buffer
-	if err := bootstrap.Execute(&buf, map[string]any{"Services": services, "Configuration": string(quoted)}); err != nil {
+	if err := b.RouteServices(services); err != nil {
 		return nil, err
 	}
-	return buf.Bytes(), nil
+	o, err := f.overrides()
+	if err != nil {
+		return nil, err
+	}
+	if err := b.MergeFilterConfig(o); err != nil {
+		return nil, err
+	}
+	return b.Marshal()
 }
 
 func (f *Front) close() error {

@@ -8,67 +8,152 @@ import (
 	"testing"
 
 	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
+	"sigs.k8s.io/yaml"
 )
 
-// TestBootstrapLoads: the generated bootstrap passes the same strict load
-// (Envoy's own API types and validation) the gateway applies.
-func TestBootstrapLoads(t *testing.T) {
+// TestBootstrap: a front's bootstrap is envoy/envoy.yaml with the front's
+// routes and clusters in place of the shipped services and the filter
+// configuration changed only where the front asked, and it passes the
+// strict load (Envoy's own API types and validation) the gateway applies.
+func TestBootstrap(t *testing.T) {
+	src, err := shippedEnvoyYAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	shipped, err := envoyconfig.Load(src)
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name     string
 		services []string
 		filter   Filter
-		want     map[string]any
+		changed  map[string]any // the fields that differ from the shipped configuration
 	}{
-		{"defaults", DefaultServices, Filter{}, map[string]any{"mode": "enforce", "timeout_ms": 5.0, "canary_clients": []any{}, "breaker": nil}},
-		{"breaker off", DefaultServices, Filter{BreakerOff: true}, map[string]any{"mode": "enforce", "breaker": map[string]any{"failures": 0.0}}},
-		{"canary", []string{"orders"}, Filter{Mode: "enforce", CanaryClients: []string{"k\"1", "k2"}, TimeoutMs: 7},
-			map[string]any{"mode": "enforce", "timeout_ms": 7.0, "canary_clients": []any{"k\"1", "k2"}}},
-		{"off with costs", []string{"a", "b_2"}, Filter{Mode: "off", Costs: []Cost{{Method: "POST", PathPrefix: "/a", Cost: 3}}},
-			map[string]any{"mode": "off", "costs": []any{map[string]any{"method": "POST", "path_prefix": "/a", "cost": 3.0}}}},
+		{"as shipped", DefaultServices, Filter{}, nil},
+		{"off", DefaultServices, Filter{Mode: "off"}, map[string]any{"mode": "off"}},
+		{"breaker off", DefaultServices, Filter{BreakerOff: true}, map[string]any{"breaker": map[string]any{"failures": 0.0}}},
+		{"canary", []string{"orders"}, Filter{CanaryClients: []string{"k\"1", "k2"}},
+			map[string]any{"canary_clients": []any{"k\"1", "k2"}}},
+		{"timeout and costs", []string{"a", "b_2"}, Filter{TimeoutMs: 250, Costs: []Cost{{Method: "POST", PathPrefix: "/a", Cost: 3}}},
+			map[string]any{"timeout_ms": 250.0, "costs": []any{map[string]any{"method": "POST", "path_prefix": "/a", "cost": 3.0}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b, err := Bootstrap(tt.services, tt.filter)
+			b, err := bootstrap(src, tt.services, tt.filter)
 			if err != nil {
 				t.Fatal(err)
 			}
 			path := filepath.Join(t.TempDir(), "envoy.yaml")
-			os.WriteFile(path, b, 0o600)
+			if err := os.WriteFile(path, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
 			cfg, err := envoyconfig.Load(path)
 			if err != nil {
 				t.Fatalf("%v\n%s", err, b)
 			}
+
+			// Routes and clusters: the front's services, shaped like the
+			// shipped ones, and the shipped sidecar cluster.
 			if len(cfg.Routes) != len(tt.services) {
 				t.Fatalf("routes %+v", cfg.Routes)
 			}
+			shape := shipped.Clusters[shipped.Routes[0].Cluster]
 			for i, s := range tt.services {
 				if cfg.Routes[i] != (envoyconfig.Route{Prefix: "/" + s, Cluster: s}) {
 					t.Errorf("route %d: %+v", i, cfg.Routes[i])
 				}
-				if _, ok := cfg.Clusters[s]; !ok {
-					t.Errorf("no cluster %s", s)
+				if c := cfg.Clusters[s]; len(c.Endpoints) != 1 || c.ConnectTimeout != shape.ConnectTimeout {
+					t.Errorf("cluster %s: %+v, want one endpoint and a connect timeout of %v", s, c, shape.ConnectTimeout)
 				}
 			}
-			if _, ok := cfg.Clusters["ratelimit_sidecar"]; !ok || !cfg.Wasm.FailOpen {
-				t.Errorf("sidecar cluster or fail_open missing: %+v", cfg.Wasm)
+			if len(cfg.Clusters) != len(tt.services)+1 {
+				t.Errorf("clusters %+v, want the services' and the sidecar's", cfg.Clusters)
 			}
-			var got map[string]any
-			if err := json.Unmarshal([]byte(cfg.Wasm.Configuration), &got); err != nil {
-				t.Fatal(err)
+			if !reflect.DeepEqual(cfg.Clusters["ratelimit_sidecar"], shipped.Clusters["ratelimit_sidecar"]) {
+				t.Errorf("sidecar cluster %+v, want the shipped %+v", cfg.Clusters["ratelimit_sidecar"], shipped.Clusters["ratelimit_sidecar"])
 			}
-			for k, v := range tt.want {
-				if !reflect.DeepEqual(got[k], v) {
-					t.Errorf("%s = %#v, want %#v", k, got[k], v)
+
+			// The filter: envoy.yaml's, and its configuration the shipped
+			// one with exactly the requested changes.
+			gotWasm, wantWasm := cfg.Wasm, shipped.Wasm
+			gotWasm.Configuration, wantWasm.Configuration = "", ""
+			if gotWasm != wantWasm {
+				t.Errorf("filter %+v, want the shipped %+v", gotWasm, wantWasm)
+			}
+			got, want := decode(t, cfg.Wasm.Configuration), decode(t, shipped.Wasm.Configuration)
+			for k, v := range tt.changed {
+				if reflect.DeepEqual(want[k], v) {
+					t.Fatalf("%s = %v is what envoy.yaml ships: not a change", k, v)
 				}
+				want[k] = v
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("filter configuration\n%v\nwant\n%v", got, want)
+			}
+
+			// Everything else is envoy.yaml's, field for field.
+			if g, w := withoutEdits(t, b), withoutEdits(t, mustRead(t, src)); !reflect.DeepEqual(g, w) {
+				t.Errorf("bootstrap differs from envoy.yaml beyond routes, clusters and filter configuration:\n%v\nwant\n%v", g, w)
 			}
 		})
 	}
 }
 
 func TestBootstrapRejectsBadNames(t *testing.T) {
-	for _, s := range [][]string{nil, {"Orders"}, {"ratelimit_sidecar"}, {"a b"}, {""}} {
-		if _, err := Bootstrap(s, Filter{}); err == nil {
-			t.Errorf("Bootstrap(%q) accepted", s)
+	src, err := shippedEnvoyYAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range [][]string{nil, {"Orders"}, {"ratelimit_sidecar"}, {"a b"}, {""}, {"a", "a"}} {
+		if _, err := bootstrap(src, s, Filter{}); err == nil {
+			t.Errorf("bootstrap(%q) accepted", s)
 		}
 	}
+}
+
+func decode(t *testing.T, s string) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		t.Fatalf("%v: %s", err, s)
+	}
+	return m
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// withoutEdits decodes a bootstrap of envoy.yaml's shape with the three
+// parts a front changes blanked: the routes, the clusters and the filter's
+// configuration text.
+func withoutEdits(t *testing.T, b []byte) map[string]any {
+	t.Helper()
+	var doc map[string]any
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	at := func(v any, path ...any) map[string]any {
+		for _, p := range path {
+			switch p := p.(type) {
+			case string:
+				v = v.(map[string]any)[p]
+			case int:
+				v = v.([]any)[p]
+			}
+		}
+		return v.(map[string]any)
+	}
+	static := at(doc, "static_resources")
+	hcm := at(static, "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config")
+	at(hcm, "route_config", "virtual_hosts", 0)["routes"] = nil
+	at(hcm, "http_filters", 0, "typed_config", "config", "configuration")["value"] = nil
+	static["clusters"] = nil
+	return doc
 }
