@@ -53,14 +53,17 @@ var failPhases = []failPhase{
 	{name: "Sidecar resumed", enter: func(_ context.Context, b *rig.Backend, _ time.Duration) error { return b.Sidecar.Resume() }},
 }
 
-// breakerStates are the two gateways of a fail-open run: the filter's
-// circuit breaker as configured by default, and turned off, so that every
-// check during an outage makes its callout and waits for it to fail.
+// breakerStates are the gateways of a fail-open run: the filter's circuit
+// breaker as configured by default; turned off, so that every check during
+// an outage makes its callout and waits for it to fail; and, breaker on,
+// "on_failure": "local", so that a client whose plan an earlier answer gave
+// is held to it by the proxy while the sidecar cannot answer.
 var breakerStates = []struct {
-	name string // as shown in the tables
-	tag  string // in client keys and the front's name
-	off  bool
-}{{"on", "on", false}, {"off", "off", true}}
+	name  string // as shown in the tables
+	tag   string // in client keys and the front's name
+	off   bool
+	local bool
+}{{"on", "on", false, false}, {"off", "off", true, false}, {"on, local", "local", false, true}}
 
 // phaseResult is one phase of one run on one gateway.
 type phaseResult struct {
@@ -110,7 +113,7 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 			pl.Clients[noisyKey(run, f)] = "small"
 		}
 	}
-	e.prog.Printf("failopen: starting redis, sidecar, two gateways (breaker on, off) and 2 x 3 services x 3 replicas")
+	e.prog.Printf("failopen: starting redis, sidecar, three gateways (breaker on, off, on with on_failure local) and 3 x 3 services x 3 replicas")
 	b, err := rig.StartBackend(ctx, e.bin, pl.YAML())
 	if err != nil {
 		return nil, err
@@ -123,8 +126,9 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 			Fleet: services.Config{SafetyFactor: 10, Plans: pl.Lookup()},
 			// As shipped, but for the breaker_off front: with the breaker
 			// off every outage request waits for its own check to fail,
-			// which is what the breaker is measured against.
-			Filter: rig.Filter{BreakerOff: bs.off},
+			// which is what the breaker is measured against; and the
+			// breaker_local front, whose on_failure is what it measures.
+			Filter: rig.Filter{BreakerOff: bs.off, OnFailure: map[bool]string{true: "local"}[bs.local]},
 		}); err != nil {
 			return nil, err
 		}
@@ -249,7 +253,7 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 	}
 
 	t := report.Table{
-		Title: fmt.Sprintf("Redis hung, then stopped, then the sidecar hung, under load, on two gateways at once (circuit breaker on, and off): %d quiet clients at %g/s and a noisy client at %g/s over 3 services x 3 replicas each (outages %v, other phases %v, median of %d runs)",
+		Title: fmt.Sprintf("Redis hung, then stopped, then the sidecar hung, under load, on three gateways at once (circuit breaker on; off; on with on_failure local): %d quiet clients at %g/s and a noisy client at %g/s over 3 services x 3 replicas each (outages %v, other phases %v, median of %d runs)",
 			quiet, quietRate, noisyRate, outPhase, upPhase, e.runs),
 		Header:      []string{"phase", "breaker", "quiet answered 200", "quiet p50 ms", "quiet p99 ms", "added p50 vs Redis up", "added p99 vs Redis up", "noisy admitted/s", "limit on the noisy client", "noisy stopped by the safety limit", "checks failed open (reason)"},
 		TextColumns: 2,
@@ -316,7 +320,7 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 			}
 		}
 	}
-	const on, off = 0, 1
+	const on, off, local = 0, 1, 2
 	// worst returns the outage phase of gateway f where by is largest.
 	worst := func(f int, by func(outageFigures) float64) (outageFigures, int) {
 		w := 0
@@ -327,12 +331,25 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 		}
 		return outages[f][w], w
 	}
-	minOK, maxNoisy := 1.0, 0.0
+	// maxNoisy is over the gateways that fail open (on_failure "open"),
+	// maxLocal over the one that holds known clients to their plan.
+	minOK, maxNoisy, maxLocal := 1.0, 0.0, 0.0
 	for f := range fronts {
 		for _, o := range outages[f] {
-			minOK, maxNoisy = min(minOK, o.ok), max(maxNoisy, o.noisyPerSec)
+			minOK = min(minOK, o.ok)
+			if breakerStates[f].local {
+				maxLocal = max(maxLocal, o.noisyPerSec)
+			} else {
+				maxNoisy = max(maxNoisy, o.noisyPerSec)
+			}
 		}
 	}
+	// With on_failure "local" the noisy client's plan (learned from the
+	// sidecar's answers before the outage) is enforced by the one gateway
+	// it goes through: at most a full local bucket plus the refill over the
+	// outage, and the phase's two edges, where a request due in the outage
+	// can still be decided by the sidecar (at the same plan): one each.
+	localCap := (small.Capacity + small.Rate*outPhase.Seconds() + 2) / outPhase.Seconds()
 	w50, k50 := worst(off, func(o outageFigures) float64 { return float64(o.added50) })
 	w99, k99 := worst(off, func(o outageFigures) float64 { return float64(o.added) })
 	on50, on99 := outages[on][k50], outages[on][k99]
@@ -340,11 +357,11 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 	t.Notes = []string{
 		fmt.Sprintf("Plans: quiet clients %g/s (burst %g), the noisy client %g/s (burst %g). While Redis or the sidecar is out, every check fails open and the services' coarse safety limit (10x the plan, per replica) is what is left: 9 replicas x 10 x %g/s = %.0f/s for the noisy client, plus the safety buckets' bursts (9 x 10 x %g) spread over the %v outage: %.0f/s. Failed-open counts are summed over the runs.",
 			standard.Rate, standard.Capacity, small.Rate, small.Capacity, small.Rate, capPerSec, small.Capacity, outPhase, outageCap),
-		"Two gateways, each with its own services and its own client keys, run the same traffic at the same time on one Redis and one sidecar. Breaker on: the filter's default circuit breaker (5 failures in a row open it). Breaker off (\"breaker\": {\"failures\": 0}): every check makes its callout and waits for its answer, so the outage rows measure what a check that cannot be answered costs: the sidecar's 503 at its own 4 ms Redis deadline with Redis hung, the filter's 5 ms timeout with the sidecar hung, an immediate 503 with Redis refusing connections. With the breaker on, most outage requests skip the callout (circuit_open): the difference between the two rows is what the breaker saves.",
+		"Three gateways, each with its own services and its own client keys, run the same traffic at the same time on one Redis and one sidecar. Breaker on: the filter's default circuit breaker (5 failures in a row open it). Breaker on, on_failure local: the same, but a request that fails open goes through the client's local token bucket, with the plan the sidecar's earlier answers gave: the noisy client is held to its plan by the proxy instead of reaching the services' safety limit. Breaker off (\"breaker\": {\"failures\": 0}): every check makes its callout and waits for its answer, so the outage rows measure what a check that cannot be answered costs: the sidecar's 503 at its own 4 ms Redis deadline with Redis hung, the filter's 5 ms timeout with the sidecar hung, an immediate 503 with Redis refusing connections. With the breaker on, most outage requests skip the callout (circuit_open): the difference between the two rows is what the breaker saves.",
 		"Latency runs from when a request was due to its answer; \"added\" is the phase's quiet percentile minus the same gateway's and run's with Redis up. It can be negative with the breaker open: those requests make no callout at all, while with Redis up each pays for one. The tail also pays for the extra work an outage brings (every request of the noisy clients now reaches a service, and with the breaker off every request makes a callout that waits).",
 	}
-	charts := []report.Chart{{File: "failopen.png", Alt: "noisy client's admitted rate per phase against the safety cap, breaker on and off"},
-		{File: "failopen-latency.png", Alt: "quiet clients' p50 per phase, breaker on and off, against Redis up plus the 5 ms timeout"}}
+	charts := []report.Chart{{File: "failopen.png", Alt: "noisy client's admitted rate per phase against the safety cap: breaker on, off, and on with on_failure local"},
+		{File: "failopen-latency.png", Alt: "quiet clients' p50 per phase (breaker on, off, on with on_failure local) against Redis up plus the 5 ms timeout"}}
 	var limits []float64
 	for _, ph := range failPhases {
 		if ph.warmup {
@@ -357,21 +374,23 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 		}
 	}
 	if err := report.BarChart(filepath.Join(e.out, charts[0].File), "Noisy client admitted per second while Redis or the sidecar fails", "requests/s admitted (median of runs)", shortNames(names),
-		[]report.Bars{{Name: "breaker on", Values: noisyPerSec[on]}, {Name: "breaker off", Values: noisyPerSec[off]}, {Name: "its limit (edge plan, or the services' safety limit)", Values: limits}}); err != nil {
+		[]report.Bars{{Name: "breaker on", Values: noisyPerSec[on]}, {Name: "breaker off", Values: noisyPerSec[off]}, {Name: "breaker on, on_failure local", Values: noisyPerSec[local]},
+			{Name: "its limit (edge plan, or the services' safety limit)", Values: limits}}); err != nil {
 		return nil, err
 	}
 	if err := report.BarChart(filepath.Join(e.out, charts[1].File), "Quiet clients' p50 while Redis or the sidecar fails", "ms (median of runs)", shortNames(names),
-		[]report.Bars{{Name: "breaker on", Values: p50s[on]}, {Name: "breaker off", Values: p50s[off]}, {Name: "Redis up p50 + the 5 ms timeout", Values: budget}}); err != nil {
+		[]report.Bars{{Name: "breaker on", Values: p50s[on]}, {Name: "breaker off", Values: p50s[off]}, {Name: "breaker on, on_failure local", Values: p50s[local]},
+			{Name: "Redis up p50 + the 5 ms timeout", Values: budget}}); err != nil {
 		return nil, err
 	}
 	return &report.Scenario{
-		Title:  "Fail open: Redis hung, Redis stopped, the sidecar hung mid-run; circuit breaker on and off",
+		Title:  "Fail open: Redis hung, Redis stopped, the sidecar hung mid-run; circuit breaker on and off, and on_failure local",
 		Claim:  "if Redis or the sidecar is unavailable, requests fail open after the 5 ms timeout and keep flowing, while the services' coarse safety limit (10x the plan rate) still caps a noisy client.",
-		Method: "Two gateways enforcing through one sidecar, one with the filter's circuit breaker on (its default) and one with it off, each in front of its own services with only the 10x safety limit, under the same steady open-loop load at the same time. Redis, then the sidecar, changes state phase by phase: up; Redis hung (CLIENT PAUSE ALL: commands wait, so the sidecar answers 503 at its own 4 ms deadline); up again; Redis killed (connections refused: the sidecar answers 503 at once); Redis restarted empty; the sidecar hung (SIGSTOP: connections are accepted and nothing answers, so the filter's 5 ms timeout passes); the sidecar resumed (last, since the callouts it kept unanswered are all read at once when it resumes). With the breaker on, it opens after a few failed checks, and requests then fail open at once without a callout (failed_open.circuit_open) until a probe gets an answer; with it off, every request waits for its check to fail. Requests are counted in the phase they were due in; a first second with Redis up, before the phases, lets connections settle and is not reported.",
+		Method: "Three gateways enforcing through one sidecar, one with the filter's circuit breaker on (its default), one with it off, and one with the breaker on and on_failure local, each in front of its own services with only the 10x safety limit, under the same steady open-loop load at the same time. Redis, then the sidecar, changes state phase by phase: up; Redis hung (CLIENT PAUSE ALL: commands wait, so the sidecar answers 503 at its own 4 ms deadline); up again; Redis killed (connections refused: the sidecar answers 503 at once); Redis restarted empty; the sidecar hung (SIGSTOP: connections are accepted and nothing answers, so the filter's 5 ms timeout passes); the sidecar resumed (last, since the callouts it kept unanswered are all read at once when it resumes). With the breaker on, it opens after a few failed checks, and requests then fail open at once without a callout (failed_open.circuit_open) until a probe gets an answer; with it off, every request waits for its check to fail. Requests are counted in the phase they were due in; a first second with Redis up, before the phases, lets connections settle and is not reported.",
 		Tables: []report.Table{t},
 		Charts: charts,
 		Checks: []report.Check{
-			{Claim: "requests keep flowing with Redis out", Target: ">= 99% of quiet requests answered 200", Measured: fmt.Sprintf("%.1f%% in the worst outage phase (breaker on and off)", 100*minOK), Holds: minOK >= 0.99},
+			{Claim: "requests keep flowing with Redis out", Target: ">= 99% of quiet requests answered 200", Measured: fmt.Sprintf("%.1f%% in the worst outage phase (every gateway)", 100*minOK), Holds: minOK >= 0.99},
 			{Claim: "a check that cannot be answered costs at most the 5 ms timeout", Target: "added quiet p50 <= 5 ms, breaker off (every check waits)",
 				Measured: fmt.Sprintf("%s ms in the worst outage phase (%s); breaker on there: %s ms", ms(w50.added50), short(w50.phase), ms(on50.added50)), Holds: w50.added50 <= 5*time.Millisecond},
 			{Claim: "the tail stays within the timeout too", Target: "added quiet p99 <= 5 ms + 1 ms, breaker off",
@@ -380,6 +399,8 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 				Measured: fmt.Sprintf("%s ms on vs %s ms off (%s)", ms(on50.added50), ms(w50.added50), short(w50.phase)), Holds: on50.added50 < w50.added50},
 			{Claim: "the safety limit still caps the noisy client", Target: fmt.Sprintf("<= %.0f/s admitted (9 x 10 x plan + bursts) of %.0f/s offered, 5%% for phase edges", outageCap, noisyRate),
 				Measured: fmt.Sprintf("%.0f/s in the worst outage phase (breaker on and off)", maxNoisy), Holds: maxNoisy <= 1.05*outageCap},
+			{Claim: "on_failure local holds a known client to its plan during the outage", Target: fmt.Sprintf("<= %.1f/s admitted (its plan, %g/s + burst %g, on the one gateway, plus a request at each phase edge) of %.0f/s offered", localCap, small.Rate, small.Capacity, noisyRate),
+				Measured: fmt.Sprintf("%.1f/s in the worst outage phase, against %.0f/s failing open", maxLocal, maxNoisy), Holds: maxLocal <= localCap},
 		},
 	}, nil
 }

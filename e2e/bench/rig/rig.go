@@ -113,6 +113,10 @@ type Filter struct {
 	// {"failures": 0}): every check makes its callout and waits for its
 	// answer or the timeout, however many failed before.
 	BreakerOff bool
+	// OnFailure is what an enforced request gets when the sidecar cannot
+	// answer: "open" (the shipped value) or "local" (the client's last
+	// known plan, enforced by the proxy).
+	OnFailure string
 }
 
 // overrides is f as the fields to merge over the shipped configuration.
@@ -132,6 +136,9 @@ func (f Filter) overrides() (string, error) {
 	}
 	if f.BreakerOff {
 		o["breaker"] = map[string]any{"failures": 0}
+	}
+	if f.OnFailure != "" {
+		o["on_failure"] = f.OnFailure
 	}
 	b, err := json.Marshal(o)
 	return string(b), err

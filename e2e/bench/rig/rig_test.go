@@ -33,6 +33,7 @@ func TestBootstrap(t *testing.T) {
 		{"as shipped", DefaultServices, Filter{}, nil},
 		{"off", DefaultServices, Filter{Mode: "off"}, map[string]any{"mode": "off"}},
 		{"breaker off", DefaultServices, Filter{BreakerOff: true}, map[string]any{"breaker": map[string]any{"failures": 0.0}}},
+		{"local on failure", DefaultServices, Filter{OnFailure: "local"}, map[string]any{"on_failure": "local"}},
 		{"canary", []string{"orders"}, Filter{CanaryClients: []string{"k\"1", "k2"}},
 			map[string]any{"canary_clients": []any{"k\"1", "k2"}}},
 		{"timeout and costs", []string{"a", "b_2"}, Filter{TimeoutMs: 250, Costs: []Cost{{Method: "POST", PathPrefix: "/a", Cost: 3}}},
