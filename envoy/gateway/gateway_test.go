@@ -191,7 +191,7 @@ func get(t *testing.T, url string, headers ...string) (*http.Response, string) {
 	t.Helper()
 	req, _ := http.NewRequest("GET", url, nil)
 	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
+		req.Header.Add(headers[i], headers[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -273,6 +273,12 @@ func TestGatewayWithTheFilter(t *testing.T) {
 				t.Error("a request that was not admitted reached the service")
 			}
 		})
+	}
+	// Two authorization lines reach the filter as one value joined by ","
+	// (an inline header in Envoy), which holds no single key.
+	resp, body := get(t, base+"/orders/1", "authorization", "Bearer alice", "authorization", "Bearer bob")
+	if resp.StatusCode != 401 || !strings.Contains(body, "invalid_api_key") {
+		t.Errorf("two authorization headers: %d %q, want 401 invalid_api_key", resp.StatusCode, body)
 	}
 	// What the service saw of an admitted request.
 	get(t, base+"/orders/9?x=1", "x-api-key", "alice", "x-ratelimit-shadow", "forged")

@@ -279,6 +279,14 @@ func requestHeaders(r *http.Request, path string) []wasmhost.Header {
 		case lname == "x-forwarded-for":
 			xff = strings.Join(values, ",")
 			continue
+		case lname == "authorization" && len(values) > 1:
+			// An inline header in Envoy's full build (its oauth2 and cache
+			// filters register it): repeated lines reach the filters as
+			// one value joined by "," (HeaderMapImpl::insertByKey). The
+			// other inline headers Envoy merges the same way are passed
+			// as they came: the filter reads none of them.
+			h = append(h, wasmhost.Header{lname, strings.Join(values, ",")})
+			continue
 		}
 		for _, v := range values {
 			h = append(h, wasmhost.Header{lname, v})

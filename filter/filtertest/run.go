@@ -1120,6 +1120,10 @@ func (r runner) bearer(t *testing.T) {
 		{[]Header{{"authorization", "Bearertok"}}, "", "missing_api_key"},
 		{[]Header{{"authorization", "Bearer a b"}}, "", "invalid_api_key"},
 		{[]Header{{"authorization", "Bearer \x01"}}, "", "invalid_api_key"},
+		// Two authorization lines, as Envoy hands them to a filter: one
+		// value joined by "," (an inline header). No single key can be
+		// told from it.
+		{[]Header{{"authorization", "Bearer a,Bearer b"}}, "", "invalid_api_key"},
 	} {
 		s, _ := send(h, request("GET", "/", "", c.headers...))
 		if c.key == "" {
