@@ -62,6 +62,15 @@ type Cluster struct {
 	Name           string
 	Endpoints      []string      // "host:port", in the file's order
 	ConnectTimeout time.Duration // Envoy's default 5s when the file sets none
+	// Limits is circuit_breakers.thresholds at the DEFAULT priority (the
+	// one a plugin's calls and the router's requests use), Envoy's default
+	// 1024 where the file sets none.
+	Limits Limits
+}
+
+// Limits are a cluster's circuit breaker thresholds.
+type Limits struct {
+	MaxConnections, MaxPendingRequests, MaxRequests int
 }
 
 // Wasm is the proxy-wasm HTTP filter's configuration.

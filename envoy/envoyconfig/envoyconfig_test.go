@@ -37,9 +37,9 @@ func TestLoadRealConfig(t *testing.T) {
 		t.Errorf("Routes = %+v, want %+v", c.Routes, wantRoutes)
 	}
 	wantClusters := map[string]Cluster{
-		"orders":            {Name: "orders", Endpoints: []string{"127.0.0.1:9001"}, ConnectTimeout: time.Second},
-		"billing":           {Name: "billing", Endpoints: []string{"127.0.0.1:9002"}, ConnectTimeout: time.Second},
-		"ratelimit_sidecar": {Name: "ratelimit_sidecar", Endpoints: []string{"127.0.0.1:8081"}, ConnectTimeout: 250 * time.Millisecond},
+		"orders":            {Name: "orders", Endpoints: []string{"127.0.0.1:9001"}, ConnectTimeout: time.Second, Limits: Limits{1024, 1024, 1024}},
+		"billing":           {Name: "billing", Endpoints: []string{"127.0.0.1:9002"}, ConnectTimeout: time.Second, Limits: Limits{1024, 1024, 1024}},
+		"ratelimit_sidecar": {Name: "ratelimit_sidecar", Endpoints: []string{"127.0.0.1:8081"}, ConnectTimeout: 250 * time.Millisecond, Limits: Limits{1024, 1024, 1024}},
 	}
 	if !reflect.DeepEqual(c.Clusters, wantClusters) {
 		t.Errorf("Clusters = %+v, want %+v", c.Clusters, wantClusters)
@@ -159,8 +159,34 @@ var invalidCases = []struct{ name, want string }{
 	{"unknown_field", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.stat_prefx: unknown field \"stat_prefx\" in envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"},
 	{"unknown_field_in_wasm", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config.rootid_: unknown field \"rootid_\" in envoy.extensions.wasm.v3.PluginConfig"},
 	{"wasm_missing", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters: no envoy.filters.http.wasm filter (typed_config type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm)"},
+	{"circuit_breaker_zero", "static_resources.clusters[2].circuit_breakers.thresholds[0].max_requests: 0 would refuse every request of cluster \"ratelimit_sidecar\""},
 	{"histogram_bad_regex", "stats_config.histogram_bucket_settings[0].match.safe_regex.regex: error parsing regexp: missing closing ): `wasmcustom\\.(lat`"},
 	{"wrong_shape", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].domains: want a list, got a string"},
+}
+
+// A cluster's circuit breaker is its DEFAULT-priority thresholds, each
+// field as set or Envoy's 1024; HIGH-priority thresholds do not apply.
+func TestCircuitBreakerThresholds(t *testing.T) {
+	base, err := os.ReadFile("testdata/valid.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := strings.Replace(string(base), "  - name: orders\n", `  - name: orders
+    circuit_breakers:
+      thresholds:
+      - {priority: HIGH, max_connections: 1, max_pending_requests: 1, max_requests: 1}
+      - {max_connections: 7, max_requests: 9}
+`, 1)
+	c, err := parse([]byte(conf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.Clusters["orders"].Limits, (Limits{MaxConnections: 7, MaxPendingRequests: 1024, MaxRequests: 9}); got != want {
+		t.Errorf("orders limits = %+v, want %+v", got, want)
+	}
+	if got, want := c.Clusters["billing"].Limits, (Limits{1024, 1024, 1024}); got != want {
+		t.Errorf("billing limits = %+v, want Envoy's defaults %+v", got, want)
+	}
 }
 
 // The shipped bootstrap gives the filter's callout latency its own buckets,

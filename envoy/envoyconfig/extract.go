@@ -24,6 +24,10 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
+// defaultCircuitBreakerLimit is Envoy's default for each of a cluster's
+// circuit breaker thresholds.
+const defaultCircuitBreakerLimit = 1024
+
 // defaultSidecarCluster is the filter's sidecar_cluster when its
 // configuration does not name one (filter/README.md, configuration).
 const defaultSidecarCluster = "ratelimit_sidecar"
@@ -162,6 +166,27 @@ func extractCluster(cl *clusterv3.Cluster, path string) (Cluster, error) {
 	ec := Cluster{Name: cl.GetName(), ConnectTimeout: defaultConnectTimeout}
 	if d := cl.GetConnectTimeout(); d != nil {
 		ec.ConnectTimeout = d.AsDuration()
+	}
+	ec.Limits = Limits{defaultCircuitBreakerLimit, defaultCircuitBreakerLimit, defaultCircuitBreakerLimit}
+	for i, th := range cl.GetCircuitBreakers().GetThresholds() {
+		if th.GetPriority() != corev3.RoutingPriority_DEFAULT {
+			continue // HIGH: for routes that ask for it, which the gateway has none of
+		}
+		for _, f := range []struct {
+			name string
+			dst  *int
+			v    *wrapperspb.UInt32Value
+		}{{"max_connections", &ec.Limits.MaxConnections, th.GetMaxConnections()},
+			{"max_pending_requests", &ec.Limits.MaxPendingRequests, th.GetMaxPendingRequests()},
+			{"max_requests", &ec.Limits.MaxRequests, th.GetMaxRequests()}} {
+			switch {
+			case f.v == nil:
+			case f.v.GetValue() == 0:
+				return Cluster{}, fmt.Errorf("%s.circuit_breakers.thresholds[%d].%s: 0 would refuse every request of cluster %q", path, i, f.name, cl.GetName())
+			default:
+				*f.dst = int(f.v.GetValue())
+			}
+		}
 	}
 	la := cl.GetLoadAssignment()
 	for i, lle := range la.GetEndpoints() {

@@ -159,7 +159,8 @@ func (g *gateway) build(ctx context.Context, cfg *envoyconfig.Config, workers in
 	gen := &generation{n: n, cfg: cfg, upstreams: map[string]*upstream{}}
 	clusters := map[string]wasmhost.HTTPCluster{}
 	for name, c := range cfg.Clusters {
-		clusters[name] = wasmhost.HTTPCluster{Endpoints: c.Endpoints, ConnectTimeout: c.ConnectTimeout}
+		clusters[name] = wasmhost.HTTPCluster{Endpoints: c.Endpoints, ConnectTimeout: c.ConnectTimeout,
+			Limits: wasmhost.CircuitBreaker{MaxConnections: c.Limits.MaxConnections, MaxPendingRequests: c.Limits.MaxPendingRequests, MaxRequests: c.Limits.MaxRequests}}
 		gen.upstreams[name] = newUpstream(c)
 	}
 	gen.calls = &countingDispatcher{HTTPDispatcher: wasmhost.NewHTTPDispatcher(clusters), g: g, clusters: map[string]*clusterCounters{}}
@@ -544,8 +545,8 @@ func (cc *classCounters) inc(code int) {
 
 // clusterCounters are a cluster's upstream statistics.
 type clusterCounters struct {
-	total, timeout, connectFail, reset lazyCounter
-	class                              *classCounters
+	total, timeout, connectFail, reset, overflow lazyCounter
+	class                                        *classCounters
 }
 
 func newClusterCounters(c *counters, cluster string) *clusterCounters {
@@ -555,6 +556,7 @@ func newClusterCounters(c *counters, cluster string) *clusterCounters {
 		timeout:     lazyCounter{c: c, name: prefix + "upstream_rq_timeout"},
 		connectFail: lazyCounter{c: c, name: prefix + "upstream_cx_connect_fail"},
 		reset:       lazyCounter{c: c, name: prefix + "upstream_rq_rx_reset"},
+		overflow:    lazyCounter{c: c, name: prefix + "upstream_rq_pending_overflow"},
 		class:       newClassCounters(c, prefix+"upstream_rq_"),
 	}
 }
@@ -582,7 +584,7 @@ func (d *countingDispatcher) DispatchWatched(ctx context.Context, call wasmhost.
 		cc = newClusterCounters(&d.g.counters, call.Cluster)
 	}
 	cc.total.inc()
-	return d.HTTPDispatcher.DispatchWatched(ctx, call, func(r wasmhost.CalloutResponse) {
+	arrived, err := d.HTTPDispatcher.DispatchWatched(ctx, call, func(r wasmhost.CalloutResponse) {
 		if r.Reset {
 			cc.reset.inc()
 		} else {
@@ -590,6 +592,10 @@ func (d *countingDispatcher) DispatchWatched(ctx context.Context, call wasmhost.
 		}
 		respond(r)
 	})
+	if errors.Is(err, wasmhost.ErrOverflow) {
+		cc.overflow.inc()
+	}
+	return arrived, err
 }
 
 // newRequestID is a random (version 4) UUID, hex-encoded into one string.

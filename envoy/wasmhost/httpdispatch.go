@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,7 +23,39 @@ type HTTPCluster struct {
 	Endpoints []string // "host:port", used in turn
 	// ConnectTimeout bounds connection set-up; defaults to Envoy's 5s.
 	ConnectTimeout time.Duration
+	// Limits is the cluster's circuit breaker (Envoy's
+	// circuit_breakers.thresholds at the default priority).
+	Limits CircuitBreaker
 }
+
+// CircuitBreaker is an Envoy cluster's circuit breaker thresholds; a field
+// <= 0 takes Envoy's default, 1024. A call past MaxRequests in flight, or
+// one that would have to wait for a connection while MaxPendingRequests
+// already do, overflows: Dispatch fails it inline with ErrOverflow, and
+// proxy_http_call returns INTERNAL_FAILURE, with no callback, as in Envoy
+// (its async client completes the request inline with the router's local
+// reply, and the wasm host reports a request that completed inline as a
+// failure to send). A call that finds no idle connection waits (pending)
+// for one being dialled, or, with MaxConnections open, for one to come
+// free.
+type CircuitBreaker struct {
+	MaxConnections, MaxPendingRequests, MaxRequests int
+}
+
+// DefaultCircuitBreakerLimit is Envoy's default for each threshold.
+const DefaultCircuitBreakerLimit = 1024
+
+func (b CircuitBreaker) resolved() CircuitBreaker {
+	for _, v := range []*int{&b.MaxConnections, &b.MaxPendingRequests, &b.MaxRequests} {
+		if *v <= 0 {
+			*v = DefaultCircuitBreakerLimit
+		}
+	}
+	return b
+}
+
+// ErrOverflow is a call its cluster's circuit breaker refused.
+var ErrOverflow = errors.New("callout: the cluster's circuit breaker overflowed")
 
 // HTTPDispatcher sends calls over HTTP/1.1 to clusters of real endpoints,
 // with pooled keep-alive connections, and answers failures as an Envoy
@@ -43,6 +76,91 @@ type HTTPDispatcher struct {
 type httpCluster struct {
 	endpoints []*endpointPool
 	next      atomic.Uint64
+	limits    CircuitBreaker
+
+	mu       sync.Mutex
+	requests int            // calls in flight, from dispatch to their end
+	conns    int            // connections open or being dialled
+	dialing  int            // calls waiting for a connection being dialled for them
+	waiting  []*waitingCall // calls waiting for a connection to come free, oldest first
+}
+
+// waitingCall is a call that found no idle connection with the cluster at
+// MaxConnections: pending until one comes free or its context ends.
+type waitingCall struct {
+	ctx             context.Context
+	a               *activeCall
+	call            Callout
+	path, authority string
+	pool            *endpointPool
+	stop            func() bool
+}
+
+// pending is the calls waiting for a connection; c.mu is held.
+func (c *httpCluster) pending() int { return c.dialing + len(c.waiting) }
+
+// connClosed forgets a connection, and gives a waiting call a new one in
+// its place.
+func (c *httpCluster) connClosed() {
+	c.mu.Lock()
+	c.conns--
+	var w *waitingCall
+	if len(c.waiting) > 0 && c.conns < c.limits.MaxConnections {
+		w = c.popWaiting()
+		c.conns++
+		c.dialing++
+	}
+	c.mu.Unlock()
+	if w != nil {
+		go c.dialFor(w.ctx, w.pool, w.a, w.call, w.path, w.authority)
+	}
+}
+
+// popWaiting takes the oldest waiting call off the queue; c.mu is held.
+func (c *httpCluster) popWaiting() *waitingCall {
+	w := c.waiting[0]
+	c.waiting[0] = nil
+	c.waiting = c.waiting[1:]
+	w.stop()
+	return w
+}
+
+// dialFor dials a connection for one call (its cluster already counted
+// the connection and the call as dialling) and sends the call on it.
+func (c *httpCluster) dialFor(ctx context.Context, pool *endpointPool, a *activeCall, call Callout, path, authority string) {
+	cc, err := dial(ctx, c, pool)
+	c.mu.Lock()
+	c.dialing--
+	c.mu.Unlock()
+	if err != nil {
+		c.connClosed()
+		if ctx.Err() == nil {
+			a.respond(failureResponse(err))
+		}
+		return
+	}
+	if !cc.send(ctx, a, call, path, authority) {
+		a.respond(failureResponse(io.ErrUnexpectedEOF))
+	}
+}
+
+// idle hands a connection that finished its call to the oldest waiting
+// call, or back to its pool.
+func (cc *calloutConn) idle() {
+	c := cc.cluster
+	c.mu.Lock()
+	var w *waitingCall
+	if len(c.waiting) > 0 {
+		w = c.popWaiting()
+	}
+	c.mu.Unlock()
+	if w == nil {
+		cc.pool.Put(cc)
+		return
+	}
+	if !cc.send(w.ctx, w.a, w.call, w.path, w.authority) {
+		w.a.respond(failureResponse(io.ErrUnexpectedEOF))
+	}
 }
 
 // endpointPool is the connections to one endpoint: the idle ones, ready for
@@ -52,7 +170,9 @@ type endpointPool = http1.Pool[*calloutConn]
 // calloutConn is one HTTP/1.1 connection, carrying one call at a time.
 type calloutConn struct {
 	*http1.Conn
-	pool *endpointPool
+	pool      *endpointPool
+	cluster   *httpCluster
+	closeOnce sync.Once
 	// req is reused by every response read, for its method (HEAD has no
 	// body).
 	req http.Request
@@ -112,7 +232,7 @@ func unread(c net.Conn) bool {
 func NewHTTPDispatcher(clusters map[string]HTTPCluster) *HTTPDispatcher {
 	d := &HTTPDispatcher{clusters: map[string]*httpCluster{}}
 	for name, c := range clusters {
-		hc := &httpCluster{}
+		hc := &httpCluster{limits: c.Limits.resolved()}
 		for _, e := range c.Endpoints {
 			hc.endpoints = append(hc.endpoints, http1.NewPool[*calloutConn](e, c.ConnectTimeout))
 		}
@@ -183,36 +303,72 @@ func (d *HTTPDispatcher) DispatchWatched(ctx context.Context, call Callout, resp
 			return nil, nil
 		}
 	}
-	a := &activeCall{respond: respond, method: method}
+	c.mu.Lock()
+	if c.requests >= c.limits.MaxRequests {
+		c.mu.Unlock()
+		return nil, ErrOverflow
+	}
+	c.requests++
+	c.mu.Unlock()
+	// The call holds its place until its response is handed over, as an
+	// Envoy stream until it completes, or until the host stops waiting for
+	// it (its context ends: a timeout resets the stream).
+	var once sync.Once
+	end := func() {
+		once.Do(func() {
+			c.mu.Lock()
+			c.requests--
+			c.mu.Unlock()
+		})
+	}
+	context.AfterFunc(ctx, end)
+	a := &activeCall{respond: func(r CalloutResponse) { end(); respond(r) }, method: method}
 	for cc, ok := pool.Take(); ok; cc, ok = pool.Take() {
 		if cc.send(ctx, a, call, path, authority) {
 			return a.arrived, nil
 		}
 		// It died while idle, just now; another one may not have.
 	}
-	go func() {
-		cc, err := dial(ctx, pool)
-		if err != nil {
-			if ctx.Err() == nil {
-				respond(failureResponse(err))
+	c.mu.Lock()
+	switch {
+	case c.pending() >= c.limits.MaxPendingRequests:
+		c.mu.Unlock()
+		end()
+		return nil, ErrOverflow
+	case c.conns < c.limits.MaxConnections:
+		c.conns++
+		c.dialing++
+		c.mu.Unlock()
+		go c.dialFor(ctx, pool, a, call, path, authority)
+	default:
+		w := &waitingCall{ctx: ctx, a: a, call: call, path: path, authority: authority, pool: pool}
+		w.stop = context.AfterFunc(ctx, func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if i := slices.Index(c.waiting, w); i >= 0 {
+				c.waiting = slices.Delete(c.waiting, i, i+1)
 			}
-			return
-		}
-		if !cc.send(ctx, a, call, path, authority) {
-			respond(failureResponse(io.ErrUnexpectedEOF))
-		}
-	}()
+		})
+		c.waiting = append(c.waiting, w)
+		c.mu.Unlock()
+	}
 	return a.arrived, nil
 }
 
-func dial(ctx context.Context, p *endpointPool) (*calloutConn, error) {
+func dial(ctx context.Context, cl *httpCluster, p *endpointPool) (*calloutConn, error) {
 	c, err := p.Dial(ctx)
 	if err != nil {
 		return nil, err
 	}
-	cc := &calloutConn{Conn: c, pool: p}
+	cc := &calloutConn{Conn: c, pool: p, cluster: cl}
 	go cc.readLoop()
 	return cc, nil
+}
+
+// Close closes the connection; its cluster counts it closed once.
+func (cc *calloutConn) Close() error {
+	cc.closeOnce.Do(cc.cluster.connClosed)
+	return cc.Conn.Close()
 }
 
 // send writes the call and leaves its response to the read loop; it
@@ -316,7 +472,7 @@ func (cc *calloutConn) readLoop() {
 			return
 		}
 		if keep {
-			cc.pool.Put(cc)
+			cc.idle()
 		} else {
 			cc.retire()
 		}

@@ -2,11 +2,13 @@ package wasmhost
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -128,4 +130,162 @@ func TestUnreadSeesTheSocket(t *testing.T) {
 	if unread(c) {
 		t.Error("unread after everything was read")
 	}
+}
+
+// holdServer answers each request only when the test releases it, and
+// remembers which connection each came on.
+type holdServer struct {
+	*httptest.Server
+	mu      sync.Mutex
+	arrived []string // remote address of each request, in order
+	release chan struct{}
+}
+
+func newHoldServer(t *testing.T) *holdServer {
+	h := &holdServer{release: make(chan struct{}, 16)}
+	h.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.mu.Lock()
+		h.arrived = append(h.arrived, r.RemoteAddr)
+		h.mu.Unlock()
+		select {
+		case <-h.release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(h.Close)
+	return h
+}
+
+// waitArrived polls until n requests have reached the server.
+func (h *holdServer) waitArrived(t *testing.T, n int) []string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		h.mu.Lock()
+		got := append([]string(nil), h.arrived...)
+		h.mu.Unlock()
+		if len(got) >= n {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests reached the server, want %d", len(got), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// hold dispatches a GET of path and returns its context's cancel (what the
+// host does once the call ended) and where its one response goes.
+func hold(t *testing.T, d *HTTPDispatcher, path string) (context.CancelFunc, chan CalloutResponse, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	got := make(chan CalloutResponse, 1)
+	err := d.Dispatch(ctx, Callout{Cluster: "svc", Headers: []Header{{":method", "GET"}, {":path", path}, {":authority", "s"}}},
+		func(r CalloutResponse) { got <- r })
+	return cancel, got, err
+}
+
+func answered(t *testing.T, got chan CalloutResponse) {
+	t.Helper()
+	select {
+	case r := <-got:
+		if r.Status() != 200 {
+			t.Fatalf("status %d, want 200", r.Status())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no response")
+	}
+}
+
+// Past max_requests in flight a call fails inline (ErrOverflow) with no
+// response; a call that ends frees its place.
+func TestCircuitBreakerMaxRequests(t *testing.T) {
+	srv := newHoldServer(t)
+	d := NewHTTPDispatcher(map[string]HTTPCluster{"svc": {Endpoints: []string{srv.Listener.Addr().String()}, Limits: CircuitBreaker{MaxRequests: 2}}})
+	defer d.Close()
+	endA, gotA, errA := hold(t, d, "/a")
+	endB, gotB, errB := hold(t, d, "/b")
+	if errA != nil || errB != nil {
+		t.Fatalf("two calls within max_requests 2: %v, %v", errA, errB)
+	}
+	srv.waitArrived(t, 2)
+	_, gotC, errC := hold(t, d, "/c")
+	if !errors.Is(errC, ErrOverflow) {
+		t.Fatalf("a third call in flight: %v, want ErrOverflow", errC)
+	}
+	srv.release <- struct{}{}
+	// A response handed over frees its call's place at once.
+	stillWaiting := endB
+	select {
+	case <-gotA:
+	case <-gotB:
+		stillWaiting = endA
+	case <-time.After(10 * time.Second):
+		t.Fatal("no response")
+	}
+	if _, _, err := hold(t, d, "/d"); err != nil {
+		t.Fatalf("a call after one was answered: %v", err)
+	}
+	// A call the host stops waiting for frees its place too.
+	if _, _, err := hold(t, d, "/e"); !errors.Is(err, ErrOverflow) {
+		t.Fatalf("a call past max_requests again: %v, want ErrOverflow", err)
+	}
+	stillWaiting()
+	pollDispatch(t, d, "/f")
+	select {
+	case r := <-gotC:
+		t.Errorf("the overflowed call got a response: %+v", r)
+	default:
+	}
+}
+
+// pollDispatch retries a call until the circuit breaker lets it through: a
+// place freed by a call the host stopped waiting for is returned when its
+// context's AfterFunc has run. An overflowed call leaves nothing behind.
+func pollDispatch(t *testing.T, d *HTTPDispatcher, path string) chan CalloutResponse {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, got, err := hold(t, d, path)
+		if err == nil {
+			return got
+		}
+		if !errors.Is(err, ErrOverflow) || time.Now().After(deadline) {
+			t.Fatalf("%s: %v", path, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// With max_connections open and busy a call waits (pending) for one to
+// come free and goes out on it; past max_pending_requests waiting, a call
+// overflows; a waiting call whose host stopped waiting leaves the queue.
+func TestCircuitBreakerPendingAndConnections(t *testing.T) {
+	srv := newHoldServer(t)
+	d := NewHTTPDispatcher(map[string]HTTPCluster{"svc": {Endpoints: []string{srv.Listener.Addr().String()},
+		Limits: CircuitBreaker{MaxConnections: 1, MaxPendingRequests: 1, MaxRequests: 10}}})
+	defer d.Close()
+	_, gotA, err := hold(t, d, "/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.waitArrived(t, 1) // A's connection is up: A is no longer pending
+	endB, _, err := hold(t, d, "/b")
+	if err != nil {
+		t.Fatalf("B waits for the one connection: %v", err)
+	}
+	if _, _, err := hold(t, d, "/c"); !errors.Is(err, ErrOverflow) {
+		t.Fatalf("C with B already pending: %v, want ErrOverflow", err)
+	}
+	endB() // the host stopped waiting for B: it leaves the queue
+	gotD := pollDispatch(t, d, "/d")
+	srv.release <- struct{}{}
+	answered(t, gotA)
+	// A's connection went to D, the one call still waiting.
+	arrived := srv.waitArrived(t, 2)
+	if arrived[1] != arrived[0] {
+		t.Errorf("D came on %s, want A's connection %s (max_connections 1)", arrived[1], arrived[0])
+	}
+	srv.release <- struct{}{}
+	answered(t, gotD)
 }
