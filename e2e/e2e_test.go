@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // A burst over the plan gets 200s up to the capacity, then 429s whose
@@ -140,18 +141,6 @@ func TestOneLimitAcrossGateways(t *testing.T) {
 	}
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // failedOpen sums the fail-open counters over every reason.
 func (s *stack) failedOpen() int64 {
 	var n int64
@@ -178,7 +167,7 @@ func TestFailOpenWhenRedisStops(t *testing.T) {
 	// can be back, which would hide the outage from that client.
 	expectDenied := func(what, client string) {
 		t.Helper()
-		waitFor(t, what, 30*time.Second, func() bool {
+		testkit.Poll(t, 30*time.Second, what, func() bool {
 			return s.do(0, "GET", "/orders/1", "x-api-key", client).status == http.StatusTooManyRequests
 		})
 	}
@@ -369,7 +358,7 @@ func TestBadFilterConfigRejectedAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Kill)
-	waitFor(t, "gateway exits on a bad filter config", 30*time.Second, func() bool {
+	testkit.Poll(t, 30*time.Second, "gateway exits on a bad filter config", func() bool {
 		exited, _ := p.Exited()
 		return exited
 	})

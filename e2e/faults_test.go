@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/lua"
 )
 
@@ -97,7 +98,7 @@ func TestFaultRedisSlow(t *testing.T) {
 				done := make(chan error, 1)
 				go func() { done <- redisPatient(t, s.redis.Addr).Do(ctx, "DEBUG", "SLEEP", pauseMs/1000).Err() }()
 				// The sleep has begun once Redis stops answering.
-				waitFor(t, "DEBUG SLEEP begins", 5*time.Second, func() bool {
+				testkit.Poll(t, 5*time.Second, "DEBUG SLEEP begins", func() bool {
 					select {
 					case err := <-done:
 						t.Fatalf("DEBUG SLEEP: %v", err)
@@ -197,7 +198,7 @@ func TestFaultRedisRestartedEmpty(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, "traffic flows", 10*time.Second, func() bool { return sent.Load() > 20 })
+	testkit.Poll(t, 10*time.Second, "traffic flows", func() bool { return sent.Load() > 20 })
 	if err := s.redis.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +206,7 @@ func TestFaultRedisRestartedEmpty(t *testing.T) {
 	// The restart is an outage: the circuit breaker may open and let
 	// requests through unchecked until its probe finds Redis back. The
 	// traffic goes on until the sidecar decides again.
-	waitFor(t, "traffic after the restart, decided again", 20*time.Second, func() bool {
+	testkit.Poll(t, 20*time.Second, "traffic after the restart, decided again", func() bool {
 		return sent.Load() > restartedAt+50 && s.decisions()["allowed"] > allowedAt
 	})
 	close(stop)
@@ -593,7 +594,7 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 	for _, bad := range invalid {
 		n := rejected()
 		replace(bad.content)
-		waitFor(t, "the sidecar rejects the plans file ("+bad.name+")", 10*time.Second, func() bool { return rejected() > n })
+		testkit.Poll(t, 10*time.Second, "the sidecar rejects the plans file ("+bad.name+")", func() bool { return rejected() > n })
 		if got := limitOf(); got != "777777" {
 			t.Fatalf("after an invalid plans file (%s) the listed client's limit is %q, want the old 777777", bad.name, got)
 		}
@@ -602,14 +603,14 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 	if err := os.Remove(s.plans); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the sidecar notices the plans file is gone", 10*time.Second, func() bool {
+	testkit.Poll(t, 10*time.Second, "the sidecar notices the plans file is gone", func() bool {
 		return strings.Contains(s.sidecars[0].Output(), "plans file unreadable")
 	})
 	if got := limitOf(); got != "777777" {
 		t.Fatalf("with the plans file gone the listed client's limit is %q, want the old 777777", got)
 	}
 	replace(valid(888888))
-	waitFor(t, "the sidecar loads the new valid plans", 10*time.Second, func() bool { return limitOf() == "888888" })
+	testkit.Poll(t, 10*time.Second, "the sidecar loads the new valid plans", func() bool { return limitOf() == "888888" })
 
 	close(stop)
 	wg.Wait()

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
 
@@ -181,7 +182,7 @@ func TestRawKeysNeverStored(t *testing.T) {
 		t.Fatal(err)
 	}
 	want("during an outage", s.do(0, "GET", "/orders/1", "x-api-key", outageKey), 200)
-	waitFor(t, "the sidecar logs the failed decision", 10*time.Second, func() bool {
+	testkit.Poll(t, 10*time.Second, "the sidecar logs the failed decision", func() bool {
 		return strings.Contains(s.sidecars[0].Output(), "decision failed")
 	})
 	if err := s.redis.Restart(context.Background()); err != nil {
@@ -200,7 +201,7 @@ func TestRawKeysNeverStored(t *testing.T) {
 	if err := s.sidecars[0].Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the sidecar rejects the plans file", 10*time.Second, func() bool {
+	testkit.Poll(t, 10*time.Second, "the sidecar rejects the plans file", func() bool {
 		return strings.Contains(s.sidecars[0].Output(), "plans reload rejected")
 	})
 
@@ -583,7 +584,7 @@ func TestSidecarListensOnLoopbackByDefault(t *testing.T) {
 	}
 	t.Cleanup(func() { p.Stop(10 * time.Second) })
 	var addrs []string
-	waitFor(t, "the sidecar listens or gives up", 30*time.Second, func() bool {
+	testkit.Poll(t, 30*time.Second, "the sidecar listens or gives up", func() bool {
 		if exited, _ := p.Exited(); exited {
 			return true
 		}
@@ -661,7 +662,7 @@ func TestSidecarRedisACLAndTLS(t *testing.T) {
 		// loaded machine is answered 503 (not decided, nothing spent) and
 		// asked again.
 		var resp *http.Response
-		waitFor(t, "a check through "+addr+" is decided", 10*time.Second, func() bool {
+		testkit.Poll(t, 10*time.Second, "a check through "+addr+" is decided", func() bool {
 			req, _ := http.NewRequest("POST", "http://"+addr+"/v1/check", nil)
 			req.Header.Set("x-api-key", apiKey)
 			var err error
@@ -680,7 +681,7 @@ func TestSidecarRedisACLAndTLS(t *testing.T) {
 	}
 	notReady := func(addr, why string) {
 		t.Helper()
-		waitFor(t, "the sidecar reports it is not ready", 30*time.Second, func() bool {
+		testkit.Poll(t, 30*time.Second, "the sidecar reports it is not ready", func() bool {
 			resp, err := http.Get("http://" + addr + "/readyz")
 			if err != nil {
 				return false
@@ -715,7 +716,7 @@ func TestSidecarRedisACLAndTLS(t *testing.T) {
 	// go-redis's own report at once.)
 	untrusted, untrustedAddr := start("sidecar-tls-untrusted", tlsURL, "SIDECAR_LOG_LEVEL=debug")
 	notReady(untrustedAddr, "")
-	waitFor(t, "the sidecar refuses the unknown CA", 30*time.Second, func() bool {
+	testkit.Poll(t, 30*time.Second, "the sidecar refuses the unknown CA", func() bool {
 		return strings.Contains(untrusted.Output(), "x509: certificate signed by unknown authority")
 	})
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/e2e/services/bucket"
 	"github.com/edgelimit/edgelimit/e2e/services/shadow"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // frozen is a clock that does not move: no bucket refills, so counts are
@@ -188,16 +189,15 @@ func TestPoolShedsOverCapacity(t *testing.T) {
 		}
 		firstDone.Store(true)
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testkit.Poll(t, 10*time.Second, "the first request to take the worker", func() bool {
 		if p := f.Services[0].Stats().Replicas[0].Pool; p != nil && p.InFlight == 1 {
-			break
+			return true
 		}
-		if time.Now().After(deadline) || firstDone.Load() {
-			t.Fatal("the first request never took the worker")
+		if firstDone.Load() {
+			t.Fatal("the first request ended without taking the worker")
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return false
+	})
 	code, h := get(t, addr, "/o", "b", nil)
 	if code != http.StatusServiceUnavailable || h.Get("retry-after") != "1" {
 		t.Fatalf("over capacity: %d, want 503 with retry-after", code)

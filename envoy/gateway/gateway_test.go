@@ -23,6 +23,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/e2e/filterwasm"
 	"github.com/edgelimit/edgelimit/filter/filtertest"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 var (
@@ -187,24 +188,9 @@ func startArgs(t *testing.T, args ...string) *running {
 	return nil
 }
 
-func get(t *testing.T, url string, headers ...string) (*http.Response, string) {
-	t.Helper()
-	req, _ := http.NewRequest("GET", url, nil)
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp, string(b)
-}
-
 func stat(t *testing.T, admin, name string) int64 {
 	t.Helper()
-	_, body := get(t, "http://"+admin+"/stats")
+	_, body := testkit.Get(t, "http://"+admin+"/stats")
 	for _, line := range strings.Split(body, "\n") {
 		if v, ok := strings.CutPrefix(line, name+": "); ok {
 			n, _ := strconv.ParseInt(v, 10, 64)
@@ -248,7 +234,7 @@ func TestGatewayWithTheFilter(t *testing.T) {
 			if c.key != "" {
 				hdrs = []string{"x-api-key", c.key}
 			}
-			resp, body := get(t, base+c.path, hdrs...)
+			resp, body := testkit.Get(t, base+c.path, hdrs...)
 			if resp.StatusCode != c.wantStatus {
 				t.Fatalf("status %d, want %d; body %q", resp.StatusCode, c.wantStatus, body)
 			}
@@ -275,7 +261,7 @@ func TestGatewayWithTheFilter(t *testing.T) {
 		})
 	}
 	// What the service saw of an admitted request.
-	get(t, base+"/orders/9?x=1", "x-api-key", "alice", "x-ratelimit-shadow", "forged")
+	testkit.Get(t, base+"/orders/9?x=1", "x-api-key", "alice", "x-ratelimit-shadow", "forged")
 	if orders.header("x-request-id") == "" || orders.header("x-forwarded-for") != "127.0.0.1" ||
 		orders.header("x-api-key") != "alice" || orders.header("x-ratelimit-shadow") != "" {
 		t.Errorf("upstream request headers: %v", orders.last)
@@ -292,7 +278,7 @@ func TestGatewayWithTheFilter(t *testing.T) {
 	if n := stat(t, g.admin, "cluster.ratelimit_sidecar.upstream_rq_total"); n < 5 {
 		t.Errorf("sidecar callouts counted: %d", n)
 	}
-	if resp, _ := get(t, "http://"+g.admin+"/ready"); resp.StatusCode != 200 {
+	if resp, _ := testkit.Get(t, "http://"+g.admin+"/ready"); resp.StatusCode != 200 {
 		t.Errorf("/ready %d", resp.StatusCode)
 	}
 }
@@ -304,18 +290,18 @@ func TestGatewayUpstreamFailures(t *testing.T) {
 		"-cluster", "orders="+closedAddr(t),
 		"-cluster", "billing="+billing.Listener.Addr().String(),
 		"-cluster", "ratelimit_sidecar="+closedAddr(t))
-	resp, body := get(t, "http://"+g.addr+"/orders/1", "x-api-key", "alice")
+	resp, body := testkit.Get(t, "http://"+g.addr+"/orders/1", "x-api-key", "alice")
 	if resp.StatusCode != 503 || !strings.HasPrefix(body, "upstream connect error or disconnect/reset before headers") {
 		t.Errorf("service down: %d %q", resp.StatusCode, body)
 	}
 	// The sidecar is down: its connect failure is a 503 to the filter,
 	// which fails open.
-	resp, body = get(t, "http://"+g.addr+"/billing/1", "x-api-key", "alice")
+	resp, body = testkit.Get(t, "http://"+g.addr+"/billing/1", "x-api-key", "alice")
 	if resp.StatusCode != 200 || body != "billing /billing/1" {
 		t.Errorf("sidecar down: %d %q", resp.StatusCode, body)
 	}
 	var failedOpen int64
-	_, stats := get(t, "http://"+g.admin+"/stats")
+	_, stats := testkit.Get(t, "http://"+g.admin+"/stats")
 	for _, line := range strings.Split(stats, "\n") {
 		if strings.HasPrefix(line, "wasmcustom.edgelimit.requests.failed_open.") {
 			n, _ := strconv.ParseInt(line[strings.LastIndex(line, " ")+1:], 10, 64)
@@ -347,7 +333,7 @@ func TestGatewayFailedVM(t *testing.T) {
 			g := start(t, "-config", cfg, "-wasm", probe, "-concurrency", "1", "-poll-oneoff", "noevents",
 				"-cluster", "orders="+orders.Listener.Addr().String(),
 				"-cluster", "billing="+closedAddr(t), "-cluster", "ratelimit_sidecar="+closedAddr(t))
-			if resp, _ := get(t, "http://"+g.addr+"/orders/1"); resp.StatusCode != 200 {
+			if resp, _ := testkit.Get(t, "http://"+g.addr+"/orders/1"); resp.StatusCode != 200 {
 				t.Fatalf("before the failure: %d", resp.StatusCode)
 			}
 			want := 503
@@ -355,7 +341,7 @@ func TestGatewayFailedVM(t *testing.T) {
 				want = 200
 			}
 			for i, h := range [][]string{{"x-probe-panic", "now"}, nil} {
-				resp, _ := get(t, "http://"+g.addr+"/orders/1", h...)
+				resp, _ := testkit.Get(t, "http://"+g.addr+"/orders/1", h...)
 				if resp.StatusCode != want {
 					t.Errorf("request %d after the panic: %d, want %d", i, resp.StatusCode, want)
 				}
@@ -391,13 +377,7 @@ func TestGatewayDrainsOnStop(t *testing.T) {
 	}()
 	// Stop once the request reached the service (which takes 300 ms to
 	// answer it).
-	deadline := time.Now().Add(10 * time.Second)
-	for orders.hits.Load() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the request never reached the service")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testkit.Poll(t, 10*time.Second, "the request to reach the service", func() bool { return orders.hits.Load() > 0 })
 	if err := g.stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 func TestHTTPDispatcher(t *testing.T) {
@@ -114,13 +116,7 @@ func TestUnreadSeesTheSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Loopback delivery is not instant: poll until the kernel has it.
-	deadline := time.Now().Add(10 * time.Second)
-	for !unread(c) {
-		if time.Now().After(deadline) {
-			t.Fatal("the bytes sent never showed as unread")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testkit.Poll(t, 10*time.Second, "the bytes sent to show as unread", func() bool { return unread(c) })
 	buf := make([]byte, 64)
 	if _, err := io.ReadAtLeast(c, buf, len("HTTP/1.1 200 OK\r\n\r\n")); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package testkit
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -14,24 +15,35 @@ const (
 	maxPause   = 20 * time.Millisecond
 )
 
-// Until calls cond until it returns true or within has passed, and reports
-// whether it held. cond is called at once, then after pauses of a few
-// milliseconds, and once more when within has passed. It is the poller for
-// code that reports errors rather than failing a test.
-func Until(within time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(within)
+// Wait calls cond until it returns true or ctx is done, and returns nil
+// or, when ctx ended first, ctx's error. cond is called at once, then after
+// pauses of a few milliseconds. It is the poller for code that reports
+// errors rather than failing a test, and can be cancelled.
+func Wait(ctx context.Context, cond func() bool) error {
 	pause := firstPause
+	timer := time.NewTimer(0)
+	defer timer.Stop()
 	for {
 		if cond() {
-			return true
+			return nil
 		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return false
+		timer.Reset(pause)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timer.C:
 		}
-		time.Sleep(min(pause, left))
 		pause = min(2*pause, maxPause)
 	}
+}
+
+// Until calls cond until it returns true or within has passed, and reports
+// whether it held. It calls cond once more when within has passed, so a
+// condition that holds by then is never reported false.
+func Until(within time.Duration, cond func() bool) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	return Wait(ctx, cond) == nil || cond()
 }
 
 // Poll waits until cond returns true, and fails t if within passes first,

@@ -1,6 +1,8 @@
 package testkit
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -233,5 +235,23 @@ func TestParseMetricsKeyHasNoSpaces(t *testing.T) {
 	}
 	if v, ok := m[`go_info_ext{compiler="gc",GOOS="linux"}`]; !ok || v != 1 || len(m) != 1 {
 		t.Fatalf("samples %v, want go_info_ext{compiler=\"gc\",GOOS=\"linux\"} 1 alone", m)
+	}
+}
+
+func TestWaitStopsWhenTheContextEnds(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	calls := 0
+	err := Wait(ctx, func() bool {
+		calls++
+		if calls == 3 {
+			cancel()
+		}
+		return false
+	})
+	if !errors.Is(err, context.Canceled) || calls != 3 {
+		t.Fatalf("Wait = %v after %d calls, want context.Canceled after 3", err, calls)
+	}
+	if err := Wait(context.Background(), func() bool { return true }); err != nil {
+		t.Fatalf("Wait on a condition that holds: %v", err)
 	}
 }
