@@ -263,7 +263,8 @@ func TestShadowMode(t *testing.T) {
 			t.Fatalf("shadow mode rejected request %d: %d", i, r.status)
 		}
 	}
-	allow, deny := s.billing.Shadow(client, "allow"), s.billing.Shadow(client, "deny")
+	c := s.billing.Stats().Client(client)
+	allow, deny := c.ShadowAllow, c.ShadowDeny
 	if allow != 3 || deny != 7 {
 		t.Fatalf("service saw shadow allow=%d deny=%d, want 3 and 7", allow, deny)
 	}
@@ -296,7 +297,7 @@ func TestCanaryClients(t *testing.T) {
 	if ok, denied := statuses("everyone-else"); ok != 5 || denied != 0 {
 		t.Errorf("non-canary client: %d admitted, %d denied; want 5 and 0", ok, denied)
 	}
-	if got := s.orders.Shadow("everyone-else", "deny"); got != 3 {
+	if got := s.orders.Stats().Client("everyone-else").ShadowDeny; got != 3 {
 		t.Errorf("non-canary would-deny seen by the service = %d, want 3", got)
 	}
 }
@@ -318,7 +319,7 @@ func TestKeysAndCosts(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.body), &body); err != nil {
 		t.Fatalf("401 body %q is not JSON: %v", r.body, err)
 	}
-	if got := s.orders.Total() + s.billing.Total(); got != 0 {
+	if got := s.totalReceived(); got != 0 {
 		t.Fatalf("a request without a key reached a service (%d)", got)
 	}
 

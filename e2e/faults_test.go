@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -177,27 +176,14 @@ func TestFaultRedisRestartedEmpty(t *testing.T) {
 	// Traffic from many clients throughout the restart.
 	before := s.decisions()
 	var sent, notOK atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				start := time.Now()
-				r, err := s.try(0, "GET", "/orders/1", "x-api-key", "load-"+strconv.Itoa(w)+"-"+strconv.Itoa(i))
-				sent.Add(1)
-				if err != nil || r.status != http.StatusOK || time.Since(start) > hangBound {
-					notOK.Add(1)
-				}
-			}
-		}()
-	}
+	load := testkit.StartLoad(t, 4, func(w, i int) {
+		start := time.Now()
+		r, err := s.try(0, "GET", "/orders/1", "x-api-key", "load-"+strconv.Itoa(w)+"-"+strconv.Itoa(i))
+		sent.Add(1)
+		if err != nil || r.status != http.StatusOK || time.Since(start) > hangBound {
+			notOK.Add(1)
+		}
+	})
 	testkit.Poll(t, 10*time.Second, "traffic flows", func() bool { return sent.Load() > 20 })
 	if err := s.redis.Restart(ctx); err != nil {
 		t.Fatal(err)
@@ -209,8 +195,7 @@ func TestFaultRedisRestartedEmpty(t *testing.T) {
 	testkit.Poll(t, 20*time.Second, "traffic after the restart, decided again", func() bool {
 		return sent.Load() > restartedAt+50 && s.decisions()["allowed"] > allowedAt
 	})
-	close(stop)
-	wg.Wait()
+	load.Stop()
 	if n := notOK.Load(); n != 0 {
 		t.Fatalf("%d of %d requests during the restart were not answered 200 within %v", n, sent.Load(), hangBound)
 	}
@@ -546,31 +531,18 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 	before := s.decisions()
 	var sent, bad, undecided atomic.Int64
 	var firstBad atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				r, err := s.try(0, "GET", "/billing/1", "x-api-key", "plans-load-"+strconv.Itoa(w)+"-"+strconv.Itoa(i%50))
-				sent.Add(1)
-				switch {
-				case err == nil && r.status == http.StatusOK && r.header.Get("ratelimit-limit") == "":
-					undecided.Add(1) // failed open: the counters say why
-				case err != nil || r.status != http.StatusOK || r.header.Get("ratelimit-limit") != "1000000000":
-					if bad.Add(1) == 1 {
-						firstBad.Store(r.status)
-					}
-				}
+	load := testkit.StartLoad(t, 4, func(w, i int) {
+		r, err := s.try(0, "GET", "/billing/1", "x-api-key", "plans-load-"+strconv.Itoa(w)+"-"+strconv.Itoa(i%50))
+		sent.Add(1)
+		switch {
+		case err == nil && r.status == http.StatusOK && r.header.Get("ratelimit-limit") == "":
+			undecided.Add(1) // failed open: the counters say why
+		case err != nil || r.status != http.StatusOK || r.header.Get("ratelimit-limit") != "1000000000":
+			if bad.Add(1) == 1 {
+				firstBad.Store(r.status)
 			}
-		}()
-	}
+		}
+	})
 
 	// Replace the file the way deployments do (write aside, rename over),
 	// so the sidecar never reads half a file.
@@ -612,8 +584,7 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 	replace(valid(888888))
 	testkit.Poll(t, 10*time.Second, "the sidecar loads the new valid plans", func() bool { return limitOf() == "888888" })
 
-	close(stop)
-	wg.Wait()
+	load.Stop()
 	if n := bad.Load(); n != 0 {
 		t.Fatalf("%d of %d requests under load failed (first status %v)", n, sent.Load(), firstBad.Load())
 	}

@@ -43,11 +43,7 @@ func (s *stack) timedDo(g int, method, path string, headers ...string) reply {
 func (s *stack) decisions() counts {
 	s.t.Helper()
 	out := counts{}
-	for _, g := range s.gateways {
-		st, err := g.Stats()
-		if err != nil {
-			s.t.Fatal(err)
-		}
+	for _, st := range s.gatewayStats() {
 		for name, v := range st {
 			if n, ok := strings.CutPrefix(name, counter("")); ok {
 				out[n] += v
@@ -61,11 +57,7 @@ func (s *stack) decisions() counts {
 func (s *stack) vmFailures() int64 {
 	s.t.Helper()
 	var n int64
-	for _, g := range s.gateways {
-		st, err := g.Stats()
-		if err != nil {
-			s.t.Fatal(err)
-		}
+	for _, st := range s.gatewayStats() {
 		for name, v := range st {
 			if strings.HasPrefix(name, "wasm.vm.") && strings.HasSuffix(name, ".failed") {
 				n += v

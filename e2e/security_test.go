@@ -390,12 +390,12 @@ func TestInjectionThroughKeyOrCost(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			before := s.orders.Total()
+			before := s.orders.Stats().Total().Received
 			status, body := rawRequest(t, s.gateways[0].Addr, c.head)
 			if !slices.Contains(c.status, status) {
 				t.Fatalf("status %d (%q), want one of %v", status, body, c.status)
 			}
-			if status >= 400 && s.orders.Total() != before {
+			if status >= 400 && s.orders.Stats().Total().Received != before {
 				t.Fatalf("a refused request reached the service")
 			}
 		})
@@ -770,7 +770,7 @@ func TestCostRulesSeeNormalizedPaths(t *testing.T) {
 		// The bucket holds 2: after billing's price it is empty, after
 		// orders' one token is left.
 		next := s.do(0, "GET", "/orders/1", "x-api-key", key).status
-		switch billing, orders := s.billing.Received(key), s.orders.Received(key); {
+		switch billing, orders := s.billing.Stats().Client(key).Received, s.orders.Stats().Client(key).Received; {
 		case billing == 1 && next != http.StatusTooManyRequests:
 			t.Errorf("%s reached billing but was charged less than 2 (the next request got %d)", path, next)
 		case billing == 0 && orders == 2 && next != http.StatusOK:
@@ -778,7 +778,7 @@ func TestCostRulesSeeNormalizedPaths(t *testing.T) {
 		case billing+orders == 0:
 			t.Errorf("%s: 200 but no service received it", path)
 		}
-		if (path == "/orders/../billing/1" || path == "/orders/%2e%2e/billing/1") && s.billing.Received(key) != 1 {
+		if (path == "/orders/../billing/1" || path == "/orders/%2e%2e/billing/1") && s.billing.Stats().Client(key).Received != 1 {
 			t.Errorf("%s did not reach billing", path)
 		}
 	}

@@ -1,6 +1,8 @@
-// Package harness starts and owns the real processes and services of an
-// end-to-end run (the sidecar, the gateway, demo services) for the e2e tests,
-// the demo and the benchmarks. Everything it starts is stopped by its owner.
+// Package harness starts and owns the real processes of an end-to-end run
+// (the sidecar, the gateway) for the e2e tests, the demo and the
+// benchmarks; the upstream services they put behind the gateway are package
+// services, and what waits and reads for them is package internal/testkit.
+// Everything it starts is stopped by its owner.
 package harness
 
 import (

@@ -23,6 +23,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/e2e/filterwasm"
 	"github.com/edgelimit/edgelimit/filter/filtertest"
+	"github.com/edgelimit/edgelimit/filter/limiter"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
@@ -261,9 +262,9 @@ func TestGatewayWithTheFilter(t *testing.T) {
 		})
 	}
 	// What the service saw of an admitted request.
-	testkit.Get(t, base+"/orders/9?x=1", "x-api-key", "alice", "x-ratelimit-shadow", "forged")
+	testkit.Get(t, base+"/orders/9?x=1", "x-api-key", "alice", limiter.ShadowHeader, "forged")
 	if orders.header("x-request-id") == "" || orders.header("x-forwarded-for") != "127.0.0.1" ||
-		orders.header("x-api-key") != "alice" || orders.header("x-ratelimit-shadow") != "" {
+		orders.header("x-api-key") != "alice" || orders.header(limiter.ShadowHeader) != "" {
 		t.Errorf("upstream request headers: %v", orders.last)
 	}
 	if n := stat(t, g.admin, "wasmcustom.edgelimit.requests.allowed"); n < 3 {

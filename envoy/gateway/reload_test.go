@@ -15,6 +15,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/filter/filtertest"
+	"github.com/edgelimit/edgelimit/filter/limiter"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
@@ -129,16 +130,16 @@ func TestReloadAppliesNewMode(t *testing.T) {
 
 			before := calls.Load()
 			resp, _ := testkit.Get(t, base+"/orders/2", "x-api-key", "deny-bob")
-			if resp.StatusCode != 200 || orders.header("x-ratelimit-shadow") != "deny" {
-				t.Fatalf("shadow after reload: status %d, shadow header %q; want 200 and deny", resp.StatusCode, orders.header("x-ratelimit-shadow"))
+			if resp.StatusCode != 200 || orders.header(limiter.ShadowHeader) != "deny" {
+				t.Fatalf("shadow after reload: status %d, shadow header %q; want 200 and deny", resp.StatusCode, orders.header(limiter.ShadowHeader))
 			}
 			// The first VMs cached the denial in shared data; the new VMs
 			// answer from it without asking the sidecar.
 			if got := calls.Load() - before; got != 0 {
 				t.Errorf("the sidecar was asked %d times about a cached client: shared data did not survive the reload", got)
 			}
-			if resp, _ := testkit.Get(t, base+"/orders/3", "x-api-key", "alice"); resp.StatusCode != 200 || orders.header("x-ratelimit-shadow") != "allow" {
-				t.Errorf("shadow after reload: alice %d, shadow header %q", resp.StatusCode, orders.header("x-ratelimit-shadow"))
+			if resp, _ := testkit.Get(t, base+"/orders/3", "x-api-key", "alice"); resp.StatusCode != 200 || orders.header(limiter.ShadowHeader) != "allow" {
+				t.Errorf("shadow after reload: alice %d, shadow header %q", resp.StatusCode, orders.header(limiter.ShadowHeader))
 			}
 			for name, want := range map[string]int64{
 				"wasmcustom.edgelimit.requests.denied":            1, // counted by the first VMs, kept
@@ -269,8 +270,8 @@ func TestReloadInFlightRequestsFinish(t *testing.T) {
 		t.Fatal("the old VMs were closed while their requests were in flight")
 	}
 	// A new request runs on the new VMs: shadow mode.
-	if resp, _ := testkit.Get(t, "http://"+g.addr+"/billing/1", "x-api-key", "deny-new"); resp.StatusCode != 200 || billing.header("x-ratelimit-shadow") != "deny" {
-		t.Fatalf("new request after the reload: %d, shadow %q", resp.StatusCode, billing.header("x-ratelimit-shadow"))
+	if resp, _ := testkit.Get(t, "http://"+g.addr+"/billing/1", "x-api-key", "deny-new"); resp.StatusCode != 200 || billing.header(limiter.ShadowHeader) != "deny" {
+		t.Fatalf("new request after the reload: %d, shadow %q", resp.StatusCode, billing.header(limiter.ShadowHeader))
 	}
 
 	close(release)

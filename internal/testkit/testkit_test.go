@@ -204,7 +204,7 @@ func TestLoadRunsEachWorkerUntilStopped(t *testing.T) {
 	var mu sync.Mutex
 	next := map[int]int{} // worker → the i it must see next
 	var calls atomic.Int64
-	l := StartLoad(3, func(w, i int) {
+	l := StartLoad(t, 3, func(w, i int) {
 		mu.Lock()
 		if i != next[w] {
 			t.Errorf("worker %d: i = %d, want %d", w, i, next[w])
@@ -223,6 +223,22 @@ func TestLoadRunsEachWorkerUntilStopped(t *testing.T) {
 	time.Sleep(10 * time.Millisecond)
 	if n := calls.Load(); n != after {
 		t.Fatalf("%d calls after Stop returned", n-after)
+	}
+	l.Stop() // as the test's cleanup does: only waits
+}
+
+// A test that ends without stopping its load has it stopped by its
+// cleanup.
+func TestLoadStopsAtCleanup(t *testing.T) {
+	var calls atomic.Int64
+	t.Run("test", func(t *testing.T) {
+		StartLoad(t, 2, func(int, int) { calls.Add(1) })
+		Poll(t, 10*time.Second, "the load to run", func() bool { return calls.Load() > 0 })
+	})
+	after := calls.Load()
+	time.Sleep(10 * time.Millisecond)
+	if n := calls.Load(); n != after {
+		t.Fatalf("%d calls after the subtest's cleanup", n-after)
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -346,28 +345,15 @@ func TestReloadUnderLoad(t *testing.T) {
 	}
 	s := startSidecar(t, srv.URL(), planFile(0), time.Second)
 
-	stop := make(chan struct{})
 	var total, failed atomic.Int64
-	var wg sync.WaitGroup
-	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				r := s.check(t, fmt.Sprintf("client-%d-%d", g, i%20))
-				total.Add(1)
-				if r.status != 200 && r.status != 429 {
-					failed.Add(1)
-					t.Errorf("check during reload: %d %q", r.status, r.body)
-				}
-			}
-		}()
-	}
+	load := testkit.StartLoad(t, 8, func(g, i int) {
+		r := s.check(t, fmt.Sprintf("client-%d-%d", g, i%20))
+		total.Add(1)
+		if r.status != 200 && r.status != 429 {
+			failed.Add(1)
+			t.Errorf("check during reload: %d %q", r.status, r.body)
+		}
+	})
 	const last = 30
 	for i := 1; i <= last; i++ {
 		content := planFile(i)
@@ -404,8 +390,7 @@ func TestReloadUnderLoad(t *testing.T) {
 	testkit.Poll(t, 30*time.Second, "plan "+want+" to come into force", func() bool {
 		return s.check(t, "probe").h("x-ratelimit-plan") == want
 	})
-	close(stop)
-	wg.Wait()
+	load.Stop()
 	if failed.Load() != 0 || total.Load() == 0 {
 		t.Fatalf("%d of %d checks failed during reloads", failed.Load(), total.Load())
 	}
