@@ -1,7 +1,7 @@
 // Package harness starts and owns the real processes of an end-to-end run
 // (the sidecar, the gateway) for the e2e tests, the demo and the
-// benchmarks; the upstream services they put behind the gateway are package
-// services, and what waits and reads for them is package internal/testkit.
+// benchmarks. The upstream services behind the gateway come from package
+// services; polling and reading /metrics, from internal/testkit.
 // Everything it starts is stopped by its owner.
 package harness
 
