@@ -1,6 +1,7 @@
 // Package testkit is test support shared by the tests, the end-to-end
 // harness and the benchmarks: one poller for conditions that become true
-// (Poll, PollErr, Until), one reader of the Prometheus text format
+// (Poll and PollErr for tests, Until and Wait for code that returns
+// errors), one reader of the Prometheus text format
 // (ParseMetrics, GetMetrics), one HTTP round trip that fails the test on an
 // error (Do, Get), and a load of workers that run until stopped (StartLoad).
 //
