@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // A burst over the plan gets 200s up to the capacity, then 429s whose
@@ -140,18 +141,6 @@ func TestOneLimitAcrossGateways(t *testing.T) {
 	}
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // failedOpen sums the fail-open counters over every reason.
 func (s *stack) failedOpen() int64 {
 	var n int64
@@ -178,7 +167,7 @@ func TestFailOpenWhenRedisStops(t *testing.T) {
 	// can be back, which would hide the outage from that client.
 	expectDenied := func(what, client string) {
 		t.Helper()
-		waitFor(t, what, 30*time.Second, func() bool {
+		testkit.Poll(t, 30*time.Second, what, func() bool {
 			return s.do(0, "GET", "/orders/1", "x-api-key", client).status == http.StatusTooManyRequests
 		})
 	}
@@ -274,7 +263,8 @@ func TestShadowMode(t *testing.T) {
 			t.Fatalf("shadow mode rejected request %d: %d", i, r.status)
 		}
 	}
-	allow, deny := s.billing.Shadow(client, "allow"), s.billing.Shadow(client, "deny")
+	c := s.billing.Stats().Client(client)
+	allow, deny := c.ShadowAllow, c.ShadowDeny
 	if allow != 3 || deny != 7 {
 		t.Fatalf("service saw shadow allow=%d deny=%d, want 3 and 7", allow, deny)
 	}
@@ -307,7 +297,7 @@ func TestCanaryClients(t *testing.T) {
 	if ok, denied := statuses("everyone-else"); ok != 5 || denied != 0 {
 		t.Errorf("non-canary client: %d admitted, %d denied; want 5 and 0", ok, denied)
 	}
-	if got := s.orders.Shadow("everyone-else", "deny"); got != 3 {
+	if got := s.orders.Stats().Client("everyone-else").ShadowDeny; got != 3 {
 		t.Errorf("non-canary would-deny seen by the service = %d, want 3", got)
 	}
 }
@@ -329,7 +319,7 @@ func TestKeysAndCosts(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.body), &body); err != nil {
 		t.Fatalf("401 body %q is not JSON: %v", r.body, err)
 	}
-	if got := s.orders.Total() + s.billing.Total(); got != 0 {
+	if got := s.totalReceived(); got != 0 {
 		t.Fatalf("a request without a key reached a service (%d)", got)
 	}
 
@@ -369,7 +359,7 @@ func TestBadFilterConfigRejectedAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Kill)
-	waitFor(t, "gateway exits on a bad filter config", 30*time.Second, func() bool {
+	testkit.Poll(t, 30*time.Second, "gateway exits on a bad filter config", func() bool {
 		exited, _ := p.Exited()
 		return exited
 	})

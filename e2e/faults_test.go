@@ -10,13 +10,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/lua"
 )
 
@@ -97,7 +97,7 @@ func TestFaultRedisSlow(t *testing.T) {
 				done := make(chan error, 1)
 				go func() { done <- redisPatient(t, s.redis.Addr).Do(ctx, "DEBUG", "SLEEP", pauseMs/1000).Err() }()
 				// The sleep has begun once Redis stops answering.
-				waitFor(t, "DEBUG SLEEP begins", 5*time.Second, func() bool {
+				testkit.Poll(t, 5*time.Second, "DEBUG SLEEP begins", func() bool {
 					select {
 					case err := <-done:
 						t.Fatalf("DEBUG SLEEP: %v", err)
@@ -176,28 +176,15 @@ func TestFaultRedisRestartedEmpty(t *testing.T) {
 	// Traffic from many clients throughout the restart.
 	before := s.decisions()
 	var sent, notOK atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				start := time.Now()
-				r, err := s.try(0, "GET", "/orders/1", "x-api-key", "load-"+strconv.Itoa(w)+"-"+strconv.Itoa(i))
-				sent.Add(1)
-				if err != nil || r.status != http.StatusOK || time.Since(start) > hangBound {
-					notOK.Add(1)
-				}
-			}
-		}()
-	}
-	waitFor(t, "traffic flows", 10*time.Second, func() bool { return sent.Load() > 20 })
+	load := testkit.StartLoad(t, 4, func(w, i int) {
+		start := time.Now()
+		r, err := s.try(0, "GET", "/orders/1", "x-api-key", "load-"+strconv.Itoa(w)+"-"+strconv.Itoa(i))
+		sent.Add(1)
+		if err != nil || r.status != http.StatusOK || time.Since(start) > hangBound {
+			notOK.Add(1)
+		}
+	})
+	testkit.Poll(t, 10*time.Second, "traffic flows", func() bool { return sent.Load() > 20 })
 	if err := s.redis.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -205,11 +192,10 @@ func TestFaultRedisRestartedEmpty(t *testing.T) {
 	// The restart is an outage: the circuit breaker may open and let
 	// requests through unchecked until its probe finds Redis back. The
 	// traffic goes on until the sidecar decides again.
-	waitFor(t, "traffic after the restart, decided again", 20*time.Second, func() bool {
+	testkit.Poll(t, 20*time.Second, "traffic after the restart, decided again", func() bool {
 		return sent.Load() > restartedAt+50 && s.decisions()["allowed"] > allowedAt
 	})
-	close(stop)
-	wg.Wait()
+	load.Stop()
 	if n := notOK.Load(); n != 0 {
 		t.Fatalf("%d of %d requests during the restart were not answered 200 within %v", n, sent.Load(), hangBound)
 	}
@@ -545,31 +531,18 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 	before := s.decisions()
 	var sent, bad, undecided atomic.Int64
 	var firstBad atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				r, err := s.try(0, "GET", "/billing/1", "x-api-key", "plans-load-"+strconv.Itoa(w)+"-"+strconv.Itoa(i%50))
-				sent.Add(1)
-				switch {
-				case err == nil && r.status == http.StatusOK && r.header.Get("ratelimit-limit") == "":
-					undecided.Add(1) // failed open: the counters say why
-				case err != nil || r.status != http.StatusOK || r.header.Get("ratelimit-limit") != "1000000000":
-					if bad.Add(1) == 1 {
-						firstBad.Store(r.status)
-					}
-				}
+	load := testkit.StartLoad(t, 4, func(w, i int) {
+		r, err := s.try(0, "GET", "/billing/1", "x-api-key", "plans-load-"+strconv.Itoa(w)+"-"+strconv.Itoa(i%50))
+		sent.Add(1)
+		switch {
+		case err == nil && r.status == http.StatusOK && r.header.Get("ratelimit-limit") == "":
+			undecided.Add(1) // failed open: the counters say why
+		case err != nil || r.status != http.StatusOK || r.header.Get("ratelimit-limit") != "1000000000":
+			if bad.Add(1) == 1 {
+				firstBad.Store(r.status)
 			}
-		}()
-	}
+		}
+	})
 
 	// Replace the file the way deployments do (write aside, rename over),
 	// so the sidecar never reads half a file.
@@ -593,7 +566,7 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 	for _, bad := range invalid {
 		n := rejected()
 		replace(bad.content)
-		waitFor(t, "the sidecar rejects the plans file ("+bad.name+")", 10*time.Second, func() bool { return rejected() > n })
+		testkit.Poll(t, 10*time.Second, "the sidecar rejects the plans file ("+bad.name+")", func() bool { return rejected() > n })
 		if got := limitOf(); got != "777777" {
 			t.Fatalf("after an invalid plans file (%s) the listed client's limit is %q, want the old 777777", bad.name, got)
 		}
@@ -602,17 +575,16 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 	if err := os.Remove(s.plans); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the sidecar notices the plans file is gone", 10*time.Second, func() bool {
+	testkit.Poll(t, 10*time.Second, "the sidecar notices the plans file is gone", func() bool {
 		return strings.Contains(s.sidecars[0].Output(), "plans file unreadable")
 	})
 	if got := limitOf(); got != "777777" {
 		t.Fatalf("with the plans file gone the listed client's limit is %q, want the old 777777", got)
 	}
 	replace(valid(888888))
-	waitFor(t, "the sidecar loads the new valid plans", 10*time.Second, func() bool { return limitOf() == "888888" })
+	testkit.Poll(t, 10*time.Second, "the sidecar loads the new valid plans", func() bool { return limitOf() == "888888" })
 
-	close(stop)
-	wg.Wait()
+	load.Stop()
 	if n := bad.Load(); n != 0 {
 		t.Fatalf("%d of %d requests under load failed (first status %v)", n, sent.Load(), firstBad.Load())
 	}

@@ -1,14 +1,13 @@
 package e2e_test
 
 import (
-	"bufio"
-	"io"
-	"net/http"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // Helpers shared by the fault, security and hammer tests.
@@ -44,11 +43,7 @@ func (s *stack) timedDo(g int, method, path string, headers ...string) reply {
 func (s *stack) decisions() counts {
 	s.t.Helper()
 	out := counts{}
-	for _, g := range s.gateways {
-		st, err := g.Stats()
-		if err != nil {
-			s.t.Fatal(err)
-		}
+	for _, st := range s.gatewayStats() {
 		for name, v := range st {
 			if n, ok := strings.CutPrefix(name, counter("")); ok {
 				out[n] += v
@@ -62,11 +57,7 @@ func (s *stack) decisions() counts {
 func (s *stack) vmFailures() int64 {
 	s.t.Helper()
 	var n int64
-	for _, g := range s.gateways {
-		st, err := g.Stats()
-		if err != nil {
-			s.t.Fatal(err)
-		}
+	for _, st := range s.gatewayStats() {
 		for name, v := range st {
 			if strings.HasPrefix(name, "wasm.vm.") && strings.HasSuffix(name, ".failed") {
 				n += v
@@ -161,7 +152,7 @@ func expectFailedOpen(t *testing.T, d counts, n int64, reasons ...string) {
 func (s *stack) expectLimited(g int, client string) {
 	s.t.Helper()
 	try := 0
-	waitFor(s.t, "limiting works ("+client+")", 30*time.Second, func() bool {
+	testkit.Poll(s.t, 30*time.Second, "limiting works ("+client+")", func() bool {
 		try++
 		c := client + "-" + strconv.Itoa(try)
 		for _, want := range []int{200, 200, 429} {
@@ -181,52 +172,20 @@ func (s *stack) expectLimited(g int, client string) {
 // name with labels, e.g. `sidecar_decisions_total{result="allowed"}`.
 func (s *stack) sidecarMetric(i int, name string) float64 {
 	s.t.Helper()
-	v, ok := scrape(s.t, "http://"+s.scAddrs[i]+"/metrics")[name]
+	m, err := testkit.GetMetrics("http://" + s.scAddrs[i] + "/metrics")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	v, ok := m[name]
 	if !ok {
 		s.t.Fatalf("sidecar /metrics has no %s", name)
 	}
 	return v
 }
 
-// scrape reads a Prometheus text page into name → value.
-func scrape(t *testing.T, url string) map[string]float64 {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err == nil {
-			out[line[:i]] = v
-		}
-	}
-	return out
-}
-
 // get fetches url and returns its body.
 func get(t *testing.T, url string) string {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
+	_, body := testkit.Get(t, url)
+	return body
 }

@@ -145,7 +145,7 @@ func FuzzFilterKeyHeaders(f *testing.F) {
 		var keys, costs []string
 		for _, h := range check {
 			switch h[0] {
-			case "x-api-key":
+			case limiter.KeyHeader:
 				keys = append(keys, h[1])
 			case "x-ratelimit-cost":
 				costs = append(costs, h[1])
@@ -160,7 +160,7 @@ func FuzzFilterKeyHeaders(f *testing.F) {
 		if hasKey && keyHeader != "" {
 			var up []string
 			for _, h := range s.UpstreamHeaders() {
-				if h[0] == "x-api-key" {
+				if h[0] == limiter.KeyHeader {
 					up = append(up, h[1])
 				}
 			}

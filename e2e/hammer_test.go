@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
 
@@ -116,7 +117,7 @@ func hammer(s *stack, key string, capacity, clients, requests int64) {
 	// through the sidecar: read its counters once they stop moving.
 	total := func() int64 { return s.sidecarAllowed() + s.sidecarDenied() + s.sidecarErrors() }
 	last := total()
-	waitFor(t, "the sidecars' decisions settle", 10*time.Second, func() bool {
+	testkit.Poll(t, 10*time.Second, "the sidecars' decisions settle", func() bool {
 		time.Sleep(50 * time.Millisecond) // the interval the counters must hold still for
 		n := total()
 		settled := n == last

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // With "on_failure": "local", Redis killed: a client the gateways saw
@@ -28,7 +30,7 @@ func TestLocalFailureWhenRedisStops(t *testing.T) {
 	// Each gateway learns the plan from one answer of the sidecar.
 	const seen = "seen-before"
 	for g := 0; g < gateways; g++ {
-		waitFor(t, "gateway answered by the sidecar", 30*time.Second, func() bool {
+		testkit.Poll(t, 30*time.Second, "gateway answered by the sidecar", func() bool {
 			return fromSidecar(s.do(g, "GET", "/orders/1", "x-api-key", seen))
 		})
 	}
@@ -102,7 +104,7 @@ func TestLocalFailureWhenRedisStops(t *testing.T) {
 	// answer). The restarted Redis is empty, so this client has a full
 	// bucket of 5, spends it, and the sidecar denies the sixth.
 	const after = "after-outage"
-	waitFor(t, "the sidecar answering again", 30*time.Second, func() bool {
+	testkit.Poll(t, 30*time.Second, "the sidecar answering again", func() bool {
 		return fromSidecar(s.do(0, "GET", "/orders/1", "x-api-key", after))
 	})
 	deniedBefore, localDeniedBefore := s.stat(counter("denied")), s.stat(counter("local_denied"))

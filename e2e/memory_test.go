@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
 
@@ -121,7 +122,7 @@ func TestIdleBucketsExpire(t *testing.T) {
 
 	// Idle clients' buckets expire; the active one's stays.
 	activeKey := keys.New(nil).BucketKey([]byte(active))
-	waitFor(t, "only the active client's bucket is left", ttlMs*time.Millisecond+20*time.Second, func() bool {
+	testkit.Poll(t, ttlMs*time.Millisecond+20*time.Second, "only the active client's bucket is left", func() bool {
 		n, err := rc.DBSize(ctx).Result()
 		return err == nil && n == 1
 	})
@@ -139,7 +140,7 @@ func TestIdleBucketsExpire(t *testing.T) {
 	if n := activeBad.Load(); n != 0 {
 		t.Errorf("the active client was refused %d times", n)
 	}
-	waitFor(t, "no bucket left once every client is idle", ttlMs*time.Millisecond+20*time.Second, func() bool {
+	testkit.Poll(t, ttlMs*time.Millisecond+20*time.Second, "no bucket left once every client is idle", func() bool {
 		n, err := rc.DBSize(ctx).Result()
 		return err == nil && n == 0
 	})

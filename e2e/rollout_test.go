@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/e2e/services"
+	"github.com/edgelimit/edgelimit/e2e/services/shadow"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
 
@@ -105,8 +107,8 @@ func TestRolloutCanaryShadowEnforce(t *testing.T) {
 	if ok, denied := burst("quiet", "/billing/1", capacity+5); ok != capacity+5 || denied != 0 {
 		t.Errorf("canary quiet: %d admitted, %d denied; want all %d admitted", ok, denied, capacity+5)
 	}
-	if a, d := s.billing.Shadow("quiet", "allow"), s.billing.Shadow("quiet", "deny"); a != capacity || d != 5 {
-		t.Errorf("billing saw quiet's shadow allow=%d deny=%d, want %d and 5", a, d, capacity)
+	if c := s.billing.Stats().Client("quiet"); c.ShadowAllow != capacity || c.ShadowDeny != 5 {
+		t.Errorf("billing saw quiet's shadow allow=%d deny=%d, want %d and 5", c.ShadowAllow, c.ShadowDeny, capacity)
 	}
 
 	// Step 2: shadow for everyone, and the comparison with the services'
@@ -282,30 +284,30 @@ func (c *shadowComparison) report() string {
 // are sent one at a time, so the one count that rose is this request's.
 func compareShadow(t *testing.T, s *stack, capacity int, traffic [][]request) *shadowComparison {
 	t.Helper()
-	services := map[string]*harness.Service{"orders": s.orders, "billing": s.billing}
+	svcs := map[string]*services.Service{"orders": s.orders, "billing": s.billing}
 	legacy := map[request]*legacyBucket{} // by (client, service)
 	edgeUsed := map[string]int{}          // requests of the client the edge model has admitted
 	legacyUsed := map[request]int{}
 	c := &shadowComparison{perClient: map[string]int{}}
-	values := []string{"allow", "deny", "unknown"}
+	values := []shadow.Edge{shadow.EdgeAllow, shadow.EdgeDeny, shadow.EdgeUnknown}
 	for _, rs := range traffic {
 		for _, r := range rs {
-			svc := services[r.service]
+			svc := svcs[r.service]
 			var before [3]int64
 			for i, v := range values {
-				before[i] = svc.Shadow(r.client, v)
+				before[i] = svc.Stats().Client(r.client).Shadowed(v)
 			}
 			if got := s.do(0, "GET", "/"+r.service+"/shadow", "x-api-key", r.client); got.status != http.StatusOK {
 				t.Fatalf("shadow mode: %s got %d, body %q", r.client, got.status, got.body)
 			}
-			seen := ""
+			seen := shadow.EdgeNone
 			for i, v := range values {
-				if svc.Shadow(r.client, v) == before[i]+1 {
+				if svc.Stats().Client(r.client).Shadowed(v) == before[i]+1 {
 					seen = v
 				}
 			}
 			c.total++
-			if seen == "" || seen == "unknown" {
+			if seen == shadow.EdgeNone || seen == shadow.EdgeUnknown {
 				// Failed open: the sidecar may or may not have spent a
 				// token before the answer was given up on. The bucket
 				// says which; the model goes on from there (no refill
@@ -317,7 +319,7 @@ func compareShadow(t *testing.T, s *stack, capacity int, traffic [][]request) *s
 				}
 				continue
 			}
-			edge := seen == "allow"
+			edge := seen == shadow.EdgeAllow
 			service := legacyDecision(legacy, r, capacity)
 
 			// The arithmetic: with no refill during the test, a bucket

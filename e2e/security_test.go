@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
 
@@ -181,7 +182,7 @@ func TestRawKeysNeverStored(t *testing.T) {
 		t.Fatal(err)
 	}
 	want("during an outage", s.do(0, "GET", "/orders/1", "x-api-key", outageKey), 200)
-	waitFor(t, "the sidecar logs the failed decision", 10*time.Second, func() bool {
+	testkit.Poll(t, 10*time.Second, "the sidecar logs the failed decision", func() bool {
 		return strings.Contains(s.sidecars[0].Output(), "decision failed")
 	})
 	if err := s.redis.Restart(context.Background()); err != nil {
@@ -200,7 +201,7 @@ func TestRawKeysNeverStored(t *testing.T) {
 	if err := s.sidecars[0].Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the sidecar rejects the plans file", 10*time.Second, func() bool {
+	testkit.Poll(t, 10*time.Second, "the sidecar rejects the plans file", func() bool {
 		return strings.Contains(s.sidecars[0].Output(), "plans reload rejected")
 	})
 
@@ -389,12 +390,12 @@ func TestInjectionThroughKeyOrCost(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			before := s.orders.Total()
+			before := s.orders.Stats().Total().Received
 			status, body := rawRequest(t, s.gateways[0].Addr, c.head)
 			if !slices.Contains(c.status, status) {
 				t.Fatalf("status %d (%q), want one of %v", status, body, c.status)
 			}
-			if status >= 400 && s.orders.Total() != before {
+			if status >= 400 && s.orders.Stats().Total().Received != before {
 				t.Fatalf("a refused request reached the service")
 			}
 		})
@@ -583,7 +584,7 @@ func TestSidecarListensOnLoopbackByDefault(t *testing.T) {
 	}
 	t.Cleanup(func() { p.Stop(10 * time.Second) })
 	var addrs []string
-	waitFor(t, "the sidecar listens or gives up", 30*time.Second, func() bool {
+	testkit.Poll(t, 30*time.Second, "the sidecar listens or gives up", func() bool {
 		if exited, _ := p.Exited(); exited {
 			return true
 		}
@@ -661,7 +662,7 @@ func TestSidecarRedisACLAndTLS(t *testing.T) {
 		// loaded machine is answered 503 (not decided, nothing spent) and
 		// asked again.
 		var resp *http.Response
-		waitFor(t, "a check through "+addr+" is decided", 10*time.Second, func() bool {
+		testkit.Poll(t, 10*time.Second, "a check through "+addr+" is decided", func() bool {
 			req, _ := http.NewRequest("POST", "http://"+addr+"/v1/check", nil)
 			req.Header.Set("x-api-key", apiKey)
 			var err error
@@ -680,7 +681,7 @@ func TestSidecarRedisACLAndTLS(t *testing.T) {
 	}
 	notReady := func(addr, why string) {
 		t.Helper()
-		waitFor(t, "the sidecar reports it is not ready", 30*time.Second, func() bool {
+		testkit.Poll(t, 30*time.Second, "the sidecar reports it is not ready", func() bool {
 			resp, err := http.Get("http://" + addr + "/readyz")
 			if err != nil {
 				return false
@@ -715,7 +716,7 @@ func TestSidecarRedisACLAndTLS(t *testing.T) {
 	// go-redis's own report at once.)
 	untrusted, untrustedAddr := start("sidecar-tls-untrusted", tlsURL, "SIDECAR_LOG_LEVEL=debug")
 	notReady(untrustedAddr, "")
-	waitFor(t, "the sidecar refuses the unknown CA", 30*time.Second, func() bool {
+	testkit.Poll(t, 30*time.Second, "the sidecar refuses the unknown CA", func() bool {
 		return strings.Contains(untrusted.Output(), "x509: certificate signed by unknown authority")
 	})
 
@@ -769,7 +770,7 @@ func TestCostRulesSeeNormalizedPaths(t *testing.T) {
 		// The bucket holds 2: after billing's price it is empty, after
 		// orders' one token is left.
 		next := s.do(0, "GET", "/orders/1", "x-api-key", key).status
-		switch billing, orders := s.billing.Received(key), s.orders.Received(key); {
+		switch billing, orders := s.billing.Stats().Client(key).Received, s.orders.Stats().Client(key).Received; {
 		case billing == 1 && next != http.StatusTooManyRequests:
 			t.Errorf("%s reached billing but was charged less than 2 (the next request got %d)", path, next)
 		case billing == 0 && orders == 2 && next != http.StatusOK:
@@ -777,7 +778,7 @@ func TestCostRulesSeeNormalizedPaths(t *testing.T) {
 		case billing+orders == 0:
 			t.Errorf("%s: 200 but no service received it", path)
 		}
-		if (path == "/orders/../billing/1" || path == "/orders/%2e%2e/billing/1") && s.billing.Received(key) != 1 {
+		if (path == "/orders/../billing/1" || path == "/orders/%2e%2e/billing/1") && s.billing.Stats().Client(key).Received != 1 {
 			t.Errorf("%s did not reach billing", path)
 		}
 	}

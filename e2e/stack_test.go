@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/e2e/services"
 	"github.com/edgelimit/edgelimit/internal/redisproc"
 )
 
@@ -93,8 +94,8 @@ type stack struct {
 	scAddrs  []string
 	fronts   []string // what the gateways dial for each sidecar
 	gateways []*harness.Gateway
-	orders   *harness.Service
-	billing  *harness.Service
+	orders   *services.Service // counting services: one replica, no limiter
+	billing  *services.Service
 	http     *http.Client
 }
 
@@ -143,11 +144,11 @@ func startStack(t *testing.T, c stackConfig) *stack {
 		}
 	}
 	var err error
-	if s.orders, err = harness.StartService("orders", "127.0.0.1:0"); err != nil {
+	if s.orders, err = services.Start("127.0.0.1:0", services.Config{Name: "orders", Replicas: 1}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.orders.Close() })
-	if s.billing, err = harness.StartService("billing", "127.0.0.1:0"); err != nil {
+	if s.billing, err = services.Start("127.0.0.1:0", services.Config{Name: "billing", Replicas: 1}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.billing.Close() })
@@ -230,18 +231,33 @@ func (s *stack) do(g int, method, path string, headers ...string) reply {
 
 // received is what reached both services from client.
 func (s *stack) received(client string) int64 {
-	return s.orders.Received(client) + s.billing.Received(client)
+	return s.orders.Stats().Client(client).Received + s.billing.Stats().Client(client).Received
+}
+
+// totalReceived is what reached both services from every client.
+func (s *stack) totalReceived() int64 {
+	return s.orders.Stats().Total().Received + s.billing.Stats().Total().Received
+}
+
+// gatewayStats returns every gateway's admin /stats, gateway by gateway.
+func (s *stack) gatewayStats() []map[string]int64 {
+	s.t.Helper()
+	out := make([]map[string]int64, len(s.gateways))
+	for i, g := range s.gateways {
+		st, err := g.Stats()
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		out[i] = st
+	}
+	return out
 }
 
 // stat sums a gateway counter over every gateway.
 func (s *stack) stat(name string) int64 {
 	s.t.Helper()
 	var n int64
-	for _, g := range s.gateways {
-		st, err := g.Stats()
-		if err != nil {
-			s.t.Fatal(err)
-		}
+	for _, st := range s.gatewayStats() {
 		n += st[name]
 	}
 	return n

@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 func envOf(m map[string]string) func(string) string {
@@ -241,13 +242,10 @@ func TestBinary(t *testing.T) {
 		}
 		return resp.StatusCode(), string(resp.Header.Peek("x-ratelimit-plan")) + string(resp.Header.Peek("ratelimit-limit"))
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for code, _ := get("GET", "/healthz"); code != 200; code, _ = get("GET", "/healthz") {
-		if time.Now().After(deadline) {
-			t.Fatal("/healthz never answered 200")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.Poll(t, 30*time.Second, "/healthz to answer 200", func() bool {
+		code, _ := get("GET", "/healthz")
+		return code == 200
+	})
 	for i, want := range []int{200, 200, 429} {
 		if code, _ := get("POST", "/v1/check", "x-api-key", "binary-client"); code != want {
 			t.Fatalf("check %d: %d, want %d", i+1, code, want)
@@ -267,13 +265,12 @@ func TestBinary(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(30 * time.Second)
-	for _, plan := get("POST", "/v1/check", "x-api-key", "other"); plan != "big500"; _, plan = get("POST", "/v1/check", "x-api-key", "other") {
-		if time.Now().After(deadline) {
-			t.Fatalf("new plan not in force after SIGHUP (got %q)", plan)
+	testkit.PollErr(t, 30*time.Second, "the new plan in force after SIGHUP", func() error {
+		if _, plan := get("POST", "/v1/check", "x-api-key", "other"); plan != "big500" {
+			return fmt.Errorf("got %q", plan)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

@@ -22,8 +22,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/edgelimit/edgelimit/e2e/bench/rig"
 	"github.com/edgelimit/edgelimit/e2e/harness"
-	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/e2e/services"
 )
 
 const plans = `# The demo's plans: capacity is the burst, rate the sustained tokens/s.
@@ -77,36 +78,20 @@ func run(binDir string) (err error) {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.MkdirTemp("", "edgelimit-demo-")
+	backend, err := rig.StartBackend(ctx, b, plans)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
+	defer backend.Close()
+	step("redis-server on %s", backend.Redis.Addr)
+	step("sidecar on %s (plans: free 10 burst + 2/s, pro 50 burst + 20/s)", backend.SidecarAddr)
 
-	rds, err := redisproc.Start(ctx, redisproc.Options{Dir: filepath.Join(tmp, "redis")})
-	if err != nil {
-		return err
-	}
-	defer rds.Stop()
-	step("redis-server on %s", rds.Addr)
-
-	plansPath := filepath.Join(tmp, "plans.yaml")
-	if err := os.WriteFile(plansPath, []byte(plans), 0o600); err != nil {
-		return err
-	}
-	sc, scAddr, err := harness.StartSidecar(ctx, b, harness.SidecarConfig{Redis: rds.URL(), Plans: plansPath})
-	if err != nil {
-		return err
-	}
-	defer sc.Stop(5 * time.Second)
-	step("sidecar on %s (plans: free 10 burst + 2/s, pro 50 burst + 20/s)", scAddr)
-
-	orders, err := harness.StartService("orders", "127.0.0.1:0")
+	orders, err := services.Start("127.0.0.1:0", services.Config{Name: "orders", Replicas: 1})
 	if err != nil {
 		return err
 	}
 	defer orders.Close()
-	billing, err := harness.StartService("billing", "127.0.0.1:0")
+	billing, err := services.Start("127.0.0.1:0", services.Config{Name: "billing", Replicas: 1})
 	if err != nil {
 		return err
 	}
@@ -115,7 +100,7 @@ func run(binDir string) (err error) {
 
 	gw, err := harness.StartGateway(ctx, b, harness.GatewayConfig{
 		Config:   filepath.Join(root, "envoy", "envoy.yaml"),
-		Clusters: map[string]string{"orders": orders.Addr, "billing": billing.Addr, "ratelimit_sidecar": scAddr},
+		Clusters: map[string]string{"orders": orders.Addr, "billing": billing.Addr, "ratelimit_sidecar": backend.SidecarAddr},
 	})
 	if err != nil {
 		return err
@@ -152,7 +137,7 @@ func run(binDir string) (err error) {
 				ra = fmt.Sprintf("%d–%d s", r.retryMin, r.retryMax)
 			}
 		}
-		o, bl := orders.Received(c.key), billing.Received(c.key)
+		o, bl := orders.Stats().Client(c.key).Received, billing.Stats().Client(c.key).Received
 		if int(o+bl) != r.admitted {
 			allMatch = false
 		}

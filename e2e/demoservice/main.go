@@ -1,6 +1,7 @@
 // Command demoservice is the upstream used by the demo deployment
-// (deploy/compose/compose.yaml): it answers every request with 200 and reports what
-// reached it, per client, at GET /_stats.
+// (deploy/compose/compose.yaml): a counting service of package services
+// with one replica and no limiter. It answers every request with 200 and
+// reports what reached it, per client, at GET /_stats.
 package main
 
 import (
@@ -10,14 +11,14 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/e2e/services"
 )
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:9001", "address to serve on")
 	name := flag.String("name", "orders", "service name reported in responses")
 	flag.Parse()
-	s, err := harness.StartService(*name, *listen)
+	s, err := services.Start(*listen, services.Config{Name: *name, Replicas: 1})
 	if err != nil {
 		slog.Error("listen", "addr", *listen, "err", err)
 		os.Exit(1)

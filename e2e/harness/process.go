@@ -1,6 +1,8 @@
-// Package harness starts and owns the real processes and services of an
-// end-to-end run (the sidecar, the gateway, demo services) for the e2e tests,
-// the demo and the benchmarks. Everything it starts is stopped by its owner.
+// Package harness starts and owns the real processes of an end-to-end run
+// (the sidecar, the gateway) for the e2e tests, the demo and the
+// benchmarks. The upstream services behind the gateway come from package
+// services; polling and reading /metrics, from internal/testkit.
+// Everything it starts is stopped by its owner.
 package harness
 
 import (
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/internal/syncbuf"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // Process is a child process whose output is kept for diagnosis.
@@ -103,33 +106,33 @@ func exitErr(err error) error {
 // or ctx ends. p may be nil.
 func WaitHTTP(ctx context.Context, p *Process, url string, want int) error {
 	client := &http.Client{Timeout: time.Second}
-	delay := 5 * time.Millisecond
-	var last error
-	for {
+	var last, exited error
+	err := testkit.Wait(ctx, func() bool {
 		if p != nil {
-			if exited, err := p.Exited(); exited {
-				return fmt.Errorf("%s exited before %s was ready (%v); output:\n%s", p.Name, url, err, p.Output())
+			if done, err := p.Exited(); done {
+				exited = fmt.Errorf("%s exited before %s was ready (%v); output:\n%s", p.Name, url, err, p.Output())
+				return true
 			}
 		}
 		resp, err := client.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == want {
-				return nil
-			}
-			last = fmt.Errorf("%s: status %d, want %d", url, resp.StatusCode, want)
-		} else {
+		if err != nil {
 			last = err
+			return false
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s: %w (last: %v)", url, ctx.Err(), last)
-		case <-time.After(delay):
+		resp.Body.Close()
+		if resp.StatusCode == want {
+			return true
 		}
-		if delay < 100*time.Millisecond {
-			delay *= 2
-		}
+		last = fmt.Errorf("%s: status %d, want %d", url, resp.StatusCode, want)
+		return false
+	})
+	switch {
+	case exited != nil:
+		return exited
+	case err != nil:
+		return fmt.Errorf("waiting for %s: %w (last: %v)", url, err, last)
 	}
+	return nil
 }
 
 // FreeAddr returns a loopback address with a port that was free a moment

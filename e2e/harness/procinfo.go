@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // StartProcessEnv is StartProcess with extra environment variables
@@ -64,22 +66,25 @@ func (p *Process) RSS() (int64, error) {
 // WaitStopped waits until the kernel reports the process stopped (state T
 // in /proc/<pid>/stat), as it is some moment after Pause sent SIGSTOP.
 func (p *Process) WaitStopped(within time.Duration) error {
-	deadline := time.Now().Add(within)
-	for {
+	var readErr error
+	stopped := testkit.Until(within, func() bool {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
 		if err != nil {
-			return err
+			readErr = err
+			return true
 		}
 		// The state follows the command name, which is in parentheses and
 		// may itself hold spaces or parentheses.
-		if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) && b[i+2] == 'T' {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not stopped within %v", p.Name, within)
-		}
-		time.Sleep(time.Millisecond)
+		i := strings.LastIndexByte(string(b), ')')
+		return i > 0 && i+2 < len(b) && b[i+2] == 'T'
+	})
+	switch {
+	case readErr != nil:
+		return readErr
+	case !stopped:
+		return fmt.Errorf("%s not stopped within %v", p.Name, within)
 	}
+	return nil
 }
 
 // ListenAddrs returns the local addresses of the TCP sockets the process

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 func TestProcNetAddr(t *testing.T) {
@@ -60,20 +62,16 @@ func TestProcessInfo(t *testing.T) {
 	})
 	listening := regexp.MustCompile(`listening on (\S+)\n`)
 	var addr string
-	deadline := time.Now().Add(30 * time.Second)
-	for addr == "" {
+	testkit.PollErr(t, 30*time.Second, "the helper to listen", func() error {
 		if m := listening.FindStringSubmatch(p.Output()); m != nil {
 			addr = m[1]
-			break
+			return nil
 		}
 		if exited, err := p.Exited(); exited {
 			t.Fatalf("helper exited (%v):\n%s", err, p.Output())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("helper did not listen:\n%s", p.Output())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Errorf("output so far:\n%s", p.Output())
+	})
 	addrs, err := p.ListenAddrs()
 	if err != nil {
 		t.Fatal(err)

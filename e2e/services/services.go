@@ -15,7 +15,8 @@
 // also keeps the gateway's clusters at one endpoint each, as envoy.yaml
 // declares them.
 //
-// A replica handles a request in this order: count it; the safety limit
+// A replica handles a request in this order: count it (with the edge's
+// shadow decision it carries, if any); the safety limit
 // (429); the per-service limiter, whose decision is also compared with the
 // edge's shadow decision when the request carries one (package shadow); in
 // LimiterEnforce, its 429; the worker pool (503 when the queue is full);
@@ -80,7 +81,10 @@ func ParseMode(s string) (Mode, error) {
 }
 
 // Config shapes a service. The zero value (with a Name) is a service of
-// DefaultReplicas replicas that admits everything at once.
+// DefaultReplicas replicas that admits everything at once. With Replicas 1
+// as well, it is the plain counting service of the end-to-end tests and the
+// demo: 200 to every request, and per client what arrived and with which
+// shadow decision.
 type Config struct {
 	Name string // reported in responses and stats; required
 	// Replicas is how many replica objects share the listener. Defaults to
@@ -204,6 +208,28 @@ type ClientStats struct {
 	Shed          int64     `json:"shed"`           // 503: the worker pool's queue was full
 	First         time.Time `json:"first"`          // arrival of the first request
 	Last          time.Time `json:"last"`           // arrival of the last request
+	// The edge's shadow decisions the requests carried (package shadow),
+	// counted whatever the per-service limiter, if any, made of them.
+	ShadowAllow   int64 `json:"shadow_allow,omitempty"`
+	ShadowDeny    int64 `json:"shadow_deny,omitempty"`
+	ShadowUnknown int64 `json:"shadow_unknown,omitempty"`
+	ShadowInvalid int64 `json:"shadow_invalid,omitempty"` // a value the filter never sends
+}
+
+// Shadowed returns how many of the requests carried the edge's shadow
+// decision e; EdgeNone counts none.
+func (c ClientStats) Shadowed(e shadow.Edge) int64 {
+	switch e {
+	case shadow.EdgeAllow:
+		return c.ShadowAllow
+	case shadow.EdgeDeny:
+		return c.ShadowDeny
+	case shadow.EdgeUnknown:
+		return c.ShadowUnknown
+	case shadow.EdgeInvalid:
+		return c.ShadowInvalid
+	}
+	return 0
 }
 
 // Window returns the time from the first request to the last.
@@ -215,6 +241,10 @@ func (c *ClientStats) add(o ClientStats) {
 	c.LimiterDenied += o.LimiterDenied
 	c.SafetyDenied += o.SafetyDenied
 	c.Shed += o.Shed
+	c.ShadowAllow += o.ShadowAllow
+	c.ShadowDeny += o.ShadowDeny
+	c.ShadowUnknown += o.ShadowUnknown
+	c.ShadowInvalid += o.ShadowInvalid
 	if !o.First.IsZero() && (c.First.IsZero() || o.First.Before(c.First)) {
 		c.First = o.First
 	}
@@ -313,6 +343,7 @@ func (r *replica) count(client string, f func(*ClientStats)) {
 
 func (r *replica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	client := clientkey.FromRequest(req)
+	edge := shadow.FromRequest(req)
 	now := r.clock()
 	r.count(client, func(c *ClientStats) {
 		c.Received++
@@ -320,6 +351,16 @@ func (r *replica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			c.First = now
 		}
 		c.Last = now
+		switch edge {
+		case shadow.EdgeAllow:
+			c.ShadowAllow++
+		case shadow.EdgeDeny:
+			c.ShadowDeny++
+		case shadow.EdgeUnknown:
+			c.ShadowUnknown++
+		case shadow.EdgeInvalid:
+			c.ShadowInvalid++
+		}
 	})
 	if r.safety != nil {
 		if d, _ := r.safety.Allow(client); !d.Allowed {
@@ -330,7 +371,7 @@ func (r *replica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	if r.mode != LimiterOff {
 		if d, limited := r.decide(client); limited {
-			r.svc.shadow.Record(client, shadow.FromRequest(req), d.Allowed)
+			r.svc.shadow.Record(client, edge, d.Allowed)
 			if !d.Allowed && r.mode == LimiterEnforce {
 				r.count(client, func(c *ClientStats) { c.LimiterDenied++ })
 				r.deny(w, d)

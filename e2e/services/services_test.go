@@ -12,6 +12,8 @@ import (
 
 	"github.com/edgelimit/edgelimit/e2e/services/bucket"
 	"github.com/edgelimit/edgelimit/e2e/services/shadow"
+	"github.com/edgelimit/edgelimit/filter/limiter"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // frozen is a clock that does not move: no bucket refills, so counts are
@@ -119,6 +121,45 @@ func TestSafetyLimitPerReplica(t *testing.T) {
 	}
 }
 
+// The plain counting service (one replica, no limiter): every request is
+// answered 200 and counted per client, with the shadow decision it
+// carried, bearer or header key alike.
+func TestCountingService(t *testing.T) {
+	s, err := Start("127.0.0.1:0", Config{Name: "orders", Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, e := range []string{"allow", "deny", "deny", "unknown", "", "bogus"} {
+		hdr := map[string]string{}
+		if e != "" {
+			hdr[limiter.ShadowHeader] = e
+		}
+		if code, _ := get(t, s.Addr, "/orders/1", "k", hdr); code != http.StatusOK {
+			t.Fatalf("status %d, want 200", code)
+		}
+	}
+	get(t, s.Addr, "/orders/2", "", map[string]string{"authorization": "Bearer k"})
+	get(t, s.Addr, "/orders/3", "", nil)
+	c := s.Stats().Client("k")
+	want := ClientStats{Received: 7, OK: 7, ShadowAllow: 1, ShadowDeny: 2, ShadowUnknown: 1, ShadowInvalid: 1}
+	c.First, c.Last = time.Time{}, time.Time{}
+	if c != want {
+		t.Fatalf("client k: %+v, want %+v", c, want)
+	}
+	for e, n := range map[shadow.Edge]int64{shadow.EdgeNone: 0, shadow.EdgeAllow: 1, shadow.EdgeDeny: 2, shadow.EdgeUnknown: 1, shadow.EdgeInvalid: 1} {
+		if got := c.Shadowed(e); got != n {
+			t.Errorf("Shadowed(%v) = %d, want %d", e, got, n)
+		}
+	}
+	if got := s.Stats().Client("").Received; got != 1 {
+		t.Errorf("requests without a key: %d, want 1", got)
+	}
+	if got := s.Stats().Total().Received; got != 8 {
+		t.Errorf("total received %d, want 8", got)
+	}
+}
+
 func TestObserveComparesWithTheEdge(t *testing.T) {
 	plan := bucket.Limit{Capacity: 2, Rate: 1}
 	f := startFleet(t, []string{"orders"}, Config{
@@ -130,7 +171,7 @@ func TestObserveComparesWithTheEdge(t *testing.T) {
 	for _, e := range edge {
 		hdr := map[string]string{}
 		if e != "" {
-			hdr[shadow.Header] = e
+			hdr[limiter.ShadowHeader] = e
 		}
 		if code, _ := get(t, addr, "/o", "k", hdr); code != http.StatusOK {
 			t.Fatalf("observe mode rejected a request: %d", code)
@@ -188,16 +229,15 @@ func TestPoolShedsOverCapacity(t *testing.T) {
 		}
 		firstDone.Store(true)
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testkit.Poll(t, 10*time.Second, "the first request to take the worker", func() bool {
 		if p := f.Services[0].Stats().Replicas[0].Pool; p != nil && p.InFlight == 1 {
-			break
+			return true
 		}
-		if time.Now().After(deadline) || firstDone.Load() {
-			t.Fatal("the first request never took the worker")
+		if firstDone.Load() {
+			t.Fatal("the first request ended without taking the worker")
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return false
+	})
 	code, h := get(t, addr, "/o", "b", nil)
 	if code != http.StatusServiceUnavailable || h.Get("retry-after") != "1" {
 		t.Fatalf("over capacity: %d, want 503 with retry-after", code)

@@ -23,6 +23,8 @@ import (
 
 	"github.com/edgelimit/edgelimit/e2e/filterwasm"
 	"github.com/edgelimit/edgelimit/filter/filtertest"
+	"github.com/edgelimit/edgelimit/filter/limiter"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 var (
@@ -187,24 +189,9 @@ func startArgs(t *testing.T, args ...string) *running {
 	return nil
 }
 
-func get(t *testing.T, url string, headers ...string) (*http.Response, string) {
-	t.Helper()
-	req, _ := http.NewRequest("GET", url, nil)
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Add(headers[i], headers[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp, string(b)
-}
-
 func stat(t *testing.T, admin, name string) int64 {
 	t.Helper()
-	_, body := get(t, "http://"+admin+"/stats")
+	_, body := testkit.Get(t, "http://"+admin+"/stats")
 	for _, line := range strings.Split(body, "\n") {
 		if v, ok := strings.CutPrefix(line, name+": "); ok {
 			n, _ := strconv.ParseInt(v, 10, 64)
@@ -248,7 +235,7 @@ func TestGatewayWithTheFilter(t *testing.T) {
 			if c.key != "" {
 				hdrs = []string{"x-api-key", c.key}
 			}
-			resp, body := get(t, base+c.path, hdrs...)
+			resp, body := testkit.Get(t, base+c.path, hdrs...)
 			if resp.StatusCode != c.wantStatus {
 				t.Fatalf("status %d, want %d; body %q", resp.StatusCode, c.wantStatus, body)
 			}
@@ -276,14 +263,14 @@ func TestGatewayWithTheFilter(t *testing.T) {
 	}
 	// Two authorization lines reach the filter as one value joined by ","
 	// (an inline header in Envoy), which holds no single key.
-	resp, body := get(t, base+"/orders/1", "authorization", "Bearer alice", "authorization", "Bearer bob")
+	resp, body := testkit.Get(t, base+"/orders/1", "authorization", "Bearer alice", "authorization", "Bearer bob")
 	if resp.StatusCode != 401 || !strings.Contains(body, "invalid_api_key") {
 		t.Errorf("two authorization headers: %d %q, want 401 invalid_api_key", resp.StatusCode, body)
 	}
 	// What the service saw of an admitted request.
-	get(t, base+"/orders/9?x=1", "x-api-key", "alice", "x-ratelimit-shadow", "forged")
+	testkit.Get(t, base+"/orders/9?x=1", "x-api-key", "alice", limiter.ShadowHeader, "forged")
 	if orders.header("x-request-id") == "" || orders.header("x-forwarded-for") != "127.0.0.1" ||
-		orders.header("x-api-key") != "alice" || orders.header("x-ratelimit-shadow") != "" {
+		orders.header("x-api-key") != "alice" || orders.header(limiter.ShadowHeader) != "" {
 		t.Errorf("upstream request headers: %v", orders.last)
 	}
 	if n := stat(t, g.admin, "wasmcustom.edgelimit.requests.allowed"); n < 3 {
@@ -298,13 +285,13 @@ func TestGatewayWithTheFilter(t *testing.T) {
 	if n := stat(t, g.admin, "cluster.ratelimit_sidecar.upstream_rq_total"); n < 5 {
 		t.Errorf("sidecar callouts counted: %d", n)
 	}
-	if resp, _ := get(t, "http://"+g.admin+"/ready"); resp.StatusCode != 200 {
+	if resp, _ := testkit.Get(t, "http://"+g.admin+"/ready"); resp.StatusCode != 200 {
 		t.Errorf("/ready %d", resp.StatusCode)
 	}
 	// The plugin's metrics in Envoy's Prometheus form, the callout latency
 	// in the buckets envoy.yaml's stats_config gives it (every callout so
 	// far, the slow one included, is in the +Inf bucket's count).
-	_, prom := get(t, "http://"+g.admin+"/stats/prometheus")
+	_, prom := testkit.Get(t, "http://"+g.admin+"/stats/prometheus")
 	for _, want := range []string{
 		"# TYPE edgelimit_requests_allowed counter\n",
 		"# TYPE edgelimit_callout_latency_us histogram\n",
@@ -336,18 +323,18 @@ func TestGatewayUpstreamFailures(t *testing.T) {
 		"-cluster", "orders="+closedAddr(t),
 		"-cluster", "billing="+billing.Listener.Addr().String(),
 		"-cluster", "ratelimit_sidecar="+closedAddr(t))
-	resp, body := get(t, "http://"+g.addr+"/orders/1", "x-api-key", "alice")
+	resp, body := testkit.Get(t, "http://"+g.addr+"/orders/1", "x-api-key", "alice")
 	if resp.StatusCode != 503 || !strings.HasPrefix(body, "upstream connect error or disconnect/reset before headers") {
 		t.Errorf("service down: %d %q", resp.StatusCode, body)
 	}
 	// The sidecar is down: its connect failure is a 503 to the filter,
 	// which fails open.
-	resp, body = get(t, "http://"+g.addr+"/billing/1", "x-api-key", "alice")
+	resp, body = testkit.Get(t, "http://"+g.addr+"/billing/1", "x-api-key", "alice")
 	if resp.StatusCode != 200 || body != "billing /billing/1" {
 		t.Errorf("sidecar down: %d %q", resp.StatusCode, body)
 	}
 	var failedOpen int64
-	_, stats := get(t, "http://"+g.admin+"/stats")
+	_, stats := testkit.Get(t, "http://"+g.admin+"/stats")
 	for _, line := range strings.Split(stats, "\n") {
 		if strings.HasPrefix(line, "wasmcustom.edgelimit.requests.failed_open.") {
 			n, _ := strconv.ParseInt(line[strings.LastIndex(line, " ")+1:], 10, 64)
@@ -379,7 +366,7 @@ func TestGatewayFailedVM(t *testing.T) {
 			g := start(t, "-config", cfg, "-wasm", probe, "-concurrency", "1", "-poll-oneoff", "noevents",
 				"-cluster", "orders="+orders.Listener.Addr().String(),
 				"-cluster", "billing="+closedAddr(t), "-cluster", "ratelimit_sidecar="+closedAddr(t))
-			if resp, _ := get(t, "http://"+g.addr+"/orders/1"); resp.StatusCode != 200 {
+			if resp, _ := testkit.Get(t, "http://"+g.addr+"/orders/1"); resp.StatusCode != 200 {
 				t.Fatalf("before the failure: %d", resp.StatusCode)
 			}
 			want := 503
@@ -387,7 +374,7 @@ func TestGatewayFailedVM(t *testing.T) {
 				want = 200
 			}
 			for i, h := range [][]string{{"x-probe-panic", "now"}, nil} {
-				resp, _ := get(t, "http://"+g.addr+"/orders/1", h...)
+				resp, _ := testkit.Get(t, "http://"+g.addr+"/orders/1", h...)
 				if resp.StatusCode != want {
 					t.Errorf("request %d after the panic: %d, want %d", i, resp.StatusCode, want)
 				}
@@ -423,13 +410,7 @@ func TestGatewayDrainsOnStop(t *testing.T) {
 	}()
 	// Stop once the request reached the service (which takes 300 ms to
 	// answer it).
-	deadline := time.Now().Add(10 * time.Second)
-	for orders.hits.Load() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the request never reached the service")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testkit.Poll(t, 10*time.Second, "the request to reach the service", func() bool { return orders.hits.Load() > 0 })
 	if err := g.stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/filter/filtertest"
+	"github.com/edgelimit/edgelimit/filter/limiter"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // longDenySidecar answers checks by key like newSidecar, except that a
@@ -90,20 +93,15 @@ func (g *reloadable) trigger(t *testing.T, how string) int {
 	return 0
 }
 
-// waitStat polls an admin stat until it equals want.
+// waitStat polls an admin stat for up to 30 s until it equals want.
 func waitStat(t *testing.T, admin, name string, want int64) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got := stat(t, admin, name)
-		if got == want {
-			return
+	testkit.PollErr(t, 30*time.Second, fmt.Sprintf("%s to be %d", name, want), func() error {
+		if got := stat(t, admin, name); got != want {
+			return fmt.Errorf("%s = %d", name, got)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s = %d, want %d", name, got, want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // A reload applies a new mode to the next requests; the plugin's counters
@@ -117,7 +115,7 @@ func TestReloadAppliesNewMode(t *testing.T) {
 				"orders="+orders.Listener.Addr().String(), "billing="+closedAddr(t),
 				"ratelimit_sidecar="+sidecar.Listener.Addr().String())
 			base := "http://" + g.addr
-			if resp, _ := get(t, base+"/orders/1", "x-api-key", "deny-bob"); resp.StatusCode != 429 {
+			if resp, _ := testkit.Get(t, base+"/orders/1", "x-api-key", "deny-bob"); resp.StatusCode != 429 {
 				t.Fatalf("enforce: deny-bob got %d, want 429", resp.StatusCode)
 			}
 			if n := stat(t, g.admin, statGeneration); n != 1 {
@@ -131,17 +129,17 @@ func TestReloadAppliesNewMode(t *testing.T) {
 			waitStat(t, g.admin, statGeneration, 2)
 
 			before := calls.Load()
-			resp, _ := get(t, base+"/orders/2", "x-api-key", "deny-bob")
-			if resp.StatusCode != 200 || orders.header("x-ratelimit-shadow") != "deny" {
-				t.Fatalf("shadow after reload: status %d, shadow header %q; want 200 and deny", resp.StatusCode, orders.header("x-ratelimit-shadow"))
+			resp, _ := testkit.Get(t, base+"/orders/2", "x-api-key", "deny-bob")
+			if resp.StatusCode != 200 || orders.header(limiter.ShadowHeader) != "deny" {
+				t.Fatalf("shadow after reload: status %d, shadow header %q; want 200 and deny", resp.StatusCode, orders.header(limiter.ShadowHeader))
 			}
 			// The first VMs cached the denial in shared data; the new VMs
 			// answer from it without asking the sidecar.
 			if got := calls.Load() - before; got != 0 {
 				t.Errorf("the sidecar was asked %d times about a cached client: shared data did not survive the reload", got)
 			}
-			if resp, _ := get(t, base+"/orders/3", "x-api-key", "alice"); resp.StatusCode != 200 || orders.header("x-ratelimit-shadow") != "allow" {
-				t.Errorf("shadow after reload: alice %d, shadow header %q", resp.StatusCode, orders.header("x-ratelimit-shadow"))
+			if resp, _ := testkit.Get(t, base+"/orders/3", "x-api-key", "alice"); resp.StatusCode != 200 || orders.header(limiter.ShadowHeader) != "allow" {
+				t.Errorf("shadow after reload: alice %d, shadow header %q", resp.StatusCode, orders.header(limiter.ShadowHeader))
 			}
 			for name, want := range map[string]int64{
 				"wasmcustom.edgelimit.requests.denied":            1, // counted by the first VMs, kept
@@ -154,7 +152,7 @@ func TestReloadAppliesNewMode(t *testing.T) {
 					t.Errorf("%s = %d, want %d", name, got, want)
 				}
 			}
-			waitFor(t, "the replaced VMs closed", func() bool {
+			testkit.Poll(t, 30*time.Second, "the replaced VMs closed", func() bool {
 				return strings.Contains(g.stderr.String(), `previous configuration drained and closed" generation=1`)
 			})
 		})
@@ -200,7 +198,7 @@ func TestReloadRejectedKeepsRunning(t *testing.T) {
 				t.Errorf("log lacks %q:\n%s", c.wantLog, g.stderr.String())
 			}
 			// Still enforcing, as configured at start.
-			if resp, _ := get(t, "http://"+g.addr+"/orders/1", "x-api-key", "deny-"+strconv.Itoa(i)); resp.StatusCode != 429 {
+			if resp, _ := testkit.Get(t, "http://"+g.addr+"/orders/1", "x-api-key", "deny-"+strconv.Itoa(i)); resp.StatusCode != 429 {
 				t.Errorf("after the failed reload: %d, want 429", resp.StatusCode)
 			}
 		})
@@ -210,7 +208,7 @@ func TestReloadRejectedKeepsRunning(t *testing.T) {
 	if code := g.trigger(t, "admin"); code != 200 {
 		t.Fatalf("POST /reload of a good file: %d", code)
 	}
-	if resp, _ := get(t, "http://"+g.addr+"/orders/1", "x-api-key", "deny-again"); resp.StatusCode != 200 {
+	if resp, _ := testkit.Get(t, "http://"+g.addr+"/orders/1", "x-api-key", "deny-again"); resp.StatusCode != 200 {
 		t.Errorf("mode off after reload: %d, want 200", resp.StatusCode)
 	}
 }
@@ -260,7 +258,7 @@ func TestReloadInFlightRequestsFinish(t *testing.T) {
 			done <- result{status: resp.StatusCode, limit: resp.Header.Get("ratelimit-limit")}
 		}()
 	}
-	waitFor(t, "every request held by the service", func() bool { return held.Load() == inflight })
+	testkit.Poll(t, 30*time.Second, "every request held by the service", func() bool { return held.Load() == inflight })
 
 	g.rewrite(t, `{"timeout_ms": 250, "mode": "shadow"}`)
 	if code := g.trigger(t, "admin"); code != 200 {
@@ -272,8 +270,8 @@ func TestReloadInFlightRequestsFinish(t *testing.T) {
 		t.Fatal("the old VMs were closed while their requests were in flight")
 	}
 	// A new request runs on the new VMs: shadow mode.
-	if resp, _ := get(t, "http://"+g.addr+"/billing/1", "x-api-key", "deny-new"); resp.StatusCode != 200 || billing.header("x-ratelimit-shadow") != "deny" {
-		t.Fatalf("new request after the reload: %d, shadow %q", resp.StatusCode, billing.header("x-ratelimit-shadow"))
+	if resp, _ := testkit.Get(t, "http://"+g.addr+"/billing/1", "x-api-key", "deny-new"); resp.StatusCode != 200 || billing.header(limiter.ShadowHeader) != "deny" {
+		t.Fatalf("new request after the reload: %d, shadow %q", resp.StatusCode, billing.header(limiter.ShadowHeader))
 	}
 
 	close(release)
@@ -285,21 +283,9 @@ func TestReloadInFlightRequestsFinish(t *testing.T) {
 			t.Errorf("in-flight request %d: status %d, ratelimit-limit %q, err %v", i, r.status, r.limit, r.err)
 		}
 	}
-	waitFor(t, "the replaced VMs closed once drained", func() bool {
+	testkit.Poll(t, 30*time.Second, "the replaced VMs closed once drained", func() bool {
 		return strings.Contains(g.stderr.String(), `previous configuration drained and closed" generation=1`)
 	})
-}
-
-// waitFor polls cond for up to 30 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 30 s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // The listener address in the file is bound once; a reload that changes it
@@ -344,7 +330,7 @@ func TestReloadKeepsListener(t *testing.T) {
 	if !strings.Contains(g.stderr.String(), "listener address change not applied") {
 		t.Errorf("no log line about the unapplied listener change:\n%s", g.stderr.String())
 	}
-	if resp, _ := get(t, "http://"+listen+"/orders/1", "x-api-key", "alice"); resp.StatusCode != 200 {
+	if resp, _ := testkit.Get(t, "http://"+listen+"/orders/1", "x-api-key", "alice"); resp.StatusCode != 200 {
 		t.Errorf("old listener after reload: %d", resp.StatusCode)
 	}
 }

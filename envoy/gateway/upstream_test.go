@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // echoService answers with what it received: method, framing and body.
@@ -50,16 +52,7 @@ func TestUpstreamBodies(t *testing.T) {
 		for i := 0; i+1 < len(hdr); i += 2 {
 			req.Header.Set(hdr[i], hdr[i+1])
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp, string(b)
+		return testkit.Do(t, req)
 	}
 	big := strings.Repeat("0123456789", 10000) // larger than every buffer
 	cases := []struct {
@@ -197,7 +190,7 @@ func TestUpstreamResetAfterHeaders(t *testing.T) {
 	if resp.StatusCode != 200 || err == nil {
 		t.Errorf("cut body: status %d, read error %v; want 200 and an error", resp.StatusCode, err)
 	}
-	resp2, body := get(t, "http://"+g.addr+"/billing/1", "x-api-key", "alice")
+	resp2, body := testkit.Get(t, "http://"+g.addr+"/billing/1", "x-api-key", "alice")
 	if resp2.StatusCode != 503 || body != "upstream connect error or disconnect/reset before headers. reset reason: connection termination" {
 		t.Errorf("no answer: %d %q", resp2.StatusCode, body)
 	}

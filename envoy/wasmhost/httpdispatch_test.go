@@ -3,6 +3,7 @@ package wasmhost
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 func TestHTTPDispatcher(t *testing.T) {
@@ -67,13 +70,8 @@ func TestHTTPDispatcher(t *testing.T) {
 			if err := vm.Configure(script(map[string]string{"configure": c.call, "http_call_response": callback})); err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			for len(vm.logs.results("status")) == 0 {
-				if ctx.Err() != nil {
-					t.Fatalf("no callback; log:\n%s", strings.Join(vm.logs.all(), "\n"))
-				}
-				time.Sleep(2 * time.Millisecond)
+			if !testkit.Until(10*time.Second, func() bool { return len(vm.logs.results("status")) > 0 }) {
+				t.Fatalf("no callback; log:\n%s", strings.Join(vm.logs.all(), "\n"))
 			}
 			checkLines(t, vm.logs, c.want)
 		})
@@ -116,13 +114,7 @@ func TestUnreadSeesTheSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Loopback delivery is not instant: poll until the kernel has it.
-	deadline := time.Now().Add(10 * time.Second)
-	for !unread(c) {
-		if time.Now().After(deadline) {
-			t.Fatal("the bytes sent never showed as unread")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testkit.Poll(t, 10*time.Second, "the bytes sent to show as unread", func() bool { return unread(c) })
 	buf := make([]byte, 64)
 	if _, err := io.ReadAtLeast(c, buf, len("HTTP/1.1 200 OK\r\n\r\n")); err != nil {
 		t.Fatal(err)
@@ -159,19 +151,14 @@ func newHoldServer(t *testing.T) *holdServer {
 // waitArrived polls until n requests have reached the server.
 func (h *holdServer) waitArrived(t *testing.T, n int) []string {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var got []string
+	testkit.Poll(t, 10*time.Second, fmt.Sprintf("%d requests at the server", n), func() bool {
 		h.mu.Lock()
-		got := append([]string(nil), h.arrived...)
-		h.mu.Unlock()
-		if len(got) >= n {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d requests reached the server, want %d", len(got), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer h.mu.Unlock()
+		got = append(got[:0], h.arrived...)
+		return len(got) >= n
+	})
+	return got
 }
 
 // hold dispatches a GET of path and returns its context's cancel (what the
@@ -244,17 +231,13 @@ func TestCircuitBreakerMaxRequests(t *testing.T) {
 // context's AfterFunc has run. An overflowed call leaves nothing behind.
 func pollDispatch(t *testing.T, d *HTTPDispatcher, path string) chan CalloutResponse {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, got, err := hold(t, d, path)
-		if err == nil {
-			return got
-		}
-		if !errors.Is(err, ErrOverflow) || time.Now().After(deadline) {
-			t.Fatalf("%s: %v", path, err)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	var got chan CalloutResponse
+	testkit.PollErr(t, 10*time.Second, path+" let through", func() error {
+		var err error
+		_, got, err = hold(t, d, path)
+		return err
+	})
+	return got
 }
 
 // With max_connections open and busy a call waits (pending) for one to

@@ -97,7 +97,7 @@ func DefaultConfig() *Config {
 		SidecarCluster:   "ratelimit_sidecar",
 		SidecarAuthority: "ratelimit-sidecar",
 		TimeoutMs:        5,
-		APIKeyHeader:     "x-api-key",
+		APIKeyHeader:     KeyHeader,
 		Mode:             ModeEnforce,
 		RejectMissingKey: true,
 		Breaker: BreakerConfig{

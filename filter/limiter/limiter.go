@@ -21,6 +21,13 @@ const (
 	// "unknown" when the check failed open. A client's own copy is always
 	// removed.
 	ShadowHeader = "x-ratelimit-shadow"
+	// KeyHeader is the request header holding the client's API key unless
+	// api_key_header names another, and the header the callout hands the
+	// key to the sidecar in.
+	KeyHeader = "x-api-key"
+	// AuthorizationHeader holds "Bearer <key>", the key of a request whose
+	// key header is absent or empty.
+	AuthorizationHeader = "authorization"
 	// CheckPath is the sidecar endpoint of every callout.
 	CheckPath = "/v1/check"
 )
@@ -211,7 +218,7 @@ func (l *Limiter) check(s *stream) abi.Action {
 	keyHeader, _ := h.GetHeader(abi.MapRequestHeaders, cfg.APIKeyHeader)
 	auth := ""
 	if keyHeader == "" {
-		auth, _ = h.GetHeader(abi.MapRequestHeaders, "authorization")
+		auth, _ = h.GetHeader(abi.MapRequestHeaders, AuthorizationHeader)
 	}
 	key, ks := ExtractKey(keyHeader, auth)
 	if ks != KeyFound {
@@ -290,7 +297,7 @@ func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 		[2]string{":method", "POST"},
 		[2]string{":path", CheckPath},
 		[2]string{":authority", cfg.SidecarAuthority},
-		[2]string{"x-api-key", s.key},
+		[2]string{KeyHeader, s.key},
 		[2]string{"x-ratelimit-cost", l.text.int(s.cost)})
 	if cfg.Region != "" {
 		headers = append(headers, [2]string{"x-ratelimit-region", cfg.Region})

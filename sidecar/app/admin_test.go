@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/sidecar/redisconn"
 	"github.com/edgelimit/edgelimit/sidecar/stats"
 )
@@ -31,7 +32,7 @@ func TestAdminListener(t *testing.T) {
 	if r := s.doAt(t, admin, "GET", "/healthz"); r.status != 200 || r.body != "ok\n" {
 		t.Errorf("admin /healthz: %d %q", r.status, r.body)
 	}
-	waitFor(t, "admin /readyz to report ready", func() bool { return s.doAt(t, admin, "GET", "/readyz").status == 200 })
+	testkit.Poll(t, 30*time.Second, "admin /readyz to report ready", func() bool { return s.doAt(t, admin, "GET", "/readyz").status == 200 })
 	if r := s.check(t, "client-key-123"); r.status != 200 {
 		t.Fatalf("check: %d %q", r.status, r.body)
 	}
@@ -74,7 +75,7 @@ func TestAdminListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	var down reply
-	waitFor(t, "admin /readyz to report Redis down", func() bool {
+	testkit.Poll(t, 30*time.Second, "admin /readyz to report Redis down", func() bool {
 		down = s.doAt(t, admin, "GET", "/readyz")
 		return down.status == 503
 	})

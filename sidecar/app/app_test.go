@@ -10,7 +10,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 	"github.com/edgelimit/edgelimit/sidecar/redisconn"
 )
@@ -345,28 +345,15 @@ func TestReloadUnderLoad(t *testing.T) {
 	}
 	s := startSidecar(t, srv.URL(), planFile(0), time.Second)
 
-	stop := make(chan struct{})
 	var total, failed atomic.Int64
-	var wg sync.WaitGroup
-	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				r := s.check(t, fmt.Sprintf("client-%d-%d", g, i%20))
-				total.Add(1)
-				if r.status != 200 && r.status != 429 {
-					failed.Add(1)
-					t.Errorf("check during reload: %d %q", r.status, r.body)
-				}
-			}
-		}()
-	}
+	load := testkit.StartLoad(t, 8, func(g, i int) {
+		r := s.check(t, fmt.Sprintf("client-%d-%d", g, i%20))
+		total.Add(1)
+		if r.status != 200 && r.status != 429 {
+			failed.Add(1)
+			t.Errorf("check during reload: %d %q", r.status, r.body)
+		}
+	})
 	const last = 30
 	for i := 1; i <= last; i++ {
 		content := planFile(i)
@@ -400,15 +387,10 @@ func TestReloadUnderLoad(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	want := fmt.Sprintf("p%d", last)
-	deadline := time.Now().Add(30 * time.Second)
-	for s.check(t, "probe").h("x-ratelimit-plan") != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("plan %s never came into force", want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	close(stop)
-	wg.Wait()
+	testkit.Poll(t, 30*time.Second, "plan "+want+" to come into force", func() bool {
+		return s.check(t, "probe").h("x-ratelimit-plan") == want
+	})
+	load.Stop()
 	if failed.Load() != 0 || total.Load() == 0 {
 		t.Fatalf("%d of %d checks failed during reloads", failed.Load(), total.Load())
 	}
@@ -453,7 +435,7 @@ func TestRedisFaults(t *testing.T) {
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "/readyz to report Redis down", func() bool { return s.do(t, "GET", "/readyz").status == 503 })
+	testkit.Poll(t, 30*time.Second, "/readyz to report Redis down", func() bool { return s.do(t, "GET", "/readyz").status == 503 })
 	if r := s.check(t, "client-key-123"); r.status != 503 {
 		t.Fatalf("Redis killed: %d %q, want 503", r.status, r.body)
 	}
@@ -465,7 +447,7 @@ func TestRedisFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	var after reply
-	waitFor(t, "decisions to resume", func() bool {
+	testkit.Poll(t, 30*time.Second, "decisions to resume", func() bool {
 		after = s.check(t, "client-key-123")
 		return after.status == 200
 	})
@@ -473,7 +455,7 @@ func TestRedisFaults(t *testing.T) {
 	if rem := num(t, after, "ratelimit-remaining"); rem != 199 {
 		t.Fatalf("first check after restart: remaining %v, want 199", rem)
 	}
-	waitFor(t, "/readyz to report ready", func() bool { return s.do(t, "GET", "/readyz").status == 200 })
+	testkit.Poll(t, 30*time.Second, "/readyz to report ready", func() bool { return s.do(t, "GET", "/readyz").status == 200 })
 	// The script was loaded at start-up; the empty Redis answered NOSCRIPT
 	// to the first EVALSHA after the restart, and the decider resent it.
 	if s.Stats().ScriptLoads.Get() < 1 {
@@ -524,10 +506,10 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 	inflight := make(chan reply, 1)
 	go func() { inflight <- s.check(t, "a") }()
-	waitFor(t, "the check to be in flight", func() bool { return s.Stats().InFlight.Load() == 1 })
+	testkit.Poll(t, 30*time.Second, "the check to be in flight", func() bool { return s.Stats().InFlight.Load() == 1 })
 	shut := make(chan error, 1)
 	go func() { shut <- s.Shutdown(ctx) }()
-	waitFor(t, "the listener to close", func() bool {
+	testkit.Poll(t, 30*time.Second, "the listener to close", func() bool {
 		_, err := fasthttp.DialTimeout(s.Addr(), time.Second)
 		return err != nil
 	})
@@ -539,16 +521,5 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 	if err := <-shut; err != nil {
 		t.Fatalf("Shutdown: %v", err)
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

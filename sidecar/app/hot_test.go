@@ -20,6 +20,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/sidecar/hot"
 	"github.com/edgelimit/edgelimit/sidecar/redisconn"
 )
@@ -234,7 +235,7 @@ func TestHotClientSharding(t *testing.T) {
 		}
 		return true
 	}
-	waitFor(t, "the shares to settle near 0.678/0.208/0.114", settled)
+	testkit.Poll(t, 30*time.Second, "the shares to settle near 0.678/0.208/0.114", settled)
 	t.Logf("settled shares: %v and %v", a.hot.Shares(base), b.hot.Shares(base))
 
 	for i, k := range regionKeys {

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // startSentinel runs one redis-server in sentinel mode on a free loopback
@@ -59,7 +60,7 @@ func startSentinel(t *testing.T, master string) string {
 	})
 	sc := redis.NewSentinelClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { sc.Close() })
-	waitFor(t, "the sentinel to see the master and its replica", func() bool {
+	testkit.Poll(t, 30*time.Second, "the sentinel to see the master and its replica", func() bool {
 		replicas, err := sc.Replicas(context.Background(), "mymaster").Result()
 		return err == nil && len(replicas) > 0
 	})
@@ -74,7 +75,7 @@ func TestSentinelFailover(t *testing.T) {
 	master := redisproc.StartT(t, redisproc.Options{})
 	mhost, mport, _ := net.SplitHostPort(master.Addr)
 	replica := redisproc.StartT(t, redisproc.Options{Args: []string{"--replicaof", mhost, mport}})
-	waitFor(t, "the replica to sync", func() bool {
+	testkit.Poll(t, 30*time.Second, "the replica to sync", func() bool {
 		info, err := replica.Client(t).Info(ctx, "replication").Result()
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	})
@@ -93,7 +94,7 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	// Sentinel needs down-after (500 ms) plus an election to promote the
 	// replica; until then checks fail (503), after it they pass again.
-	waitFor(t, "decisions to resume on the promoted replica", func() bool {
+	testkit.Poll(t, 30*time.Second, "decisions to resume on the promoted replica", func() bool {
 		return s.check(t, "failover-client").status == 200
 	})
 	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel})

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/lua"
 )
 
@@ -129,7 +130,7 @@ func TestBatching(t *testing.T) {
 		wg.Add(1)
 		go decide(fmt.Sprintf("rl:{k%d}", i))
 	}
-	waitFor(t, "all calls queued", func() bool { return len(d.queue) == queued })
+	testkit.Poll(t, 30*time.Second, "all calls queued", func() bool { return len(d.queue) == queued })
 	if err := ctl.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +251,7 @@ func TestRedisRestart(t *testing.T) {
 	// are dead; go-redis redials. Decisions resume on a full bucket.
 	var r lua.Result
 	var err error
-	waitFor(t, "decisions to resume", func() bool {
+	testkit.Poll(t, 30*time.Second, "decisions to resume", func() bool {
 		r, err = d.Decide(far(), "rl:{a}", slow, 1)
 		return err == nil
 	})
@@ -335,19 +336,6 @@ func TestCluster(t *testing.T) {
 
 // far is a deadline no test reaches: these calls wait for Redis.
 func far() time.Time { return time.Now().Add(time.Minute) }
-
-// waitFor polls cond every few milliseconds for up to 30 s, a bound far
-// above anything these conditions need even on a loaded machine.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 func TestArgsCache(t *testing.T) {
 	d := &Decider{}

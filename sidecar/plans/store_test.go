@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 func planFile(capacity int) string {
@@ -195,10 +197,7 @@ func TestWatchUnderReaders(t *testing.T) {
 		replace(t, path, planFile(c))
 	}
 	// The watcher polls every 5 ms; allow it generously long on a busy machine.
-	deadline := time.Now().Add(30 * time.Second)
-	for capacity(s) != 59 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Until(30*time.Second, func() bool { return capacity(s) == 59 })
 	close(stop)
 	wg.Wait()
 	if got := capacity(s); got != 59 {

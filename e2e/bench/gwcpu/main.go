@@ -19,9 +19,10 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/bench/load"
+	"github.com/edgelimit/edgelimit/e2e/bench/rig"
 	"github.com/edgelimit/edgelimit/e2e/bench/stat"
 	"github.com/edgelimit/edgelimit/e2e/harness"
-	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/e2e/services"
 )
 
 // plans admit everything: every request is a callout that the sidecar
@@ -60,26 +61,12 @@ func run(binDir string, bins []string, rounds int, rate float64, window time.Dur
 	if err != nil {
 		return err
 	}
-	tmp, err := os.MkdirTemp("", "gwcpu-")
+	backend, err := rig.StartBackend(ctx, b, plans)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
-	rds, err := redisproc.Start(ctx, redisproc.Options{Dir: filepath.Join(tmp, "redis")})
-	if err != nil {
-		return err
-	}
-	defer rds.Stop()
-	plansPath := filepath.Join(tmp, "plans.yaml")
-	if err := os.WriteFile(plansPath, []byte(plans), 0o600); err != nil {
-		return err
-	}
-	sc, scAddr, err := harness.StartSidecar(ctx, b, harness.SidecarConfig{Redis: rds.URL(), Plans: plansPath})
-	if err != nil {
-		return err
-	}
-	defer sc.Stop(5 * time.Second)
-	svc, err := harness.StartService("orders", "127.0.0.1:0")
+	defer backend.Close()
+	svc, err := services.Start("127.0.0.1:0", services.Config{Name: "orders", Replicas: 1})
 	if err != nil {
 		return err
 	}
@@ -94,7 +81,7 @@ func run(binDir string, bins []string, rounds int, rate float64, window time.Dur
 		}
 		g, err := harness.StartGateway(ctx, bb, harness.GatewayConfig{
 			Config:   filepath.Join(root, "envoy", "envoy.yaml"),
-			Clusters: map[string]string{"orders": svc.Addr, "billing": svc.Addr, "ratelimit_sidecar": scAddr},
+			Clusters: map[string]string{"orders": svc.Addr, "billing": svc.Addr, "ratelimit_sidecar": backend.SidecarAddr},
 			Extra:    extra,
 		})
 		if err != nil {

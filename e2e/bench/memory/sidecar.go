@@ -8,13 +8,13 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // processSample is a process's memory after a number of checks.
@@ -72,21 +72,11 @@ func (s *runningSidecar) sample(checks int) (processSample, error) {
 		return processSample{}, err
 	}
 	ps := processSample{Checks: checks, RSS: rss}
-	resp, err := http.Get("http://" + s.addr + "/metrics")
+	m, err := testkit.GetMetrics("http://" + s.addr + "/metrics")
 	if err != nil {
 		return ps, err
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return ps, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "go_memstats_heap_inuse_bytes "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			ps.HeapUsed = int64(f)
-		}
-	}
+	ps.HeapUsed = int64(m["go_memstats_heap_inuse_bytes"])
 	return ps, nil
 }
 

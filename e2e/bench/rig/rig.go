@@ -9,21 +9,19 @@
 package rig
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/e2e/services"
 	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // DefaultServices are the incident's three services.
@@ -275,33 +273,9 @@ func FailedOpen(c map[string]int64) int64 {
 
 // SidecarMetrics returns the sidecar's /metrics samples, keyed by the
 // series as written (name and labels), e.g.
-// `sidecar_decisions_total{result="allowed"}`.
+// `sidecar_decisions_total{result="allowed"}` (testkit.ParseMetrics).
 func (b *Backend) SidecarMetrics() (map[string]float64, error) {
-	resp, err := http.Get("http://" + b.SidecarAddr + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("sidecar /metrics: status %d", resp.StatusCode)
-	}
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-			out[line[:i]] = v
-		}
-	}
-	return out, sc.Err()
+	return testkit.GetMetrics("http://" + b.SidecarAddr + "/metrics")
 }
 
 // Metric names of the sidecar's decisions.

@@ -56,6 +56,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/lua"
 )
 
@@ -563,21 +564,15 @@ func decisionP99(a, b scrape) string {
 
 // scrape reads /metrics.
 func (s *sidecar) scrape() (scrape, error) {
-	code, body, err := fasthttp.Get(nil, "http://"+s.addr+"/metrics")
-	if err != nil || code != 200 {
-		return scrape{}, fmt.Errorf("GET /metrics: %d %v", code, err)
+	m, err := testkit.GetMetrics("http://" + s.addr + "/metrics")
+	if err != nil {
+		return scrape{}, err
 	}
-	h := scrape{buckets: map[string]float64{}}
-	le := regexp.MustCompile(`^sidecar_decision_duration_seconds_bucket\{le="([^"]+)"\} (\S+)$`)
-	for line := range strings.SplitSeq(string(body), "\n") {
-		if m := le.FindStringSubmatch(line); m != nil {
-			h.buckets[m[1]], _ = strconv.ParseFloat(m[2], 64)
-		}
-		if v, ok := strings.CutPrefix(line, "sidecar_pipeline_batch_size_sum "); ok {
-			h.batchSum, _ = strconv.ParseFloat(v, 64)
-		}
-		if v, ok := strings.CutPrefix(line, "sidecar_pipeline_batch_size_count "); ok {
-			h.batchCount, _ = strconv.ParseFloat(v, 64)
+	h := scrape{buckets: map[string]float64{},
+		batchSum: m["sidecar_pipeline_batch_size_sum"], batchCount: m["sidecar_pipeline_batch_size_count"]}
+	for k, v := range m {
+		if le, ok := strings.CutPrefix(k, `sidecar_decision_duration_seconds_bucket{le="`); ok {
+			h.buckets[strings.TrimSuffix(le, `"}`)] = v
 		}
 	}
 	return h, nil

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/bench/report"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // The envoyproxy/ratelimit module's main package and the directory of the
@@ -132,26 +133,32 @@ func startRLS(bin, dir, name, redisAddr string, extra []string) (*rlsService, er
 	s := &rlsService{cmd: cmd, name: name, grpcAddr: "127.0.0.1:" + strconv.Itoa(grpcPort), done: make(chan error, 1), log: logf}
 	go func() { s.done <- cmd.Wait() }()
 	health := fmt.Sprintf("http://127.0.0.1:%d/healthcheck", httpPort)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var exited error
+	healthy := testkit.Until(30*time.Second, func() bool {
 		select {
-		case err := <-s.done:
-			logf.Close()
-			return nil, fmt.Errorf("ratelimit (%s) exited at start: %v\n%s", name, err, tail(logf.Name()))
+		case exited = <-s.done:
+			if exited == nil {
+				exited = errors.New("exit status 0")
+			}
+			return true
 		default:
 		}
-		if resp, err := http.Get(health); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return s, nil
-			}
+		resp, err := http.Get(health)
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			s.stop()
-			return nil, fmt.Errorf("ratelimit (%s) not healthy in 30s\n%s", name, tail(logf.Name()))
-		}
-		time.Sleep(50 * time.Millisecond)
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	switch {
+	case exited != nil:
+		logf.Close()
+		return nil, fmt.Errorf("ratelimit (%s) exited at start: %v\n%s", name, exited, tail(logf.Name()))
+	case !healthy:
+		s.stop()
+		return nil, fmt.Errorf("ratelimit (%s) not healthy in 30s\n%s", name, tail(logf.Name()))
 	}
+	return s, nil
 }
 
 func (s *rlsService) pid() int { return s.cmd.Process.Pid }

@@ -1,23 +1,23 @@
 // Package clientkey names the client of a request the way the filter does:
-// the x-api-key header, else the token of an `authorization: Bearer` header.
+// the key in the x-api-key header, else the token of an
+// `authorization: Bearer` header, taken by the filter's own ExtractKey
+// (filter/limiter). A request the filter would refuse for a missing or
+// invalid key has no client: "".
 package clientkey
 
 import (
 	"net/http"
-	"strings"
+
+	"github.com/edgelimit/edgelimit/filter/limiter"
 )
 
-// Header is where clients send their API key.
-const Header = "x-api-key"
-
-// FromRequest returns r's API key, or "" when it carries none.
+// FromRequest returns r's API key, or "" when it carries no usable one. Of
+// a repeated header it reads the first value, as the proxy hands the filter
+// the first.
 func FromRequest(r *http.Request) string {
-	if k := strings.TrimSpace(r.Header.Get(Header)); k != "" {
-		return k
+	key, st := limiter.ExtractKey(r.Header.Get(limiter.KeyHeader), r.Header.Get(limiter.AuthorizationHeader))
+	if st != limiter.KeyFound {
+		return ""
 	}
-	a := r.Header.Get("authorization")
-	if len(a) > len("bearer ") && strings.EqualFold(a[:len("bearer ")], "bearer ") {
-		return strings.TrimSpace(a[len("bearer "):])
-	}
-	return ""
+	return key
 }

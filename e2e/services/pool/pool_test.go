@@ -3,10 +3,13 @@ package pool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 type idKey struct{}
@@ -31,16 +34,16 @@ func (g *gate) sleep(ctx context.Context, _ time.Duration) error {
 	}
 }
 
-// waitFor polls the pool's stats until cond holds.
-func waitFor(t *testing.T, p *Pool, what string, cond func(Stats) bool) {
+// waitStats polls the pool's stats for up to 10 s until cond holds; a
+// failure shows the last stats seen.
+func waitStats(t *testing.T, p *Pool, what string, cond func(Stats) bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond(p.Stats()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: stats %+v", what, p.Stats())
+	testkit.PollErr(t, 10*time.Second, what, func() error {
+		if s := p.Stats(); !cond(s) {
+			return fmt.Errorf("stats %+v", s)
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestQueueBoundsAndOrder(t *testing.T) {
@@ -55,12 +58,12 @@ func TestQueueBoundsAndOrder(t *testing.T) {
 	}
 	serve(1)
 	serve(2)
-	waitFor(t, p, "two in flight", func(s Stats) bool { return s.InFlight == 2 })
+	waitStats(t, p, "two in flight", func(s Stats) bool { return s.InFlight == 2 })
 	// One at a time, so that the order they join the queue is known.
 	for id := 3; id <= 5; id++ {
 		serve(id)
 		want := int64(id - 2)
-		waitFor(t, p, "queued", func(s Stats) bool { return s.Queued == want })
+		waitStats(t, p, "queued", func(s Stats) bool { return s.Queued == want })
 	}
 	if err := p.Serve(context.Background()); !errors.Is(err, ErrFull) {
 		t.Fatalf("sixth request: %v, want ErrFull", err)
@@ -96,10 +99,10 @@ func TestAbandonedWhileQueued(t *testing.T) {
 	}
 	done := make(chan error, 2)
 	go func() { done <- p.Serve(context.Background()) }()
-	waitFor(t, p, "one in flight", func(s Stats) bool { return s.InFlight == 1 })
+	waitStats(t, p, "one in flight", func(s Stats) bool { return s.InFlight == 1 })
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { done <- p.Serve(ctx) }()
-	waitFor(t, p, "one queued", func(s Stats) bool { return s.Queued == 1 })
+	waitStats(t, p, "one queued", func(s Stats) bool { return s.Queued == 1 })
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("queued request: %v, want context.Canceled", err)
@@ -126,7 +129,7 @@ func TestHandler(t *testing.T) {
 		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
 		first <- w
 	}()
-	waitFor(t, p, "one in flight", func(s Stats) bool { return s.InFlight == 1 })
+	waitStats(t, p, "one in flight", func(s Stats) bool { return s.InFlight == 1 })
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
 	if w.Code != http.StatusServiceUnavailable || w.Header().Get("retry-after") != "1" {
@@ -184,7 +187,7 @@ func TestDefaultSleep(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- slow.Serve(ctx) }()
-	waitFor(t, slow, "one in flight", func(s Stats) bool { return s.InFlight == 1 })
+	waitStats(t, slow, "one in flight", func(s Stats) bool { return s.InFlight == 1 })
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("abandoned request: %v, want context.Canceled", err)

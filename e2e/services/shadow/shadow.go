@@ -6,7 +6,7 @@
 //
 // In shadow mode (and for clients outside the canary list) the filter
 // forwards every request and says what it would have decided in the
-// x-ratelimit-shadow request header: "allow", "deny", or "unknown" when the
+// x-ratelimit-shadow request header (limiter.ShadowHeader): "allow", "deny", or "unknown" when the
 // check failed open. A request without the header was not shadowed (the
 // edge enforced it, or was off) and is not compared.
 package shadow
@@ -16,10 +16,9 @@ import (
 	"net/http"
 	"sort"
 	"sync"
-)
 
-// Header is the request header carrying the edge's shadow decision.
-const Header = "x-ratelimit-shadow"
+	"github.com/edgelimit/edgelimit/filter/limiter"
+)
 
 // ExitCriterion is the largest disagreement rate at which the rollout moves
 // from shadow to enforcing at the edge: 0.1%.
@@ -52,7 +51,7 @@ func ParseEdge(v string) Edge {
 }
 
 // FromRequest returns the edge's shadow decision on r.
-func FromRequest(r *http.Request) Edge { return ParseEdge(r.Header.Get(Header)) }
+func FromRequest(r *http.Request) Edge { return ParseEdge(r.Header.Get(limiter.ShadowHeader)) }
 
 // Counts is the comparison for one client (or a total).
 type Counts struct {
