@@ -77,10 +77,10 @@ check: deps
 
 ## bench: the benchmark harness. The script and the sidecar beside
 ## redis-benchmark, the sidecar beside envoyproxy/ratelimit, the filter in
-## wazero beside its native path, then the design document's scenarios
-## (incident, noisy neighbour, latency budget, throughput, fail open) and the
-## burst sweep side by side; writes e2e/bench/results/ and
-## BENCHMARKS.md from the run. envoyproxy/ratelimit and its gRPC load
+## wazero beside its native path, the memory of the filter, the sidecar and
+## Redis, then the scenarios (incident, noisy neighbour, latency budget,
+## throughput, fail open) and the burst sweep side by side; writes
+## e2e/bench/results/ and BENCHMARKS.md from the run. envoyproxy/ratelimit and its gRPC load
 ## generator come from the bench's own module (e2e/bench/rls/go.mod pins
 ## the version), so the main module does not pull their dependencies.
 bench: deps build
@@ -92,6 +92,7 @@ bench: deps build
 	$(GO) run ./e2e/bench/scriptbench -out e2e/bench/results/scriptbench.txt
 	$(GO) run ./e2e/bench/sidecarbench -out e2e/bench/results/sidecarbench.txt
 	$(GO) run ./e2e/bench/filtercost -out e2e/bench/results/filtercost.txt
+	$(GO) run ./e2e/bench/memory all -bin $(EDGELIMIT_BIN_DIR) -out e2e/bench/results/memory.txt
 	$(GO) run ./e2e/bench -bin $(EDGELIMIT_BIN_DIR)
 
 ## demo: a real burst against the limiter.

@@ -160,7 +160,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 	}
 	return &report.Scenario{
 		Title:  "Bursts: one client at 5x its plan, shipped timeouts",
-		Claim:  "one limit per client within 5%, however many gateways; a rejected request never reaches a service; fail open only when the sidecar cannot answer in 5 ms.",
+		Claim:  burstClaim,
 		Method: fmt.Sprintf("Redis, one sidecar and 1 or 3 gateways sharing them, each gateway with its own services. One client sends through the gateways in turn, as an open loop of evenly spaced requests or as n senders firing together every tick, at rising rates, %v per step.", p.Window),
 		Tables: []report.Table{summary, t},
 		Checks: checks,
@@ -227,3 +227,6 @@ func yesNo(b bool) string {
 	}
 	return "no"
 }
+
+// burstClaim is what the scenario measures.
+const burstClaim = "one limit per client within 5%, however many gateways; a rejected request never reaches a service; fail open only when the sidecar cannot answer in 5 ms."

@@ -385,7 +385,7 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 	}
 	return &report.Scenario{
 		Title:  "Fail open: Redis hung, Redis stopped, the sidecar hung mid-run; circuit breaker on and off, and on_failure local",
-		Claim:  "if Redis or the sidecar is unavailable, requests fail open after the 5 ms timeout and keep flowing, while the services' coarse safety limit (10x the plan rate) still caps a noisy client.",
+		Claim:  failOpenClaim,
 		Method: "Three gateways enforcing through one sidecar, one with the filter's circuit breaker on (its default), one with it off, and one with the breaker on and on_failure local, each in front of its own services with only the 10x safety limit, under the same steady open-loop load at the same time. Redis, then the sidecar, changes state phase by phase: up; Redis hung (CLIENT PAUSE ALL: commands wait, so the sidecar answers 503 at its own 4 ms deadline); up again; Redis killed (connections refused: the sidecar answers 503 at once); Redis restarted empty; the sidecar hung (SIGSTOP: connections are accepted and nothing answers, so the filter's 5 ms timeout passes); the sidecar resumed (last, since the callouts it kept unanswered are all read at once when it resumes). With the breaker on, it opens after a few failed checks, and requests then fail open at once without a callout (failed_open.circuit_open) until a probe gets an answer; with it off, every request waits for its check to fail. Requests are counted in the phase they were due in; a first second with Redis up, before the phases, lets connections settle and is not reported.",
 		Tables: []report.Table{t},
 		Charts: charts,
@@ -445,3 +445,6 @@ func waitReady(ctx context.Context, b *rig.Backend) error {
 	defer cancel()
 	return harness.WaitHTTP(wctx, nil, "http://"+b.SidecarAddr+"/readyz", http.StatusOK)
 }
+
+// failOpenClaim is what the scenario measures.
+const failOpenClaim = "if Redis or the sidecar is unavailable, requests fail open after the 5 ms timeout and keep flowing, while the services' coarse safety limit (10x the plan rate) still caps a noisy client; with on_failure local, the proxy holds a client it knows to its plan."

@@ -1,7 +1,8 @@
-// Command bench replays the design document's claims against the real
-// parts — redis-server, the sidecar, the gateway running filter.wasm, and
-// services with the old per-service limiters — with the old design and the
-// new one side by side in the same run. Each scenario prints a progress
+// Command bench replays the claims behind the edge limiter (README.md,
+// "Why: one client at nine times its contract") and its targets against
+// the real parts — redis-server, the sidecar, the gateway running
+// filter.wasm, and services with the old per-service limiters — with the
+// old design and the new one side by side in the same run. Each scenario prints a progress
 // line and its tables, writes a PNG chart, its tables in markdown and its
 // results as JSON into -out, and `all` (the default) then writes
 // BENCHMARKS.md at the repository root from those results.
@@ -11,7 +12,7 @@
 // The default run is short enough for a 2-core machine shared with other
 // work (a few minutes); -scale stretches every phase and -runs repeats
 // more. `report` rebuilds BENCHMARKS.md from the saved results without
-// running anything.
+// running anything: the same results give the same file.
 package main
 
 import (
@@ -48,15 +49,35 @@ func (e *env) dur(d time.Duration) time.Duration { return time.Duration(float64(
 type scenario struct {
 	name string
 	run  func(ctx context.Context, e *env) (*report.Scenario, error)
+	// claim is what the scenario tests. It is the code's, not the run's: a
+	// report built from saved results states the claim as the code does.
+	claim string
+	// derived, when set, returns checks read from the scenario's tables;
+	// they are added to a run's checks and to saved results that lack them.
+	derived func(*report.Scenario) []report.Check
 }
 
 var scenarios = []scenario{
-	{"incident", runIncident},
-	{"noisy", runNoisy},
-	{"latency", runLatency},
-	{"throughput", runThroughput},
-	{"failopen", runFailOpen},
-	{"burst", runBurst},
+	{"incident", runIncident, incidentClaim, nil},
+	{"noisy", runNoisy, noisyClaim, noisyDerived},
+	{"latency", runLatency, latencyClaim, nil},
+	{"throughput", runThroughput, throughputClaim, nil},
+	{"failopen", runFailOpen, failOpenClaim, nil},
+	{"burst", runBurst, burstClaim, nil},
+}
+
+// complete sets a scenario's claim from the code and adds the derived
+// checks it does not have yet.
+func (s scenario) complete(r *report.Scenario) {
+	r.Claim = s.claim
+	if s.derived == nil {
+		return
+	}
+	for _, c := range s.derived(r) {
+		if !slices.ContainsFunc(r.Checks, func(o report.Check) bool { return o.Claim == c.Claim }) {
+			r.Checks = append(r.Checks, c)
+		}
+	}
 }
 
 func main() {
@@ -134,17 +155,14 @@ func run(ctx context.Context, args []string) error {
 		}
 		res.Name, res.Command, res.Started, res.Took = s.name, strings.TrimSpace(e.command), start, time.Since(start)
 		res.Load = [2]float64{load0, report.LoadAverage()}
+		s.complete(res)
 		if err := res.Save(e.out); err != nil {
 			return err
 		}
 		printScenario(res)
 	}
 	if (what == "all" || what == "report") && *md != "" {
-		run := strings.TrimSpace(e.command)
-		if what == "report" {
-			run = "" // the results come from earlier runs, each naming its command
-		}
-		if err := writeBenchmarks(root, *md, e, run); err != nil {
+		if err := writeBenchmarks(root, *md, e); err != nil {
 			return err
 		}
 		fmt.Printf("wrote %s\n", *md)
@@ -178,14 +196,20 @@ func printScenario(s *report.Scenario) {
 // method is the Method section of BENCHMARKS.md.
 var method = []string{
 	"Every scenario runs the real parts on this machine: redis-server, the sidecar (build/sidecar), the gateway (build/gateway, the headless proxy-wasm host playing Envoy) loading build/filter.wasm, and upstream services from e2e/services, each a listener in front of 3 replicas taken round-robin, each replica with its own state.",
-	"The old design (ADR-001) and the new one run side by side in the same run, on two gateways sharing one Redis and one sidecar: per-service limiters in every replica behind a gateway whose filter is off, against the edge limiter with the services' per-service limiters retired (only the 10x safety limit left).",
+	"The old design (ADR-001 in the README: a token bucket per client in every replica of every service) and the new one run side by side in the same run, on two gateways sharing one Redis and one sidecar: per-service limiters in every replica behind a gateway whose filter is off, against the edge limiter with the services' per-service limiters retired (only the 10x safety limit left).",
 	"Traffic is open loop (each client sends at its rate whatever the answers), and latency runs from when a request was due, so a stalled generator shows as latency rather than as less traffic. Throughput is closed loop.",
 	"Each measurement is repeated (-runs) with fresh client keys, so every run starts from full buckets; tables give the median of the runs, and ratios between the designs of the same run rather than absolute times. The machine is shared and small: absolute numbers move from run to run, the ratios are what the conclusions rest on.",
-	"Nothing here is typed by hand: the tables, the charts and this file come from the run.",
+	"Nothing here is typed by hand: the tables, the charts, the checks and the reports come from the results the run saved in e2e/bench/results, the claims and this method from the code of e2e/bench.",
 }
 
-func writeBenchmarks(root, path string, e *env, command string) error {
+// writeBenchmarks writes BENCHMARKS.md from the results saved in e.out,
+// and only from them: the date is when the last scenario ended and the
+// command the one the scenarios ran with, so that `report` rebuilds the
+// same file from the same results.
+func writeBenchmarks(root, path string, e *env) error {
 	var list []*report.Scenario
+	var ended time.Time
+	commands := map[string]bool{}
 	for _, s := range scenarios {
 		r, err := report.Load(filepath.Join(e.out, s.name+".json"))
 		if errors.Is(err, os.ErrNotExist) {
@@ -194,10 +218,19 @@ func writeBenchmarks(root, path string, e *env, command string) error {
 		if err != nil {
 			return err
 		}
+		s.complete(r)
 		list = append(list, r)
+		if end := r.Started.Add(r.Took); end.After(ended) {
+			ended = end
+		}
+		commands[r.Command] = true
 	}
 	if len(list) == 0 {
 		return fmt.Errorf("no results in %s: run a scenario first", e.out)
+	}
+	command := "" // results of several runs: each scenario names its command
+	if len(commands) == 1 {
+		command = list[0].Command
 	}
 	rel, err := filepath.Rel(filepath.Dir(path), e.out)
 	if err != nil {
@@ -210,15 +243,24 @@ func writeBenchmarks(root, path string, e *env, command string) error {
 			Checks: filepath.Join(e.out, "sidecarbench.checks.json")},
 		{Title: "The filter's cost per request: wazero against native", Path: filepath.Join(e.out, "filtercost.txt"),
 			Checks: filepath.Join(e.out, "filtercost.checks.json")},
+		{Title: "Memory: the filter, the sidecar and Redis over many requests and clients", Path: filepath.Join(e.out, "memory.txt")},
 	} {
-		if _, err := os.Stat(a.Path); err == nil {
-			a.Shown, _ = filepath.Rel(root, a.Path)
-			atts = append(atts, a)
+		if _, err := os.Stat(a.Path); err != nil {
+			continue
 		}
+		// A report whose summary lines cannot be read would leave its
+		// targets out of the summary without a word: refuse instead.
+		if a.Checks != "" {
+			if _, err := report.LoadChecks(a.Checks); err != nil {
+				return fmt.Errorf("%s has no readable summary lines beside it: %w", a.Path, err)
+			}
+		}
+		a.Shown, _ = filepath.Rel(root, a.Path)
+		atts = append(atts, a)
 	}
 	bm := report.Benchmarks{
 		Command: "make bench", Run: command, Method: method, Machine: report.ThisMachine(),
-		Generated: time.Now(), Scenarios: list, ResultsDir: filepath.ToSlash(rel), Attachments: atts,
+		Generated: ended, Scenarios: list, ResultsDir: filepath.ToSlash(rel), Attachments: atts,
 	}
 	return os.WriteFile(path, []byte(bm.Markdown()), 0o644)
 }

@@ -135,7 +135,7 @@ func runThroughput(ctx context.Context, e *env) (*report.Scenario, error) {
 	cached := stat.Median(paths[0].rates)
 	return &report.Scenario{
 		Title:  "Throughput: the filter's cached-deny path vs a callout",
-		Claim:  "a client already denied is answered from the filter's shared deny cache without a callout, so denying is cheaper than checking.",
+		Claim:  throughputClaim,
 		Method: fmt.Sprintf("%d closed-loop workers send requests for %v per path and run; the paths take turns within each run. Two clients with a plan of one token per 1000 s are denied: one's GETs from the deny cache (filled by one denial before the runs), the other's POST /orders (cost 2, above the capacity of 1) by the sidecar every time, since no wait would let it pass and the filter caches only denials a wait would end. An unlimited client's GETs are checked and forwarded, with the filter enforcing and with it off. The filter's callout timeout is %d ms here instead of 5 (and the sidecar's Redis deadline 50 ms less), so that callouts queued at full load are waited for rather than failed open: the table measures the paths, not the timeouts. The callouts per request column comes from the filter's own counters on the gateway's admin /stats.", workers, phase, calloutTimeoutMs),
 		Tables: []report.Table{t},
 		Charts: []report.Chart{{File: chart, Alt: "gateway requests per second for each filter path"}},
@@ -170,3 +170,6 @@ func statusSummary(m map[int]int) string {
 	}
 	return s
 }
+
+// throughputClaim is what the scenario measures.
+const throughputClaim = "a client already denied is answered from the filter's shared deny cache without a callout, so denying is cheaper than checking."

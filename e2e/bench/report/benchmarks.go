@@ -56,10 +56,13 @@ type Attachment struct {
 
 // Benchmarks is everything BENCHMARKS.md shows.
 type Benchmarks struct {
-	Command     string // the command that regenerates the file
-	Run         string // the command line of this run, when it differs
-	Method      []string
-	Machine     Machine
+	Command string // the command that regenerates the file
+	Run     string // the command line of the run, when it differs
+	Method  []string
+	Machine Machine
+	// Generated is when the measurements the file shows ended (the last
+	// scenario's end), so that rebuilding the file from the same results
+	// gives the same file.
 	Generated   time.Time
 	Scenarios   []*Scenario
 	ResultsDir  string // relative to the file, where the charts are
@@ -73,7 +76,7 @@ func (bm Benchmarks) Markdown() string {
 	fmt.Fprintf(&b, "Written by `%s` on %s from the run's own measurements; rerun the command to regenerate it, never edit it by hand.\n\n",
 		bm.Command, bm.Generated.UTC().Format("2006-01-02 15:04 UTC"))
 
-	b.WriteString("## Summary: the design document's claims, measured\n\n")
+	b.WriteString("## Summary: every target, met or not\n\n")
 	var all []Check
 	for _, s := range bm.Scenarios {
 		all = append(all, s.Checks...)

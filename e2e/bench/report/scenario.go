@@ -15,7 +15,7 @@ import (
 type Scenario struct {
 	Name    string        `json:"name"`  // file stem, e.g. "incident"
 	Title   string        `json:"title"` // section heading
-	Claim   string        `json:"claim"` // what the design document says
+	Claim   string        `json:"claim"` // what the scenario tests
 	Method  string        `json:"method"`
 	Command string        `json:"command"`
 	Started time.Time     `json:"started"`
@@ -34,7 +34,7 @@ type Chart struct {
 	Alt  string `json:"alt"`
 }
 
-// Check is one claim of the design document against what the run measured.
+// Check is one claim or target against what the run measured.
 type Check struct {
 	Claim    string `json:"claim"`
 	Target   string `json:"target"`

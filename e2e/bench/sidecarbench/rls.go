@@ -15,7 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/edgelimit/edgelimit/e2e/bench/report"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
@@ -264,19 +263,7 @@ func (v *rlsRatios) print(w io.Writer) {
 		median(v.p50), median(v.p99), median(v.rlsP50), median(v.rlsP99))
 }
 
-// check is the line BENCHMARKS.md's summary gives the comparison. It is a
-// comparison, not a claim of the design document: it has no target.
-func (v *rlsRatios) check(cfg config) report.Check {
-	return report.Check{
-		Claim:  "the sidecar beside RLS (envoyproxy/ratelimit)",
-		Target: fmt.Sprintf("none: side by side on one Redis, %d clients, %d keys, every check allowed", cfg.concurrency, cfg.keys),
-		Measured: fmt.Sprintf("sidecar / RLS: %.2fx checks/s; CPU per check %.2fx in the service, %.2fx in Redis (median of %d rounds)",
-			median(v.rps), median(v.service), median(v.redis), len(v.rps)),
-		Info: true,
-	}
-}
-
-// checksPath is where the summary line goes next to the text report:
+// checksPath is where the summary lines go next to the text report:
 // sidecarbench.txt → sidecarbench.checks.json.
 func checksPath(out string) string {
 	return strings.TrimSuffix(out, filepath.Ext(out)) + ".checks.json"

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+
+	"github.com/edgelimit/edgelimit/e2e/bench/report"
+)
+
+// The sidecar's targets: at least 0.8x raw Redis (redis-benchmark EVALSHA
+// -P 1, one round trip per decision) in the same run, at most 10 µs of the
+// sidecar's CPU per check, and a p99 under 2 ms at half the raw Redis rate.
+const (
+	targetRatio   = 0.80
+	targetCPUus   = 10.0
+	targetHalfP99 = 2.0 // ms
+)
+
+// writeChecks reads the report this program wrote to path and writes the
+// lines BENCHMARKS.md's summary gives it beside it (checksPath). The
+// summary is read from the report rather than kept aside, so that a report
+// saved by an earlier run gives the same lines (`-checks-from`).
+func writeChecks(path string) error {
+	text, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	checks, err := reportChecks(string(text))
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return report.SaveChecks(checksPath(path), checks)
+}
+
+var (
+	headerRE  = regexp.MustCompile(`(?m)^sidecar .*; (\d+) clients, (\d+) API keys;`)
+	sidecarRE = regexp.MustCompile(`(?m)^\s*(\d+)\s+sidecar over HTTP \(\w+\)\s+\d+\s.*\s([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s*$`)
+	ratioRE   = regexp.MustCompile(`(?m)^ratio sidecar / redis-benchmark, checks/s: median ([0-9.]+) over (\d+) rounds \(([^)]*)\); target >= ([0-9.]+)$`)
+	halfRE    = regexp.MustCompile(`(?m)^at half the raw Redis rate, (\d+) checks/s offered`)
+	halfFigRE = regexp.MustCompile(`(?m)^  answered (\d+)/s; p50 [0-9.]+ms, p99 ([0-9.]+)ms, p99\.9 [0-9.]+ms; not decided (\d+); target p99 < ([0-9.]+) ms$`)
+	halfOwnRE = regexp.MustCompile(`(?m)^  the sidecar's own decision latency \(its histogram\), p99 (.+); the load generator's lateness in sending, p99 ([0-9.]+)ms$`)
+	rlsRpsRE  = regexp.MustCompile(`(?m)^ratio sidecar / envoyproxy/ratelimit, checks/s: median ([0-9.]+) over (\d+) rounds`)
+	rlsCPURE  = regexp.MustCompile(`(?m)^  service ([0-9.]+) \([^)]*\), Redis ([0-9.]+) \(`)
+)
+
+// reportChecks returns the summary's lines for a report of this program:
+// the sidecar against raw Redis, its CPU per check, its p99 at half the raw
+// Redis rate, and (when RLS ran) the comparison with RLS, which has no
+// target.
+func reportChecks(text string) ([]report.Check, error) {
+	missing := func(what string) error { return fmt.Errorf("no %s in the report", what) }
+	num := func(s string) float64 { f, _ := strconv.ParseFloat(s, 64); return f }
+
+	var checks []report.Check
+	m := ratioRE.FindStringSubmatch(text)
+	if m == nil {
+		return nil, missing("ratio to redis-benchmark")
+	}
+	ratio, rounds, target := num(m[1]), m[2], num(m[4])
+	checks = append(checks, report.Check{
+		Claim:    "the sidecar keeps up with raw Redis",
+		Target:   fmt.Sprintf(">= %.2fx the checks/s of redis-benchmark EVALSHA -P 1 in the same run", target),
+		Measured: fmt.Sprintf("%.2fx (median of %s rounds: %s)", ratio, rounds, m[3]),
+		Holds:    ratio >= target,
+	})
+
+	var cpu []float64
+	for _, r := range sidecarRE.FindAllStringSubmatch(text, -1) {
+		cpu = append(cpu, num(r[2]))
+	}
+	if len(cpu) == 0 {
+		return nil, missing("sidecar round")
+	}
+	c := median(cpu)
+	checks = append(checks, report.Check{
+		Claim:    "the sidecar's CPU per check",
+		Target:   fmt.Sprintf("<= %g µs (the sidecar process at full load)", targetCPUus),
+		Measured: fmt.Sprintf("%.1f µs (median of %d rounds)", c, len(cpu)),
+		Holds:    c <= targetCPUus,
+	})
+
+	h, hf, ho := halfRE.FindStringSubmatch(text), halfFigRE.FindStringSubmatch(text), halfOwnRE.FindStringSubmatch(text)
+	if h == nil || hf == nil || ho == nil {
+		return nil, missing("half-rate run")
+	}
+	p99, late, target := num(hf[2]), num(ho[2]), num(hf[4])
+	checks = append(checks, report.Check{
+		Claim:  "the sidecar's p99 at half the raw Redis rate",
+		Target: fmt.Sprintf("< %g ms (open loop, each check timed from when it was due)", target),
+		Measured: fmt.Sprintf("%.1f ms at %s checks/s offered (%s/s answered, %s not decided); the load generator sent late by %.1f ms at p99, the sidecar's own decision p99 %s",
+			p99, h[1], hf[1], hf[3], late, ho[1]),
+		Holds: p99 < target,
+	})
+
+	if r := rlsRpsRE.FindStringSubmatch(text); r != nil {
+		cp := rlsCPURE.FindStringSubmatch(text)
+		hd := headerRE.FindStringSubmatch(text)
+		if cp == nil || hd == nil {
+			return nil, missing("CPU ratio to envoyproxy/ratelimit, or header")
+		}
+		checks = append(checks, report.Check{
+			Claim:  "the sidecar beside RLS (envoyproxy/ratelimit)",
+			Target: fmt.Sprintf("none: side by side on one Redis, %s clients, %s keys, every check allowed", hd[1], hd[2]),
+			Measured: fmt.Sprintf("sidecar / RLS: %sx checks/s; CPU per check %sx in the service, %sx in Redis (median of %s rounds)",
+				r[1], cp[1], cp[2], r[2]),
+			Info: true,
+		})
+	}
+	return checks, nil
+}
