@@ -76,7 +76,7 @@ func TestRouteServices(t *testing.T) {
 	}
 	first, _ := strconv.Atoi(port)
 	for i, n := range names {
-		want[n] = envoyconfig.Cluster{Name: n, Endpoints: []string{net.JoinHostPort(host, strconv.Itoa(first+i))}, ConnectTimeout: shape.ConnectTimeout}
+		want[n] = envoyconfig.Cluster{Name: n, Endpoints: []string{net.JoinHostPort(host, strconv.Itoa(first+i))}, ConnectTimeout: shape.ConnectTimeout, Limits: shape.Limits}
 	}
 	if !reflect.DeepEqual(got.Clusters, want) {
 		t.Errorf("clusters\n%+v\nwant\n%+v", got.Clusters, want)

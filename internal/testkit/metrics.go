@@ -1,10 +1,12 @@
 package testkit
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -133,4 +135,33 @@ func formatFloat(f float64) string {
 		return "NaN"
 	}
 	return strconv.FormatFloat(f, 'g', -1, 64)
+}
+
+// Bucket is one cumulative bucket of a histogram: the samples at or below
+// UpperBound (+Inf for the last).
+type Bucket struct {
+	UpperBound float64
+	Count      float64
+}
+
+// Histogram returns the buckets of the histogram name (the series
+// name_bucket{le=...}, without other labels), sorted by bound; nil if the
+// page has none.
+func (m Metrics) Histogram(name string) []Bucket {
+	prefix := name + `_bucket{le="`
+	var out []Bucket
+	for k, v := range m {
+		le, ok := strings.CutPrefix(k, prefix)
+		if !ok {
+			continue
+		}
+		le = strings.TrimSuffix(le, `"}`)
+		b, err := strconv.ParseFloat(le, 64)
+		if err != nil {
+			continue
+		}
+		out = append(out, Bucket{b, v})
+	}
+	slices.SortFunc(out, func(a, b Bucket) int { return cmp.Compare(a.UpperBound, b.UpperBound) })
+	return out
 }

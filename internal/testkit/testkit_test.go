@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -269,5 +271,22 @@ func TestWaitStopsWhenTheContextEnds(t *testing.T) {
 	}
 	if err := Wait(context.Background(), func() bool { return true }); err != nil {
 		t.Fatalf("Wait on a condition that holds: %v", err)
+	}
+}
+
+func TestMetricsHistogramSortsTheBuckets(t *testing.T) {
+	m, err := ParseMetrics(strings.NewReader("# TYPE lat histogram\n" +
+		`lat_bucket{le="10"} 1` + "\n" + `lat_bucket{le="2.5"} 0` + "\n" + `lat_bucket{le="+Inf"} 3` + "\n" +
+		"lat_sum 40\nlat_count 3\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := m.Histogram("lat")
+	want := []Bucket{{2.5, 0}, {10, 1}, {math.Inf(1), 3}}
+	if !slices.Equal(got, want) {
+		t.Errorf("Histogram = %v, want %v", got, want)
+	}
+	if m.Histogram("other") != nil {
+		t.Error("a histogram the page lacks has buckets")
 	}
 }

@@ -65,3 +65,35 @@ func MedianDuration(ds []time.Duration) time.Duration {
 
 // Ms returns d in milliseconds.
 func Ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// HistogramQuantile estimates the q-quantile (0 < q <= 1) of a histogram
+// from its cumulative buckets (ascending bounds, the last +Inf), as
+// Prometheus's histogram_quantile does: the rank q × count falls in one
+// bucket, and the value is interpolated linearly between that bucket's
+// lower and upper bound (0 below the first). A rank in the +Inf bucket
+// gives the last finite bound. ok is false for an empty histogram.
+func HistogramQuantile(bounds, cumulative []float64, q float64) (v float64, ok bool) {
+	if len(bounds) == 0 || len(bounds) != len(cumulative) || cumulative[len(cumulative)-1] <= 0 {
+		return 0, false
+	}
+	rank := q * cumulative[len(cumulative)-1]
+	i := 0
+	for i < len(cumulative)-1 && cumulative[i] < rank {
+		i++
+	}
+	if math.IsInf(bounds[i], 1) {
+		if i == 0 {
+			return 0, false
+		}
+		return bounds[i-1], true
+	}
+	lower, below := 0.0, 0.0
+	if i > 0 {
+		lower, below = bounds[i-1], cumulative[i-1]
+	}
+	in := cumulative[i] - below
+	if in <= 0 {
+		return bounds[i], true
+	}
+	return lower + (bounds[i]-lower)*(rank-below)/in, true
+}

@@ -64,3 +64,29 @@ func TestMedian(t *testing.T) {
 		t.Errorf("MedianDuration = %v", got)
 	}
 }
+
+func TestHistogramQuantile(t *testing.T) {
+	inf := math.Inf(1)
+	bounds := []float64{1, 2, 4, inf}
+	cases := []struct {
+		name string
+		cum  []float64
+		q    float64
+		want float64
+		ok   bool
+	}{
+		// 10 samples at or below 1, 10 more in (1,2], none above.
+		{"median on a bound", []float64{10, 20, 20, 20}, 0.5, 1, true},
+		{"interpolated in a bucket", []float64{10, 20, 20, 20}, 0.75, 1.5, true},
+		{"in the first bucket, from 0", []float64{10, 10, 10, 10}, 0.5, 0.5, true},
+		{"in (2,4]", []float64{0, 0, 4, 4}, 0.99, 2 + 2*0.99, true},
+		{"past the last bound: the last bound", []float64{1, 1, 1, 100}, 0.99, 4, true},
+		{"empty", []float64{0, 0, 0, 0}, 0.99, 0, false},
+	}
+	for _, c := range cases {
+		got, ok := HistogramQuantile(bounds, c.cum, c.q)
+		if ok != c.ok || math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("%s: %v, %t; want %v, %t", c.name, got, ok, c.want, c.ok)
+		}
+	}
+}
