@@ -137,7 +137,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 	}
 
 	t := report.Table{
-		Title:  fmt.Sprintf("One client at 5x its plan, %v per step: where the promises stop holding", p.Window),
+		Title: fmt.Sprintf("One client at 5x its plan, %v per step: where the promises stop holding", p.Window),
 		Header: []string{"gateways", "sending", "offered req/s", "sent", "plan allows", "admitted", "admitted/plan", "failed open", "reached services", "holds",
 			"callout p99 ms (filter)", "decision p99 ms (sidecar)", "gateway adds at p99 ms"},
 	}
@@ -235,7 +235,7 @@ func burstOnce(ctx context.Context, e *env, b *rig.Backend, fronts []*rig.Front,
 	if err != nil {
 		return burstStep{}, err
 	}
-	st.FilterP99 = latAfter.filter.since(latBefore.filter).p99() / 1000 // µs
+	st.FilterP99 = latAfter.filter.since(latBefore.filter).p99() / 1000    // µs
 	st.SidecarP99 = latAfter.sidecar.since(latBefore.sidecar).p99() * 1000 // s
 	for _, f := range fronts {
 		for _, svc := range f.Fleet.Services {
