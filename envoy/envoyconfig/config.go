@@ -28,6 +28,10 @@ type Config struct {
 	Routes   []Route            // first match wins
 	Clusters map[string]Cluster // by name
 	Wasm     Wasm               // the envoy.filters.http.wasm filter
+	// StreamIdleTimeout is the connection manager's stream_idle_timeout:
+	// how long a stream may go without activity (Envoy's default 5 min
+	// when unset; 0: none).
+	StreamIdleTimeout time.Duration
 	// Histograms is stats_config.histogram_bucket_settings, in order.
 	Histograms []HistogramBuckets
 }

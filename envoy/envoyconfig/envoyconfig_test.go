@@ -32,6 +32,9 @@ func TestLoadRealConfig(t *testing.T) {
 	if c.Admin != "127.0.0.1:9901" {
 		t.Errorf("Admin = %q, want 127.0.0.1:9901 (loopback only)", c.Admin)
 	}
+	if c.StreamIdleTimeout != 10*time.Second {
+		t.Errorf("StreamIdleTimeout = %v, want 10s (a failed module must not hang paused clients for Envoy's default 5 min)", c.StreamIdleTimeout)
+	}
 	wantRoutes := []Route{{"/orders", "orders"}, {"/billing", "billing"}}
 	if !reflect.DeepEqual(c.Routes, wantRoutes) {
 		t.Errorf("Routes = %+v, want %+v", c.Routes, wantRoutes)
@@ -186,6 +189,9 @@ func TestCircuitBreakerThresholds(t *testing.T) {
 	}
 	if got, want := c.Clusters["billing"].Limits, (Limits{1024, 1024, 1024}); got != want {
 		t.Errorf("billing limits = %+v, want Envoy's defaults %+v", got, want)
+	}
+	if c.StreamIdleTimeout != 5*time.Minute {
+		t.Errorf("StreamIdleTimeout = %v unset, want Envoy's default 5m", c.StreamIdleTimeout)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -23,6 +24,10 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
+
+// defaultStreamIdleTimeout is the connection manager's stream_idle_timeout
+// when unset.
+const defaultStreamIdleTimeout = 5 * time.Minute
 
 // defaultCircuitBreakerLimit is Envoy's default for each of a cluster's
 // circuit breaker thresholds.
@@ -66,6 +71,10 @@ func extract(b *bootstrapv3.Bootstrap) (*Config, error) {
 	}
 	if c.Wasm, err = extractWasm(hcm, hcmPath.hcm, c.Clusters); err != nil {
 		return nil, err
+	}
+	c.StreamIdleTimeout = defaultStreamIdleTimeout
+	if d := hcm.GetStreamIdleTimeout(); d != nil {
+		c.StreamIdleTimeout = d.AsDuration()
 	}
 	for i, h := range b.GetStatsConfig().GetHistogramBucketSettings() {
 		path := fmt.Sprintf("stats_config.histogram_bucket_settings[%d]", i)

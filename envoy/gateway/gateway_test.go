@@ -389,6 +389,60 @@ func TestGatewayFailedVM(t *testing.T) {
 	}
 }
 
+// A request paused by the module when the module fails is sent nothing
+// more, as in Envoy: the connection manager's stream_idle_timeout answers it
+// 408. The test shortens the shipped 10 s to 300 ms (that value is what it
+// is about); the probe pauses a request with x-probe-pause and fails on one
+// with x-probe-panic.
+func TestGatewayPausedStreamsOfAFailedVMTimeOut(t *testing.T) {
+	_, probe := modules(t)
+	yaml, err := os.ReadFile(envoyYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Replace(string(yaml), "stream_idle_timeout: 10s", "stream_idle_timeout: 0.3s", 1)
+	cfg := filepath.Join(t.TempDir(), "envoy.yaml")
+	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	orders := newService(t, "orders", 0)
+	g := start(t, "-config", cfg, "-wasm", probe, "-concurrency", "1", "-poll-oneoff", "noevents",
+		"-cluster", "orders="+orders.Listener.Addr().String(),
+		"-cluster", "billing="+closedAddr(t), "-cluster", "ratelimit_sidecar="+closedAddr(t))
+	paused := make(chan *http.Response, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", "http://"+g.addr+"/orders/1", nil)
+		req.Header.Set("x-probe-pause", "1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			paused <- nil
+			return
+		}
+		resp.Body.Close()
+		paused <- resp
+	}()
+	testkit.Poll(t, 10*time.Second, "the first request to reach the module", func() bool {
+		return strings.Count(g.stderr.String(), "request_headers n=") >= 1
+	})
+	testkit.Get(t, "http://"+g.addr+"/orders/2", "x-probe-panic", "now")
+	select {
+	case resp := <-paused:
+		if resp == nil || resp.StatusCode != http.StatusRequestTimeout {
+			t.Errorf("the paused request: %v, want 408 at the stream idle timeout", resp)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the paused request was never answered")
+	}
+	if n := stat(t, g.admin, "wasm.vm.edge_ratelimit.failed"); n != 1 {
+		t.Errorf("failed VMs %d, want 1", n)
+	}
+	// The request whose callback failed the VM goes on (envoy.yaml's
+	// fail_open); the paused one never does.
+	if n := orders.hits.Load(); n != 1 {
+		t.Errorf("%d requests reached the service, want 1", n)
+	}
+}
+
 func TestGatewayDrainsOnStop(t *testing.T) {
 	filter, _ := modules(t)
 	orders := newService(t, "orders", 300*time.Millisecond)

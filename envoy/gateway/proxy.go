@@ -62,14 +62,21 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	endOfStream := r.Body == nil || r.Body == http.NoBody
 	// The request waits here, unsent, until the filter resumes or answers
-	// it.
-	st, err := s.RequestHeadersWait(r.Context(), requestHeaders(r, path), endOfStream)
+	// it, or until the stream has been idle for stream_idle_timeout (a
+	// failed module sends a paused stream nothing more).
+	idle, stop := idleContext(r.Context(), gen.cfg.StreamIdleTimeout)
+	st, err := s.RequestHeadersWait(idle, requestHeaders(r, path), endOfStream)
+	stop()
 	if errors.Is(err, wasmhost.ErrClosed) {
 		x.status, x.details = http.StatusServiceUnavailable, "wasm_vm_closed"
 		http.Error(w, "", http.StatusServiceUnavailable)
 		return
 	}
 	if err != nil {
+		if r.Context().Err() == nil {
+			g.streamTimeout(w, x)
+			return
+		}
 		x.details = "downstream_remote_disconnect"
 		return
 	}
@@ -144,8 +151,13 @@ func (g *gateway) route(w http.ResponseWriter, r *http.Request, gen *generation,
 		}
 	}
 	rh = append(rh, wasmhost.Header{"x-envoy-upstream-service-time", strconv.FormatInt(time.Since(start).Milliseconds(), 10)})
-	st, out, err := s.ResponseHeadersWait(r.Context(), rh, false)
+	idle, stop := idleContext(r.Context(), gen.cfg.StreamIdleTimeout)
+	st, out, err := s.ResponseHeadersWait(idle, rh, false)
+	stop()
 	if err != nil {
+		if r.Context().Err() == nil {
+			g.streamTimeout(w, x)
+		}
 		return
 	}
 	switch st {
@@ -163,6 +175,26 @@ func (g *gateway) route(w http.ResponseWriter, r *http.Request, gen *generation,
 		// Headers are out: all Envoy can do is reset the stream.
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// idleContext is ctx ending after d of waiting (none for d 0, as Envoy's
+// stream_idle_timeout: 0 disables it).
+func idleContext(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if d <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+// streamTimeout is Envoy's answer to a stream idle for stream_idle_timeout
+// before its response began: 408 "stream timeout". (No response has begun
+// while the filter holds the request or the response headers.)
+func (g *gateway) streamTimeout(w http.ResponseWriter, x *exchange) {
+	x.status, x.details = http.StatusRequestTimeout, "stream_idle_timeout"
+	w.Header().Set("content-type", "text/plain")
+	w.Header().Set("server", "envoy")
+	w.WriteHeader(http.StatusRequestTimeout)
+	io.WriteString(w, "stream timeout")
 }
 
 // localReply answers on the router's behalf, as Envoy does, through the

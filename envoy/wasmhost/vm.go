@@ -327,13 +327,9 @@ func (vm *VM) fail(err error) {
 		c.finish()
 		delete(vm.calls, token)
 	}
-	// Streams waiting for a callback would wait forever now; answer them
-	// as a failed VM answers new ones (RATIONALE.md: a failed VM).
-	for _, c := range vm.contexts {
-		if s := c.stream; s != nil && s.state == Paused {
-			vm.after = append(vm.after, s.failStream)
-		}
-	}
+	// Streams waiting for a callback stay paused, as in Envoy, which sends
+	// them nothing more: the proxy's stream idle timeout ends them
+	// (RATIONALE.md: a failed VM).
 }
 
 // call runs an export for context c (nil: no context) and reports its

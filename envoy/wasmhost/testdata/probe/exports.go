@@ -47,6 +47,12 @@ func onRequestHeaders(id, n, eos uint32) uint32 {
 	if proxyGetHeaderMapValue(0, ptrOf(key), uint32(len(key)), &ptr, &size) == 0 {
 		panic("x-probe-panic: " + string(hostBytes(ptr, size)))
 	}
+	// One carrying x-probe-pause is paused (StopIteration) and never
+	// resumed.
+	pause := []byte("x-probe-pause")
+	if proxyGetHeaderMapValue(0, ptrOf(pause), uint32(len(pause)), &ptr, &size) == 0 {
+		return 1
+	}
 	return run("request_headers", id)
 }
 
