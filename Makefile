@@ -26,6 +26,7 @@ help:
 	@echo "make bench  the benchmark harness"
 	@echo "make check  gofmt, vet, go mod tidy: fail on any diff"
 	@echo "make fuzz   every fuzz target for $(FUZZTIME_LONG)"
+	@echo "make mesh   decode the Istio and Envoy Gateway examples and check how they fit"
 
 ## deps: system packages the tests, benchmarks and demo run (real Redis).
 deps:
@@ -67,6 +68,7 @@ test: deps build
 	$(GO) test -count=1 -timeout 10m ./e2e
 	@$(MAKE) --no-print-directory fuzz FUZZTIME_LONG=$(FUZZTIME)
 	@$(MAKE) --no-print-directory chart
+	@$(MAKE) --no-print-directory mesh
 
 ## check: formatting, vet and module tidiness; fails on any diff.
 check: deps
@@ -126,6 +128,16 @@ fuzz:
 .PHONY: chart
 chart:
 	cd deploy/charttest && $(GO) test -count=1 ./...
+
+## mesh: decode deploy/mesh's Istio and Envoy Gateway examples with those
+## projects' Go API types and check that their pieces fit, and parse the
+## Wasm image's Dockerfile stage with BuildKit's parser (deploy/meshtest, a
+## module of its own so the main module does not pull them). The examples'
+## filter configurations go through filter/configcheck, run in the main
+## module.
+.PHONY: mesh
+mesh:
+	cd deploy/meshtest && GO=$(GO) $(GO) test -count=1 ./...
 
 clean:
 	rm -rf $(BUILD)

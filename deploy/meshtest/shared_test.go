@@ -1,0 +1,299 @@
+package meshtest
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+const repoRoot = "../.."
+
+// The example clients of both plans files, listed there by digest only.
+var rawKeys = []string{"client-key-123", "client-key-456"}
+
+func digest(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// documentedFields are the configuration fields filter/README.md's
+// Configuration table lists.
+func documentedFields(t *testing.T) []string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot, "filter/README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	start := strings.Index(text, "\n## Configuration\n")
+	if start < 0 {
+		t.Fatal("filter/README.md: no Configuration section")
+	}
+	section := text[start+1:]
+	if end := strings.Index(section[3:], "\n## "); end >= 0 {
+		section = section[:end+3]
+	}
+	var fields []string
+	for _, m := range regexp.MustCompile("(?m)^\\| `([a-z_]+)` \\|").FindAllStringSubmatch(section, -1) {
+		fields = append(fields, m[1])
+	}
+	if len(fields) < 5 || !slices.Contains(fields, "sidecar_cluster") {
+		t.Fatalf("filter/README.md's Configuration table: found only %v", fields)
+	}
+	return fields
+}
+
+// filterConfig checks one example's filter configuration, the JSON its
+// mesh hands the module: a JSON object whose every field filter/README.md
+// documents, accepted by the filter's own parser (filter/configcheck, run
+// in the main module so that this module does not depend on it). It
+// returns the object.
+func filterConfig(t *testing.T, name string, j []byte) map[string]any {
+	t.Helper()
+	var cfg map[string]any
+	if err := json.Unmarshal(j, &cfg); err != nil {
+		t.Fatalf("%s: the filter configuration is not a JSON object: %v\n%s", name, err, j)
+	}
+	documented := documentedFields(t)
+	for k := range cfg {
+		if !slices.Contains(documented, k) {
+			t.Errorf("%s: filter configuration field %q is not in filter/README.md (%v)", name, k, documented)
+		}
+	}
+	file := filepath.Join(t.TempDir(), name+".json")
+	if err := os.WriteFile(file, j, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The go command `make mesh` was given, or the one on PATH.
+	cmd := exec.Command(cmp.Or(os.Getenv("GO"), "go"), "run", "./filter/configcheck", file)
+	cmd.Dir = repoRoot
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), ": ok: ") {
+		t.Fatalf("%s: filter/configcheck refuses the configuration (%v):\n%s\n%s", name, err, out, j)
+	}
+	t.Logf("%s: %s", name, strings.TrimSpace(string(out)))
+	return cfg
+}
+
+// sidecarSetup is what checkSidecar reads from an example.
+type sidecarSetup struct {
+	pod        *corev1.PodSpec
+	container  *corev1.Container
+	configMaps map[string]*corev1.ConfigMap
+	secrets    map[string]*corev1.Secret
+}
+
+// checkSidecar checks the sidecar container the way both examples run it:
+// plans from a ConfigMap of the example listing clients by digest only,
+// the key salt and Redis password from a Secret of the example, Redis
+// external with no password in its URL, probes on the admin listener, a
+// preStop wait.
+func checkSidecar(t *testing.T, s sidecarSetup) {
+	t.Helper()
+	c := s.container
+
+	plansVol := volume(t, s.pod, "plans")
+	if plansVol.ConfigMap == nil || s.configMaps[plansVol.ConfigMap.Name] == nil {
+		t.Fatalf("plans volume %+v is not a ConfigMap of the example", plansVol)
+	}
+	if p, m := arg(t, c, "-plans"), mount(t, c, "plans").MountPath; p != m+"/plans.yaml" {
+		t.Errorf("-plans %s is not plans.yaml in the plans mount %s", p, m)
+	}
+	plansText, ok := s.configMaps[plansVol.ConfigMap.Name].Data["plans.yaml"]
+	if !ok {
+		t.Fatal("plans ConfigMap has no plans.yaml")
+	}
+	var plans struct {
+		DefaultPlan string                    `json:"default_plan"`
+		Plans       map[string]map[string]any `json:"plans"`
+		Clients     map[string]any            `json:"clients"`
+	}
+	decodeStrict(t, "plans.yaml", toJSON(t, "plans.yaml", []byte(plansText)), &plans)
+	digestRE := regexp.MustCompile(`^(sha256|hmac-sha256):[0-9a-f]{64}$`)
+	for k, plan := range plans.Clients {
+		if !digestRE.MatchString(k) {
+			t.Errorf("plans.yaml lists a client by something other than a digest: %.12q…", k)
+		}
+		name, _ := plan.(string)
+		if _, ok := plans.Plans[name]; !ok {
+			t.Errorf("plans.yaml: a client's plan %v is not a plan", plan)
+		}
+	}
+	for _, k := range rawKeys {
+		if _, ok := plans.Clients[digest(k)]; !ok {
+			t.Errorf("plans.yaml does not list the example key %s by its digest", k)
+		}
+	}
+	for name, cm := range s.configMaps {
+		for k, v := range cm.Data {
+			for _, key := range rawKeys {
+				if strings.Contains(v, key) || strings.Contains(k, key) {
+					t.Errorf("ConfigMap %s %s holds the API key %q", name, k, key)
+				}
+			}
+		}
+	}
+
+	for env, key := range map[string]string{"SIDECAR_KEY_SALT": "key-salt", "SIDECAR_REDIS_PASSWORD": "redis-password"} {
+		e := envVar(t, c, env)
+		if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+			t.Errorf("%s is not from a Secret: %+v", env, e)
+			continue
+		}
+		ref := e.ValueFrom.SecretKeyRef
+		sec := s.secrets[ref.Name]
+		if sec == nil {
+			t.Errorf("%s names the Secret %s, which the example does not have", env, ref.Name)
+			continue
+		}
+		if ref.Key != key {
+			t.Errorf("%s from key %s, want %s", env, ref.Key, key)
+		}
+		if _, ok := sec.StringData[ref.Key]; !ok {
+			if _, ok := sec.Data[ref.Key]; !ok {
+				t.Errorf("Secret %s has no key %s", sec.Name, ref.Key)
+			}
+		}
+	}
+	redis := envVar(t, c, "SIDECAR_REDIS").Value
+	u, err := url.Parse(redis)
+	if err != nil || u.Host == "" || net.ParseIP(u.Hostname()) != nil && net.ParseIP(u.Hostname()).IsLoopback() {
+		t.Errorf("SIDECAR_REDIS %q is not an external Redis", redis)
+	} else if _, has := u.User.Password(); has {
+		t.Errorf("SIDECAR_REDIS %q holds a password; it belongs in the Secret", redis)
+	}
+
+	_, adminPortText, err := net.SplitHostPort(arg(t, c, "-admin-listen"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminPort, _ := strconv.Atoi(adminPortText)
+	for name, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+		if p == nil || p.HTTPGet == nil {
+			t.Errorf("sidecar %s probe %+v, want an HTTP GET", name, p)
+			continue
+		}
+		if got := containerPort(t, c, p.HTTPGet.Port); got != adminPort {
+			t.Errorf("sidecar %s probe on port %d, want the admin port %d", name, got, adminPort)
+		}
+	}
+	if c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Sleep == nil || c.Lifecycle.PreStop.Sleep.Seconds < 5 {
+		t.Errorf("sidecar preStop %+v, want a sleep outliving the proxy's drain", c.Lifecycle)
+	} else if g := s.pod.TerminationGracePeriodSeconds; g == nil || *g <= c.Lifecycle.PreStop.Sleep.Seconds {
+		t.Errorf("terminationGracePeriodSeconds %v does not cover the sidecar's preStop", g)
+	}
+	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Limits.Memory().IsZero() {
+		t.Errorf("sidecar resources %+v", c.Resources)
+	}
+}
+
+// listenAddr is the sidecar's -listen, split.
+func listenAddr(t *testing.T, c *corev1.Container) (string, int) {
+	t.Helper()
+	host, port, err := net.SplitHostPort(arg(t, c, "-listen"))
+	if err != nil {
+		t.Fatalf("-listen: %v", err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatalf("-listen port: %v", err)
+	}
+	return host, p
+}
+
+func arg(t *testing.T, c *corev1.Container, flag string) string {
+	t.Helper()
+	for i, a := range c.Args {
+		if a == flag && i+1 < len(c.Args) {
+			return c.Args[i+1]
+		}
+	}
+	t.Fatalf("%s: no %s argument in %v", c.Name, flag, c.Args)
+	return ""
+}
+
+func envVar(t *testing.T, c *corev1.Container, name string) corev1.EnvVar {
+	t.Helper()
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e
+		}
+	}
+	t.Fatalf("%s: no environment variable %s", c.Name, name)
+	return corev1.EnvVar{}
+}
+
+func container(t *testing.T, pod *corev1.PodSpec, name string) *corev1.Container {
+	t.Helper()
+	for i := range pod.Containers {
+		if pod.Containers[i].Name == name {
+			return &pod.Containers[i]
+		}
+	}
+	t.Fatalf("no container %s", name)
+	return nil
+}
+
+func volume(t *testing.T, pod *corev1.PodSpec, name string) *corev1.Volume {
+	t.Helper()
+	for i := range pod.Volumes {
+		if pod.Volumes[i].Name == name {
+			return &pod.Volumes[i]
+		}
+	}
+	t.Fatalf("no volume %s", name)
+	return nil
+}
+
+func mount(t *testing.T, c *corev1.Container, name string) corev1.VolumeMount {
+	t.Helper()
+	for _, m := range c.VolumeMounts {
+		if m.Name == name {
+			return m
+		}
+	}
+	t.Fatalf("%s: no mount of %s", c.Name, name)
+	return corev1.VolumeMount{}
+}
+
+// containerPort resolves a port given by number or by name against c.
+func containerPort(t *testing.T, c *corev1.Container, p intstr.IntOrString) int {
+	t.Helper()
+	if p.Type == intstr.Int {
+		return p.IntValue()
+	}
+	for _, cp := range c.Ports {
+		if cp.Name == p.StrVal {
+			return int(cp.ContainerPort)
+		}
+	}
+	t.Fatalf("%s: no port named %s", c.Name, p.StrVal)
+	return 0
+}
+
+// selects reports whether every label of sel is on labels.
+func selects(sel, labels map[string]string) bool {
+	if len(sel) == 0 {
+		return false
+	}
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
