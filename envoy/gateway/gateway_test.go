@@ -203,6 +203,36 @@ func stat(t *testing.T, admin, name string) int64 {
 
 const envoyYAML = "../../envoy/envoy.yaml"
 
+// shippedWith writes envoy.yaml with old replaced by new (once) to a
+// temporary file and returns its path; the test says why it changes it.
+func shippedWith(t *testing.T, old, new string) string {
+	t.Helper()
+	yaml, err := os.ReadFile(envoyYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(yaml), old) {
+		t.Fatalf("envoy.yaml has no %q", old)
+	}
+	cfg := filepath.Join(t.TempDir(), "envoy.yaml")
+	if err := os.WriteFile(cfg, []byte(strings.Replace(string(yaml), old, new, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// startProbe starts the gateway on cfg with the probe module, one worker,
+// orders as the service and nothing behind the other clusters. The probe
+// imports fmt and os, so its runtime polls at every garbage collection and
+// ENOSYS (the default) would kill it before a panic a test asks for: it runs
+// as the Envoy with the WASI update.
+func startProbe(t *testing.T, cfg, probe string, orders *httptest.Server) *running {
+	t.Helper()
+	return start(t, "-config", cfg, "-wasm", probe, "-concurrency", "1", "-poll-oneoff", "noevents",
+		"-cluster", "orders="+orders.Listener.Addr().String(),
+		"-cluster", "billing="+closedAddr(t), "-cluster", "ratelimit_sidecar="+closedAddr(t))
+}
+
 func TestGatewayWithTheFilter(t *testing.T) {
 	filter, _ := modules(t)
 	orders, billing := newService(t, "orders", 0), newService(t, "billing", 0)
@@ -348,24 +378,12 @@ func TestGatewayUpstreamFailures(t *testing.T) {
 
 func TestGatewayFailedVM(t *testing.T) {
 	_, probe := modules(t)
-	yaml, err := os.ReadFile(envoyYAML)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, failOpen := range []bool{false, true} {
 		t.Run("fail_open="+strconv.FormatBool(failOpen), func(t *testing.T) {
-			cfg := filepath.Join(t.TempDir(), "envoy.yaml")
-			text := strings.Replace(string(yaml), "fail_open: true", "fail_open: "+strconv.FormatBool(failOpen), 1)
-			if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			// The failure policy is what this test is about.
+			cfg := shippedWith(t, "fail_open: true", "fail_open: "+strconv.FormatBool(failOpen))
 			orders := newService(t, "orders", 0)
-			// The probe imports fmt and os, so its runtime polls at every
-			// garbage collection and ENOSYS (the default) would kill it
-			// before its panic: run it as the Envoy with the WASI update.
-			g := start(t, "-config", cfg, "-wasm", probe, "-concurrency", "1", "-poll-oneoff", "noevents",
-				"-cluster", "orders="+orders.Listener.Addr().String(),
-				"-cluster", "billing="+closedAddr(t), "-cluster", "ratelimit_sidecar="+closedAddr(t))
+			g := startProbe(t, cfg, probe, orders.Server)
 			if resp, _ := testkit.Get(t, "http://"+g.addr+"/orders/1"); resp.StatusCode != 200 {
 				t.Fatalf("before the failure: %d", resp.StatusCode)
 			}
@@ -396,19 +414,9 @@ func TestGatewayFailedVM(t *testing.T) {
 // with x-probe-panic.
 func TestGatewayPausedStreamsOfAFailedVMTimeOut(t *testing.T) {
 	_, probe := modules(t)
-	yaml, err := os.ReadFile(envoyYAML)
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := strings.Replace(string(yaml), "stream_idle_timeout: 10s", "stream_idle_timeout: 0.3s", 1)
-	cfg := filepath.Join(t.TempDir(), "envoy.yaml")
-	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	cfg := shippedWith(t, "stream_idle_timeout: 10s", "stream_idle_timeout: 0.3s")
 	orders := newService(t, "orders", 0)
-	g := start(t, "-config", cfg, "-wasm", probe, "-concurrency", "1", "-poll-oneoff", "noevents",
-		"-cluster", "orders="+orders.Listener.Addr().String(),
-		"-cluster", "billing="+closedAddr(t), "-cluster", "ratelimit_sidecar="+closedAddr(t))
+	g := startProbe(t, cfg, probe, orders.Server)
 	paused := make(chan *http.Response, 1)
 	go func() {
 		req, _ := http.NewRequest("GET", "http://"+g.addr+"/orders/1", nil)
@@ -478,12 +486,8 @@ func TestGatewayDrainsOnStop(t *testing.T) {
 
 func TestCheckFlag(t *testing.T) {
 	filter, _ := modules(t)
-	yaml, err := os.ReadFile(envoyYAML)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bad := filepath.Join(t.TempDir(), "bad.yaml")
-	os.WriteFile(bad, []byte(strings.Replace(string(yaml), `"timeout_ms": 5`, `"timeout_ms": 0`, 1)), 0o644)
+	// A configuration the filter refuses, which is what -check is for.
+	bad := shippedWith(t, `"timeout_ms": 5`, `"timeout_ms": 0`)
 	cases := []struct {
 		name    string
 		args    []string
