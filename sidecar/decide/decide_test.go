@@ -365,3 +365,47 @@ func TestArgsCache(t *testing.T) {
 		t.Errorf("cache holds %d entries, bound %d", n, maxCachedArgs)
 	}
 }
+
+// A reply that comes a little after its callers gave up is still read, and
+// its connection kept: Redis slow under a burst is alive, it ran the
+// scripts anyway, and dropping the connection mid-reply would only make the
+// next batch dial a new one.
+func TestLateReplyKeepsItsConnection(t *testing.T) {
+	srv, _ := standalone(t)
+	ctl := srv.Client(t)
+	// As the sidecar's client (redisconn): context deadlines bound the
+	// socket reads.
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: 2, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	// A grace of a second rather than the default 20 ms: the test is about
+	// what a reply within the grace does, not about its length, and the
+	// unpause below must come within it on a loaded machine.
+	d := newDecider(t, c, Options{Pipelines: 1, LateReplyGrace: time.Second})
+	bg := context.Background()
+	if _, err := d.Decide(far(), "rl:{warm}", slow, 1); err != nil {
+		t.Fatal(err)
+	}
+	before := c.PoolStats()
+	// Scripts wait until UNPAUSE, which comes only after the caller gave up.
+	if err := ctl.Do(bg, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := d.Decide(time.Now().Add(2*time.Millisecond), "rl:{late}", slow, 1)
+	if uerr := ctl.Do(bg, "CLIENT", "UNPAUSE").Err(); uerr != nil {
+		t.Fatal(uerr)
+	}
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("Decide = %v, want ErrTimeout", err)
+	}
+	// The only loop is free again once the late reply was read.
+	if _, err := d.Decide(far(), "rl:{after}", slow, 1); err != nil {
+		t.Fatal(err)
+	}
+	after := c.PoolStats()
+	if after.Misses != before.Misses || after.TotalConns != before.TotalConns {
+		t.Errorf("pool before %+v, after %+v: the late reply's connection was dropped and a new one dialled", before, after)
+	}
+	if n, _ := ctl.Exists(bg, "rl:{late}").Result(); n != 1 {
+		t.Errorf("EXISTS late bucket = %d, want 1 (Redis ran the script, its reply was read)", n)
+	}
+}
