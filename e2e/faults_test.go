@@ -583,14 +583,22 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 	}
 	replace(valid(888888))
 	testkit.Poll(t, 10*time.Second, "the sidecar loads the new valid plans", func() bool { return limitOf() == "888888" })
+	// The changes above take a fraction of a second; the load goes on to
+	// 1000 requests, so that the 1% below is 10 requests rather than one
+	// or two, which a single stall of this shared machine would take.
+	testkit.Poll(t, time.Minute, "1000 requests under load", func() bool { return sent.Load() >= 1000 })
 
 	load.Stop()
 	if n := bad.Load(); n != 0 {
 		t.Fatalf("%d of %d requests under load failed (first status %v)", n, sent.Load(), firstBad.Load())
 	}
 	d := s.decisions().minus(before)
-	if late := d["failed_open.timeout"]; d.failedOpen() != late || float64(late) > 0.01*float64(sent.Load()) {
-		t.Fatalf("requests failed open while the plans file changed: %v (only late answers may, within 1%%)", d)
+	// Late decisions may fail open, within the design's 1%: the filter's
+	// timeout, or the sidecar's own 503 at its Redis deadline
+	// (unavailable); a plans change may cause neither.
+	late := d["failed_open.timeout"] + d["failed_open.unavailable"]
+	if d.failedOpen() != late || float64(late) > 0.01*float64(sent.Load()) {
+		t.Fatalf("requests failed open while the plans file changed: %v (only late decisions may, within 1%% of %d)", d, sent.Load())
 	}
 	if n := undecided.Load(); n > d.failedOpen() {
 		t.Fatalf("%d requests came back without a decision, %d failed open", n, d.failedOpen())

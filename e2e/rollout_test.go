@@ -168,8 +168,10 @@ func TestRolloutCanaryShadowEnforce(t *testing.T) {
 	if ok, _ := burst("steady-1-more", "/billing/3", 3); ok != 3 {
 		t.Errorf("enforce: a client within its plan got %d of 3 through", ok)
 	}
-	if n := s.failedOpen(); n != 0 {
-		t.Errorf("%d requests failed open during the rollout", n)
+	// The design's 1% of the rollout's requests may fail open (steps 1 and
+	// 3 count their answers exactly, so a fail-open there fails them).
+	if n := s.failedOpen(); float64(n) > 0.01*float64(cmp.total) {
+		t.Errorf("%d requests failed open during the rollout, more than 1%% of its %d", n, cmp.total)
 	}
 	if n := s.stat(harness.StatReloadFailed); n != 0 {
 		t.Errorf("reload_failed = %d", n)
