@@ -205,6 +205,19 @@ func TestFaultRedisRestartedEmpty(t *testing.T) {
 	}
 	t.Logf("%d requests across the restart: %v", sent.Load(), d)
 
+	// The checks below count answers exactly, so they wait until no
+	// worker still fails open (a breaker that opened during the restart
+	// closes at its next probe): twenty requests in a row decided.
+	settle := 0
+	testkit.Poll(t, 20*time.Second, "twenty requests in a row decided after the restart", func() bool {
+		fo := s.decisions().failedOpen()
+		for i := 0; i < 20; i++ {
+			settle++
+			s.timedDo(0, "GET", "/orders/1", "x-api-key", "settle-"+strconv.Itoa(settle))
+		}
+		return s.decisions().failedOpen() == fo
+	})
+
 	// Buckets and script are gone from Redis; the sidecar loaded the
 	// script again when Redis answered NOSCRIPT.
 	if loads := s.sidecarMetric(0, "sidecar_redis_script_loads_total"); loads < 1 {
