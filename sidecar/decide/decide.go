@@ -31,11 +31,6 @@ const (
 	DefaultExecTimeout = time.Second
 )
 
-// DefaultLateReplyGrace is how long past its last caller's deadline a
-// pipeline still waits for Redis's reply: several times the
-// few-millisecond deadlines, short against ExecTimeout.
-const DefaultLateReplyGrace = 20 * time.Millisecond
-
 // ErrClosed is returned by Decide after Close.
 var ErrClosed = errors.New("decider closed")
 
@@ -57,14 +52,9 @@ type Options struct {
 	// 4096; a caller finding it full waits until its own deadline.
 	Queue int
 	// ExecTimeout bounds one pipeline's round trip, so a loop stuck on a dead
-	// connection is freed. A pipeline also stops LateReplyGrace after the
-	// latest deadline of the calls in it, usually much sooner. Defaults to
-	// 1 s.
+	// connection is freed. A pipeline also stops at the latest deadline of
+	// the calls in it, usually much sooner. Defaults to 1 s.
 	ExecTimeout time.Duration
-	// LateReplyGrace is how long after its last caller's deadline a
-	// pipeline still reads Redis's reply, keeping the connection. Defaults
-	// to 20 ms.
-	LateReplyGrace time.Duration
 	// WarmConns is how many Redis connections Ready opens, authenticates
 	// and keeps idle before it first says yes, one per pipeline in the
 	// sidecar. Defaults to 0.
@@ -115,9 +105,6 @@ func New(client redis.UniversalClient, opt Options) *Decider {
 	}
 	if opt.ExecTimeout <= 0 {
 		opt.ExecTimeout = DefaultExecTimeout
-	}
-	if opt.LateReplyGrace <= 0 {
-		opt.LateReplyGrace = DefaultLateReplyGrace
 	}
 	d := &Decider{
 		client: client,
@@ -273,14 +260,9 @@ func (d *Decider) run(batch []*call) {
 	if d.opt.OnBatch != nil {
 		d.opt.OnBatch(len(live))
 	}
-	// Nobody reads an answer after the last caller's deadline, but the
-	// pipeline still reads one that comes within LateReplyGrace of it: a
-	// Redis slow under a burst is alive, and giving up mid-reply drops the
-	// connection (the next batch dials a new one, the busiest moment to do
-	// so) and, if Redis had not yet run the scripts, them with it. Past the
-	// grace it stops, so a batch stuck on a dead server (a Cluster master
-	// being failed over) frees its loop for the batches that can still be
-	// answered.
+	// Nobody reads an answer after the last caller's deadline: stop there, so
+	// a batch stuck on a dead server (a Cluster master being failed over)
+	// frees its loop for the batches that can still be answered.
 	last := now.Add(d.opt.ExecTimeout)
 	latest := live[0].deadline
 	for _, c := range live[1:] {
@@ -288,7 +270,7 @@ func (d *Decider) run(batch []*call) {
 			latest = c.deadline
 		}
 	}
-	if latest = latest.Add(d.opt.LateReplyGrace); latest.Before(last) {
+	if latest.Before(last) {
 		last = latest
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), last)
