@@ -59,11 +59,10 @@ var failPhases = []failPhase{
 // "on_failure": "local", so that a client whose plan an earlier answer gave
 // is held to it by the proxy while the sidecar cannot answer.
 var breakerStates = []struct {
-	name  string // as shown in the tables
-	tag   string // in client keys and the front's name
-	off   bool
-	local bool
-}{{"on", "on", false, false}, {"off", "off", true, false}, {"on, local", "local", false, true}}
+	name   string     // as shown in the tables
+	tag    string     // in client keys and the front's name
+	filter rig.Filter // its changes to the shipped configuration
+}{{"on", "on", rig.Filter{}}, {"off", "off", rig.Filter{BreakerOff: true}}, {"on, local", "local", rig.Filter{OnFailure: "local"}}}
 
 // phaseResult is one phase of one run on one gateway.
 type phaseResult struct {
@@ -128,7 +127,7 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 			// off every outage request waits for its own check to fail,
 			// which is what the breaker is measured against; and the
 			// breaker_local front, whose on_failure is what it measures.
-			Filter: rig.Filter{BreakerOff: bs.off, OnFailure: map[bool]string{true: "local"}[bs.local]},
+			Filter: bs.filter,
 		}); err != nil {
 			return nil, err
 		}
@@ -337,7 +336,7 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 	for f := range fronts {
 		for _, o := range outages[f] {
 			minOK = min(minOK, o.ok)
-			if breakerStates[f].local {
+			if breakerStates[f].filter.OnFailure == "local" {
 				maxLocal = max(maxLocal, o.noisyPerSec)
 			} else {
 				maxNoisy = max(maxNoisy, o.noisyPerSec)
