@@ -2,6 +2,7 @@ package abi
 
 import (
 	"errors"
+	"slices"
 	"unsafe"
 )
 
@@ -28,21 +29,31 @@ var (
 func EncodePairs(pairs [][2]string) []byte { return AppendPairs(nil, pairs) }
 
 // AppendPairs appends the encoding of pairs to dst; an empty map appends
-// nothing. Reusing dst keeps a hot path from allocating.
+// nothing. Reusing dst keeps a hot path from allocating. The encoding's size
+// is known up front, so it is written in place with one copy per string
+// rather than appended byte by byte, which inside wasm costs several times
+// more.
 func AppendPairs(dst []byte, pairs [][2]string) []byte {
 	if len(pairs) == 0 {
 		return dst
 	}
-	dst = appendU32(dst, uint32(len(pairs)))
+	size := 4 + 8*len(pairs)
 	for _, p := range pairs {
-		dst = appendU32(dst, uint32(len(p[0])))
-		dst = appendU32(dst, uint32(len(p[1])))
+		size += len(p[0]) + len(p[1]) + 2
 	}
+	at := len(dst)
+	dst = slices.Grow(dst, size)[:at+size]
+	putU32(dst[at:], uint32(len(pairs)))
+	sizes, body := at+4, at+4+8*len(pairs)
 	for _, p := range pairs {
-		dst = append(dst, p[0]...)
-		dst = append(dst, 0)
-		dst = append(dst, p[1]...)
-		dst = append(dst, 0)
+		putU32(dst[sizes:], uint32(len(p[0])))
+		putU32(dst[sizes+4:], uint32(len(p[1])))
+		sizes += 8
+		body += copy(dst[body:], p[0])
+		dst[body] = 0
+		body += 1 + copy(dst[body+1:], p[1])
+		dst[body] = 0
+		body++
 	}
 	return dst
 }
@@ -52,77 +63,75 @@ func AppendPairs(dst []byte, pairs [][2]string) []byte {
 // end, a missing NUL, bytes left over) is an error; it never panics and
 // never allocates more than the input's size for the result's strings.
 func DecodePairs(data []byte) ([][2]string, error) {
-	if err := checkPairs(data); err != nil {
+	n, err := pairCount(data)
+	if err != nil || n == 0 {
 		return nil, err
 	}
-	if len(data) == 0 {
-		return nil, nil
-	}
 	// One copy of the whole buffer; every key and value is a substring of it.
-	return appendViews(make([][2]string, 0, u32(data)), append([]byte(nil), data...)), nil
+	pairs, err := AppendPairViews(make([][2]string, 0, n), append([]byte(nil), data...))
+	if err != nil {
+		return nil, err
+	}
+	return pairs, nil
 }
 
 // AppendPairViews decodes a header-map buffer as DecodePairs does, but
 // appends to dst and copies nothing: every key and value is a view of data,
-// valid for as long as data is not written.
+// valid for as long as data is not written. On an error dst comes back as
+// it was. The map is checked and read in the same pass.
 func AppendPairViews(dst [][2]string, data []byte) ([][2]string, error) {
-	if err := checkPairs(data); err != nil {
+	n, err := pairCount(data)
+	if err != nil || n == 0 {
 		return dst, err
 	}
-	return appendViews(dst, data), nil
+	keep := len(dst)
+	at := 4 + 8*n
+	for i := 0; i < n; i++ {
+		kl, vl := int(u32(data[4+8*i:])), int(u32(data[8+8*i:]))
+		// at + kl + 1 + vl + 1 <= len(data), in an order that cannot
+		// overflow: each length is below 2^32 and at below len(data).
+		if kl >= len(data)-at || vl >= len(data)-at-kl-1 {
+			return dst[:keep], ErrPairsTruncated
+		}
+		k := view(data[at : at+kl])
+		at += kl
+		if data[at] != 0 {
+			return dst[:keep], ErrPairsNoNUL
+		}
+		at++
+		v := view(data[at : at+vl])
+		at += vl
+		if data[at] != 0 {
+			return dst[:keep], ErrPairsNoNUL
+		}
+		at++
+		dst = append(dst, [2]string{k, v})
+	}
+	if at != len(data) {
+		return dst[:keep], ErrPairsTrailing
+	}
+	return dst, nil
 }
 
-// checkPairs reports whether data is exactly one well-formed map.
-func checkPairs(data []byte) error {
+// pairCount reads a map's count and checks that its sizes fit: 0 for an
+// empty buffer.
+func pairCount(data []byte) (int, error) {
 	if len(data) == 0 {
-		return nil
+		return 0, nil
 	}
 	if len(data) < 4 {
-		return ErrPairsTruncated
+		return 0, ErrPairsTruncated
 	}
 	n := uint64(u32(data))
 	// Each pair takes at least 8 bytes of sizes and 2 NULs: checking this
 	// first keeps a hostile count from reserving gigabytes.
 	if n*10 > uint64(len(data)-4) {
-		return ErrPairsTruncated
+		return 0, ErrPairsTruncated
 	}
-	sizes := data[4 : 4+8*n]
-	at := 4 + 8*n
-	for i := uint64(0); i < n; i++ {
-		for j := uint64(0); j < 2; j++ {
-			l := uint64(u32(sizes[8*i+4*j:]))
-			at += l
-			if at >= uint64(len(data)) {
-				return ErrPairsTruncated
-			}
-			if data[at] != 0 {
-				return ErrPairsNoNUL
-			}
-			at++
-		}
+	if n == 0 && len(data) > 4 {
+		return 0, ErrPairsTrailing
 	}
-	if at != uint64(len(data)) {
-		return ErrPairsTrailing
-	}
-	return nil
-}
-
-// appendViews appends the pairs of a map checkPairs accepted.
-func appendViews(dst [][2]string, data []byte) [][2]string {
-	if len(data) == 0 {
-		return dst
-	}
-	n := uint64(u32(data))
-	at := 4 + 8*n
-	for i := uint64(0); i < n; i++ {
-		kl, vl := uint64(u32(data[4+8*i:])), uint64(u32(data[8+8*i:]))
-		k := view(data[at : at+kl])
-		at += kl + 1
-		v := view(data[at : at+vl])
-		at += vl + 1
-		dst = append(dst, [2]string{k, v})
-	}
-	return dst
+	return int(n), nil
 }
 
 // view is b as a string without a copy; b must not be written while the
@@ -144,8 +153,4 @@ func u32(b []byte) uint32 {
 func putU32(b []byte, v uint32) {
 	_ = b[3]
 	b[0], b[1], b[2], b[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
-}
-
-func appendU32(b []byte, v uint32) []byte {
-	return append(b, byte(v), byte(v>>8), byte(v>>16), byte(v>>24))
 }

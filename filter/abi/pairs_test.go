@@ -183,4 +183,8 @@ func TestAppendPairViews(t *testing.T) {
 	if testing.AllocsPerRun(100, func() { buf = AppendPairs(buf[:0], [][2]string{{"a", "1"}}) }) != 0 {
 		t.Error("AppendPairs into a large enough buffer allocates")
 	}
+	pairs := [][2]string{{"x-api-key", "k"}, {"", ""}, {":path", "/v1/check"}}
+	if got := AppendPairs([]byte("prefix"), pairs); string(got) != "prefix"+string(EncodePairs(pairs)) {
+		t.Errorf("AppendPairs after a prefix = %q", got)
+	}
 }

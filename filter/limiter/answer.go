@@ -92,7 +92,8 @@ type Answer struct {
 // ParseAnswer reads the headers of a callout response that arrived (a reset,
 // with no headers at all, is the caller's ReasonReset).
 func ParseAnswer(headers [][2]string) Answer {
-	status, ok := count(header(headers, ":status"))
+	f := answerFieldsOf(headers)
+	status, ok := count(f.get(fStatus))
 	if !ok || status < 100 || status > 999 {
 		return failed(ReasonMalformed, "sidecar response without a valid :status", 0)
 	}
@@ -110,45 +111,101 @@ func ParseAnswer(headers [][2]string) Answer {
 		return failed(ReasonStatus, "sidecar answered "+strconv.FormatInt(status, 10), int(status))
 	}
 	var okL, okR, okT bool
-	a.Limit, okL = count(header(headers, "ratelimit-limit"))
-	a.Remaining, okR = count(header(headers, "ratelimit-remaining"))
-	a.Reset, okT = count(header(headers, "ratelimit-reset"))
+	a.Limit, okL = count(f.get(fLimit))
+	a.Remaining, okR = count(f.get(fRemaining))
+	a.Reset, okT = count(f.get(fReset))
 	if !okL || !okR || !okT {
 		return failed(ReasonMalformed, "sidecar answered "+strconv.FormatInt(status, 10)+
 			" without valid ratelimit-limit, ratelimit-remaining and ratelimit-reset", a.Status)
 	}
-	a.Plan = header(headers, "x-ratelimit-plan")
-	a.Tokens, a.HasTokens = decimal(header(headers, "x-ratelimit-tokens"))
-	a.Rate, a.HasRate = decimal(header(headers, "x-ratelimit-rate"))
+	a.Plan = f.get(fPlan)
+	a.Tokens, a.HasTokens = decimal(f.get(fTokens))
+	a.Rate, a.HasRate = decimal(f.get(fRate))
 	a.HasRate = a.HasRate && a.Rate > 0
 	if status == 200 {
 		a.Outcome = Allowed
 		return a
 	}
-	a.RetryAfter, ok = count(header(headers, "retry-after"))
+	a.RetryAfter, ok = count(f.get(fRetryAfter))
 	if !ok {
 		return failed(ReasonMalformed, "sidecar answered 429 without a valid retry-after", a.Status)
 	}
 	// retry-after is at least 1 by contract; a 0 would tell clients to
 	// retry at once into the same denial.
 	a.RetryAfter = max(a.RetryAfter, 1)
-	a.Never = header(headers, "x-ratelimit-never") == "true"
+	a.Never = f.get(fNever) == "true"
 	a.Outcome = Denied
 	return a
 }
 
-func failed(r Reason, detail string, status int) Answer {
-	return Answer{Outcome: FailedOpen, Reason: r, Detail: detail, Status: status}
+// The answer's header fields, as indexes into answerFields.
+const (
+	fStatus = iota
+	fLimit
+	fRemaining
+	fReset
+	fPlan
+	fTokens
+	fRate
+	fRetryAfter
+	fNever
+	numAnswerFields
+)
+
+// answerFields holds the first value of each header an answer is read
+// from; a header that is absent reads as "".
+type answerFields struct {
+	v    [numAnswerFields]string
+	seen [numAnswerFields]bool
 }
 
-// header returns the first value of name, "" when absent.
-func header(headers [][2]string, name string) string {
+func (f *answerFields) get(i int) string { return f.v[i] }
+
+// answerFieldsOf picks the answer's headers out of headers in one pass.
+// Inside wasm a scan per header, or a switch on the whole name (a binary
+// search of string comparisons), costs more than the rest of the answer:
+// the name's length narrows it to one candidate, compared once.
+func answerFieldsOf(headers [][2]string) answerFields {
+	var f answerFields
 	for _, h := range headers {
-		if h[0] == name {
-			return h[1]
+		name, i := h[0], -1
+		switch len(name) {
+		case len(":status"):
+			i = match(name, ":status", fStatus)
+		case len("retry-after"):
+			i = match(name, "retry-after", fRetryAfter)
+		case len("ratelimit-limit"): // and ratelimit-reset
+			if i = match(name, "ratelimit-limit", fLimit); i < 0 {
+				i = match(name, "ratelimit-reset", fReset)
+			}
+		case len("x-ratelimit-plan"): // and x-ratelimit-rate
+			if i = match(name, "x-ratelimit-plan", fPlan); i < 0 {
+				i = match(name, "x-ratelimit-rate", fRate)
+			}
+		case len("x-ratelimit-never"):
+			i = match(name, "x-ratelimit-never", fNever)
+		case len("x-ratelimit-tokens"):
+			i = match(name, "x-ratelimit-tokens", fTokens)
+		case len("ratelimit-remaining"):
+			i = match(name, "ratelimit-remaining", fRemaining)
+		}
+		if i >= 0 && !f.seen[i] {
+			f.v[i], f.seen[i] = h[1], true
 		}
 	}
-	return ""
+	return f
+}
+
+// match is field when name is want, else -1.
+func match(name, want string, field int) int {
+	if name == want {
+		return field
+	}
+	return -1
+}
+
+func failed(r Reason, detail string, status int) Answer {
+	return Answer{Outcome: FailedOpen, Reason: r, Detail: detail, Status: status}
 }
 
 // maxCountDigits keeps counts well inside int64 and float64's exact range.
@@ -173,6 +230,52 @@ func count(s string) (int64, bool) {
 // "1e-05": Lua's tostring), refusing what ParseFloat would also take but the
 // sidecar never sends (hex, infinities, NaN, underscores).
 func decimal(s string) (float64, bool) {
+	if f, ok := plainDecimal(s); ok {
+		return f, true
+	}
+	return parseDecimal(s)
+}
+
+// pow10 are the powers of ten a float64 holds exactly.
+var pow10 = [...]float64{1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15}
+
+// plainDecimal is decimal's fast path, for what the sidecar sends almost
+// always: digits, optionally a point and more digits, 15 digits at most.
+// The digits then form an integer m < 2^53 and the value is m / 10^k for
+// some k <= 15, a quotient of two float64s that hold their values exactly;
+// IEEE division rounds it correctly, so the result is ParseFloat's to the
+// bit (FuzzDecimal checks this). ok is false for anything else, which
+// parseDecimal reads. Inside wasm ParseFloat costs more than the rest of
+// the answer.
+func plainDecimal(s string) (float64, bool) {
+	if s == "" || len(s) > 16 {
+		return 0, false
+	}
+	var m uint64
+	digits, frac, point := 0, 0, false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= '0' && c <= '9':
+			m = m*10 + uint64(c-'0')
+			digits++
+			if point {
+				frac++
+			}
+		case c == '.' && !point && digits > 0 && i < len(s)-1:
+			point = true
+		default:
+			return 0, false
+		}
+	}
+	if digits > 15 {
+		return 0, false
+	}
+	return float64(m) / pow10[frac], true
+}
+
+// parseDecimal is decimal for every form the sidecar may send.
+func parseDecimal(s string) (float64, bool) {
 	if s == "" || len(s) > 64 {
 		return 0, false
 	}
@@ -281,29 +384,24 @@ func (q *quota) window() int64 {
 // legacy ratelimit-limit/remaining/reset trio many clients still read.
 func rateLimitHeaders(q *quota) [][2]string {
 	var t text
-	return appendRateLimitHeaders(nil, &t, q)
+	return appendRateLimitHeaders(nil, &t, q, nil)
 }
 
 // appendRateLimitHeaders appends rateLimitHeaders to dst, the values
-// formatted into t. The draft's two fields come first: OnResponseHeaders
-// adds them beside a service's own and replaces the legacy three.
-func appendRateLimitHeaders(dst [][2]string, t *text, q *quota) [][2]string {
-	id := t.policyID(q.plan)
-	l, r, rs := t.int(q.limit), t.int(q.remaining), t.int(q.reset)
-	m := len(t.b)
-	t.b = append(append(t.b, id...), ";q="...)
-	t.b = strconv.AppendInt(t.b, q.limit, 10)
-	if w := q.window(); w > 0 {
-		t.b = strconv.AppendInt(append(t.b, ";w="...), w, 10)
-		// The exact rate as a vendor-prefixed parameter (the draft's rule
-		// for implementation-specific ones), a String because an sf-decimal
-		// holds only three fractional digits: 'g' -1 is the sidecar's own
-		// x-ratelimit-rate, digits, '.', 'e', '+' and '-' only.
-		t.b = strconv.AppendFloat(append(t.b, `;edgelimit-rate="`...), q.rate, 'g', -1, 64)
-		t.b = append(t.b, '"')
+// formatted into t, the policy's taken from memo when it holds them (nil:
+// formatted every time). The draft's two fields come first:
+// OnResponseHeaders adds them beside a service's own and replaces the legacy
+// three.
+func appendRateLimitHeaders(dst [][2]string, t *text, q *quota, memo *policyMemo) [][2]string {
+	var id, policy, l string
+	if memo != nil {
+		e := memo.of(q)
+		id, policy, l = e.id, e.policy, e.limitText
+	} else {
+		id, policy, l = appendPolicy(t, q)
 	}
-	policy := t.since(m)
-	m = len(t.b)
+	r, rs := t.int(q.remaining), t.int(q.reset)
+	m := len(t.b)
 	t.b = append(append(append(t.b, id...), ";r="...), r...)
 	if q.next >= 0 {
 		t.b = strconv.AppendInt(append(t.b, ";t="...), q.next, 10)
@@ -315,6 +413,69 @@ func appendRateLimitHeaders(dst [][2]string, t *text, q *quota) [][2]string {
 		[2]string{"ratelimit-limit", l},
 		[2]string{"ratelimit-remaining", r},
 		[2]string{"ratelimit-reset", rs})
+}
+
+// appendPolicy formats what depends on the plan alone, into t: the policy's
+// id (its name as a structured-field string), the RateLimit-Policy value and
+// the ratelimit-limit value.
+func appendPolicy(t *text, q *quota) (id, policy, limit string) {
+	id = t.policyID(q.plan)
+	limit = t.int(q.limit)
+	m := len(t.b)
+	t.b = append(append(t.b, id...), ";q="...)
+	t.b = append(t.b, limit...)
+	if w := q.window(); w > 0 {
+		t.b = strconv.AppendInt(append(t.b, ";w="...), w, 10)
+		// The exact rate as a vendor-prefixed parameter (the draft's rule
+		// for implementation-specific ones), a String because an sf-decimal
+		// holds only three fractional digits: 'g' -1 is the sidecar's own
+		// x-ratelimit-rate, digits, '.', 'e', '+' and '-' only.
+		t.b = strconv.AppendFloat(append(t.b, `;edgelimit-rate="`...), q.rate, 'g', -1, 64)
+		t.b = append(t.b, '"')
+	}
+	return id, t.since(m), limit
+}
+
+// policyMemo keeps the formatted policies of the last few plans a VM told
+// clients about: a VM's clients share a handful of plans, and inside wasm
+// formatting a policy (the rate above all) costs more than the rest of the
+// response's headers. An entry's strings stay valid until the entry is
+// reused, which takes policyMemoSize other plans formatted since; one
+// callback formats at most one, so what it hands the host stays intact.
+type policyMemo struct {
+	entries [policyMemoSize]policyEntry
+	next    int
+}
+
+const policyMemoSize = 4
+
+type policyEntry struct {
+	used bool
+	// The key: what the policy is formatted from.
+	plan  string
+	limit int64
+	rate  float64
+	// The values appendPolicy made, views of text's buffer (plan too).
+	id, policy, limitText string
+	text                  text
+}
+
+// of returns the entry for q's plan, limit and rate, formatting it if the
+// memo has none.
+func (pm *policyMemo) of(q *quota) *policyEntry {
+	for i := range pm.entries {
+		e := &pm.entries[i]
+		if e.used && e.limit == q.limit && math.Float64bits(e.rate) == math.Float64bits(q.rate) && e.plan == q.plan {
+			return e
+		}
+	}
+	e := &pm.entries[pm.next]
+	pm.next = (pm.next + 1) % policyMemoSize
+	e.text.reset()
+	e.used, e.limit, e.rate = true, q.limit, q.rate
+	e.plan = e.text.cat(q.plan)
+	e.id, e.policy, e.limitText = appendPolicy(&e.text, q)
+	return e
 }
 
 // maxPlanLen bounds the plan name copied into a response header.

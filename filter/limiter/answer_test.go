@@ -2,6 +2,9 @@ package limiter
 
 import (
 	"encoding/json"
+	"math"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -183,4 +186,66 @@ func FuzzParseAnswer(f *testing.F) {
 			t.Fatalf("outcome %d", a.Outcome)
 		}
 	})
+}
+
+// FuzzDecimal: decimal's fast path answers exactly as the full parse, to
+// the bit, for any input it takes.
+func FuzzDecimal(f *testing.F) {
+	for _, s := range []string{"0", "99.5", "0.1", "123456789012345", "1.23456789012345", "0.000000000000001",
+		"999999999999999", "1e-05", "5.", ".5", "00012.5000", "1234567890123456", "1.2.3", "-1", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		fast, ok := plainDecimal(s)
+		if !ok {
+			return
+		}
+		want, wantOK := parseDecimal(s)
+		if !wantOK || math.Float64bits(fast) != math.Float64bits(want) {
+			t.Fatalf("plainDecimal(%q) = %v, the full parse %v (%v)", s, fast, want, wantOK)
+		}
+	})
+}
+
+// TestPolicyMemoMatchesFormatting: the headers made with the memo are the
+// ones formatted afresh, across more plans than the memo holds (so entries
+// are evicted and reused), plans differing only in limit or rate, and a
+// plan named like no other ("default" for an empty one).
+func TestPolicyMemoMatchesFormatting(t *testing.T) {
+	plans := []quota{
+		{plan: "free", limit: 10, rate: 1},
+		{plan: "free", limit: 20, rate: 1},
+		{plan: "free", limit: 10, rate: 0.5},
+		{plan: "gold", limit: 1000, rate: 16.666666666666668},
+		{plan: "", limit: 5, rate: 0},
+		{plan: `we"ird`, limit: 7, rate: 1e-05},
+		{plan: "silver", limit: 100, rate: 100},
+	}
+	var memo policyMemo
+	var tx text
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 2000 {
+		q := plans[rng.IntN(len(plans))]
+		q.remaining, q.reset, q.next = rng.Int64N(q.limit+1), rng.Int64N(100), rng.Int64N(5)-1
+		tx.reset()
+		got := appendRateLimitHeaders(nil, &tx, &q, &memo)
+		want := rateLimitHeaders(&q)
+		if !slices.Equal(got, want) {
+			t.Fatalf("request %d, %+v: with the memo %q, formatted %q", i, q, got, want)
+		}
+	}
+}
+
+// TestParseAnswerFirstValueAndLookalikes: of a repeated header the first
+// value counts, and a header named like none of the answer's, even of the
+// same length as one, is ignored.
+func TestParseAnswerFirstValueAndLookalikes(t *testing.T) {
+	a := ParseAnswer([][2]string{{":status", "200"}, {":statu5", "500"}, {"ratelimit-limit", "10"},
+		{"ratelimit-limit", "99"}, {"ratelimit-lim1t", "98"}, {"ratelimit-remaining", "4"},
+		{"ratelimit-reset", "3"}, {"ratelimit-reseT", "97"}, {"x-ratelimit-rate", "2.5"},
+		{"x-ratelimit-rat3", "96"}, {"x-ratelimit-plan", "gold"}, {"x-ratelimit-tokens", "4.5"}})
+	if a.Outcome != Allowed || a.Limit != 10 || a.Remaining != 4 || a.Reset != 3 || a.Rate != 2.5 ||
+		a.Plan != "gold" || a.Tokens != 4.5 {
+		t.Fatalf("ParseAnswer = %+v", a)
+	}
 }

@@ -41,7 +41,7 @@ const tickPeriodMs = 10000
 type Limiter struct {
 	host    abi.Host
 	roots   map[uint32]*root
-	streams map[uint32]*stream
+	streams streamTable
 	m       metrics
 	defined bool
 
@@ -49,10 +49,11 @@ type Limiter struct {
 	// RATIONALE.md, "Why the hot path does not allocate"): streams that
 	// ended, the pairs of a callout's answer, the headers the filter hands
 	// the host and the text of their values.
-	free    []*stream
-	pairs   [][2]string
-	headers [][2]string
-	text    text
+	free     []*stream
+	pairs    [][2]string
+	headers  [][2]string
+	text     text
+	policies policyMemo
 }
 
 // root is one plugin configuration.
@@ -60,12 +61,12 @@ type root struct {
 	cfg     *Config
 	cache   denyCache
 	breaker breaker
-	local   *localLimiter      // nil unless on_failure is "local"
-	calls   map[uint32]*stream // pending callouts by token
+	local   *localLimiter // nil unless on_failure is "local"
+	calls   streamTable   // pending callouts by token
 	fails   failLog
 }
 
-func newRoot() *root { return &root{calls: map[uint32]*stream{}} }
+func newRoot() *root { return &root{} }
 
 // stream is one HTTP request.
 type stream struct {
@@ -124,7 +125,7 @@ func (l *Limiter) release(s *stream) {
 // New returns the filter for one VM. It makes no host call, so it may run
 // from an init function.
 func New(h abi.Host) *Limiter {
-	return &Limiter{host: h, roots: map[uint32]*root{}, streams: map[uint32]*stream{}}
+	return &Limiter{host: h, roots: map[uint32]*root{}}
 }
 
 var _ abi.Plugin = (*Limiter)(nil)
@@ -137,7 +138,7 @@ func (l *Limiter) OnContextCreate(id, parent uint32) {
 		return
 	}
 	if r := l.roots[parent]; r != nil {
-		l.streams[id] = l.newStream(id, r)
+		l.streams.put(id, l.newStream(id, r))
 	}
 }
 
@@ -191,7 +192,7 @@ func (l *Limiter) OnConfigure(rootID uint32, size int) (ok bool) {
 // key, cached denial, failed dispatch) or pauses it until the sidecar's
 // answer.
 func (l *Limiter) OnRequestHeaders(id uint32, _ int, _ bool) (act abi.Action) {
-	s := l.streams[id]
+	s := l.streams.get(id)
 	if s == nil || s.root.cfg == nil {
 		return abi.ActionContinue
 	}
@@ -312,7 +313,7 @@ func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 		return abi.ActionContinue
 	}
 	s.token, s.pending, s.sentAt = token, true, now
-	s.root.calls[token] = s
+	s.root.calls.put(token, s)
 	return abi.ActionPause
 }
 
@@ -324,11 +325,10 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	if r == nil {
 		return
 	}
-	s := r.calls[token]
+	s := r.calls.remove(token)
 	if s == nil {
 		return // not ours, or the request already failed open
 	}
-	delete(r.calls, token)
 	s.pending = false
 	defer func() {
 		if p := recover(); p != nil {
@@ -467,7 +467,7 @@ func (l *Limiter) resume(s *stream) {
 func (l *Limiter) deny(s *stream, q *quota, retry int64, details string) {
 	t := &l.text
 	t.reset()
-	headers := appendRateLimitHeaders(l.headers[:0], t, q)
+	headers := appendRateLimitHeaders(l.headers[:0], t, q, &l.policies)
 	if retry > 0 {
 		headers = append(headers, [2]string{"retry-after", t.int(retry)})
 	}
@@ -501,12 +501,12 @@ func (l *Limiter) failOpen(s *stream, r Reason, detail string, now int64) (answe
 // enforced here.
 func (l *Limiter) OnResponseHeaders(id uint32, _ int, _ bool) abi.Action {
 	defer l.recoverLog("proxy_on_response_headers")
-	s := l.streams[id]
+	s := l.streams.get(id)
 	if s == nil || !s.limited {
 		return abi.ActionContinue
 	}
 	l.text.reset()
-	l.headers = appendRateLimitHeaders(l.headers[:0], &l.text, &s.quota)
+	l.headers = appendRateLimitHeaders(l.headers[:0], &l.text, &s.quota, &l.policies)
 	for i, hd := range l.headers {
 		if i < 2 { // ratelimit-policy, ratelimit
 			l.host.AddHeader(abi.MapResponseHeaders, hd[0], hd[1])
@@ -536,9 +536,8 @@ func (l *Limiter) OnTick(rootID uint32) {
 // that a denial still reaches the deny cache.
 func (l *Limiter) OnDelete(id uint32) {
 	defer l.recoverLog("proxy_on_delete")
-	if s := l.streams[id]; s != nil {
+	if s := l.streams.remove(id); s != nil {
 		s.gone = true
-		delete(l.streams, id)
 		if !s.pending {
 			l.release(s)
 		}
@@ -551,7 +550,7 @@ func (l *Limiter) OnDelete(id uint32) {
 // request has already failed open.
 func (l *Limiter) forget(s *stream) {
 	if s.pending {
-		delete(s.root.calls, s.token)
+		s.root.calls.remove(s.token)
 		s.pending = false
 	}
 }
