@@ -18,7 +18,7 @@ import (
 
 func init() {
 	// No host call here: during _initialize Envoy allows only proxy_log.
-	abi.SetPlugin(limiter.New(abi.ProxyHost()))
+	abi.SetPlugin(plugin(limiter.New(abi.ProxyHost())))
 }
 
 // main is never called in a c-shared module; the build requires it.

@@ -22,12 +22,25 @@ import (
 // Build compiles ./filter of the module rooted at repoRoot into dir with the
 // standard toolchain and returns the module's path.
 func Build(repoRoot, dir string) (string, error) {
-	out := filepath.Join(dir, "filter.wasm")
-	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-buildmode=c-shared", "-o", out, "./filter")
+	return build(repoRoot, filepath.Join(dir, "filter.wasm"))
+}
+
+// BuildSoakGC compiles the garbage-collection soak's variant of the filter
+// (filter/soakgc.go, -tags soakgc): the same filter, with the collector and
+// the scavenger driven hard and the runtime's state logged on every tick.
+// It links one runtime variable by name, which the linker allows only with
+// -checklinkname=0; the shipped module has neither.
+func BuildSoakGC(repoRoot, dir string) (string, error) {
+	return build(repoRoot, filepath.Join(dir, "filter-soakgc.wasm"), "-tags", "soakgc", "-ldflags=-checklinkname=0")
+}
+
+func build(repoRoot, out string, flags ...string) (string, error) {
+	args := append([]string{"build", "-buildmode=c-shared", "-o", out}, flags...)
+	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), append(args, "./filter")...)
 	cmd.Dir = repoRoot
 	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", errors.New("build filter.wasm: " + err.Error() + "\n" + string(b))
+		return "", errors.New("build " + filepath.Base(out) + ": " + err.Error() + "\n" + string(b))
 	}
 	return out, nil
 }

@@ -4,9 +4,12 @@ import (
 	"context"
 	"flag"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/edgelimit/edgelimit/envoy/wasmhost"
 )
@@ -50,16 +53,18 @@ func (d *heldSidecar) release() {
 
 type soakResult struct {
 	requests int   // sent before the VM failed, or all of them
+	bursts   int   // bursts run
 	failed   error // nil: the VM survived
 	peakKiB  uint32
 	polls    int64 // WASI poll_oneoff calls the module made
 }
 
-// filterSoak runs the bursts through one VM of filter.wasm under the given
-// poll_oneoff answer.
-func filterSoak(t *testing.T, poll wasmhost.PollMode, bursts, size int) soakResult {
-	filterModule(t) // builds filter.wasm
-	b, err := os.ReadFile(modDir + "/filter.wasm")
+// soakRun runs bursts through one VM of the module at path under the given
+// poll_oneoff answer, as long as more(bursts run so far) says, calling
+// afterBurst once each burst is over. log receives the module's log lines.
+func soakRun(t *testing.T, path string, poll wasmhost.PollMode, size int, more func(int) bool,
+	afterBurst func(*wasmhost.VM), log func(string)) soakResult {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +75,7 @@ func filterSoak(t *testing.T, poll wasmhost.PollMode, bursts, size int) soakResu
 	defer m.Close(context.Background())
 	d := &heldSidecar{}
 	vm, err := m.NewVM(context.Background(), wasmhost.Options{Dispatcher: d, VMID: "soak", SharedData: wasmhost.NewSharedData(),
-		Log: func(wasmhost.LogLevel, string) {}})
+		Log: func(_ wasmhost.LogLevel, line string) { log(line) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +84,15 @@ func filterSoak(t *testing.T, poll wasmhost.PollMode, bursts, size int) soakResu
 		t.Fatal(err)
 	}
 	var res soakResult
-	for burst := 0; burst < bursts; burst++ {
+	failed := func() bool {
+		if !vm.Failed() {
+			return false
+		}
+		res.failed = vm.Err()
+		res.polls = vm.PollOneoffCalls()
+		return true
+	}
+	for ; more(res.bursts); res.bursts++ {
 		streams := make([]*wasmhost.Stream, 0, size)
 		for i := 0; i < size; i++ {
 			s, err := vm.NewStream(wasmhost.StreamInfo{SourceAddr: "127.0.0.1:1", DestinationAddr: "127.0.0.1:2"})
@@ -90,9 +103,7 @@ func filterSoak(t *testing.T, poll wasmhost.PollMode, bursts, size int) soakResu
 			s.RequestHeaders([]wasmhost.Header{{":method", "GET"}, {":path", "/orders/" + strconv.Itoa(i)},
 				{":authority", "shop"}, {"x-api-key", "key-" + strconv.Itoa(res.requests)}}, true)
 			streams = append(streams, s)
-			if vm.Failed() {
-				res.failed = vm.Err()
-				res.polls = vm.PollOneoffCalls()
+			if failed() {
 				return res
 			}
 		}
@@ -100,20 +111,32 @@ func filterSoak(t *testing.T, poll wasmhost.PollMode, bursts, size int) soakResu
 			res.peakKiB = kib
 		}
 		d.release()
+		// A failed VM leaves its paused streams waiting, as Envoy does:
+		// only a live one is waited for.
+		if err := vm.Sync(); err != nil || failed() {
+			return res
+		}
 		for _, s := range streams {
 			if st, err := s.Wait(context.Background()); err == nil && st == wasmhost.Continued {
 				s.ResponseHeaders([]wasmhost.Header{{":status", "200"}}, false)
 			}
 			s.Done()
 		}
-		if vm.Failed() {
-			res.failed = vm.Err()
-			res.polls = vm.PollOneoffCalls()
+		afterBurst(vm)
+		if failed() {
 			return res
 		}
 	}
 	res.polls = vm.PollOneoffCalls()
 	return res
+}
+
+// filterSoak runs the bursts through one VM of the shipped filter.wasm
+// under the given poll_oneoff answer.
+func filterSoak(t *testing.T, poll wasmhost.PollMode, bursts, size int) soakResult {
+	filterModule(t) // builds filter.wasm
+	return soakRun(t, modDir+"/filter.wasm", poll, size, func(n int) bool { return n < bursts },
+		func(*wasmhost.VM) {}, func(string) {})
 }
 
 // TestFilterSoakPollOneoff is the GC-heavy soak of filter.wasm under each
@@ -134,6 +157,85 @@ func TestFilterSoakPollOneoff(t *testing.T) {
 			}
 			if r.polls != 0 {
 				t.Errorf("filter.wasm called poll_oneoff %d times: its runtime started the network poller, so older Envoy (ENOSYS) would crash it at a GC", r.polls)
+			}
+		})
+	}
+}
+
+// soakDuration turns TestFilterSoakGC into a long run: bursts for this long
+// under each poll_oneoff answer instead of -soak.bursts of them.
+var soakDuration = flag.Duration("soak.duration", 0, "run TestFilterSoakGC's bursts for this long per poll_oneoff mode (0: -soak.bursts bursts)")
+
+// soakLine is what the soak build logs on every tick (filter/soakgc.go).
+var soakLine = regexp.MustCompile(`^soakgc: gc_cycles=(\d+) netpoll_started=(\d+) heap_released_kib=(\d+)$`)
+
+// TestFilterSoakGC is the soak that forces what hours of production do to
+// the Go runtime inside the filter: the filter built with -tags soakgc
+// (BuildSoakGC) runs under a 4 MiB memory limit and GOGC 10, and after every
+// burst a tick makes it return its free heap to the system
+// (debug.FreeOSMemory: a collection the module waits for, so the runtime's
+// background goroutines get to run, then the scavenger's work). Under
+// Envoy's ENOSYS answer (1.33 to 1.38) the first poll_oneoff would kill the
+// VM; under zero events (1.39) it would not, but it would show the poller
+// at work. The test fails the day the runtime starts its network poller at
+// all (the soak build reads the runtime's own flag), before any poll, and
+// it checks that the collector did run on every tick, so that the soak
+// cannot pass by not collecting. README.md, "Which Envoy", rests on it;
+// -soak.duration makes it a run of hours.
+func TestFilterSoakGC(t *testing.T) {
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, err := BuildSoakGC(root, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, poll := range []wasmhost.PollMode{wasmhost.PollENOSYS, wasmhost.PollNoEvents} {
+		t.Run(poll.String(), func(t *testing.T) {
+			var mu sync.Mutex
+			var ticks, cycles, started, released int64
+			log := func(line string) {
+				m := soakLine.FindStringSubmatch(line)
+				if m == nil {
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				ticks++
+				cycles, _ = strconv.ParseInt(m[1], 10, 64)
+				if n, _ := strconv.ParseInt(m[2], 10, 64); n != 0 && started == 0 {
+					started = ticks
+				}
+				released, _ = strconv.ParseInt(m[3], 10, 64)
+			}
+			begin := time.Now()
+			more := func(n int) bool { return n < *soakBursts }
+			if *soakDuration > 0 {
+				more = func(int) bool { return time.Since(begin) < *soakDuration }
+			}
+			r := soakRun(t, path, poll, *soakBurstSize, more, func(vm *wasmhost.VM) {
+				if err := vm.Tick(); err != nil {
+					t.Fatal(err)
+				}
+			}, log)
+			mu.Lock()
+			defer mu.Unlock()
+			t.Logf("soak build, poll_oneoff %s, %v: %d requests in %d bursts of %d, %d ticks, %d collections, "+
+				"peak linear memory %d KiB, %d KiB returned at the last tick, poll_oneoff calls %d, VM failure: %v",
+				poll, time.Since(begin).Round(time.Second), r.requests, r.bursts, *soakBurstSize, ticks, cycles,
+				r.peakKiB, released, r.polls, r.failed)
+			if r.failed != nil {
+				t.Fatalf("the VM failed after %d requests: %v", r.requests, r.failed)
+			}
+			if started != 0 {
+				t.Fatalf("the runtime started its network poller by tick %d: from then on a GC can call poll_oneoff, which ENOSYS (Envoy 1.33 to 1.38) answers fatally", started)
+			}
+			if r.polls != 0 {
+				t.Fatalf("poll_oneoff called %d times", r.polls)
+			}
+			if ticks != int64(r.bursts) || cycles < ticks {
+				t.Fatalf("%d ticks logged for %d bursts, %d collections: the soak did not drive the collector on every tick", ticks, r.bursts, cycles)
 			}
 		})
 	}
