@@ -331,6 +331,7 @@ func envFunctions() []hostFunc {
 			vm.nextMetric[kind] += 4
 			id := vm.nextMetric[kind]
 			vm.metricIDs[id] = vm.o.Stats.define(kind, name)
+			vm.metricDefs[name]++
 			if !vm.writeU32(u32(s[3]), id) {
 				ret(s, StatusInvalidMemAccess)
 				return

@@ -121,6 +121,22 @@ func (p *Plugin) configure(config string) error {
 	return nil
 }
 
+// Configure runs proxy_on_configure on the plugin's root context again,
+// with config; VM.Configure for this plugin.
+func (p *Plugin) Configure(config string) error {
+	var err error
+	if e := p.vm.do(func() {
+		if p.vm.failed.Load() {
+			err = p.vm.Err()
+			return
+		}
+		err = p.configure(config)
+	}); e != nil {
+		return e
+	}
+	return err
+}
+
 // RootContextID returns the id of the plugin's root context, the parent
 // of its streams.
 func (p *Plugin) RootContextID() uint32 { return p.id }

@@ -130,6 +130,9 @@ func TestPluginsDefiningOneMetric(t *testing.T) {
 	if v, _ := vm.Stats().Value("shared.count"); v != 5 {
 		t.Errorf("shared.count = %d, want 5", v)
 	}
+	if n := vm.MetricDefinitions("shared.count"); n != 2 {
+		t.Errorf("MetricDefinitions = %d, want 2", n)
+	}
 }
 
 // Removing a plugin ends its root context once its last stream has ended

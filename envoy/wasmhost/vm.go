@@ -104,6 +104,7 @@ type VM struct {
 	stacks      [4][8]uint64 // callWithStack's, by call depth
 	callDepth   int
 	metricIDs   map[uint32]*metric
+	metricDefs  map[string]int // ids handed out, by metric name
 	nextMetric  [3]uint32
 	status      uint32
 	statusMsg   string
@@ -140,15 +141,16 @@ func (m *Module) NewVM(ctx context.Context, o Options) (*VM, error) {
 		return nil, fmt.Errorf("log level: want 0..5, got %d", o.LogLevel)
 	}
 	vm := &VM{
-		mod:       m,
-		o:         o,
-		id:        m.vms.Add(1),
-		exited:    make(chan struct{}),
-		fns:       map[string]api.Function{},
-		contexts:  map[uint32]*vmContext{},
-		nextCtxID: 1, // 0 is the VM itself
-		calls:     map[uint32]*pendingCall{},
-		metricIDs: map[uint32]*metric{},
+		mod:        m,
+		o:          o,
+		id:         m.vms.Add(1),
+		exited:     make(chan struct{}),
+		fns:        map[string]api.Function{},
+		contexts:   map[uint32]*vmContext{},
+		nextCtxID:  1, // 0 is the VM itself
+		calls:      map[uint32]*pendingCall{},
+		metricIDs:  map[uint32]*metric{},
+		metricDefs: map[string]int{},
 		// Metric ids carry their kind in the low two bits and step by 4,
 		// as Envoy numbers them.
 		nextMetric: [3]uint32{uint32(MetricCounter), uint32(MetricGauge), uint32(MetricHistogram)},
@@ -426,6 +428,16 @@ func (vm *VM) MemoryBytes() uint32 {
 // on at every garbage collection, which Envoy's older ENOSYS answer turns
 // into a crash.
 func (vm *VM) PollOneoffCalls() int64 { return vm.pollCalls.Load() }
+
+// MetricDefinitions returns how many ids the module was given for the
+// metric name (without "wasmcustom.") in this VM. Envoy keeps every id for
+// the VM's life, so a module defining its metrics again for each new
+// plugin configuration makes this grow.
+func (vm *VM) MetricDefinitions(name string) int {
+	var n int
+	vm.do(func() { n = vm.metricDefs[name] })
+	return n
+}
 
 // Stats returns the metrics store the VM writes to.
 func (vm *VM) Stats() *Stats { return vm.o.Stats }
