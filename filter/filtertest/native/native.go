@@ -274,8 +274,8 @@ func (v *vm) remove(root uint32) {
 			v.t.Fatalf("native host: plugin removed while its stream %d is open", s.id)
 		}
 	}
-	v.roots = slices.DeleteFunc(v.roots, func(id uint32) bool { return id == root })
 	v.callback(root, func() { v.plugin.OnDelete(root) })
+	v.roots = slices.DeleteFunc(v.roots, func(id uint32) bool { return id == root })
 }
 
 func (v *vm) MetricDefinitions(name string) int { return v.defines[name] }
