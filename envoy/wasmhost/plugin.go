@@ -141,8 +141,10 @@ func (p *Plugin) Configure(config string) error {
 // of its streams.
 func (p *Plugin) RootContextID() uint32 { return p.id }
 
-// Name returns the plugin's name; RootID its root_id.
-func (p *Plugin) Name() string   { return p.name }
+// Name returns the plugin's name.
+func (p *Plugin) Name() string { return p.name }
+
+// RootID returns the plugin's root_id.
 func (p *Plugin) RootID() string { return p.rootID }
 
 // NewStream opens a stream context under this plugin's root context and
