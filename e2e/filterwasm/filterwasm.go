@@ -166,6 +166,69 @@ func (h *host) Advance(d time.Duration) {
 
 func (h *host) Worker() filtertest.Host { return h.p.newHost(h.t) }
 
+// AddPlugin starts a second plugin configuration in the VM, named as the
+// first: Envoy gives a new configuration of the same filter a root
+// context of its own.
+func (h *host) AddPlugin(config string) (filtertest.Host, bool) {
+	p, err := h.vm.AddPlugin("edgelimit", "edgelimit", config)
+	if err != nil {
+		if !errors.Is(err, wasmhost.ErrConfigRejected) {
+			h.t.Logf("add plugin: %v", err)
+		}
+		return nil, false
+	}
+	return &plugin{host: h, p: p}, true
+}
+
+func (h *host) Remove() {
+	if p := h.vm.Plugin(); p != nil {
+		removePlugin(h.t, p)
+	}
+}
+
+func removePlugin(t *testing.T, p *wasmhost.Plugin) {
+	if err := p.Remove(); err != nil {
+		t.Fatalf("remove plugin: %v", err)
+	}
+	if !p.Removed() {
+		t.Fatal("remove plugin: a stream of it is still open")
+	}
+}
+
+func (h *host) MetricDefinitions(name string) int { return h.vm.MetricDefinitions(name) }
+
+// plugin is a second plugin configuration in a host's VM (AddPlugin): the
+// stream, configure, tick and remove calls act on its root context, the
+// rest on the VM.
+type plugin struct {
+	*host
+	p *wasmhost.Plugin
+}
+
+func (p *plugin) Configure(config string) bool {
+	err := p.p.Configure(config)
+	if err != nil && !errors.Is(err, wasmhost.ErrConfigRejected) {
+		p.t.Logf("configure: %v", err)
+	}
+	return err == nil
+}
+
+func (p *plugin) NewStream() filtertest.Stream {
+	s, err := p.p.NewStream(wasmhost.StreamInfo{SourceAddr: "127.0.0.1:40000", DestinationAddr: "127.0.0.1:10000", Protocol: "HTTP/1.1"})
+	if err != nil {
+		p.t.Fatalf("new stream: %v", err)
+	}
+	return &stream{h: p.host, s: s}
+}
+
+func (p *plugin) Tick() {
+	if err := p.p.Tick(); err != nil {
+		p.t.Fatalf("tick: %v", err)
+	}
+}
+
+func (p *plugin) Remove() { removePlugin(p.t, p.p) }
+
 func (h *host) Tick() {
 	if err := h.vm.Tick(); err != nil {
 		h.t.Fatalf("tick: %v", err)

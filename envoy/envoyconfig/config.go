@@ -1,7 +1,8 @@
 // Package envoyconfig reads envoy/envoy.yaml with Envoy's own API types
 // (github.com/envoyproxy/go-control-plane) and extracts what the headless
-// gateway needs: the listener, the admin address, the routes, the clusters
-// and the proxy-wasm filter.
+// gateway needs: the listener, the admin address, the routes, the clusters,
+// the proxy-wasm filter and the stats configuration (histogram buckets and
+// tags).
 //
 // Load is strict in the way Envoy is: an unknown field, an unknown @type, or
 // a value that breaks a rule in Envoy's protos (their generated ValidateAll)
@@ -15,6 +16,7 @@ package envoyconfig
 import (
 	"fmt"
 	"net"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,6 +36,119 @@ type Config struct {
 	StreamIdleTimeout time.Duration
 	// Histograms is stats_config.histogram_bucket_settings, in order.
 	Histograms []HistogramBuckets
+	// Tags is stats_config.stats_tags, in order.
+	Tags []TagSpecifier
+}
+
+// TagSpecifier is one entry of stats_config.stats_tags: a tag with a fixed
+// value, or one whose value a regex takes from the stat's name.
+type TagSpecifier struct {
+	Name       string
+	Regex      *regexp.Regexp // nil for a fixed value
+	FixedValue string
+	// prefix is the first name token the regex is anchored to (Envoy's
+	// extractRegexPrefix); "" when it has none.
+	prefix string
+}
+
+// Tag is one tag of a stat: its name and value.
+type Tag struct{ Name, Value string }
+
+// TagsFor returns the tag-extracted name and the tags of the stat of that
+// full name (for a plugin's, "wasmcustom.<name>"), as Envoy's tag producer
+// makes them from stats_config.stats_tags. Every specifier sees the whole
+// name. A regex is searched for anywhere in it (Envoy runs custom ones as
+// std::regex searches); when it matches, its first capture group is taken
+// out of the name and the second, or else the first, is the value. A fixed
+// value tags every stat. Of specifiers with the same tag name only the
+// first that matches counts. Specifiers anchored to a first token ("^name\.")
+// come after the others, as Envoy keeps them apart to try them only on
+// names with that token. Envoy's built-in tags are not here
+// (envoy/wasmhost/RATIONALE.md, known differences).
+func (c *Config) TagsFor(name string) (string, []Tag) {
+	var tags []Tag
+	var cut [][2]int // ranges to take out of name
+	first, _, _ := strings.Cut(name, ".")
+	apply := func(t *TagSpecifier) {
+		for _, have := range tags {
+			if have.Name == t.Name {
+				return
+			}
+		}
+		if t.Regex == nil {
+			tags = append(tags, Tag{t.Name, t.FixedValue})
+			return
+		}
+		m := t.Regex.FindStringSubmatchIndex(name)
+		if m == nil || t.Regex.NumSubexp() < 1 {
+			return
+		}
+		group := func(i int) string {
+			if m[2*i] < 0 {
+				return "" // a group that took no part in the match
+			}
+			return name[m[2*i]:m[2*i+1]]
+		}
+		value := group(1)
+		if t.Regex.NumSubexp() >= 2 {
+			value = group(2)
+		}
+		tags = append(tags, Tag{t.Name, value})
+		if m[2] >= 0 {
+			cut = append(cut, [2]int{m[2], m[3]})
+		}
+	}
+	for i := range c.Tags {
+		if c.Tags[i].prefix == "" {
+			apply(&c.Tags[i])
+		}
+	}
+	for i := range c.Tags {
+		if p := c.Tags[i].prefix; p != "" && p == first && strings.Contains(name, ".") {
+			apply(&c.Tags[i])
+		}
+	}
+	if len(cut) == 0 {
+		return name, tags
+	}
+	var b strings.Builder
+	for i := 0; i < len(name); i++ {
+		if !inRanges(cut, i) {
+			b.WriteByte(name[i])
+		}
+	}
+	return b.String(), tags
+}
+
+func inRanges(rs [][2]int, i int) bool {
+	for _, r := range rs {
+		if i >= r[0] && i < r[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// regexPrefix is the first token of a stat name that regex is anchored
+// to: "^" and a token of letters, digits and '_' followed by an escaped
+// dot (or a lookahead for one), or by "$" ending the regex; "" otherwise.
+func regexPrefix(regex string) string {
+	rest, ok := strings.CutPrefix(regex, "^")
+	if !ok {
+		return ""
+	}
+	n := 0
+	for n < len(rest) && (rest[n] == '_' || rest[n] >= 'a' && rest[n] <= 'z' || rest[n] >= 'A' && rest[n] <= 'Z' || rest[n] >= '0' && rest[n] <= '9') {
+		n++
+	}
+	if n == 0 {
+		return ""
+	}
+	after := rest[n:]
+	if strings.HasPrefix(after, `\.`) || strings.HasPrefix(after, `(?=\.)`) || after == "$" {
+		return rest[:n]
+	}
+	return ""
 }
 
 // HistogramBuckets is one entry of stats_config.histogram_bucket_settings:

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/filter/limiter"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -163,6 +164,9 @@ var invalidCases = []struct{ name, want string }{
 	{"unknown_field_in_wasm", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config.rootid_: unknown field \"rootid_\" in envoy.extensions.wasm.v3.PluginConfig"},
 	{"wasm_missing", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters: no envoy.filters.http.wasm filter (typed_config type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm)"},
 	{"circuit_breaker_zero", "static_resources.clusters[2].circuit_breakers.thresholds[0].max_requests: 0 would refuse every request of cluster \"ratelimit_sidecar\""},
+	{"stats_tags_bad_regex", "stats_config.stats_tags[0].regex: error parsing regexp: missing closing ): `^wasmcustom\\.(x`"},
+	{"stats_tags_default_regex", "stats_config.stats_tags[0].regex: empty, which makes Envoy use its built-in regex for tag \"envoy.cluster_name\"; give the regex here"},
+	{"stats_tags_no_name", "stats_config.stats_tags[0].tag_name: must not be empty"},
 	{"histogram_bad_regex", "stats_config.histogram_bucket_settings[0].match.safe_regex.regex: error parsing regexp: missing closing ): `wasmcustom\\.(lat`"},
 	{"wrong_shape", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].domains: want a list, got a string"},
 }
@@ -195,20 +199,118 @@ func TestCircuitBreakerThresholds(t *testing.T) {
 	}
 }
 
-// The shipped bootstrap gives the filter's callout latency its own buckets,
-// sorted, every 500 µs up to the 5 ms timeout; other histograms keep
-// Envoy's defaults.
+// The shipped bootstrap gives the filter's callout latency its own buckets
+// in microseconds, sorted, every 500 µs up to the callout's timeout; other
+// histograms keep Envoy's defaults.
 func TestRealConfigHistogramBuckets(t *testing.T) {
 	c, err := Load(realConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := c.BucketsFor("wasmcustom.edgelimit.callout.latency_us")
-	if !slices.IsSorted(b) || !slices.Contains(b, 4500) || !slices.Contains(b, 5000) {
-		t.Errorf("callout latency buckets = %v, want sorted, with 4500 and 5000", b)
+	if !slices.IsSorted(b) || len(b) == 0 || b[0] >= 1000 {
+		t.Errorf("callout latency buckets = %v, want sorted, some below 1 ms (the histogram counts µs)", b)
+	}
+	// Every 500 µs from 1 ms up to the callout's timeout, where a check
+	// that is about to fail open shows.
+	var filter struct {
+		TimeoutMs float64 `json:"timeout_ms"`
+	}
+	if err := json.Unmarshal([]byte(c.Wasm.Configuration), &filter); err != nil || filter.TimeoutMs == 0 {
+		t.Fatalf("timeout_ms of the filter's configuration: %v", err)
+	}
+	for us := 1000.0; us <= filter.TimeoutMs*1000; us += 500 {
+		if !slices.Contains(b, us) {
+			t.Errorf("callout latency buckets = %v, want %v µs among them", b, us)
+		}
 	}
 	if b := c.BucketsFor("wasmcustom.edgelimit.other"); b != nil {
 		t.Errorf("another histogram's buckets = %v, want nil (the defaults)", b)
+	}
+}
+
+// The shipped bootstrap's stats_tags make the filter's request counters
+// one Prometheus family with the decision, and for a request that failed
+// open the reason, as labels; every other metric of the filter keeps its
+// name and has no tags.
+func TestRealConfigStatsTags(t *testing.T) {
+	c, err := Load(realConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasons := 0
+	for _, name := range limiter.MetricNames() {
+		full := "wasmcustom." + name
+		extracted, tags := c.TagsFor(full)
+		var want []Tag
+		wantName := full
+		if rest, ok := strings.CutPrefix(name, "edgelimit.requests."); ok {
+			wantName = "wasmcustom.edgelimit.requests"
+			want = []Tag{{"decision", rest}}
+			if reason, ok := strings.CutPrefix(rest, "failed_open."); ok {
+				want = []Tag{{"decision", "failed_open"}, {"reason", reason}}
+				reasons++
+			}
+		}
+		if extracted != wantName || !slices.Equal(tags, want) {
+			t.Errorf("TagsFor(%q) = %q, %v; want %q, %v", full, extracted, tags, wantName, want)
+		}
+	}
+	if reasons == 0 {
+		t.Error("no failed_open counter among the filter's metrics")
+	}
+}
+
+// Tags are taken as Envoy's tag producer takes them: every specifier sees
+// the whole name; a regex matches anywhere, its first group leaves the
+// name and its second (else its first) is the value; a fixed value tags
+// every stat; of specifiers with the same tag name the first that matches
+// wins; specifiers anchored to a first token come after the others.
+func TestStatsTags(t *testing.T) {
+	base, err := os.ReadFile("testdata/valid.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := string(base) + `stats_config:
+  stats_tags:
+  - {tag_name: kind, regex: '^wasmcustom\.app\.((\w+)\.)'}
+  - {tag_name: where, regex: '(\.at_(\w+))'}
+  - {tag_name: env, fixed_value: prod}
+  - {tag_name: where, regex: '(\.in_(\w+))'}
+  - {tag_name: code, regex: 'rq(_(\d+))?$'}
+  - {tag_name: tier, regex: '\.(gold)$'}
+`
+	c, err := parse([]byte(conf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]struct {
+		extracted string
+		tags      []Tag
+	}{
+		// The anchored kind comes after the unanchored where and env;
+		// the parts taken out overlap on a dot, taken out once.
+		"wasmcustom.app.hits.at_edge.total": {"wasmcustom.app..total", []Tag{{"where", "edge"}, {"env", "prod"}, {"kind", "hits"}}},
+		// The first where that matches wins; the second is not tried.
+		"wasmcustom.x.at_a.in_b": {"wasmcustom.x.in_b", []Tag{{"where", "a"}, {"env", "prod"}}},
+		"wasmcustom.x.in_b":      {"wasmcustom.x", []Tag{{"env", "prod"}, {"where", "b"}}},
+		// A group that took no part: an empty value, nothing taken out.
+		"cluster.s.rq":     {"cluster.s.rq", []Tag{{"env", "prod"}, {"code", ""}}},
+		"cluster.s.rq_200": {"cluster.s.rq", []Tag{{"env", "prod"}, {"code", "200"}}},
+		// One group: it is both what is taken out and the value.
+		"wasmcustom.plan.gold": {"wasmcustom.plan.", []Tag{{"env", "prod"}, {"tier", "gold"}}},
+	} {
+		got, tags := c.TagsFor(name)
+		if got != want.extracted || !slices.Equal(tags, want.tags) {
+			t.Errorf("TagsFor(%q) = %q, %v; want %q, %v", name, got, tags, want.extracted, want.tags)
+		}
+	}
+	for regex, prefix := range map[string]string{
+		`^wasmcustom\.(\w+)`: "wasmcustom", `^cluster(?=\.)x`: "cluster", `^up$`: "up", `^up`: "", `^\.x`: "", `x\.`: "", `^a_b\w`: "",
+	} {
+		if got := regexPrefix(regex); got != prefix {
+			t.Errorf("regexPrefix(%q) = %q, want %q", regex, got, prefix)
+		}
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	metricsv3 "github.com/envoyproxy/go-control-plane/envoy/config/metrics/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	wasmfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
@@ -89,7 +90,39 @@ func extract(b *bootstrapv3.Bootstrap) (*Config, error) {
 		}
 		c.Histograms = append(c.Histograms, HistogramBuckets{Match: match, Buckets: buckets})
 	}
+	for i, ts := range b.GetStatsConfig().GetStatsTags() {
+		path := fmt.Sprintf("stats_config.stats_tags[%d]", i)
+		t, err := tagSpecifier(ts, path)
+		if err != nil {
+			return nil, err
+		}
+		c.Tags = append(c.Tags, t)
+	}
 	return c, nil
+}
+
+// tagSpecifier reads one stats_tags entry as Envoy's tag producer takes
+// it: a fixed value, or a regex with at least one capture group to be of
+// any use.
+func tagSpecifier(ts *metricsv3.TagSpecifier, path string) (TagSpecifier, error) {
+	t := TagSpecifier{Name: ts.GetTagName()}
+	if t.Name == "" {
+		return t, fmt.Errorf("%s.tag_name: must not be empty", path)
+	}
+	if v, ok := ts.GetTagValue().(*metricsv3.TagSpecifier_FixedValue); ok {
+		t.FixedValue = v.FixedValue
+		return t, nil
+	}
+	regex := ts.GetRegex()
+	if regex == "" {
+		return t, fmt.Errorf("%s.regex: empty, which makes Envoy use its built-in regex for tag %q; give the regex here", path, t.Name)
+	}
+	re, err := regexp.Compile(regex)
+	if err != nil {
+		return t, fmt.Errorf("%s.regex: %v", path, err)
+	}
+	t.Regex, t.prefix = re, regexPrefix(regex)
+	return t, nil
 }
 
 // stringMatcher is Envoy's StringMatcher as a function. A safe_regex must

@@ -104,6 +104,15 @@ func newGateway(ctx context.Context, o options, log *slog.Logger) (*gateway, err
 	// Bucket bounds are fixed when a histogram is made, from the bootstrap
 	// the process started with, as in Envoy (a reload does not change them).
 	g.stats.SetHistogramBuckets(cfg.BucketsFor)
+	// Tags too: Envoy's stats_config is the bootstrap's.
+	g.stats.SetTagExtractor(func(name string) (string, []wasmhost.Tag) {
+		extracted, tags := cfg.TagsFor(name)
+		out := make([]wasmhost.Tag, len(tags))
+		for i, t := range tags {
+			out[i] = wasmhost.Tag{Name: t.Name, Value: t.Value}
+		}
+		return extracted, out
+	})
 	g.rqTotal = lazyCounter{c: &g.counters, name: "http.edge.downstream_rq_total"}
 	g.rqClass = newClassCounters(&g.counters, "http.edge.downstream_rq_")
 	workers := o.concurrency
@@ -420,10 +429,10 @@ func (g *gateway) adminHandler(ctx context.Context) http.Handler {
 		w.Header().Set("content-type", "text/plain")
 		g.writeStats(w)
 	})
-	// The plugin's metrics as Envoy's /stats/prometheus writes them; the
-	// gateway's own Envoy-style statistics are in /stats only (their
-	// Prometheus form needs Envoy's tag extraction, which the gateway does
-	// not have).
+	// The plugin's metrics as Envoy's /stats/prometheus writes them, tagged
+	// by the bootstrap's stats_tags; the gateway's own Envoy-style
+	// statistics are in /stats only (their Prometheus form needs Envoy's
+	// built-in tags, which the gateway does not have).
 	mux.HandleFunc("/stats/prometheus", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("content-type", "text/plain; version=0.0.4")
 		g.stats.WritePrometheus(w)

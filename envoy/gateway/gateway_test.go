@@ -318,12 +318,13 @@ func TestGatewayWithTheFilter(t *testing.T) {
 	if resp, _ := testkit.Get(t, "http://"+g.admin+"/ready"); resp.StatusCode != 200 {
 		t.Errorf("/ready %d", resp.StatusCode)
 	}
-	// The plugin's metrics in Envoy's Prometheus form, the callout latency
-	// in the buckets envoy.yaml's stats_config gives it (every callout so
+	// The plugin's metrics in Envoy's Prometheus form: the request
+	// counters one family labelled by envoy.yaml's stats_tags, the callout
+	// latency in the buckets its stats_config gives it (every callout so
 	// far, the slow one included, is in the +Inf bucket's count).
 	_, prom := testkit.Get(t, "http://"+g.admin+"/stats/prometheus")
 	for _, want := range []string{
-		"# TYPE edgelimit_requests_allowed counter\n",
+		"# TYPE edgelimit_requests counter\n",
 		"# TYPE edgelimit_callout_latency_us histogram\n",
 		`edgelimit_callout_latency_us_bucket{le="4500"} `,
 		`edgelimit_callout_latency_us_bucket{le="5000"} `,
@@ -332,17 +333,22 @@ func TestGatewayWithTheFilter(t *testing.T) {
 			t.Errorf("/stats/prometheus lacks %q:\n%s", want, prom)
 		}
 	}
-	var count, inf int64 = -1, -2
-	for _, line := range strings.Split(prom, "\n") {
-		if v, ok := strings.CutPrefix(line, "edgelimit_callout_latency_us_count "); ok {
-			count, _ = strconv.ParseInt(v, 10, 64)
-		}
-		if v, ok := strings.CutPrefix(line, `edgelimit_callout_latency_us_bucket{le="+Inf"} `); ok {
-			inf, _ = strconv.ParseInt(v, 10, 64)
-		}
+	m, err := testkit.ParseMetrics(strings.NewReader(prom))
+	if err != nil {
+		t.Fatalf("/stats/prometheus: %v\n%s", err, prom)
 	}
+	if n := m[`edgelimit_requests{decision="allowed"}`]; n < 3 {
+		t.Errorf(`edgelimit_requests{decision="allowed"} = %v, want >= 3`, n)
+	}
+	if n := m[`edgelimit_requests{decision="denied"}`]; n != 1 {
+		t.Errorf(`edgelimit_requests{decision="denied"} = %v, want 1`, n)
+	}
+	if n, ok := m[`edgelimit_requests{decision="failed_open",reason="timeout"}`]; !ok || n < 1 {
+		t.Errorf(`edgelimit_requests{decision="failed_open",reason="timeout"} = %v (%t), want >= 1`, n, ok)
+	}
+	count, inf := m["edgelimit_callout_latency_us_count"], m[`edgelimit_callout_latency_us_bucket{le="+Inf"}`]
 	if count < 5 || inf != count {
-		t.Errorf("callout latency: count %d, +Inf bucket %d; want the same, at least the 5 callouts made", count, inf)
+		t.Errorf("callout latency: count %v, +Inf bucket %v; want the same, at least the 5 callouts made", count, inf)
 	}
 }
 

@@ -9,8 +9,9 @@
 //
 // The admin listener serves /stats (Envoy's "name: value" text, the
 // plugin's wasmcustom.* metrics included), /stats/prometheus (the plugin's
-// metrics only, named as Envoy names them, histograms in the buckets of the
-// bootstrap's stats_config), /ready and POST /reload. SIGTERM
+// metrics only, named and labelled as Envoy names and tags them from the
+// bootstrap's stats_config.stats_tags, histograms in the buckets of its
+// histogram_bucket_settings), /ready and POST /reload. SIGTERM
 // or SIGINT drains in-flight requests and stops.
 //
 // SIGHUP (or POST /reload) reloads the configuration as Envoy applies a

@@ -9,7 +9,9 @@
 // way a worker's event loop serializes them. Plugin start-up follows Envoy:
 // _initialize (only proxy_log and WASI allowed), proxy_on_context_create for
 // the root context, proxy_on_vm_start, proxy_on_configure; a false return
-// rejects the configuration.
+// rejects the configuration. A VM runs more than one plugin as Envoy does
+// across a listener update (AddPlugin, Plugin.Remove): each has its own
+// root context, configuration, tick and streams.
 //
 // HTTP streams (Stream) follow Envoy's filter lifecycle: request headers
 // (continue, paused or a local reply), resumption by proxy_continue_stream or

@@ -303,7 +303,11 @@ func envFunctions() []hostFunc {
 		env("proxy_grpc_cancel", 1, unimplemented),
 		env("proxy_grpc_send", 4, unimplemented),
 		env("proxy_set_tick_period_milliseconds", 1, func(vm *VM, s []uint64) {
-			vm.setTickPeriod(time.Duration(u32(s[0])) * time.Millisecond)
+			// Envoy's timer is the root context's, also when a stream
+			// sets it.
+			if p := vm.ctxOrEffective().plugin; p != nil {
+				p.setTickPeriod(time.Duration(u32(s[0])) * time.Millisecond)
+			}
 			ret(s, StatusOK)
 		}),
 		env("proxy_get_current_time_nanoseconds", 1, func(vm *VM, s []uint64) {
@@ -327,6 +331,7 @@ func envFunctions() []hostFunc {
 			vm.nextMetric[kind] += 4
 			id := vm.nextMetric[kind]
 			vm.metricIDs[id] = vm.o.Stats.define(kind, name)
+			vm.metricDefs[name]++
 			if !vm.writeU32(u32(s[3]), id) {
 				ret(s, StatusInvalidMemAccess)
 				return
@@ -405,9 +410,8 @@ func envFunctions() []hostFunc {
 			ret(s, StatusOK)
 		}),
 		env("proxy_done", 0, func(vm *VM, s []uint64) {
-			// Only a root context whose on_done returned false may call
-			// it, and this host never keeps one pending.
-			ret(s, StatusNotFound)
+			// Only for a root context whose on_done returned false.
+			ret(s, vm.done(vm.ctxOrEffective()))
 		}),
 		env("proxy_call_foreign_function", 6, func(vm *VM, s []uint64) {
 			if _, ok := vm.read(u32(s[0]), u32(s[1])); !ok {

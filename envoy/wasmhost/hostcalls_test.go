@@ -148,19 +148,72 @@ func TestMetricsInThePrometheusFormat(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"# TYPE edge_hits counter\nedge_hits 3\n",
+		"# TYPE edge_hits counter\nedge_hits{} 3\n",
 		"# TYPE edge_lat_us histogram\n" +
 			`edge_lat_us_bucket{le="10"} 1` + "\n" + // 10 is at or below 10
 			`edge_lat_us_bucket{le="20"} 2` + "\n" +
 			`edge_lat_us_bucket{le="30"} 3` + "\n" +
 			`edge_lat_us_bucket{le="+Inf"} 4` + "\n" +
-			"edge_lat_us_sum 82\nedge_lat_us_count 4\n",
-		// Envoy's default bounds: 7 is above 5 and at or below 10.
+			"edge_lat_us_sum{} 82\nedge_lat_us_count{} 4\n",
+		// Envoy's default bounds: 7 is above 5 and at or below 10; the
+		// largest written in full, as Envoy's %.32g does.
 		`other_bucket{le="5"} 0` + "\n" + `other_bucket{le="10"} 1` + "\n",
+		`other_bucket{le="3600000"} 1` + "\n",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("prometheus text lacks %q:\n%s", want, b.String())
 		}
+	}
+}
+
+// Tagged metrics are written as Envoy writes them: one family per
+// tag-extracted name, counters before gauges before histograms, each
+// family's metrics by full name, the tags as labels in their order (le
+// after them), values escaped; a plugin metric left without a usable name
+// is not written.
+func TestTaggedMetricsInThePrometheusFormat(t *testing.T) {
+	stats := NewStats()
+	stats.SetTagExtractor(func(name string) (string, []Tag) {
+		switch name {
+		case "wasmcustom.req.ok":
+			return "wasmcustom.req", []Tag{{"result", "ok"}}
+		case "wasmcustom.req.fail.slow":
+			return "wasmcustom.req", []Tag{{"result", "fail"}, {"why.it", `sl"ow`}}
+		case "wasmcustom.lat.a":
+			return "wasmcustom.lat", []Tag{{"path", "a"}}
+		}
+		return name, nil
+	})
+	cfg := script(map[string]string{"configure": "define 0 req.fail.slow;inc last 2;define 0 req.ok;inc last 5;define 1 gauge;record last 4;" +
+		"define 2 lat.a;record last 3;define 0 9lives;inc last 1;define 0 zz;inc last 1"})
+	vm := newProbeVM(t, PollSleep, Options{Stats: stats})
+	if err := vm.Configure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := stats.WritePrometheus(&b); err != nil {
+		t.Fatal(err)
+	}
+	want := "# TYPE req counter\n" +
+		`req{result="fail",why_it="sl\"ow"} 2` + "\n" +
+		`req{result="ok"} 5` + "\n" +
+		"# TYPE zz counter\nzz{} 1\n" +
+		"# TYPE gauge gauge\ngauge{} 4\n" +
+		"# TYPE lat histogram\n"
+	got := b.String()
+	if !strings.HasPrefix(got, want) {
+		t.Errorf("prometheus text:\n%s\nwant it to begin:\n%s", got, want)
+	}
+	for _, want := range []string{`lat_bucket{path="a",le="5"} 1` + "\n", `lat_bucket{path="a",le="+Inf"} 1` + "\n", `lat_sum{path="a"} 3` + "\n", `lat_count{path="a"} 1` + "\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("prometheus text lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "9lives") {
+		t.Errorf("a name starting with a digit was written:\n%s", got)
+	}
+	if n, _ := PrometheusName("cluster.a.upstream_rq"); n != "envoy_cluster_a_upstream_rq" {
+		t.Errorf("PrometheusName of a name outside wasmcustom = %q", n)
 	}
 }
 

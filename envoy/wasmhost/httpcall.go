@@ -96,6 +96,7 @@ func ConnectFailure(reason string) CalloutResponse {
 
 // pendingCall is a dispatched call waiting for its response.
 type pendingCall struct {
+	root      *vmContext // the root context its callback goes to; nil: none
 	cancel    context.CancelFunc
 	stopTimer func() bool
 	once      sync.Once
@@ -195,6 +196,10 @@ func (vm *VM) httpCall(s []uint64) Status {
 	}
 	ctx, cancel := context.WithCancel(vm.ctx)
 	p := &pendingCall{cancel: cancel}
+	if caller.plugin != nil {
+		// cpp-host makes the call on the caller's root context.
+		p.root = caller.plugin.root
+	}
 	vm.calls[token] = p
 	respond := func(r CalloutResponse) {
 		if p.receive(r) {
@@ -279,17 +284,18 @@ const arrivalRecheck = 100 * time.Microsecond
 func (vm *VM) deliver(token uint32, p *pendingCall, r CalloutResponse) {
 	delete(vm.calls, token)
 	p.finish()
-	if vm.failed.Load() || vm.root == nil {
+	root := p.root
+	if vm.failed.Load() || root == nil || vm.contexts[root.id] != root {
 		return
 	}
 	if r.Reset {
 		// No response exists: its headers and body are not readable.
 		vm.status, vm.statusMsg = uint32(StatusBrokenConnection), "reset"
-		vm.call(vm.root, "proxy_on_http_call_response", uint64(vm.root.id), uint64(token), 0, 0, 0)
+		vm.call(root, "proxy_on_http_call_response", uint64(root.id), uint64(token), 0, 0, 0)
 		vm.statusMsg = ""
 	} else {
 		vm.callResp = &r
-		vm.call(vm.root, "proxy_on_http_call_response", uint64(vm.root.id), uint64(token),
+		vm.call(root, "proxy_on_http_call_response", uint64(root.id), uint64(token),
 			uint64(len(r.Headers)), uint64(len(r.Body)), uint64(len(r.Trailers)))
 	}
 	vm.callResp = nil

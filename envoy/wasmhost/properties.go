@@ -19,11 +19,15 @@ import (
 func (vm *VM) property(c *vmContext, path string) ([]byte, Status) {
 	parts := strings.Split(strings.TrimSuffix(path, "\x00"), "\x00")
 	str := func(s string) ([]byte, Status) { return []byte(s), StatusOK }
+	name, rootID := vm.o.PluginName, vm.o.RootID
+	if c.plugin != nil {
+		name, rootID = c.plugin.name, c.plugin.rootID
+	}
 	switch parts[0] {
 	case "plugin_name":
-		return str(vm.o.PluginName)
+		return str(name)
 	case "plugin_root_id":
-		return str(vm.o.RootID)
+		return str(rootID)
 	case "plugin_vm_id":
 		return str(vm.o.VMID)
 	}

@@ -19,10 +19,18 @@ type Stats struct {
 	mu      sync.Mutex
 	metrics map[string]*metric
 	buckets func(name string) []float64 // a histogram's bucket bounds by full name; nil: Envoy's defaults
+	tags    func(name string) (string, []Tag)
 }
+
+// Tag is one tag of a metric, a label in the Prometheus format: a name
+// from the bootstrap's stats_tags and the value it took from the metric's
+// name.
+type Tag struct{ Name, Value string }
 
 type metric struct {
 	kind    MetricType
+	tagged  string // the full name without what its tags took out of it
+	tags    []Tag
 	value   int64     // counter, gauge
 	count   int64     // histogram samples recorded
 	sum     float64   // histogram
@@ -48,6 +56,17 @@ func (s *Stats) SetHistogramBuckets(f func(name string) []float64) {
 	s.buckets = f
 }
 
+// SetTagExtractor sets how a metric defined from now on is tagged, by its
+// full name: f returns the name with the tags' parts taken out (Envoy's
+// tag-extracted name) and the tags, in order, as the bootstrap's
+// stats_config.stats_tags give them (envoyconfig's TagsFor). Without one a
+// metric has no tags. Envoy tags a stat when it is made; so does this.
+func (s *Stats) SetTagExtractor(f func(name string) (string, []Tag)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tags = f
+}
+
 // maxSamples bounds the memory a histogram keeps for its quantiles.
 const maxSamples = 4096
 
@@ -66,7 +85,10 @@ func (s *Stats) define(kind MetricType, name string) *metric {
 	full := customPrefix + name
 	m := s.metrics[full]
 	if m == nil {
-		m = &metric{kind: kind}
+		m = &metric{kind: kind, tagged: full}
+		if s.tags != nil {
+			m.tagged, m.tags = s.tags(full)
+		}
 		if kind == MetricHistogram {
 			if s.buckets != nil {
 				m.bounds = s.buckets(full)
@@ -133,10 +155,13 @@ func (s *Stats) Value(name string) (int64, bool) {
 
 // Metric is one metric in a snapshot.
 type Metric struct {
-	Name  string // full name, "wasmcustom.<name>"
-	Kind  MetricType
-	Value int64 // counter and gauge value; histogram sample count
-	Sum   float64
+	Name string // full name, "wasmcustom.<name>"
+	// TagExtractedName is Name without the parts its Tags were taken from.
+	TagExtractedName string
+	Tags             []Tag
+	Kind             MetricType
+	Value            int64 // counter and gauge value; histogram sample count
+	Sum              float64
 	// Quantiles of a histogram's recent samples at 0, 25, 50, 75, 90, 95,
 	// 99, 99.5, 99.9 and 100 percent; NaN when there are none.
 	Quantiles []float64
@@ -160,7 +185,7 @@ func (s *Stats) Snapshot() []Metric {
 	defer s.mu.Unlock()
 	out := make([]Metric, 0, len(s.metrics))
 	for name, m := range s.metrics {
-		mm := Metric{Name: name, Kind: m.kind, Value: m.value}
+		mm := Metric{Name: name, TagExtractedName: m.tagged, Tags: m.tags, Kind: m.kind, Value: m.value}
 		if m.kind == MetricHistogram {
 			mm.Value = m.count
 			mm.Sum = m.sum
@@ -235,43 +260,110 @@ func formatQuantiles(q []float64) string {
 	return out
 }
 
-// WritePrometheus writes the metrics in the Prometheus text format, named as
-// Envoy's admin /stats/prometheus names a plugin's metrics: the wasmcustom
-// namespace taken off, no envoy_ prefix (Envoy's custom stat namespaces),
-// and every character Prometheus does not allow in a name made '_'.
-// Histograms get their cumulative buckets, _sum and _count.
+// WritePrometheus writes the metrics in the Prometheus text format as
+// Envoy's admin /stats/prometheus does: counters, then gauges, then
+// histograms; within each, one family per tag-extracted name (sorted), its
+// metrics sorted by full name, each with its tags as labels
+// (`edgelimit_requests{decision="allowed"} 3`, `{}` when it has none).
+// PrometheusName names a family. Histograms get their cumulative buckets
+// (le last among the labels), _sum and _count; bounds and sums are written
+// as Envoy's %.32g writes them.
 func (s *Stats) WritePrometheus(w io.Writer) error {
 	bw := bufio.NewWriter(w)
-	for _, m := range s.Snapshot() {
-		name := PrometheusName(m.Name)
-		switch m.Kind {
-		case MetricCounter:
-			fmt.Fprintf(bw, "# TYPE %s counter\n%s %d\n", name, name, m.Value)
-		case MetricGauge:
-			fmt.Fprintf(bw, "# TYPE %s gauge\n%s %d\n", name, name, m.Value)
-		case MetricHistogram:
-			fmt.Fprintf(bw, "# TYPE %s histogram\n", name)
-			for _, b := range m.Buckets {
-				le := "+Inf"
-				if !math.IsInf(b.UpperBound, 1) {
-					le = strconv.FormatFloat(b.UpperBound, 'g', -1, 64)
-				}
-				fmt.Fprintf(bw, "%s_bucket{le=%q} %d\n", name, le, b.Count)
+	snap := s.Snapshot() // sorted by full name
+	for _, kind := range []MetricType{MetricCounter, MetricGauge, MetricHistogram} {
+		families := map[string][]Metric{}
+		var names []string
+		for _, m := range snap {
+			if m.Kind != kind {
+				continue
 			}
-			fmt.Fprintf(bw, "%s_sum %s\n%s_count %d\n", name, strconv.FormatFloat(m.Sum, 'g', -1, 64), name, m.Value)
+			if _, ok := families[m.TagExtractedName]; !ok {
+				names = append(names, m.TagExtractedName)
+			}
+			families[m.TagExtractedName] = append(families[m.TagExtractedName], m)
+		}
+		sort.Strings(names)
+		for _, extracted := range names {
+			name, ok := PrometheusName(extracted)
+			if !ok {
+				continue
+			}
+			fmt.Fprintf(bw, "# TYPE %s %s\n", name, promType(kind))
+			for _, m := range families[extracted] {
+				tags := formatTags(m.Tags)
+				if kind != MetricHistogram {
+					fmt.Fprintf(bw, "%s{%s} %d\n", name, tags, m.Value)
+					continue
+				}
+				sep := ""
+				if tags != "" {
+					sep = ","
+				}
+				for _, b := range m.Buckets {
+					le := "+Inf"
+					if !math.IsInf(b.UpperBound, 1) {
+						le = strconv.FormatFloat(b.UpperBound, 'g', 32, 64)
+					}
+					fmt.Fprintf(bw, "%s_bucket{%s%sle=\"%s\"} %d\n", name, tags, sep, le, b.Count)
+				}
+				fmt.Fprintf(bw, "%s_sum{%s} %s\n%s_count{%s} %d\n", name, tags, strconv.FormatFloat(m.Sum, 'g', 32, 64), name, tags, m.Value)
+			}
 		}
 	}
 	return bw.Flush()
 }
 
-// PrometheusName is the name Envoy's /stats/prometheus gives a plugin
-// metric of this full name.
-func PrometheusName(full string) string {
-	b := []byte(strings.TrimPrefix(full, customPrefix))
+func promType(k MetricType) string {
+	switch k {
+	case MetricCounter:
+		return "counter"
+	case MetricGauge:
+		return "gauge"
+	}
+	return "histogram"
+}
+
+// PrometheusName is the family name Envoy's /stats/prometheus gives a
+// metric of this tag-extracted name: a plugin's metric (in the wasmcustom
+// namespace) without the namespace and without the envoy_ prefix, any
+// other name with it; every character Prometheus does not allow in a name
+// made '_'. A plugin's metric whose name would then be empty or start with
+// a digit is not exported at all (ok false), as in Envoy.
+func PrometheusName(tagExtracted string) (string, bool) {
+	if rest, ok := strings.CutPrefix(tagExtracted, customPrefix); ok {
+		name := sanitize(rest)
+		if name == "" || name[0] >= '0' && name[0] <= '9' {
+			return "", false
+		}
+		return name, true
+	}
+	return "envoy_" + sanitize(tagExtracted), true
+}
+
+func sanitize(s string) string {
+	b := []byte(s)
 	for i, c := range b {
-		if !(c == '_' || c == ':' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' && i > 0) {
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
 			b[i] = '_'
 		}
 	}
 	return string(b)
+}
+
+// labelValue escapes a tag's value as Envoy does for the text format.
+var labelValue = strings.NewReplacer(`\`, `\\`, "\n", `\n`, `"`, `\"`)
+
+func formatTags(tags []Tag) string {
+	var b strings.Builder
+	for i, t := range tags {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(sanitize(t.Name))
+		b.WriteString(`="`)
+		labelValue.WriteString(&b, t.Value)
+		b.WriteByte('"')
+	}
+	return b.String()
 }

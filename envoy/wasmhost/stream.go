@@ -60,9 +60,10 @@ type LocalReply struct {
 // time, in lifecycle order: RequestHeaders, Wait while Paused, then
 // ResponseHeaders (unless Replied or Reset), then Done.
 type Stream struct {
-	vm   *VM
-	c    *vmContext
-	info StreamInfo
+	vm     *VM
+	plugin *Plugin // nil: the VM's (Configure's) when the context is made
+	c      *vmContext
+	info   StreamInfo
 
 	// Touched only on the VM's goroutine.
 	reqHeaders  []Header
@@ -93,15 +94,32 @@ type Stream struct {
 	wake chan struct{}
 }
 
-// NewStream opens a stream context whose parent is the root context, and
-// waits until it exists. proxy_on_context_create runs with the request
-// headers, as in Envoy.
+// NewStream opens a stream context whose parent is the root context
+// Configure made, and waits until it exists. proxy_on_context_create runs
+// with the request headers, as in Envoy. Plugin.NewStream opens one under
+// another plugin.
 func (vm *VM) NewStream(info StreamInfo) (*Stream, error) {
 	s := vm.OpenStream(info)
-	if err := vm.do(s.ensureContext); err != nil {
+	if err := s.open(); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// open makes the stream's context and waits for it; ErrPluginRemoved if
+// its plugin was removed.
+func (s *Stream) open() error {
+	var err error
+	if e := s.vm.do(func() {
+		if s.refused() {
+			err = ErrPluginRemoved
+			return
+		}
+		s.ensureContext()
+	}); e != nil {
+		return e
+	}
+	return err
 }
 
 // OpenStream returns a stream whose context is made by its first call
@@ -111,18 +129,39 @@ func (vm *VM) OpenStream(info StreamInfo) *Stream {
 	return &Stream{vm: vm, info: info, wake: make(chan struct{}, 1)}
 }
 
-// ensureContext makes the stream's context if it has none yet. On the VM's
-// goroutine.
+// ensureContext makes the stream's context if it has none yet, under its
+// plugin's root context. On the VM's goroutine.
 func (s *Stream) ensureContext() {
 	if s.c != nil {
 		return
 	}
+	if s.plugin == nil {
+		s.plugin = s.vm.plugin
+	}
 	var root uint32
-	if s.vm.root != nil {
-		root = s.vm.root.id
+	if p := s.plugin; p != nil {
+		root = p.id
+		p.streams++
 	}
 	s.c = s.vm.newContext(root)
+	s.c.plugin = s.plugin
 	s.c.stream = s
+}
+
+// refused reports whether a stream without a context yet may no longer
+// get one: the VM is shutting down, or its plugin was removed.
+func (s *Stream) refused() bool {
+	if s.c != nil {
+		return false
+	}
+	if s.vm.closing {
+		return true
+	}
+	p := s.plugin
+	if p == nil {
+		p = s.vm.plugin
+	}
+	return p != nil && (p.draining || p.gone)
 }
 
 // ID returns the stream's context id.
@@ -177,7 +216,7 @@ func (s *Stream) await(ctx context.Context, seq uint64) (State, error) {
 // start posts f for the stream to the VM's goroutine without waiting and
 // returns its number for await. A VM that is shutting down when f's turn
 // comes resets a stream that has no context yet, as Close resets the
-// waiting ones.
+// waiting ones; so does a plugin that was removed.
 func (s *Stream) start(f func()) (uint64, error) {
 	s.posted++
 	seq := s.posted
@@ -188,7 +227,7 @@ func (s *Stream) start(f func()) (uint64, error) {
 			s.mu.Unlock()
 			s.notify()
 		}()
-		if s.c == nil && s.vm.closing {
+		if s.refused() {
 			s.setState(Reset)
 			return
 		}
@@ -226,11 +265,7 @@ func (s *Stream) create() {
 		return
 	}
 	s.c.created = true
-	var root uint64
-	if s.vm.root != nil {
-		root = uint64(s.vm.root.id)
-	}
-	s.vm.callDrain(s.c, "proxy_on_context_create", uint64(s.c.id), root)
+	s.vm.callDrain(s.c, "proxy_on_context_create", uint64(s.c.id), uint64(s.c.parent))
 }
 
 // RequestHeaders runs proxy_on_request_headers and the actions it deferred,
@@ -517,6 +552,9 @@ func (s *Stream) end() {
 	}
 	s.done = true
 	delete(vm.contexts, s.c.id)
+	if p := s.c.plugin; p != nil {
+		p.streamEnded()
+	}
 }
 
 func b2u(b bool) uint64 {

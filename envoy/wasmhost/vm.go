@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,7 +18,9 @@ import (
 // Options configure one VM and the plugin it runs.
 type Options struct {
 	// PluginName, RootID and VMID are the plugin's name, root_id and vm_id
-	// from the Envoy configuration. VMID partitions shared data.
+	// from the Envoy configuration (name and root_id those of the plugin
+	// Configure starts; AddPlugin names its own). VMID partitions shared
+	// data.
 	PluginName, RootID, VMID string
 	// VMConfig is the vm_config.configuration handed to proxy_on_vm_start.
 	VMConfig string
@@ -87,7 +90,8 @@ type VM struct {
 	allowed     map[string]bool // non-nil: only these host calls may run
 	contexts    map[uint32]*vmContext
 	nextCtxID   uint32
-	root        *vmContext
+	plugin      *Plugin   // the one Configure starts; nil before
+	plugins     []*Plugin // every plugin not yet ended, oldest first
 	current     *vmContext
 	effective   uint32
 	after       []func()
@@ -100,20 +104,18 @@ type VM struct {
 	stacks      [4][8]uint64 // callWithStack's, by call depth
 	callDepth   int
 	metricIDs   map[uint32]*metric
+	metricDefs  map[string]int // ids handed out, by metric name
 	nextMetric  [3]uint32
-	tickPeriod  time.Duration
-	tickStop    func() bool
-	tickGen     int
 	status      uint32
 	statusMsg   string
-	configured  bool
-	pluginConfg string
 }
 
-// vmContext is a proxy-wasm context: the root context or one stream's.
+// vmContext is a proxy-wasm context: a plugin's root context or one
+// stream's.
 type vmContext struct {
 	id      uint32
-	parent  uint32 // 0 for the root context
+	parent  uint32 // 0 for a root context
+	plugin  *Plugin
 	stream  *Stream
 	created bool // proxy_on_context_create has run (in_vm_context_created_)
 	props   map[string][]byte
@@ -139,15 +141,16 @@ func (m *Module) NewVM(ctx context.Context, o Options) (*VM, error) {
 		return nil, fmt.Errorf("log level: want 0..5, got %d", o.LogLevel)
 	}
 	vm := &VM{
-		mod:       m,
-		o:         o,
-		id:        m.vms.Add(1),
-		exited:    make(chan struct{}),
-		fns:       map[string]api.Function{},
-		contexts:  map[uint32]*vmContext{},
-		nextCtxID: 1, // 0 is the VM itself
-		calls:     map[uint32]*pendingCall{},
-		metricIDs: map[uint32]*metric{},
+		mod:        m,
+		o:          o,
+		id:         m.vms.Add(1),
+		exited:     make(chan struct{}),
+		fns:        map[string]api.Function{},
+		contexts:   map[uint32]*vmContext{},
+		nextCtxID:  1, // 0 is the VM itself
+		calls:      map[uint32]*pendingCall{},
+		metricIDs:  map[uint32]*metric{},
+		metricDefs: map[string]int{},
 		// Metric ids carry their kind in the low two bits and step by 4,
 		// as Envoy numbers them.
 		nextMetric: [3]uint32{uint32(MetricCounter), uint32(MetricGauge), uint32(MetricHistogram)},
@@ -182,7 +185,13 @@ func (vm *VM) defaultLog(level LogLevel, msg string) {
 	case level >= LogError:
 		slevel = slog.LevelError
 	}
-	slog.Default().Log(context.Background(), slevel, fmt.Sprintf("wasm log %s %s: %s", vm.o.RootID, vm.o.VMID, msg))
+	// The root_id of the plugin whose context is running, as Envoy's
+	// prefix names it.
+	rootID := vm.o.RootID
+	if vm.current != nil && vm.current.plugin != nil {
+		rootID = vm.current.plugin.rootID
+	}
+	slog.Default().Log(context.Background(), slevel, fmt.Sprintf("wasm log %s %s: %s", rootID, vm.o.VMID, msg))
 }
 
 func (vm *VM) initialize() error {
@@ -224,9 +233,12 @@ func (vm *VM) initialize() error {
 }
 
 // Configure starts the plugin in this VM as Envoy does: proxy_on_context_create
-// for the root context, proxy_on_vm_start with the VM configuration, then
-// proxy_on_configure with config. A false return from either wraps
-// ErrConfigRejected; a trap fails the VM and is returned.
+// for its root context, proxy_on_vm_start with the VM configuration, then
+// proxy_on_configure with config; the plugin is Options' PluginName and
+// RootID. A false return from either wraps ErrConfigRejected; a trap fails
+// the VM and is returned. Called again, it configures the same root context
+// again (proxy_on_configure only, once one succeeded). AddPlugin starts
+// further plugins beside it.
 func (vm *VM) Configure(config string) error {
 	var err error
 	if e := vm.do(func() { err = vm.configure(config) }); e != nil {
@@ -239,39 +251,10 @@ func (vm *VM) configure(config string) error {
 	if vm.failed.Load() {
 		return vm.Err()
 	}
-	if vm.root == nil {
-		vm.root = vm.newContext(0)
+	if vm.plugin == nil {
+		vm.plugin = vm.newPlugin(vm.o.PluginName, vm.o.RootID)
 	}
-	vm.pluginConfg = config
-	root := vm.root
-	// The plugin configuration is readable while the root context is
-	// created and while it is configured (Envoy's temp_plugin_), not in
-	// proxy_on_vm_start.
-	vm.configuring = &vm.pluginConfg
-	if !root.created {
-		root.created = true
-		vm.callDrain(root, "proxy_on_context_create", uint64(root.id), 0)
-	}
-	vm.configuring = nil
-	if !vm.configured {
-		if r, ok := vm.callDrain(root, "proxy_on_vm_start", uint64(root.id), uint64(len(vm.o.VMConfig))); ok && r == 0 {
-			return fmt.Errorf("proxy_on_vm_start returned false: %w", ErrConfigRejected)
-		}
-	}
-	if vm.failed.Load() {
-		return vm.Err()
-	}
-	vm.configuring = &vm.pluginConfg
-	r, ok := vm.callDrain(root, "proxy_on_configure", uint64(root.id), uint64(len(config)))
-	vm.configuring = nil
-	if vm.failed.Load() {
-		return vm.Err()
-	}
-	if ok && r == 0 {
-		return fmt.Errorf("proxy_on_configure returned false: %w", ErrConfigRejected)
-	}
-	vm.configured = true
-	return nil
+	return vm.plugin.configure(config)
 }
 
 func (vm *VM) newContext(parent uint32) *vmContext {
@@ -284,13 +267,13 @@ func (vm *VM) newContext(parent uint32) *vmContext {
 	return c
 }
 
-// RootContextID returns the id of the plugin's root context (0 before
-// Configure).
+// RootContextID returns the id of the root context Configure made (0
+// before Configure).
 func (vm *VM) RootContextID() uint32 {
 	var id uint32
 	vm.do(func() {
-		if vm.root != nil {
-			id = vm.root.id
+		if vm.plugin != nil {
+			id = vm.plugin.id
 		}
 	})
 	return id
@@ -320,8 +303,8 @@ func (vm *VM) fail(err error) {
 	}
 	vm.failed.Store(true)
 	vm.o.Log(LogCritical, vm.failErr.Error())
-	if vm.tickStop != nil {
-		vm.tickStop()
+	for _, p := range vm.plugins {
+		p.stopTick()
 	}
 	for token, c := range vm.calls {
 		c.finish()
@@ -405,52 +388,26 @@ func (vm *VM) drain() {
 	}
 }
 
-// Tick runs proxy_on_tick on the root context now, on the VM's goroutine.
+// Tick runs proxy_on_tick on the root context Configure made, now, on the
+// VM's goroutine.
 func (vm *VM) Tick() error {
-	return vm.do(vm.onTick)
+	return vm.do(func() {
+		if vm.plugin != nil {
+			vm.plugin.onTick()
+		}
+	})
 }
 
-func (vm *VM) onTick() {
-	if vm.root == nil || vm.failed.Load() {
-		return
-	}
-	vm.callDrain(vm.root, "proxy_on_tick", uint64(vm.root.id))
-}
-
-// TickPeriod returns the period the plugin set with
+// TickPeriod returns the period the plugin Configure started set with
 // proxy_set_tick_period_milliseconds (0: none).
 func (vm *VM) TickPeriod() time.Duration {
 	var d time.Duration
-	vm.do(func() { d = vm.tickPeriod })
-	return d
-}
-
-func (vm *VM) setTickPeriod(d time.Duration) {
-	vm.tickPeriod = d
-	vm.tickGen++
-	if vm.tickStop != nil {
-		vm.tickStop()
-		vm.tickStop = nil
-	}
-	if d > 0 && !vm.o.ManualTicks {
-		vm.armTick(vm.tickGen)
-	}
-}
-
-// armTick schedules the next tick; like Envoy it re-arms the timer after
-// each proxy_on_tick returns, so the period runs from the end of a tick.
-func (vm *VM) armTick(gen int) {
-	vm.tickStop = vm.o.Clock.AfterFunc(vm.tickPeriod, func() {
-		vm.post(func() {
-			if gen != vm.tickGen || vm.failed.Load() {
-				return
-			}
-			vm.onTick()
-			if gen == vm.tickGen && vm.tickPeriod > 0 {
-				vm.armTick(gen)
-			}
-		})
+	vm.do(func() {
+		if vm.plugin != nil {
+			d = vm.plugin.tickPeriod
+		}
 	})
+	return d
 }
 
 // MemoryBytes returns the size of the module's linear memory, which grows
@@ -472,24 +429,35 @@ func (vm *VM) MemoryBytes() uint32 {
 // into a crash.
 func (vm *VM) PollOneoffCalls() int64 { return vm.pollCalls.Load() }
 
+// MetricDefinitions returns how many ids the module was given for the
+// metric name (without "wasmcustom.") in this VM. Envoy keeps every id for
+// the VM's life, so a module defining its metrics again for each new
+// plugin configuration makes this grow.
+func (vm *VM) MetricDefinitions(name string) int {
+	var n int
+	vm.do(func() { n = vm.metricDefs[name] })
+	return n
+}
+
 // Stats returns the metrics store the VM writes to.
 func (vm *VM) Stats() *Stats { return vm.o.Stats }
 
-// Close shuts the plugin down as Envoy does (proxy_on_done, then
-// proxy_on_delete, on the root context), then stops the VM. Safe to call
-// more than once.
+// Close shuts every plugin down as Envoy does (proxy_on_done, then
+// proxy_on_delete, on each root context, oldest first), then stops the VM.
+// Safe to call more than once.
 func (vm *VM) Close() {
 	_ = vm.do(func() {
 		vm.closing = true
-		if vm.root != nil && vm.root.created && !vm.failed.Load() {
-			if r, ok := vm.callDrain(vm.root, "proxy_on_done", uint64(vm.root.id)); !ok || r != 0 {
-				vm.callDrain(vm.root, "proxy_on_delete", uint64(vm.root.id))
+		for _, p := range slices.Clone(vm.plugins) {
+			root := p.root
+			if root.created && !p.pendingDone && !vm.failed.Load() {
+				if r, ok := vm.callDrain(root, "proxy_on_done", uint64(root.id)); !ok || r != 0 {
+					vm.callDrain(root, "proxy_on_delete", uint64(root.id))
+				}
 			}
+			p.gone = true
+			p.stopTick()
 		}
-		if vm.tickStop != nil {
-			vm.tickStop()
-		}
-		vm.tickGen++
 		for token, c := range vm.calls {
 			c.finish()
 			delete(vm.calls, token)

@@ -43,7 +43,23 @@ type Host interface {
 	// reports process-wide values, the sum over the VMs, as Envoy's stats
 	// do.
 	Worker() Host
-	// Close tears the VM down (proxy_on_done and proxy_on_delete of the
+	// AddPlugin starts another plugin configuration in this VM, as Envoy
+	// does when a listener update changes only the plugin's configuration:
+	// the VM stays, and a second root context is created, started
+	// (proxy_on_vm_start) and configured with config beside the first. It
+	// reports false when the plugin rejects config. The Host it returns is
+	// that plugin: its NewStream, Configure, Tick and Remove act on the new
+	// root context; everything else is the VM's (Metric, Logs, Advance,
+	// FailNextDispatch, Worker, and Close, which ends the whole VM).
+	AddPlugin(config string) (Host, bool)
+	// Remove ends this host's plugin as Envoy does once the listener that
+	// had it has drained (proxy_on_delete of its root context), leaving the
+	// VM and its other plugins running. Its streams must have ended.
+	Remove()
+	// MetricDefinitions returns how many times the plugin in this VM
+	// called proxy_define_metric for name (without "wasmcustom.").
+	MetricDefinitions(name string) int
+	// Close tears the VM down (proxy_on_done and proxy_on_delete of every
 	// root context). Run closes every Host it makes; a second Close does
 	// nothing.
 	Close()

@@ -50,6 +50,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"key/header", r.keyHeader},
 		{"hostile/headers", r.hostileHeaders},
 		{"lifecycle", r.lifecycle},
+		{"plugins/two-in-one-vm", r.twoPlugins},
 		{"breaker/opens", r.breakerOpens},
 		{"breaker/dispatch-failures", r.breakerDispatchFailures},
 		{"breaker/probe-closes", r.breakerProbeCloses},

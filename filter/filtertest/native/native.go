@@ -42,7 +42,11 @@ import (
 //     ends, so a plugin that keeps one without copying it sees garbage;
 //   - what a plugin hands a host call is copied during the call;
 //   - proxy_on_log and proxy_on_done are not called: the module does not
-//     export them, and Envoy skips callbacks a module does not export.
+//     export them, and Envoy skips callbacks a module does not export;
+//   - a plugin configuration added to a VM (AddPlugin) is a root context
+//     of its own, started with proxy_on_vm_start and proxy_on_configure;
+//     its streams, ticks and callout answers go to it; removed, it gets
+//     proxy_on_delete while the VM goes on.
 //
 // Anything the plugin does that Envoy would refuse, or that a proxy must
 // never see (a CR, LF or NUL in a header it sets, a log level above
@@ -90,10 +94,12 @@ type vm struct {
 	started bool // creation done: host calls other than proxy_log allowed
 	closed  bool
 	nextID  uint32
-	rootID  uint32
+	rootID  uint32   // the first plugin's root context
+	roots   []uint32 // every root context not yet deleted, oldest first
 	logs    []string
 
 	metricIDs map[uint32]*metricValue
+	defines   map[string]int // proxy_define_metric calls by name
 	nextToken uint32
 	failNext  bool
 	calls     map[uint32]*call // pending callouts by token
@@ -116,11 +122,10 @@ type call struct {
 }
 
 func (p *process) newVM(t *testing.T) *vm {
-	v := &vm{t: t, proc: p, metricIDs: map[uint32]*metricValue{}, calls: map[uint32]*call{}, streams: map[uint32]*nativeStream{}}
+	v := &vm{t: t, proc: p, metricIDs: map[uint32]*metricValue{}, defines: map[string]int{}, calls: map[uint32]*call{}, streams: map[uint32]*nativeStream{}}
 	v.plugin = p.load(v)
 	v.started = true
-	v.rootID = v.newID()
-	v.callback(v.rootID, func() { v.plugin.OnContextCreate(v.rootID, 0) })
+	v.rootID = v.newRoot()
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("plugin log of VM %p:\n  %s", v, strings.Join(v.logs, "\n  "))
@@ -133,6 +138,16 @@ func (v *vm) newID() uint32 {
 	v.nextID++
 	return v.nextID
 }
+
+// newRoot creates a root context (proxy_on_context_create with parent 0).
+func (v *vm) newRoot() uint32 {
+	id := v.newID()
+	v.roots = append(v.roots, id)
+	v.callback(id, func() { v.plugin.OnContextCreate(id, 0) })
+	return id
+}
+
+func (v *vm) isRoot(id uint32) bool { return slices.Contains(v.roots, id) }
 
 // callback runs fn as a proxy callback on context id, then applies what the
 // plugin deferred.
@@ -182,24 +197,33 @@ func (v *vm) refuse(call string) {
 
 // ---- filtertest.Host (the test's side) ----
 
-func (v *vm) Configure(config string) bool {
+func (v *vm) Configure(config string) bool { return v.configure(v.rootID, config) }
+
+// configure runs proxy_on_vm_start and proxy_on_configure on root, as
+// Envoy does for every root context it starts.
+func (v *vm) configure(root uint32, config string) bool {
 	ok := true
-	v.callback(v.rootID, func() { ok = v.plugin.OnVMStart(v.rootID, 0) })
+	v.callback(root, func() { ok = v.plugin.OnVMStart(root, 0) })
 	if !ok {
 		return false
 	}
-	v.callback(v.rootID, func() {
+	v.callback(root, func() {
 		v.config = []byte(config)
-		ok = v.plugin.OnConfigure(v.rootID, len(config))
+		ok = v.plugin.OnConfigure(root, len(config))
 		v.config = nil
 	})
 	return ok
 }
 
-func (v *vm) NewStream() filtertest.Stream {
-	s := &nativeStream{vm: v, id: v.newID()}
+func (v *vm) NewStream() filtertest.Stream { return v.newStream(v.rootID) }
+
+func (v *vm) newStream(root uint32) filtertest.Stream {
+	if !v.isRoot(root) {
+		v.t.Fatalf("native host: stream on root context %d, which was removed", root)
+	}
+	s := &nativeStream{vm: v, id: v.newID(), root: root}
 	v.streams[s.id] = s
-	v.callback(s.id, func() { v.plugin.OnContextCreate(s.id, v.rootID) })
+	v.callback(s.id, func() { v.plugin.OnContextCreate(s.id, root) })
 	return s
 }
 
@@ -217,17 +241,68 @@ func (v *vm) FailNextDispatch() { v.failNext = true }
 
 func (v *vm) Advance(d time.Duration) { v.proc.clock += int64(d) }
 
-func (v *vm) Tick() { v.callback(v.rootID, func() { v.plugin.OnTick(v.rootID) }) }
+func (v *vm) Tick() { v.tick(v.rootID) }
+
+func (v *vm) tick(root uint32) {
+	if v.isRoot(root) {
+		v.callback(root, func() { v.plugin.OnTick(root) })
+	}
+}
 
 func (v *vm) Worker() filtertest.Host { return v.proc.newVM(v.t) }
+
+func (v *vm) AddPlugin(config string) (filtertest.Host, bool) {
+	p := &addedPlugin{vm: v, root: v.newRoot()}
+	if !v.configure(p.root, config) {
+		// Envoy tries a configuration in a canary VM first: no worker
+		// keeps a plugin that refused it.
+		v.remove(p.root)
+		return nil, false
+	}
+	return p, true
+}
+
+func (v *vm) Remove() { v.remove(v.rootID) }
+
+// remove deletes a root context, whose streams have all ended.
+func (v *vm) remove(root uint32) {
+	if !v.isRoot(root) {
+		return
+	}
+	for _, s := range v.streams {
+		if s.root == root && s.state != done {
+			v.t.Fatalf("native host: plugin removed while its stream %d is open", s.id)
+		}
+	}
+	v.callback(root, func() { v.plugin.OnDelete(root) })
+	v.roots = slices.DeleteFunc(v.roots, func(id uint32) bool { return id == root })
+}
+
+func (v *vm) MetricDefinitions(name string) int { return v.defines[name] }
 
 func (v *vm) Close() {
 	if v.closed {
 		return
 	}
 	v.closed = true
-	v.callback(v.rootID, func() { v.plugin.OnDelete(v.rootID) })
+	for _, root := range slices.Clone(v.roots) {
+		v.callback(root, func() { v.plugin.OnDelete(root) })
+	}
+	v.roots = nil
 }
+
+// addedPlugin is a second plugin configuration in a VM (AddPlugin): the
+// stream, configure, tick and remove calls act on its root context, the
+// rest on the VM.
+type addedPlugin struct {
+	*vm
+	root uint32
+}
+
+func (p *addedPlugin) Configure(config string) bool { return p.configure(p.root, config) }
+func (p *addedPlugin) NewStream() filtertest.Stream { return p.newStream(p.root) }
+func (p *addedPlugin) Tick()                        { p.tick(p.root) }
+func (p *addedPlugin) Remove()                      { p.remove(p.root) }
 
 // ---- abi.Host (the plugin's side) ----
 
@@ -427,7 +502,7 @@ func (v *vm) SetEffectiveContext(id uint32) abi.Status {
 	if v.effective == 0 {
 		return abi.StatusBadArgument
 	}
-	if s := v.streams[id]; (s == nil || s.state == done) && id != v.rootID {
+	if s := v.streams[id]; (s == nil || s.state == done) && !v.isRoot(id) {
 		return abi.StatusBadArgument
 	}
 	v.effective = id
@@ -459,6 +534,7 @@ func (v *vm) DefineMetric(t abi.MetricType, name string) (uint32, abi.Status) {
 	if t > abi.MetricHistogram || name == "" {
 		return 0, abi.StatusBadArgument
 	}
+	v.defines[strings.Clone(name)]++
 	m, ok := v.proc.metrics[name]
 	if !ok {
 		m = &metricValue{kind: t}
@@ -503,7 +579,7 @@ func (v *vm) RecordMetric(id uint32, value uint64) abi.Status {
 
 func (v *vm) SetTickPeriod(uint32) abi.Status {
 	v.refuse("proxy_set_tick_period_milliseconds")
-	if v.effective != v.rootID {
+	if !v.isRoot(v.effective) {
 		return abi.StatusBadArgument
 	}
 	return abi.StatusOK
@@ -530,6 +606,7 @@ const (
 type nativeStream struct {
 	vm    *vm
 	id    uint32
+	root  uint32 // the root context it was created under
 	state streamState
 
 	request    []filtertest.Header
@@ -594,9 +671,13 @@ func (s *nativeStream) RespondCallout(headers []filtertest.Header, body []byte) 
 	}
 	s.call = nil
 	delete(v.calls, c.token)
-	v.callback(v.rootID, func() {
+	if !v.isRoot(s.root) {
+		return // cancelled with its root context
+	}
+	// The answer comes to the root context that made the call.
+	v.callback(s.root, func() {
 		v.response, v.respond, v.body = c, slices.Clone(headers), slices.Clone(body)
-		v.plugin.OnHTTPCallResponse(v.rootID, c.token, len(headers), len(body), 0)
+		v.plugin.OnHTTPCallResponse(s.root, c.token, len(headers), len(body), 0)
 		v.response, v.respond, v.body = nil, nil, nil
 	})
 }

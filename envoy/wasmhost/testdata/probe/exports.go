@@ -5,26 +5,38 @@ package main
 // The proxy-wasm callbacks; each runs the script configured for its phase.
 
 var (
-	config     = map[string]string{}
+	// configs holds each root context's script, by its id; parents maps
+	// a stream to its root context, whose script it runs.
+	configs    = map[uint32]map[string]string{}
+	parents    = map[uint32]uint32{}
 	lastStream uint32
 )
+
+// script returns the script of context id's root context.
+func script(id uint32) map[string]string {
+	if root, ok := parents[id]; ok {
+		id = root
+	}
+	return configs[id]
+}
 
 //go:wasmexport proxy_on_context_create
 func onContextCreate(id, parent uint32) {
 	if parent != 0 {
 		lastStream = id
+		parents[id] = parent
 	} else {
 		// Envoy lets the root context read the plugin configuration as it
 		// is created, so even on_vm_start has its script.
-		loadConfig(^uint32(0))
+		loadConfig(id, ^uint32(0))
 	}
 	run("context_create", id)
 }
 
-func loadConfig(size uint32) {
+func loadConfig(root, size uint32) {
 	var ptr, n uint32
 	if st := proxyGetBufferBytes(7, 0, size, &ptr, &n); st == 0 {
-		config = parseSections(string(hostBytes(ptr, n)))
+		configs[root] = parseSections(string(hostBytes(ptr, n)))
 	}
 }
 
@@ -33,7 +45,7 @@ func onVMStart(root, size uint32) uint32 { return run("vm_start", root) }
 
 //go:wasmexport proxy_on_configure
 func onConfigure(root, size uint32) uint32 {
-	loadConfig(size)
+	loadConfig(root, size)
 	return run("configure", root)
 }
 
@@ -79,4 +91,8 @@ func onLog(id uint32) { run("log", id) }
 func onDone(id uint32) uint32 { return run("done", id) }
 
 //go:wasmexport proxy_on_delete
-func onDelete(id uint32) { run("delete", id) }
+func onDelete(id uint32) {
+	run("delete", id)
+	delete(parents, id)
+	delete(configs, id)
+}

@@ -72,7 +72,7 @@ func run(phase string, id uint32) uint32 {
 		result = 0
 	}
 	current = id
-	for _, line := range strings.Split(config[phase], "\n") {
+	for _, line := range strings.Split(script(id)[phase], "\n") {
 		if line != "" {
 			exec(line)
 		}
@@ -315,6 +315,9 @@ func exec(line string) {
 		fmt.Fprintln(os.Stdout, arg(a(1)))
 	case "stderr":
 		fmt.Fprintln(os.Stderr, arg(a(1)))
+	case "parent":
+		// The root context this context was created under (0: a root).
+		logf("parent=%d", parents[current])
 	case "env":
 		logf("env=%s", os.Getenv(a(1)))
 	case "environ":
