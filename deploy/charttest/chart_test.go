@@ -7,8 +7,12 @@ package charttest
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
+	"os"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -270,6 +274,7 @@ func checkInvariants(t *testing.T, r *rendered) {
 		t.Errorf("envoy_admin cluster %s:%d, admin %v", h, p, admin)
 	}
 	statsPort := listenerPort(t, boot, "stats")
+	statsPaths := checkStatsListener(t, boot)
 
 	// The module is mounted where the bootstrap looks for it.
 	wasmFile := dig(t, boot, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config",
@@ -330,8 +335,27 @@ func checkInvariants(t *testing.T, r *rendered) {
 			}
 		}
 	}
-	if p := envoy.ReadinessProbe.HTTPGet; p == nil || p.Path != "/ready" {
-		t.Errorf("Envoy readiness probe %+v, want GET /ready", p)
+	if p := envoy.ReadinessProbe.HTTPGet; p == nil || p.Path != "/ready" || !statsPaths[p.Path] {
+		t.Errorf("Envoy readiness probe %+v, want GET /ready, which the stats listener routes to the admin (%v)", p, statsPaths)
+	}
+	// Prometheus scrapes Envoy on the stats listener, through the metrics
+	// Service, at a path it passes to the admin.
+	if got := resolvePort(t, envoy, intstr.FromString("envoy-stats")); got != statsPort {
+		t.Errorf("Envoy's envoy-stats port %d, the stats listener is on %d", got, statsPort)
+	}
+	metrics := r.services["edge-edgelimit-metrics"]
+	if metrics == nil || !hasPort(metrics, "envoy-stats") {
+		t.Errorf("metrics Service %+v has no envoy-stats port", metrics)
+	}
+	if sm := r.serviceMonitor; sm != nil {
+		for _, ep := range sm.Spec.Endpoints {
+			if ep.Port == "envoy-stats" && !statsPaths[ep.Path] {
+				t.Errorf("ServiceMonitor scrapes envoy-stats at %q, which the stats listener does not pass on (%v)", ep.Path, statsPaths)
+			}
+			if ep.Port == "envoy-stats" && ep.Path != "/stats/prometheus" {
+				t.Errorf("ServiceMonitor scrapes Envoy at %q, want /stats/prometheus", ep.Path)
+			}
+		}
 	}
 
 	// Draining: Envoy's preStop asks the admin to drain, then waits; the
@@ -391,6 +415,149 @@ func checkInvariants(t *testing.T, r *rendered) {
 			}
 		}
 	}
+}
+
+// checkStatsListener holds the stats listener to what makes it safe on
+// every interface: the router is its only HTTP filter (no wasm filter),
+// every route is an exact path sent to envoy_admin (checked above to be
+// the loopback admin) or a direct response, the paths are read-only ones,
+// and the last route answers everything else 404. It returns the paths
+// passed to the admin.
+func checkStatsListener(t *testing.T, boot map[string]any) map[string]bool {
+	t.Helper()
+	hcm := dig(t, listener(t, boot, "stats"), "filter_chains", 0, "filters", 0, "typed_config").(map[string]any)
+	filters := dig(t, hcm, "http_filters").([]any)
+	if len(filters) != 1 || dig(t, filters[0], "typed_config", "@type") != "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" {
+		t.Errorf("stats listener HTTP filters %v, want the router only", filters)
+	}
+	readOnly := map[string]bool{"/stats/prometheus": true, "/ready": true}
+	routed := map[string]bool{}
+	routes := dig(t, hcm, "route_config", "virtual_hosts", 0, "routes").([]any)
+	for i, r := range routes {
+		rm := r.(map[string]any)
+		match := rm["match"].(map[string]any)
+		if action, ok := rm["route"].(map[string]any); ok {
+			path, _ := match["path"].(string)
+			if action["cluster"] != "envoy_admin" || !readOnly[path] || len(match) != 1 {
+				t.Errorf("stats route %d: %v, want an exact read-only path (%v) to envoy_admin", i, rm, readOnly)
+			}
+			routed[path] = true
+			continue
+		}
+		if _, ok := rm["direct_response"]; !ok {
+			t.Errorf("stats route %d: %v, want a route to envoy_admin or a direct response", i, rm)
+		}
+	}
+	last := routes[len(routes)-1].(map[string]any)
+	if dig(t, last, "match", "prefix") != "/" || dig(t, last, "direct_response", "status") != 404.0 {
+		t.Errorf("last stats route %v, want everything else answered 404", last)
+	}
+	return routed
+}
+
+// TestBootstrapFollowsEnvoyYAML: with the default values, the chart's
+// bootstrap is envoy/envoy.yaml but for what the values set (the routes and
+// the services' addresses) and where the module is mounted.
+func TestBootstrapFollowsEnvoyYAML(t *testing.T) {
+	r, err := render(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chart := bootstrap(t, r)
+	raw, err := os.ReadFile("../../envoy/envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shipped map[string]any
+	if err := yaml.Unmarshal(raw, &shipped); err != nil {
+		t.Fatal(err)
+	}
+	same := func(what string, got, want any) {
+		t.Helper()
+		if !reflect.DeepEqual(got, want) {
+			g, _ := yaml.Marshal(got)
+			w, _ := yaml.Marshal(want)
+			t.Errorf("%s differs from envoy.yaml's\nchart:\n%s\nenvoy.yaml:\n%s", what, g, w)
+		}
+	}
+	same("admin", chart["admin"], shipped["admin"])
+	same("stats_config", chart["stats_config"], shipped["stats_config"])
+	same("the stats listener", listener(t, chart, "stats"), listener(t, shipped, "stats"))
+	for _, name := range []string{"ratelimit_sidecar", "envoy_admin"} {
+		same("cluster "+name, cluster(t, chart, name), cluster(t, shipped, name))
+	}
+	// The services' clusters have the shape of envoy.yaml's first one.
+	shape := func(c map[string]any) map[string]any {
+		c = maps.Clone(c)
+		delete(c, "name")
+		delete(c, "load_assignment")
+		return c
+	}
+	same("a service's cluster", shape(cluster(t, chart, "orders")), shape(cluster(t, shipped, "orders")))
+
+	// The edge listener, without its routes, the module's path and the
+	// filter's JSON (compared as JSON below).
+	edge := func(boot map[string]any) (map[string]any, any) {
+		l := clone(listener(t, boot, "edge")).(map[string]any)
+		hcm := dig(t, l, "filter_chains", 0, "filters", 0, "typed_config").(map[string]any)
+		delete(dig(t, hcm, "route_config", "virtual_hosts", 0).(map[string]any), "routes")
+		cfg := dig(t, hcm, "http_filters", 0, "typed_config", "config").(map[string]any)
+		delete(dig(t, cfg, "vm_config", "code", "local").(map[string]any), "filename")
+		value := dig(t, cfg, "configuration").(map[string]any)
+		var filter any
+		if err := json.Unmarshal([]byte(value["value"].(string)), &filter); err != nil {
+			t.Fatalf("filter configuration: %v", err)
+		}
+		delete(value, "value")
+		return l, filter
+	}
+	chartEdge, chartFilter := edge(chart)
+	shippedEdge, shippedFilter := edge(shipped)
+	same("the edge listener", chartEdge, shippedEdge)
+	same("the filter's configuration", chartFilter, shippedFilter)
+	same("the services' routes", dig(t, listener(t, chart, "edge"), "filter_chains", 0, "filters", 0, "typed_config", "route_config", "virtual_hosts", 0, "routes"),
+		dig(t, listener(t, shipped, "edge"), "filter_chains", 0, "filters", 0, "typed_config", "route_config", "virtual_hosts", 0, "routes"))
+}
+
+func listener(t *testing.T, boot map[string]any, name string) map[string]any {
+	t.Helper()
+	for _, l := range dig(t, boot, "static_resources", "listeners").([]any) {
+		if l.(map[string]any)["name"] == name {
+			return l.(map[string]any)
+		}
+	}
+	t.Fatalf("no listener %s", name)
+	return nil
+}
+
+func cluster(t *testing.T, boot map[string]any, name string) map[string]any {
+	t.Helper()
+	for _, c := range dig(t, boot, "static_resources", "clusters").([]any) {
+		if c.(map[string]any)["name"] == name {
+			return c.(map[string]any)
+		}
+	}
+	t.Fatalf("no cluster %s", name)
+	return nil
+}
+
+// clone deep-copies generic YAML.
+func clone(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		c := make(map[string]any, len(v))
+		for k, e := range v {
+			c[k] = clone(e)
+		}
+		return c
+	case []any:
+		c := make([]any, len(v))
+		for i, e := range v {
+			c[i] = clone(e)
+		}
+		return c
+	}
+	return v
 }
 
 // bootstrap is Envoy's bootstrap from its ConfigMap, as generic YAML.
@@ -461,13 +628,7 @@ func clusterAddr(t *testing.T, boot map[string]any, name string) (string, int) {
 
 func listenerPort(t *testing.T, boot map[string]any, name string) int {
 	t.Helper()
-	for _, l := range dig(t, boot, "static_resources", "listeners").([]any) {
-		if l.(map[string]any)["name"] == name {
-			return int(dig(t, l, "address", "socket_address", "port_value").(float64))
-		}
-	}
-	t.Fatalf("no listener %s", name)
-	return 0
+	return int(dig(t, listener(t, boot, name), "address", "socket_address", "port_value").(float64))
 }
 
 func container(t *testing.T, r *rendered, name string) *corev1.Container {
