@@ -708,3 +708,78 @@ func hasPort(s *corev1.Service, name string) bool {
 	}
 	return false
 }
+
+// TestImagesFromTheDockerfile: the images the chart runs by default are the
+// ones deploy/Dockerfile's header builds and tags, and the init container's
+// copy is the filter target's own command, from where that target puts the
+// module (the path the image volume is read at, checkInvariants).
+func TestImagesFromTheDockerfile(t *testing.T) {
+	raw, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The header's build commands, continuation lines joined.
+	var header []string
+	cont := false
+	for _, line := range strings.Split(string(raw), "\n") {
+		text, ok := strings.CutPrefix(line, "#")
+		if !ok {
+			break
+		}
+		text = strings.TrimSpace(text)
+		if cont {
+			header[len(header)-1] += " " + text
+		} else {
+			header = append(header, text)
+		}
+		cont = strings.HasSuffix(text, `\`)
+		if cont {
+			header[len(header)-1] = strings.TrimSuffix(header[len(header)-1], `\`)
+		}
+	}
+	tags := map[string]string{}
+	build := regexp.MustCompile(`^docker (?:buildx )?build -f deploy/Dockerfile (?:--target (\S+) )?.*-t (\S+)`)
+	for _, cmd := range header {
+		if m := build.FindStringSubmatch(cmd); m != nil {
+			target := m[1]
+			if target == "" {
+				target = "sidecar"
+			}
+			tags[target] = m[2]
+		}
+	}
+	// The stages: the last is the default target.
+	stage := regexp.MustCompile(`(?m)^FROM \S+(?: \S+)* AS (\S+)$`)
+	names := stage.FindAllStringSubmatch(string(raw), -1)
+	if len(names) == 0 || names[len(names)-1][1] != "sidecar" {
+		t.Fatalf("stages %v: want sidecar last, the default target", names)
+	}
+	filterStage := string(raw)[strings.Index(string(raw), " AS filter\n"):]
+	filterStage = filterStage[:strings.Index(filterStage, "\nFROM ")]
+	copyTo := regexp.MustCompile(`(?m)^COPY --from=build /out/filter\.wasm (\S+)$`).FindStringSubmatch(filterStage)
+	cmd := regexp.MustCompile(`(?m)^CMD (\[.*\])$`).FindStringSubmatch(filterStage)
+	if copyTo == nil || cmd == nil {
+		t.Fatalf("the filter stage has no COPY of filter.wasm or no CMD:\n%s", filterStage)
+	}
+	var copyCmd []string
+	if err := json.Unmarshal([]byte(cmd[1]), &copyCmd); err != nil || len(copyCmd) != 3 || copyCmd[1] != copyTo[1] {
+		t.Fatalf("filter stage CMD %s: want a cp from %s (%v)", cmd[1], copyTo[1], err)
+	}
+	if copyTo[1] != "/filter.wasm" {
+		t.Errorf("the filter image holds %s; the chart reads /filter.wasm from it", copyTo[1])
+	}
+
+	r, err := render(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	init := r.deployment.Spec.Template.Spec.InitContainers[0]
+	if !reflect.DeepEqual(init.Command, copyCmd) {
+		t.Errorf("init container runs %q, the filter target's command is %q", init.Command, copyCmd)
+	}
+	for target, image := range map[string]string{"filter": init.Image, "sidecar": container(t, r, "sidecar").Image} {
+		if tags[target] == "" || image != tags[target] {
+			t.Errorf("the chart runs %s for the %s target, the Dockerfile tags it %q", image, target, tags[target])
+		}
+	}
+}
