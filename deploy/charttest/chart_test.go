@@ -14,9 +14,11 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
@@ -53,6 +55,7 @@ type rendered struct {
 	services       map[string]*corev1.Service
 	pdb            *policyv1.PodDisruptionBudget
 	serviceMonitor *monitoringv1.ServiceMonitor
+	prometheusRule *monitoringv1.PrometheusRule
 }
 
 // render runs `helm install --dry-run` client-only with vals, and decodes
@@ -100,6 +103,9 @@ func render(t *testing.T, vals map[string]any) (*rendered, error) {
 		case "monitoring.coreos.com/v1 ServiceMonitor":
 			out.serviceMonitor = &monitoringv1.ServiceMonitor{}
 			obj = out.serviceMonitor
+		case "monitoring.coreos.com/v1 PrometheusRule":
+			out.prometheusRule = &monitoringv1.PrometheusRule{}
+			obj = out.prometheusRule
 		default:
 			t.Fatalf("unexpected object %s %s", head.APIVersion, head.Kind)
 		}
@@ -158,8 +164,8 @@ func TestChart(t *testing.T) {
 		check func(t *testing.T, r *rendered)
 	}{
 		{"defaults", nil, func(t *testing.T, r *rendered) {
-			if r.serviceMonitor != nil {
-				t.Error("ServiceMonitor rendered by default")
+			if r.serviceMonitor != nil || r.prometheusRule != nil {
+				t.Error("ServiceMonitor or PrometheusRule rendered by default")
 			}
 			if len(r.deployment.Spec.Template.Spec.InitContainers) != 1 {
 				t.Error("no init container copying filter.wasm")
@@ -202,6 +208,7 @@ func TestChart(t *testing.T) {
 				t.Error("Redis URL not passed")
 			}
 		}},
+		{"prometheus rule", values("serviceMonitor.enabled", true, "prometheusRule.enabled", true, "filter.timeout_ms", 10), checkPrometheusRule},
 		{"secret from values", values("secrets.keySalt", "pepper", "secrets.redisPassword", "hunter2"), func(t *testing.T, r *rendered) {
 			s := r.secrets["edge-edgelimit-secrets"]
 			if s == nil || string(s.Data["key-salt"]) != "pepper" || string(s.Data["redis-password"]) != "hunter2" {
@@ -220,6 +227,58 @@ func TestChart(t *testing.T) {
 				tt.check(t, r)
 			}
 		})
+	}
+}
+
+// checkPrometheusRule: the alerts are on the series the ServiceMonitor
+// scrapes (the release's namespace, the metrics Service as the job), each
+// says how bad it is and what happened, and the callout alert follows the
+// filter's timeout.
+func checkPrometheusRule(t *testing.T, r *rendered) {
+	pr := r.prometheusRule
+	if pr == nil || len(pr.Spec.Groups) != 1 || len(pr.Spec.Groups[0].Rules) == 0 {
+		t.Fatalf("PrometheusRule: %+v", pr)
+	}
+	metrics := r.services["edge-edgelimit-metrics"]
+	if metrics == nil || r.serviceMonitor == nil || r.serviceMonitor.Spec.JobLabel != "" {
+		t.Fatalf("metrics Service %v, ServiceMonitor %+v: want the Service's name as the job", metrics, r.serviceMonitor)
+	}
+	want := fmt.Sprintf(`namespace="gateway",job=%q`, metrics.Name)
+	selector := regexp.MustCompile(`\{[^{}]*\}`)
+	metric := regexp.MustCompile(`\b(edgelimit|sidecar|envoy)_[a-z0-9_]+`)
+	for _, rule := range pr.Spec.Groups[0].Rules {
+		expr := rule.Expr.String()
+		if rule.Alert == "" || expr == "" || rule.Labels["severity"] == "" || rule.Annotations["summary"] == "" || rule.Annotations["description"] == "" {
+			t.Errorf("rule %+v: want an alert name, an expression, a severity, a summary and a description", rule)
+		}
+		if rule.For != nil {
+			if _, err := time.ParseDuration(string(*rule.For)); err != nil {
+				t.Errorf("%s: for %q: %v", rule.Alert, *rule.For, err)
+			}
+		}
+		sels := selector.FindAllString(expr, -1)
+		if len(sels) == 0 {
+			t.Errorf("%s: no selector in %s", rule.Alert, expr)
+		}
+		for _, s := range sels {
+			if !strings.Contains(s, want) {
+				t.Errorf("%s: selector %s is not the release's series (%s)", rule.Alert, s, want)
+			}
+		}
+		// Every metric named has a selector (it is scoped to the release):
+		// it is followed by one, or named inside one (__name__=~).
+		spans := selector.FindAllStringIndex(expr, -1)
+		for _, m := range metric.FindAllStringIndex(expr, -1) {
+			inside := slices.ContainsFunc(spans, func(sp []int) bool { return sp[0] < m[0] && m[1] < sp[1] })
+			if !inside && !strings.HasPrefix(expr[m[1]:], "{") {
+				t.Errorf("%s: %s without a selector in %s", rule.Alert, expr[m[0]:m[1]], expr)
+			}
+		}
+	}
+	for _, rule := range pr.Spec.Groups[0].Rules {
+		if rule.Alert == "EdgelimitCalloutSlow" && !strings.Contains(rule.Expr.String(), "> 8000") {
+			t.Errorf("EdgelimitCalloutSlow %q: want 80%% of timeout_ms 10 (8000 µs)", rule.Expr.String())
+		}
 	}
 }
 
