@@ -273,6 +273,40 @@ func TestShadowMode(t *testing.T) {
 	}
 }
 
+// Prometheus scrapes the gateway through envoy.yaml's stats listener, which
+// passes /stats/prometheus to the admin (on a port of the harness's choice:
+// the envoy_admin cluster follows it) and nothing else.
+func TestStatsListener(t *testing.T) {
+	s := startStack(t, stackConfig{
+		plans:  "default_plan: tiny\nplans:\n  tiny: {capacity: 2, rate: 0.001}\n",
+		filter: filterConfig{Mode: "shadow"},
+	})
+	for i := 0; i < 5; i++ {
+		s.do(0, "GET", "/orders/1", "x-api-key", "scraped")
+	}
+	stats := s.gateways[0].Listeners["stats"]
+	if stats == "" {
+		t.Fatalf("no stats listener: %v", s.gateways[0].Listeners)
+	}
+	m, err := testkit.GetMetrics("http://" + stats + "/stats/prometheus")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m["edgelimit_requests_shadow_allowed"] != 2 || m["edgelimit_requests_shadow_would_deny"] != 3 {
+		t.Errorf("scraped shadow_allowed %v, shadow_would_deny %v; want 2 and 3", m["edgelimit_requests_shadow_allowed"], m["edgelimit_requests_shadow_would_deny"])
+	}
+	// The deny cache answers some requests without a callout.
+	if n := m["edgelimit_callout_latency_us_count"]; n < 1 || n > 5 || m[`edgelimit_callout_latency_us_bucket{le="+Inf"}`] != n {
+		t.Errorf("scraped callout latency count %v, +Inf bucket %v; want the same, 1 to 5", n, m[`edgelimit_callout_latency_us_bucket{le="+Inf"}`])
+	}
+	for path, want := range map[string]int{"/ready": 200, "/stats": 404, "/config_dump": 404} {
+		resp, _ := testkit.Get(t, "http://"+stats+path)
+		if resp.StatusCode != want {
+			t.Errorf("GET %s on the stats listener: %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+}
+
 // With a canary list, only the listed clients are enforced; the others run
 // in shadow.
 func TestCanaryClients(t *testing.T) {
@@ -352,8 +386,9 @@ func TestBadFilterConfigRejectedAtStart(t *testing.T) {
 	}
 	addr, _ := harness.FreeAddr()
 	admin, _ := harness.FreeAddr()
+	stats, _ := harness.FreeAddr()
 	p, err := harness.StartProcess("gateway", bins.Gateway, "-config", path, "-listen", addr, "-admin", admin,
-		"-wasm", bins.Filter, "-cluster", "orders=127.0.0.1:1", "-cluster", "billing=127.0.0.1:1",
+		"-listener", "stats="+stats, "-wasm", bins.Filter, "-cluster", "orders=127.0.0.1:1", "-cluster", "billing=127.0.0.1:1",
 		"-cluster", "ratelimit_sidecar=127.0.0.1:1")
 	if err != nil {
 		t.Fatal(err)

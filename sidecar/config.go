@@ -30,6 +30,7 @@ type options struct {
 
 const usageHead = `Usage: sidecar [flags]
        sidecar digest [-key-salt SALT] [API-KEY...]   (see sidecar digest -h)
+       sidecar healthcheck [-timeout D] URL           (exit 0 if URL answers 2xx; for container health checks)
 
 The rate limiter's sidecar: POST /v1/check decides, with one Redis round trip,
 whether the client in x-api-key may go on (200) or not (429). Also GET /healthz,

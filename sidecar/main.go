@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/edgelimit/edgelimit/internal/healthcheck"
 	"github.com/edgelimit/edgelimit/sidecar/app"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 	"github.com/edgelimit/edgelimit/sidecar/plans"
@@ -37,6 +38,10 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == "digest" {
 		os.Exit(runDigest(os.Args[2:], os.Getenv, os.Stdin, os.Stdout, os.Stderr))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
+		// The container health check: the image has no HTTP client.
+		os.Exit(healthcheck.Main("sidecar", os.Args[2:], os.Stdout, os.Stderr))
 	}
 	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }

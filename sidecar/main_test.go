@@ -246,6 +246,13 @@ func TestBinary(t *testing.T) {
 		code, _ := get("GET", "/healthz")
 		return code == 200
 	})
+	// The container health check: the binary's own HTTP probe.
+	for path, want := range map[string]int{"/readyz": 0, "/nowhere": 1} {
+		out, err := exec.Command(bin, "healthcheck", "http://"+addr+path).CombinedOutput()
+		if code := exitCode(err); code != want {
+			t.Errorf("sidecar healthcheck %s: exit %d, want %d\n%s", path, code, want, out)
+		}
+	}
 	for i, want := range []int{200, 200, 429} {
 		if code, _ := get("POST", "/v1/check", "x-api-key", "binary-client"); code != want {
 			t.Fatalf("check %d: %d, want %d", i+1, code, want)

@@ -7,12 +7,18 @@ package charttest
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
+	"os"
+	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
@@ -49,6 +55,7 @@ type rendered struct {
 	services       map[string]*corev1.Service
 	pdb            *policyv1.PodDisruptionBudget
 	serviceMonitor *monitoringv1.ServiceMonitor
+	prometheusRule *monitoringv1.PrometheusRule
 }
 
 // render runs `helm install --dry-run` client-only with vals, and decodes
@@ -96,6 +103,9 @@ func render(t *testing.T, vals map[string]any) (*rendered, error) {
 		case "monitoring.coreos.com/v1 ServiceMonitor":
 			out.serviceMonitor = &monitoringv1.ServiceMonitor{}
 			obj = out.serviceMonitor
+		case "monitoring.coreos.com/v1 PrometheusRule":
+			out.prometheusRule = &monitoringv1.PrometheusRule{}
+			obj = out.prometheusRule
 		default:
 			t.Fatalf("unexpected object %s %s", head.APIVersion, head.Kind)
 		}
@@ -154,8 +164,8 @@ func TestChart(t *testing.T) {
 		check func(t *testing.T, r *rendered)
 	}{
 		{"defaults", nil, func(t *testing.T, r *rendered) {
-			if r.serviceMonitor != nil {
-				t.Error("ServiceMonitor rendered by default")
+			if r.serviceMonitor != nil || r.prometheusRule != nil {
+				t.Error("ServiceMonitor or PrometheusRule rendered by default")
 			}
 			if len(r.deployment.Spec.Template.Spec.InitContainers) != 1 {
 				t.Error("no init container copying filter.wasm")
@@ -198,6 +208,7 @@ func TestChart(t *testing.T) {
 				t.Error("Redis URL not passed")
 			}
 		}},
+		{"prometheus rule", values("serviceMonitor.enabled", true, "prometheusRule.enabled", true, "filter.timeout_ms", 10), checkPrometheusRule},
 		{"secret from values", values("secrets.keySalt", "pepper", "secrets.redisPassword", "hunter2"), func(t *testing.T, r *rendered) {
 			s := r.secrets["edge-edgelimit-secrets"]
 			if s == nil || string(s.Data["key-salt"]) != "pepper" || string(s.Data["redis-password"]) != "hunter2" {
@@ -216,6 +227,58 @@ func TestChart(t *testing.T) {
 				tt.check(t, r)
 			}
 		})
+	}
+}
+
+// checkPrometheusRule: the alerts are on the series the ServiceMonitor
+// scrapes (the release's namespace, the metrics Service as the job), each
+// says how bad it is and what happened, and the callout alert follows the
+// filter's timeout.
+func checkPrometheusRule(t *testing.T, r *rendered) {
+	pr := r.prometheusRule
+	if pr == nil || len(pr.Spec.Groups) != 1 || len(pr.Spec.Groups[0].Rules) == 0 {
+		t.Fatalf("PrometheusRule: %+v", pr)
+	}
+	metrics := r.services["edge-edgelimit-metrics"]
+	if metrics == nil || r.serviceMonitor == nil || r.serviceMonitor.Spec.JobLabel != "" {
+		t.Fatalf("metrics Service %v, ServiceMonitor %+v: want the Service's name as the job", metrics, r.serviceMonitor)
+	}
+	want := fmt.Sprintf(`namespace="gateway",job=%q`, metrics.Name)
+	selector := regexp.MustCompile(`\{[^{}]*\}`)
+	metric := regexp.MustCompile(`\b(edgelimit|sidecar|envoy)_[a-z0-9_]+`)
+	for _, rule := range pr.Spec.Groups[0].Rules {
+		expr := rule.Expr.String()
+		if rule.Alert == "" || expr == "" || rule.Labels["severity"] == "" || rule.Annotations["summary"] == "" || rule.Annotations["description"] == "" {
+			t.Errorf("rule %+v: want an alert name, an expression, a severity, a summary and a description", rule)
+		}
+		if rule.For != nil {
+			if _, err := time.ParseDuration(string(*rule.For)); err != nil {
+				t.Errorf("%s: for %q: %v", rule.Alert, *rule.For, err)
+			}
+		}
+		sels := selector.FindAllString(expr, -1)
+		if len(sels) == 0 {
+			t.Errorf("%s: no selector in %s", rule.Alert, expr)
+		}
+		for _, s := range sels {
+			if !strings.Contains(s, want) {
+				t.Errorf("%s: selector %s is not the release's series (%s)", rule.Alert, s, want)
+			}
+		}
+		// Every metric named has a selector (it is scoped to the release):
+		// it is followed by one, or named inside one (__name__=~).
+		spans := selector.FindAllStringIndex(expr, -1)
+		for _, m := range metric.FindAllStringIndex(expr, -1) {
+			inside := slices.ContainsFunc(spans, func(sp []int) bool { return sp[0] < m[0] && m[1] < sp[1] })
+			if !inside && !strings.HasPrefix(expr[m[1]:], "{") {
+				t.Errorf("%s: %s without a selector in %s", rule.Alert, expr[m[0]:m[1]], expr)
+			}
+		}
+	}
+	for _, rule := range pr.Spec.Groups[0].Rules {
+		if rule.Alert == "EdgelimitCalloutSlow" && !strings.Contains(rule.Expr.String(), "> 8000") {
+			t.Errorf("EdgelimitCalloutSlow %q: want 80%% of timeout_ms 10 (8000 µs)", rule.Expr.String())
+		}
 	}
 }
 
@@ -270,6 +333,7 @@ func checkInvariants(t *testing.T, r *rendered) {
 		t.Errorf("envoy_admin cluster %s:%d, admin %v", h, p, admin)
 	}
 	statsPort := listenerPort(t, boot, "stats")
+	statsPaths := checkStatsListener(t, boot)
 
 	// The module is mounted where the bootstrap looks for it.
 	wasmFile := dig(t, boot, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config",
@@ -330,8 +394,27 @@ func checkInvariants(t *testing.T, r *rendered) {
 			}
 		}
 	}
-	if p := envoy.ReadinessProbe.HTTPGet; p == nil || p.Path != "/ready" {
-		t.Errorf("Envoy readiness probe %+v, want GET /ready", p)
+	if p := envoy.ReadinessProbe.HTTPGet; p == nil || p.Path != "/ready" || !statsPaths[p.Path] {
+		t.Errorf("Envoy readiness probe %+v, want GET /ready, which the stats listener routes to the admin (%v)", p, statsPaths)
+	}
+	// Prometheus scrapes Envoy on the stats listener, through the metrics
+	// Service, at a path it passes to the admin.
+	if got := resolvePort(t, envoy, intstr.FromString("envoy-stats")); got != statsPort {
+		t.Errorf("Envoy's envoy-stats port %d, the stats listener is on %d", got, statsPort)
+	}
+	metrics := r.services["edge-edgelimit-metrics"]
+	if metrics == nil || !hasPort(metrics, "envoy-stats") {
+		t.Errorf("metrics Service %+v has no envoy-stats port", metrics)
+	}
+	if sm := r.serviceMonitor; sm != nil {
+		for _, ep := range sm.Spec.Endpoints {
+			if ep.Port == "envoy-stats" && !statsPaths[ep.Path] {
+				t.Errorf("ServiceMonitor scrapes envoy-stats at %q, which the stats listener does not pass on (%v)", ep.Path, statsPaths)
+			}
+			if ep.Port == "envoy-stats" && ep.Path != "/stats/prometheus" {
+				t.Errorf("ServiceMonitor scrapes Envoy at %q, want /stats/prometheus", ep.Path)
+			}
+		}
 	}
 
 	// Draining: Envoy's preStop asks the admin to drain, then waits; the
@@ -391,6 +474,149 @@ func checkInvariants(t *testing.T, r *rendered) {
 			}
 		}
 	}
+}
+
+// checkStatsListener holds the stats listener to what makes it safe on
+// every interface: the router is its only HTTP filter (no wasm filter),
+// every route is an exact path sent to envoy_admin (checked above to be
+// the loopback admin) or a direct response, the paths are read-only ones,
+// and the last route answers everything else 404. It returns the paths
+// passed to the admin.
+func checkStatsListener(t *testing.T, boot map[string]any) map[string]bool {
+	t.Helper()
+	hcm := dig(t, listener(t, boot, "stats"), "filter_chains", 0, "filters", 0, "typed_config").(map[string]any)
+	filters := dig(t, hcm, "http_filters").([]any)
+	if len(filters) != 1 || dig(t, filters[0], "typed_config", "@type") != "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" {
+		t.Errorf("stats listener HTTP filters %v, want the router only", filters)
+	}
+	readOnly := map[string]bool{"/stats/prometheus": true, "/ready": true}
+	routed := map[string]bool{}
+	routes := dig(t, hcm, "route_config", "virtual_hosts", 0, "routes").([]any)
+	for i, r := range routes {
+		rm := r.(map[string]any)
+		match := rm["match"].(map[string]any)
+		if action, ok := rm["route"].(map[string]any); ok {
+			path, _ := match["path"].(string)
+			if action["cluster"] != "envoy_admin" || !readOnly[path] || len(match) != 1 {
+				t.Errorf("stats route %d: %v, want an exact read-only path (%v) to envoy_admin", i, rm, readOnly)
+			}
+			routed[path] = true
+			continue
+		}
+		if _, ok := rm["direct_response"]; !ok {
+			t.Errorf("stats route %d: %v, want a route to envoy_admin or a direct response", i, rm)
+		}
+	}
+	last := routes[len(routes)-1].(map[string]any)
+	if dig(t, last, "match", "prefix") != "/" || dig(t, last, "direct_response", "status") != 404.0 {
+		t.Errorf("last stats route %v, want everything else answered 404", last)
+	}
+	return routed
+}
+
+// TestBootstrapFollowsEnvoyYAML: with the default values, the chart's
+// bootstrap is envoy/envoy.yaml but for what the values set (the routes and
+// the services' addresses) and where the module is mounted.
+func TestBootstrapFollowsEnvoyYAML(t *testing.T) {
+	r, err := render(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chart := bootstrap(t, r)
+	raw, err := os.ReadFile("../../envoy/envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shipped map[string]any
+	if err := yaml.Unmarshal(raw, &shipped); err != nil {
+		t.Fatal(err)
+	}
+	same := func(what string, got, want any) {
+		t.Helper()
+		if !reflect.DeepEqual(got, want) {
+			g, _ := yaml.Marshal(got)
+			w, _ := yaml.Marshal(want)
+			t.Errorf("%s differs from envoy.yaml's\nchart:\n%s\nenvoy.yaml:\n%s", what, g, w)
+		}
+	}
+	same("admin", chart["admin"], shipped["admin"])
+	same("stats_config", chart["stats_config"], shipped["stats_config"])
+	same("the stats listener", listener(t, chart, "stats"), listener(t, shipped, "stats"))
+	for _, name := range []string{"ratelimit_sidecar", "envoy_admin"} {
+		same("cluster "+name, cluster(t, chart, name), cluster(t, shipped, name))
+	}
+	// The services' clusters have the shape of envoy.yaml's first one.
+	shape := func(c map[string]any) map[string]any {
+		c = maps.Clone(c)
+		delete(c, "name")
+		delete(c, "load_assignment")
+		return c
+	}
+	same("a service's cluster", shape(cluster(t, chart, "orders")), shape(cluster(t, shipped, "orders")))
+
+	// The edge listener, without its routes, the module's path and the
+	// filter's JSON (compared as JSON below).
+	edge := func(boot map[string]any) (map[string]any, any) {
+		l := clone(listener(t, boot, "edge")).(map[string]any)
+		hcm := dig(t, l, "filter_chains", 0, "filters", 0, "typed_config").(map[string]any)
+		delete(dig(t, hcm, "route_config", "virtual_hosts", 0).(map[string]any), "routes")
+		cfg := dig(t, hcm, "http_filters", 0, "typed_config", "config").(map[string]any)
+		delete(dig(t, cfg, "vm_config", "code", "local").(map[string]any), "filename")
+		value := dig(t, cfg, "configuration").(map[string]any)
+		var filter any
+		if err := json.Unmarshal([]byte(value["value"].(string)), &filter); err != nil {
+			t.Fatalf("filter configuration: %v", err)
+		}
+		delete(value, "value")
+		return l, filter
+	}
+	chartEdge, chartFilter := edge(chart)
+	shippedEdge, shippedFilter := edge(shipped)
+	same("the edge listener", chartEdge, shippedEdge)
+	same("the filter's configuration", chartFilter, shippedFilter)
+	same("the services' routes", dig(t, listener(t, chart, "edge"), "filter_chains", 0, "filters", 0, "typed_config", "route_config", "virtual_hosts", 0, "routes"),
+		dig(t, listener(t, shipped, "edge"), "filter_chains", 0, "filters", 0, "typed_config", "route_config", "virtual_hosts", 0, "routes"))
+}
+
+func listener(t *testing.T, boot map[string]any, name string) map[string]any {
+	t.Helper()
+	for _, l := range dig(t, boot, "static_resources", "listeners").([]any) {
+		if l.(map[string]any)["name"] == name {
+			return l.(map[string]any)
+		}
+	}
+	t.Fatalf("no listener %s", name)
+	return nil
+}
+
+func cluster(t *testing.T, boot map[string]any, name string) map[string]any {
+	t.Helper()
+	for _, c := range dig(t, boot, "static_resources", "clusters").([]any) {
+		if c.(map[string]any)["name"] == name {
+			return c.(map[string]any)
+		}
+	}
+	t.Fatalf("no cluster %s", name)
+	return nil
+}
+
+// clone deep-copies generic YAML.
+func clone(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		c := make(map[string]any, len(v))
+		for k, e := range v {
+			c[k] = clone(e)
+		}
+		return c
+	case []any:
+		c := make([]any, len(v))
+		for i, e := range v {
+			c[i] = clone(e)
+		}
+		return c
+	}
+	return v
 }
 
 // bootstrap is Envoy's bootstrap from its ConfigMap, as generic YAML.
@@ -461,13 +687,7 @@ func clusterAddr(t *testing.T, boot map[string]any, name string) (string, int) {
 
 func listenerPort(t *testing.T, boot map[string]any, name string) int {
 	t.Helper()
-	for _, l := range dig(t, boot, "static_resources", "listeners").([]any) {
-		if l.(map[string]any)["name"] == name {
-			return int(dig(t, l, "address", "socket_address", "port_value").(float64))
-		}
-	}
-	t.Fatalf("no listener %s", name)
-	return 0
+	return int(dig(t, listener(t, boot, name), "address", "socket_address", "port_value").(float64))
 }
 
 func container(t *testing.T, r *rendered, name string) *corev1.Container {
@@ -546,4 +766,79 @@ func hasPort(s *corev1.Service, name string) bool {
 		}
 	}
 	return false
+}
+
+// TestImagesFromTheDockerfile: the images the chart runs by default are the
+// ones deploy/Dockerfile's header builds and tags, and the init container's
+// copy is the filter target's own command, from where that target puts the
+// module (the path the image volume is read at, checkInvariants).
+func TestImagesFromTheDockerfile(t *testing.T) {
+	raw, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The header's build commands, continuation lines joined.
+	var header []string
+	cont := false
+	for _, line := range strings.Split(string(raw), "\n") {
+		text, ok := strings.CutPrefix(line, "#")
+		if !ok {
+			break
+		}
+		text = strings.TrimSpace(text)
+		if cont {
+			header[len(header)-1] += " " + text
+		} else {
+			header = append(header, text)
+		}
+		cont = strings.HasSuffix(text, `\`)
+		if cont {
+			header[len(header)-1] = strings.TrimSuffix(header[len(header)-1], `\`)
+		}
+	}
+	tags := map[string]string{}
+	build := regexp.MustCompile(`^docker (?:buildx )?build -f deploy/Dockerfile (?:--target (\S+) )?.*-t (\S+)`)
+	for _, cmd := range header {
+		if m := build.FindStringSubmatch(cmd); m != nil {
+			target := m[1]
+			if target == "" {
+				target = "sidecar"
+			}
+			tags[target] = m[2]
+		}
+	}
+	// The stages: the last is the default target.
+	stage := regexp.MustCompile(`(?m)^FROM \S+(?: \S+)* AS (\S+)$`)
+	names := stage.FindAllStringSubmatch(string(raw), -1)
+	if len(names) == 0 || names[len(names)-1][1] != "sidecar" {
+		t.Fatalf("stages %v: want sidecar last, the default target", names)
+	}
+	filterStage := string(raw)[strings.Index(string(raw), " AS filter\n"):]
+	filterStage = filterStage[:strings.Index(filterStage, "\nFROM ")]
+	copyTo := regexp.MustCompile(`(?m)^COPY --from=build /out/filter\.wasm (\S+)$`).FindStringSubmatch(filterStage)
+	cmd := regexp.MustCompile(`(?m)^CMD (\[.*\])$`).FindStringSubmatch(filterStage)
+	if copyTo == nil || cmd == nil {
+		t.Fatalf("the filter stage has no COPY of filter.wasm or no CMD:\n%s", filterStage)
+	}
+	var copyCmd []string
+	if err := json.Unmarshal([]byte(cmd[1]), &copyCmd); err != nil || len(copyCmd) != 3 || copyCmd[1] != copyTo[1] {
+		t.Fatalf("filter stage CMD %s: want a cp from %s (%v)", cmd[1], copyTo[1], err)
+	}
+	if copyTo[1] != "/filter.wasm" {
+		t.Errorf("the filter image holds %s; the chart reads /filter.wasm from it", copyTo[1])
+	}
+
+	r, err := render(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	init := r.deployment.Spec.Template.Spec.InitContainers[0]
+	if !reflect.DeepEqual(init.Command, copyCmd) {
+		t.Errorf("init container runs %q, the filter target's command is %q", init.Command, copyCmd)
+	}
+	for target, image := range map[string]string{"filter": init.Image, "sidecar": container(t, r, "sidecar").Image} {
+		if tags[target] == "" || image != tags[target] {
+			t.Errorf("the chart runs %s for the %s target, the Dockerfile tags it %q", image, target, tags[target])
+		}
+	}
 }

@@ -13,7 +13,7 @@ import (
 )
 
 const (
-	dockerfile = "../compose/Dockerfile.sidecar"
+	dockerfile = "../Dockerfile"
 	meshDir    = "../mesh"
 	// The target building the Wasm OCI image.
 	wasmTarget = "wasm-plugin"

@@ -104,8 +104,8 @@ var serviceName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 // cluster's, as envoy.yaml numbers its services (127.0.0.1:9001, :9002, …):
 // they are placeholders for the gateway's -cluster flags.
 //
-// The bootstrap must have one HTTP connection manager with one virtual
-// host whose routes match a prefix and name a cluster.
+// The bootstrap must have one HTTP connection manager with the wasm filter,
+// with one virtual host whose routes match a prefix and name a cluster.
 func (b *Bootstrap) RouteServices(names []string) error {
 	if len(names) == 0 {
 		return fmt.Errorf("services: none")
@@ -219,17 +219,25 @@ func firstSocketAddress(cluster map[string]any) (map[string]any, error) {
 	return s, nil
 }
 
-// virtualHost returns the one virtual host of the one HTTP connection
-// manager.
+// virtualHost returns the one virtual host of the HTTP connection manager
+// the wasm filter is in (the services' routes; envoy.yaml's stats listener
+// has a connection manager of its own).
 func (b *Bootstrap) virtualHost() (map[string]any, error) {
 	var hcms []map[string]any
 	walk(b.doc, func(m map[string]any) {
-		if m["@type"] == "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager" {
+		if m["@type"] != "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager" {
+			return
+		}
+		wasm := false
+		walk(m["http_filters"], func(f map[string]any) {
+			wasm = wasm || f["@type"] == "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+		})
+		if wasm {
 			hcms = append(hcms, m)
 		}
 	})
 	if len(hcms) != 1 {
-		return nil, fmt.Errorf("%s: want exactly one HTTP connection manager, found %d", b.src, len(hcms))
+		return nil, fmt.Errorf("%s: want exactly one HTTP connection manager with the wasm filter, found %d", b.src, len(hcms))
 	}
 	rc, _ := hcms[0]["route_config"].(map[string]any)
 	vhs, _ := rc["virtual_hosts"].([]any)

@@ -11,6 +11,8 @@ import (
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
 )
 
 // Binaries are the built deliverables an end-to-end run starts.
@@ -115,13 +117,22 @@ type GatewayConfig struct {
 // Gateway is a running build/gateway.
 type Gateway struct {
 	*Process
-	Addr  string // the HTTP listener
+	Addr  string // the HTTP listener (the wasm filter's)
 	Admin string // the admin listener
+	// Listeners are the configuration's other listeners (envoy.yaml's
+	// stats), by name.
+	Listeners map[string]string
 }
 
-// StartGateway starts the gateway with a free listener and admin port and
-// waits until its admin /ready answers 200.
+// StartGateway starts the gateway with a free port for its listener, each
+// of the configuration's other listeners and the admin, and waits until its
+// admin /ready answers 200. The configuration's clusters that reach the
+// admin (envoy.yaml's envoy_admin) follow it to its port.
 func StartGateway(ctx context.Context, b Binaries, c GatewayConfig) (*Gateway, error) {
+	cfg, err := envoyconfig.Load(c.Config)
+	if err != nil {
+		return nil, err
+	}
 	var last error
 	for attempt := 0; attempt < 3; attempt++ {
 		addr, err := FreeAddr()
@@ -137,6 +148,13 @@ func StartGateway(ctx context.Context, b Binaries, c GatewayConfig) (*Gateway, e
 			wasm = b.Filter
 		}
 		args := []string{"-config", c.Config, "-listen", addr, "-admin", admin, "-wasm", wasm}
+		listeners := map[string]string{}
+		for _, l := range cfg.Listeners {
+			if listeners[l.Name], err = FreeAddr(); err != nil {
+				return nil, err
+			}
+			args = append(args, "-listener", l.Name+"="+listeners[l.Name])
+		}
 		for name, hp := range c.Clusters {
 			args = append(args, "-cluster", name+"="+hp)
 		}
@@ -149,7 +167,7 @@ func StartGateway(ctx context.Context, b Binaries, c GatewayConfig) (*Gateway, e
 		err = WaitHTTP(wctx, p, "http://"+admin+"/ready", http.StatusOK)
 		cancel()
 		if err == nil {
-			return &Gateway{Process: p, Addr: addr, Admin: admin}, nil
+			return &Gateway{Process: p, Addr: addr, Admin: admin, Listeners: listeners}, nil
 		}
 		p.Kill()
 		last = err

@@ -1,16 +1,17 @@
 // Package envoyconfig reads envoy/envoy.yaml with Envoy's own API types
 // (github.com/envoyproxy/go-control-plane) and extracts what the headless
-// gateway needs: the listener, the admin address, the routes, the clusters,
-// the proxy-wasm filter and the stats configuration (histogram buckets and
-// tags).
+// gateway needs: the listener the proxy-wasm filter runs on and its routes,
+// the other listeners (router only, as the stats listener), the admin
+// address, the clusters, the filter and the stats configuration (histogram
+// buckets and tags).
 //
 // Load is strict in the way Envoy is: an unknown field, an unknown @type, or
 // a value that breaks a rule in Envoy's protos (their generated ValidateAll)
 // is an error naming the path of the field. On top of that it checks the
 // wiring Envoy checks at start-up (every route's cluster exists, the router
-// is the last HTTP filter) and what the limiter needs (exactly one wasm
-// filter, loaded from a local file, with a JSON configuration whose sidecar
-// cluster exists).
+// is the last HTTP filter, listener names are unique) and what the limiter
+// needs (exactly one wasm filter, loaded from a local file, with a JSON
+// configuration whose sidecar cluster exists).
 package envoyconfig
 
 import (
@@ -25,11 +26,15 @@ import (
 
 // Config is the part of an Envoy bootstrap the gateway serves.
 type Config struct {
-	Listener string             // "host:port" of the HTTP listener
-	Admin    string             // "host:port" of the admin interface; "" when the bootstrap has none
-	Routes   []Route            // first match wins
-	Clusters map[string]Cluster // by name
-	Wasm     Wasm               // the envoy.filters.http.wasm filter
+	Listener     string  // "host:port" of the listener the wasm filter runs on
+	ListenerName string  // its name
+	Admin        string  // "host:port" of the admin interface; "" when the bootstrap has none
+	Routes       []Route // the filter's listener's routes; first match wins
+	// Listeners are the other listeners, in the file's order: HTTP
+	// connection managers whose only HTTP filter is the router.
+	Listeners []Listener
+	Clusters  map[string]Cluster // by name
+	Wasm      Wasm               // the envoy.filters.http.wasm filter
 	// StreamIdleTimeout is the connection manager's stream_idle_timeout:
 	// how long a stream may go without activity (Envoy's default 5 min
 	// when unset; 0: none).
@@ -170,10 +175,42 @@ func (c *Config) BucketsFor(name string) []float64 {
 	return nil
 }
 
-// Route sends requests whose path starts with Prefix to Cluster.
+// Route is one route of a virtual host: a request it matches goes to
+// Cluster, or is answered with Direct.
 type Route struct {
-	Prefix  string
-	Cluster string
+	// Exactly one of Prefix and Path is the match: Prefix (match.prefix)
+	// matches a path that starts with it; Path (match.path) one that is
+	// exactly it once the query string is removed. Both are case sensitive.
+	Prefix, Path string
+	Cluster      string          // route.cluster; "" for a direct response
+	Direct       *DirectResponse // direct_response; nil for a route to a cluster
+}
+
+// Matches reports whether the route matches a request's :path, as Envoy
+// matches prefix and path routes.
+func (r Route) Matches(path string) bool {
+	if r.Path != "" {
+		p, _, _ := strings.Cut(path, "?")
+		return p == r.Path
+	}
+	return strings.HasPrefix(path, r.Prefix)
+}
+
+// DirectResponse is a route's direct_response: Envoy answers the request
+// itself with Status and Body (text/plain when there is one).
+type DirectResponse struct {
+	Status int
+	Body   string
+}
+
+// Listener is a listener the wasm filter is not on: an HTTP connection
+// manager whose only HTTP filter is the router, as a bootstrap exposes
+// admin paths on a listener of their own (envoy.yaml's stats listener).
+type Listener struct {
+	Name       string
+	Address    string // "host:port"
+	StatPrefix string // the connection manager's stat_prefix
+	Routes     []Route
 }
 
 // Cluster is a static upstream cluster.
@@ -240,6 +277,70 @@ func (c *Config) Override(listen string, clusters map[string]string, wasmPath st
 	}
 	if wasmPath != "" {
 		c.Wasm.Filename = wasmPath
+	}
+	return nil
+}
+
+// OverrideListeners replaces the addresses of the listeners named in addrs
+// (name → host:port) among c.Listeners; the filter's own listener is
+// Override's listen. An unknown name or a bad address is an error and
+// leaves c unchanged.
+func (c *Config) OverrideListeners(addrs map[string]string) error {
+	names := make([]string, 0, len(addrs))
+	for name := range addrs {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	index := map[string]int{}
+	for i, l := range c.Listeners {
+		index[l.Name] = i
+	}
+	for _, name := range names {
+		if name == c.ListenerName {
+			return fmt.Errorf("listener %q: the wasm filter's listener; its address is the listen address", name)
+		}
+		if _, ok := index[name]; !ok {
+			var known []string
+			for _, l := range c.Listeners {
+				known = append(known, l.Name)
+			}
+			return fmt.Errorf("listener %q: not in the configuration (other listeners: %s)", name, strings.Join(known, ", "))
+		}
+		if err := checkHostPort(addrs[name], true); err != nil {
+			return fmt.Errorf("listener %q address %q: %w", name, addrs[name], err)
+		}
+	}
+	for _, name := range names {
+		c.Listeners[index[name]].Address = addrs[name]
+	}
+	return nil
+}
+
+// MoveAdmin sets the admin address to addr, and with it every cluster
+// endpoint that is the admin's address as configured: a cluster that
+// reaches the admin (envoy.yaml's envoy_admin, behind the stats listener)
+// must follow it, or it would reach whatever else listens there.
+func (c *Config) MoveAdmin(addr string) error {
+	if err := checkHostPort(addr, false); err != nil {
+		return fmt.Errorf("admin address %q: %w", addr, err)
+	}
+	old := c.Admin
+	c.Admin = addr
+	if old == "" || old == addr {
+		return nil
+	}
+	for name, cl := range c.Clusters {
+		if !slices.Contains(cl.Endpoints, old) {
+			continue
+		}
+		eps := slices.Clone(cl.Endpoints)
+		for i, e := range eps {
+			if e == old {
+				eps[i] = addr
+			}
+		}
+		cl.Endpoints = eps
+		c.Clusters[name] = cl
 	}
 	return nil
 }

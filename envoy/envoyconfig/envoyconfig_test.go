@@ -36,14 +36,26 @@ func TestLoadRealConfig(t *testing.T) {
 	if c.StreamIdleTimeout != 10*time.Second {
 		t.Errorf("StreamIdleTimeout = %v, want 10s (a failed module must not hang paused clients for Envoy's default 5 min)", c.StreamIdleTimeout)
 	}
-	wantRoutes := []Route{{"/orders", "orders"}, {"/billing", "billing"}}
+	if c.ListenerName != "edge" {
+		t.Errorf("ListenerName = %q, want edge", c.ListenerName)
+	}
+	wantRoutes := []Route{{Prefix: "/orders", Cluster: "orders"}, {Prefix: "/billing", Cluster: "billing"}}
 	if !reflect.DeepEqual(c.Routes, wantRoutes) {
 		t.Errorf("Routes = %+v, want %+v", c.Routes, wantRoutes)
+	}
+	wantListeners := []Listener{{Name: "stats", Address: "0.0.0.0:9902", StatPrefix: "stats", Routes: []Route{
+		{Path: "/stats/prometheus", Cluster: "envoy_admin"},
+		{Path: "/ready", Cluster: "envoy_admin"},
+		{Prefix: "/", Direct: &DirectResponse{Status: 404}},
+	}}}
+	if !reflect.DeepEqual(c.Listeners, wantListeners) {
+		t.Errorf("Listeners = %+v, want %+v", c.Listeners, wantListeners)
 	}
 	wantClusters := map[string]Cluster{
 		"orders":            {Name: "orders", Endpoints: []string{"127.0.0.1:9001"}, ConnectTimeout: time.Second, Limits: Limits{1024, 1024, 1024}},
 		"billing":           {Name: "billing", Endpoints: []string{"127.0.0.1:9002"}, ConnectTimeout: time.Second, Limits: Limits{1024, 1024, 1024}},
 		"ratelimit_sidecar": {Name: "ratelimit_sidecar", Endpoints: []string{"127.0.0.1:8081"}, ConnectTimeout: 250 * time.Millisecond, Limits: Limits{1024, 1024, 1024}},
+		"envoy_admin":       {Name: "envoy_admin", Endpoints: []string{"127.0.0.1:9901"}, ConnectTimeout: 250 * time.Millisecond, Limits: Limits{1024, 1024, 1024}},
 	}
 	if !reflect.DeepEqual(c.Clusters, wantClusters) {
 		t.Errorf("Clusters = %+v, want %+v", c.Clusters, wantClusters)
@@ -56,6 +68,119 @@ func TestLoadRealConfig(t *testing.T) {
 	}
 	if w != wantWasm {
 		t.Errorf("Wasm = %+v, want %+v", w, wantWasm)
+	}
+}
+
+// The stats listener is how Prometheus and health checks reach the admin,
+// which stays on loopback: its routes go to a cluster whose every endpoint
+// is the admin's address, for read-only paths only, and anything else is
+// answered 404 by the listener itself.
+func TestRealConfigStatsListener(t *testing.T) {
+	c, err := Load(realConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if host, _, _ := strings.Cut(c.Admin, ":"); host != "127.0.0.1" {
+		t.Fatalf("admin on %s, want loopback", c.Admin)
+	}
+	if len(c.Listeners) != 1 || c.Listeners[0].Name != "stats" {
+		t.Fatalf("Listeners = %+v, want the stats listener only", c.Listeners)
+	}
+	readOnly := map[string]bool{"/stats/prometheus": true, "/ready": true}
+	routes := c.Listeners[0].Routes
+	for _, r := range routes[:len(routes)-1] {
+		if !readOnly[r.Path] {
+			t.Errorf("route %+v: want an exact path among %v", r, readOnly)
+		}
+		if eps := c.Clusters[r.Cluster].Endpoints; len(eps) == 0 || slices.ContainsFunc(eps, func(e string) bool { return e != c.Admin }) {
+			t.Errorf("route %+v goes to %v, want only the admin %s", r, eps, c.Admin)
+		}
+	}
+	last := routes[len(routes)-1]
+	if last.Prefix != "/" || last.Direct == nil || last.Direct.Status != 404 {
+		t.Errorf("last route %+v, want every other path answered 404 directly", last)
+	}
+	for _, p := range []string{"/stats", "/config_dump", "/quitquitquit", "/stats/prometheusx", "/ready/x"} {
+		for _, r := range routes {
+			if r.Matches(p) {
+				if r.Direct == nil {
+					t.Errorf("%s reaches the admin through %+v", p, r)
+				}
+				break
+			}
+		}
+	}
+}
+
+// Prefix and path routes match as Envoy's do: a path route ignores the
+// query string and nothing else.
+func TestRouteMatches(t *testing.T) {
+	for _, tc := range []struct {
+		r    Route
+		path string
+		want bool
+	}{
+		{Route{Prefix: "/orders"}, "/orders", true},
+		{Route{Prefix: "/orders"}, "/orders/1?x=y", true},
+		{Route{Prefix: "/orders"}, "/ordersx", true},
+		{Route{Prefix: "/orders"}, "/Orders", false},
+		{Route{Prefix: "/"}, "/anything", true},
+		{Route{Path: "/ready"}, "/ready", true},
+		{Route{Path: "/ready"}, "/ready?x", true},
+		{Route{Path: "/ready"}, "/ready/", false},
+		{Route{Path: "/ready"}, "/readyz", false},
+		{Route{Path: "/ready"}, "/READY", false},
+		{Route{Path: "/stats/prometheus"}, "/stats/prometheus?usedonly&filter=edgelimit", true},
+	} {
+		if got := tc.r.Matches(tc.path); got != tc.want {
+			t.Errorf("%+v matches %q = %t, want %t", tc.r, tc.path, got, tc.want)
+		}
+	}
+}
+
+// A second listener of router and direct responses loads beside the
+// filter's; a direct response keeps its inline body.
+func TestLoadSecondListener(t *testing.T) {
+	base, err := os.ReadFile("testdata/valid.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := strings.Replace(string(base), "  clusters:\n", `  - name: stats
+    address: {socket_address: {address: 0.0.0.0, port_value: 9902}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: metrics
+          route_config:
+            virtual_hosts:
+            - name: admin
+              domains: ["*"]
+              routes:
+              - {match: {path: /stats/prometheus}, route: {cluster: orders}}
+              - {match: {prefix: /gone}, direct_response: {status: 410, body: {inline_string: "gone\n"}}}
+              - {match: {prefix: /bytes}, direct_response: {status: 200, body: {inline_bytes: b2s=}}}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+`, 1)
+	c, err := parse([]byte(conf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Listener{{Name: "stats", Address: "0.0.0.0:9902", StatPrefix: "metrics", Routes: []Route{
+		{Path: "/stats/prometheus", Cluster: "orders"},
+		{Prefix: "/gone", Direct: &DirectResponse{Status: 410, Body: "gone\n"}},
+		{Prefix: "/bytes", Direct: &DirectResponse{Status: 200, Body: "ok"}},
+	}}}
+	if !reflect.DeepEqual(c.Listeners, want) {
+		t.Errorf("Listeners = %+v, want %+v", c.Listeners, want)
+	}
+	if c.Listener != "0.0.0.0:10000" || c.ListenerName != "edge" || c.Wasm.RootID != "edge_ratelimit" {
+		t.Errorf("the filter's listener: %s %s, wasm %+v", c.ListenerName, c.Listener, c.Wasm)
 	}
 }
 
@@ -157,7 +282,14 @@ var invalidCases = []struct{ name, want string }{
 	{"object_for_message_list", "static_resources.listeners[0].filter_chains[0].filters: want a list, got an object"},
 	{"port_out_of_range", "static_resources.clusters[1].load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.port_value: value must be less than or equal to 65535"},
 	{"rds", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config: want an inline route_config (rds and scoped_routes are not supported)"},
-	{"regex_route", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].routes[1].match: only prefix matches are supported"},
+	{"regex_route", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].routes[1].match: only prefix and path matches are supported"},
+	{"duplicate_listener", "static_resources.listeners[1].name: listener \"edge\" is defined twice"},
+	{"two_wasm_listeners", "static_resources.listeners: listeners \"edge\" and \"stats\" both have an envoy.filters.http.wasm filter; the gateway runs it on exactly one"},
+	{"no_wasm_listener", "static_resources.listeners: no listener has an envoy.filters.http.wasm filter (typed_config type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm)"},
+	{"listener_without_router", "static_resources.listeners[1].filter_chains[0].filters[0].typed_config.http_filters: listener \"stats\": want the router as its one HTTP filter, got 0 filters"},
+	{"listener_without_hcm", "static_resources.listeners[1]: listener \"stats\" has no envoy.filters.network.http_connection_manager filter"},
+	{"direct_response_file", "static_resources.listeners[1].filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].routes[0].direct_response.body: only inline_string and inline_bytes are supported"},
+	{"case_insensitive_route", "static_resources.listeners[1].filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].routes[0].match.case_sensitive: case-insensitive matches are not supported"},
 	{"remote_code", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config.vm_config.code: want a local file (code.local.filename); remote code is not supported"},
 	{"router_not_last", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0]: the router filter \"envoy.filters.http.router\" must be the last HTTP filter"},
 	{"unknown_field", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.stat_prefx: unknown field \"stat_prefx\" in envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"},
@@ -395,6 +527,74 @@ func TestLoadMissingFile(t *testing.T) {
 	}
 }
 
+func TestOverrideListeners(t *testing.T) {
+	c, err := Load(realConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.OverrideListeners(map[string]string{"stats": "127.0.0.1:0"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Listeners[0].Address; got != "127.0.0.1:0" {
+		t.Errorf("stats listener on %s, want 127.0.0.1:0", got)
+	}
+	for _, tc := range []struct {
+		addrs map[string]string
+		want  string
+	}{
+		{map[string]string{"metrics": "127.0.0.1:0"}, `listener "metrics": not in the configuration (other listeners: stats)`},
+		{map[string]string{"edge": "127.0.0.1:0"}, `listener "edge": the wasm filter's listener; its address is the listen address`},
+		{map[string]string{"stats": "9902"}, `listener "stats" address "9902": want host:port: address 9902: missing port in address`},
+	} {
+		c, err := Load(realConfig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := slices.Clone(c.Listeners)
+		if err := c.OverrideListeners(tc.addrs); err == nil || err.Error() != tc.want {
+			t.Errorf("OverrideListeners(%v) = %v, want %s", tc.addrs, err, tc.want)
+		}
+		if !reflect.DeepEqual(c.Listeners, before) {
+			t.Errorf("a failed OverrideListeners changed the listeners: %+v", c.Listeners)
+		}
+	}
+}
+
+// Moving the admin moves the cluster that reaches it (envoy_admin) and no
+// other; a cluster given its own endpoint first stays there.
+func TestMoveAdmin(t *testing.T) {
+	c, err := Load(realConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.MoveAdmin("127.0.0.1:4901"); err != nil {
+		t.Fatal(err)
+	}
+	if c.Admin != "127.0.0.1:4901" {
+		t.Errorf("Admin = %s", c.Admin)
+	}
+	if got := c.Clusters["envoy_admin"].Endpoints; !slices.Equal(got, []string{"127.0.0.1:4901"}) {
+		t.Errorf("envoy_admin endpoints = %v, want the moved admin", got)
+	}
+	if got := c.Clusters["ratelimit_sidecar"].Endpoints; !slices.Equal(got, []string{"127.0.0.1:8081"}) {
+		t.Errorf("ratelimit_sidecar endpoints = %v, want unchanged", got)
+	}
+
+	c, _ = Load(realConfig)
+	if err := c.Override("", map[string]string{"envoy_admin": "127.0.0.1:5000"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.MoveAdmin("127.0.0.1:4901"); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Clusters["envoy_admin"].Endpoints; !slices.Equal(got, []string{"127.0.0.1:5000"}) {
+		t.Errorf("envoy_admin endpoints = %v, want the overridden 127.0.0.1:5000", got)
+	}
+	if err := c.MoveAdmin("127.0.0.1:0"); err == nil || err.Error() != `admin address "127.0.0.1:0": port 0: want a number from 1 to 65535` {
+		t.Errorf("MoveAdmin to port 0: %v", err)
+	}
+}
+
 func TestOverrideErrors(t *testing.T) {
 	cases := []struct {
 		name     string
@@ -405,10 +605,10 @@ func TestOverrideErrors(t *testing.T) {
 		{"listen not host:port", "10000", nil, `listen address "10000": want host:port: address 10000: missing port in address`},
 		{"listen port not a number", "127.0.0.1:http", nil, `listen address "127.0.0.1:http": port "http": want a number from 0 to 65535`},
 		{"listen port too big", "127.0.0.1:65536", nil, `listen address "127.0.0.1:65536": port "65536": want a number from 0 to 65535`},
-		{"unknown cluster", "", map[string]string{"shipping": "127.0.0.1:1"}, `cluster "shipping": not in the configuration (clusters: billing, orders, ratelimit_sidecar)`},
+		{"unknown cluster", "", map[string]string{"shipping": "127.0.0.1:1"}, `cluster "shipping": not in the configuration (clusters: billing, envoy_admin, orders, ratelimit_sidecar)`},
 		{"cluster port 0", "", map[string]string{"orders": "127.0.0.1:0"}, `cluster "orders" address "127.0.0.1:0": port 0: want a number from 1 to 65535`},
 		{"cluster without host", "", map[string]string{"orders": ":9001"}, `cluster "orders" address ":9001": want host:port: missing host`},
-		{"first error in name order", "", map[string]string{"zz": "x", "aa": "y"}, `cluster "aa": not in the configuration (clusters: billing, orders, ratelimit_sidecar)`},
+		{"first error in name order", "", map[string]string{"zz": "x", "aa": "y"}, `cluster "aa": not in the configuration (clusters: billing, envoy_admin, orders, ratelimit_sidecar)`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -513,8 +713,15 @@ func FuzzParse(f *testing.F) {
 		if c.Listener == "" || len(c.Routes) == 0 || c.Wasm.Filename == "" {
 			t.Fatalf("accepted an incomplete config: %+v", c)
 		}
-		for _, r := range c.Routes {
-			if len(c.Clusters[r.Cluster].Endpoints) == 0 {
+		routes := slices.Clone(c.Routes)
+		for _, l := range c.Listeners {
+			routes = append(routes, l.Routes...)
+		}
+		for _, r := range routes {
+			if (r.Direct == nil) == (r.Cluster == "") {
+				t.Fatalf("route %+v: want a cluster or a direct response", r)
+			}
+			if r.Direct == nil && len(c.Clusters[r.Cluster].Endpoints) == 0 {
 				t.Fatalf("route %+v to a cluster without endpoints", r)
 			}
 		}

@@ -60,17 +60,34 @@ func extract(b *bootstrapv3.Bootstrap) (*Config, error) {
 		c.Clusters[ec.Name] = ec
 	}
 
-	hcm, hcmPath, listener, err := findHCM(b.GetStaticResources().GetListeners())
+	hcms, err := findHCMs(b.GetStaticResources().GetListeners())
 	if err != nil {
 		return nil, err
 	}
-	if c.Listener, err = socketAddress(listener.GetAddress(), hcmPath.listener+".address"); err != nil {
+	filterAt, err := wasmListener(hcms)
+	if err != nil {
 		return nil, err
 	}
-	if c.Routes, err = extractRoutes(hcm, hcmPath.hcm, c.Clusters); err != nil {
-		return nil, err
+	for i, h := range hcms {
+		addr, err := socketAddress(h.listener.GetAddress(), h.listenerPath+".address")
+		if err != nil {
+			return nil, err
+		}
+		routes, err := extractRoutes(h.hcm, h.hcmPath, c.Clusters)
+		if err != nil {
+			return nil, err
+		}
+		if i == filterAt {
+			c.Listener, c.ListenerName, c.Routes = addr, h.listener.GetName(), routes
+			continue
+		}
+		if err := routerOnly(h); err != nil {
+			return nil, err
+		}
+		c.Listeners = append(c.Listeners, Listener{Name: h.listener.GetName(), Address: addr, StatPrefix: h.hcm.GetStatPrefix(), Routes: routes})
 	}
-	if c.Wasm, err = extractWasm(hcm, hcmPath.hcm, c.Clusters); err != nil {
+	hcm, hcmPath := hcms[filterAt].hcm, hcms[filterAt].hcmPath
+	if c.Wasm, err = extractWasm(hcm, hcmPath, c.Clusters); err != nil {
 		return nil, err
 	}
 	c.StreamIdleTimeout = defaultStreamIdleTimeout
@@ -155,22 +172,35 @@ func stringMatcher(m *matcherv3.StringMatcher, path string) (func(string) bool, 
 	return nil, fmt.Errorf("%s: want exact, prefix, suffix, contains or safe_regex", path)
 }
 
-type hcmPaths struct{ listener, hcm string }
+// listenerHCM is a listener's HTTP connection manager and where both are.
+type listenerHCM struct {
+	listener              *listenerv3.Listener
+	hcm                   *hcmv3.HttpConnectionManager
+	listenerPath, hcmPath string
+}
 
-// findHCM finds the one HTTP connection manager the gateway serves.
-func findHCM(listeners []*listenerv3.Listener) (*hcmv3.HttpConnectionManager, hcmPaths, *listenerv3.Listener, error) {
-	var (
-		found    *hcmv3.HttpConnectionManager
-		paths    hcmPaths
-		listener *listenerv3.Listener
-		count    int
-	)
+// findHCMs finds the HTTP connection manager of every listener, one per
+// listener (the gateway does not choose among filter chains).
+func findHCMs(listeners []*listenerv3.Listener) ([]listenerHCM, error) {
+	if len(listeners) == 0 {
+		return nil, fmt.Errorf("static_resources.listeners: no listener has an envoy.filters.network.http_connection_manager filter")
+	}
+	var found []listenerHCM
+	names := map[string]bool{}
 	for i, l := range listeners {
 		lpath := fmt.Sprintf("static_resources.listeners[%d]", i)
+		if name := l.GetName(); name != "" {
+			// Envoy refuses a second listener of the same name.
+			if names[name] {
+				return nil, fmt.Errorf("%s.name: listener %q is defined twice", lpath, name)
+			}
+			names[name] = true
+		}
 		chains := l.GetFilterChains()
 		if l.GetDefaultFilterChain() != nil {
 			chains = append(chains[:len(chains):len(chains)], l.GetDefaultFilterChain())
 		}
+		var mine []listenerHCM
 		for j, fc := range chains {
 			for k, f := range fc.GetFilters() {
 				h := &hcmv3.HttpConnectionManager{}
@@ -178,22 +208,64 @@ func findHCM(listeners []*listenerv3.Listener) (*hcmv3.HttpConnectionManager, hc
 					continue
 				}
 				if err := f.GetTypedConfig().UnmarshalTo(h); err != nil {
-					return nil, hcmPaths{}, nil, err
+					return nil, err
 				}
-				count++
-				found, listener = h, l
-				paths = hcmPaths{lpath, fmt.Sprintf("%s.filter_chains[%d].filters[%d].typed_config", lpath, j, k)}
+				mine = append(mine, listenerHCM{l, h, lpath, fmt.Sprintf("%s.filter_chains[%d].filters[%d].typed_config", lpath, j, k)})
+			}
+		}
+		switch len(mine) {
+		case 0:
+			if len(listeners) == 1 {
+				return nil, fmt.Errorf("static_resources.listeners: no listener has an envoy.filters.network.http_connection_manager filter")
+			}
+			return nil, fmt.Errorf("%s: listener %q has no envoy.filters.network.http_connection_manager filter", lpath, l.GetName())
+		case 1:
+			found = append(found, mine[0])
+		default:
+			return nil, fmt.Errorf("%s: listener %q has %d HTTP connection managers; the gateway serves one per listener", lpath, l.GetName(), len(mine))
+		}
+	}
+	return found, nil
+}
+
+// wasmListener picks the connection manager the wasm filter is in: there
+// must be exactly one. With a single connection manager it is that one,
+// and extractWasm says what is wrong with its filters.
+func wasmListener(hcms []listenerHCM) (int, error) {
+	if len(hcms) == 1 {
+		return 0, nil
+	}
+	at := -1
+	for i, h := range hcms {
+		for _, f := range h.hcm.GetHttpFilters() {
+			if f.GetTypedConfig().MessageIs(&wasmfilterv3.Wasm{}) {
+				if at >= 0 && at != i {
+					return 0, fmt.Errorf("static_resources.listeners: listeners %q and %q both have an envoy.filters.http.wasm filter; the gateway runs it on exactly one", hcms[at].listener.GetName(), h.listener.GetName())
+				}
+				at = i
 			}
 		}
 	}
-	switch count {
-	case 0:
-		return nil, hcmPaths{}, nil, fmt.Errorf("static_resources.listeners: no listener has an envoy.filters.network.http_connection_manager filter")
-	case 1:
-		return found, paths, listener, nil
-	default:
-		return nil, hcmPaths{}, nil, fmt.Errorf("static_resources.listeners: %d HTTP connection managers; the gateway serves exactly one", count)
+	if at < 0 {
+		return 0, fmt.Errorf("static_resources.listeners: no listener has an envoy.filters.http.wasm filter (typed_config %s)", "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm")
 	}
+	return at, nil
+}
+
+// routerOnly checks a listener without the wasm filter: the router must be
+// its one HTTP filter, the only one the gateway runs there.
+func routerOnly(h listenerHCM) error {
+	path := h.hcmPath + ".http_filters"
+	filters := h.hcm.GetHttpFilters()
+	for i, f := range filters {
+		if !f.GetTypedConfig().MessageIs(&routerv3.Router{}) {
+			return fmt.Errorf("%s[%d]: filter %q on listener %q: a listener without the wasm filter may have only the router", path, i, f.GetName(), h.listener.GetName())
+		}
+	}
+	if len(filters) != 1 {
+		return fmt.Errorf("%s: listener %q: want the router as its one HTTP filter, got %d filters", path, h.listener.GetName(), len(filters))
+	}
+	return nil
 }
 
 func extractCluster(cl *clusterv3.Cluster, path string) (Cluster, error) {
@@ -276,32 +348,67 @@ func extractRoutes(hcm *hcmv3.HttpConnectionManager, path string, clusters map[s
 	var routes []Route
 	for i, r := range vhosts[0].GetRoutes() {
 		rpath := fmt.Sprintf("%s.routes[%d]", path, i)
-		prefix, ok := r.GetMatch().GetPathSpecifier().(*routev3.RouteMatch_Prefix)
-		if !ok {
-			return nil, fmt.Errorf("%s.match: only prefix matches are supported", rpath)
+		var rt Route
+		switch m := r.GetMatch().GetPathSpecifier().(type) {
+		case *routev3.RouteMatch_Prefix:
+			rt.Prefix = m.Prefix
+		case *routev3.RouteMatch_Path:
+			rt.Path = m.Path
+		default:
+			return nil, fmt.Errorf("%s.match: only prefix and path matches are supported", rpath)
 		}
 		if len(r.GetMatch().GetHeaders()) > 0 || len(r.GetMatch().GetQueryParameters()) > 0 {
 			return nil, fmt.Errorf("%s.match: header and query parameter matches are not supported", rpath)
 		}
-		action, ok := r.GetAction().(*routev3.Route_Route)
-		if !ok {
-			return nil, fmt.Errorf("%s: only route actions (to a cluster) are supported", rpath)
+		if cs := r.GetMatch().GetCaseSensitive(); cs != nil && !cs.GetValue() {
+			return nil, fmt.Errorf("%s.match.case_sensitive: case-insensitive matches are not supported", rpath)
 		}
-		cluster := action.Route.GetCluster()
-		if cluster == "" {
-			return nil, fmt.Errorf("%s.route: want a cluster name (weighted_clusters and cluster_header are not supported)", rpath)
+		switch action := r.GetAction().(type) {
+		case *routev3.Route_Route:
+			cluster := action.Route.GetCluster()
+			if cluster == "" {
+				return nil, fmt.Errorf("%s.route: want a cluster name (weighted_clusters and cluster_header are not supported)", rpath)
+			}
+			// Envoy rejects a static route to an undefined cluster
+			// (route_config.validate_clusters defaults to true for inline routes).
+			if _, ok := clusters[cluster]; !ok {
+				return nil, fmt.Errorf("%s.route.cluster: cluster %q is not defined in static_resources.clusters", rpath, cluster)
+			}
+			rt.Cluster = cluster
+		case *routev3.Route_DirectResponse:
+			d, err := directResponse(action.DirectResponse, rpath+".direct_response")
+			if err != nil {
+				return nil, err
+			}
+			rt.Direct = d
+		default:
+			return nil, fmt.Errorf("%s: only route (to a cluster) and direct_response actions are supported", rpath)
 		}
-		// Envoy rejects a static route to an undefined cluster
-		// (route_config.validate_clusters defaults to true for inline routes).
-		if _, ok := clusters[cluster]; !ok {
-			return nil, fmt.Errorf("%s.route.cluster: cluster %q is not defined in static_resources.clusters", rpath, cluster)
-		}
-		routes = append(routes, Route{Prefix: prefix.Prefix, Cluster: cluster})
+		routes = append(routes, rt)
 	}
 	if len(routes) == 0 {
 		return nil, fmt.Errorf("%s.routes: no routes", path)
 	}
 	return routes, nil
+}
+
+// directResponse reads a direct_response: its status (Envoy's rules keep it
+// within 200-599) and an inline body.
+func directResponse(d *routev3.DirectResponseAction, path string) (*DirectResponse, error) {
+	if d.GetBodyFormat() != nil {
+		return nil, fmt.Errorf("%s.body_format: not supported; give the body as body.inline_string", path)
+	}
+	out := &DirectResponse{Status: int(d.GetStatus())}
+	switch b := d.GetBody().GetSpecifier().(type) {
+	case nil:
+	case *corev3.DataSource_InlineString:
+		out.Body = b.InlineString
+	case *corev3.DataSource_InlineBytes:
+		out.Body = string(b.InlineBytes)
+	default:
+		return nil, fmt.Errorf("%s.body: only inline_string and inline_bytes are supported", path)
+	}
+	return out, nil
 }
 
 func extractWasm(hcm *hcmv3.HttpConnectionManager, path string, clusters map[string]Cluster) (Wasm, error) {

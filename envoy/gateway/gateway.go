@@ -40,6 +40,14 @@ type gateway struct {
 	poll     wasmhost.PollMode
 	listener string // the listener address as configured at start
 	admin    string // the admin address as configured at start
+	// adminLn is the admin listener, bound before the first generation
+	// is built: clusters that reach the admin are pointed at adminAddr,
+	// the address it is bound to (a port 0 picked).
+	adminLn   net.Listener
+	adminAddr string
+	// others are the listeners without the wasm filter, as configured at
+	// start.
+	others   []*routerListener
 	stats    *wasmhost.Stats
 	shared   *wasmhost.SharedData
 	next     atomic.Uint64
@@ -93,14 +101,35 @@ func newGateway(ctx context.Context, o options, log *slog.Logger) (*gateway, err
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Admin == "" {
+	admin := cfg.Admin
+	if o.admin != "" {
+		admin = o.admin
+	}
+	if admin == "" {
 		return nil, errors.New("no admin address: the configuration has none and -admin is not set")
 	}
 	// Metrics and shared data belong to the process, per vm_id, as in
 	// Envoy: every generation's VMs get these same two, so counters and
 	// the filter's deny cache and breaker state outlive a reload.
-	g := &gateway{o: o, log: log, poll: poll, listener: cfg.Listener, admin: cfg.Admin,
+	g := &gateway{o: o, log: log, poll: poll, listener: cfg.Listener, admin: admin,
 		stats: wasmhost.NewStats(), shared: wasmhost.NewSharedData(), old: map[*generation]bool{}}
+	if o.check {
+		cfg.Admin = admin
+	} else {
+		// Bound first, as Envoy starts its admin before its listeners, so
+		// that a cluster of the admin is built with the admin's address.
+		if g.adminLn, err = net.Listen("tcp", admin); err != nil {
+			return nil, fmt.Errorf("admin listener: %w", err)
+		}
+		g.adminAddr = g.adminLn.Addr().String()
+		if err := cfg.MoveAdmin(g.adminAddr); err != nil {
+			g.adminLn.Close()
+			return nil, err
+		}
+	}
+	for _, l := range cfg.Listeners {
+		g.others = append(g.others, newRouterListener(g, l))
+	}
 	// Bucket bounds are fixed when a histogram is made, from the bootstrap
 	// the process started with, as in Envoy (a reload does not change them).
 	g.stats.SetHistogramBuckets(cfg.BucketsFor)
@@ -121,6 +150,9 @@ func newGateway(ctx context.Context, o options, log *slog.Logger) (*gateway, err
 	}
 	g.cur, err = g.build(ctx, cfg, workers, 1)
 	if err != nil {
+		if g.adminLn != nil {
+			g.adminLn.Close()
+		}
 		return nil, err
 	}
 	// Compiling the module leaves tens of megabytes of garbage. Collected
@@ -142,20 +174,23 @@ const (
 )
 
 // loadConfig reads the -config file and applies the command line's
-// overrides, at start and at every reload alike.
+// overrides of the listeners and clusters, at start and at every reload
+// alike. The admin address stays the file's: the caller moves it.
 func loadConfig(o options) (*envoyconfig.Config, error) {
 	cfg, err := envoyconfig.Load(o.config)
 	if err != nil {
 		return nil, err
 	}
-	if err := cfg.Override(o.listen, o.clusters, o.wasm); err != nil {
+	if err := cfg.Override(o.listen, o.clusters.m, o.wasm); err != nil {
+		return nil, err
+	}
+	if err := cfg.OverrideListeners(o.listeners.m); err != nil {
 		return nil, err
 	}
 	if o.admin != "" {
 		if _, _, err := net.SplitHostPort(o.admin); err != nil {
 			return nil, fmt.Errorf("-admin %q: %w", o.admin, err)
 		}
-		cfg.Admin = o.admin
 	}
 	return cfg, nil
 }
@@ -262,9 +297,13 @@ func (g *gateway) reload(ctx context.Context, why string) (int64, error) {
 	if cfg.Listener != g.listener {
 		g.log.Warn("listener address change not applied: restart the gateway to move the listener", "listener", g.listener, "configured", cfg.Listener)
 	}
-	if cfg.Admin != "" && cfg.Admin != g.admin {
+	if g.o.admin == "" && cfg.Admin != "" && cfg.Admin != g.admin {
 		g.log.Warn("admin address change not applied: restart the gateway to move the admin listener", "admin", g.admin, "configured", cfg.Admin)
 	}
+	if err := cfg.MoveAdmin(g.adminAddr); err != nil {
+		return fail(err)
+	}
+	g.checkListeners(cfg)
 	// New VMs rather than proxy_on_configure again in the running ones:
 	// a refused configuration then cannot leave a running plugin half
 	// reconfigured, and the module file is read again as Envoy reads it
@@ -357,18 +396,34 @@ func (g *gateway) close() {
 
 type workerKey struct{}
 
-// serve runs the listener and the admin listener until ctx ends, then
+// addrs are the addresses a running gateway serves on.
+type addrs struct {
+	listener, admin string
+	others          map[string]string // the other listeners', by name
+}
+
+// serve runs the listeners and the admin listener until ctx ends, then
 // drains. SIGHUP reloads the configuration meanwhile.
-func (g *gateway) serve(ctx context.Context, ready chan<- [2]string) error {
+func (g *gateway) serve(ctx context.Context, ready chan<- addrs) error {
 	defer g.close()
+	adminLn := g.adminLn
 	ln, err := net.Listen("tcp", g.listener)
 	if err != nil {
+		adminLn.Close()
 		return fmt.Errorf("listener: %w", err)
 	}
-	adminLn, err := net.Listen("tcp", g.admin)
-	if err != nil {
-		ln.Close()
-		return fmt.Errorf("admin listener: %w", err)
+	var others []net.Listener
+	for _, l := range g.others {
+		oln, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			ln.Close()
+			adminLn.Close()
+			for _, o := range others {
+				o.Close()
+			}
+			return fmt.Errorf("listener %s: %w", l.name, err)
+		}
+		others = append(others, oln)
 	}
 	srv := &http.Server{
 		Handler:           g,
@@ -382,17 +437,27 @@ func (g *gateway) serve(ctx context.Context, ready chan<- [2]string) error {
 		ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 	}
 	admin := &http.Server{Handler: g.adminHandler(ctx), ReadHeaderTimeout: 10 * time.Second}
+	var otherSrvs []*http.Server
+	for _, l := range g.others {
+		otherSrvs = append(otherSrvs, &http.Server{Handler: l, ReadHeaderTimeout: 30 * time.Second,
+			ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)})
+	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	errc := make(chan error, 2)
+	errc := make(chan error, 2+len(others))
 	go func() { errc <- srv.Serve(ln) }()
 	go func() { errc <- admin.Serve(adminLn) }()
+	served := addrs{listener: ln.Addr().String(), admin: adminLn.Addr().String(), others: map[string]string{}}
+	for i, oln := range others {
+		go func() { errc <- otherSrvs[i].Serve(oln) }()
+		served.others[g.others[i].name] = oln.Addr().String()
+	}
 	gen := g.current()
-	g.log.Info("gateway serving", "listener", ln.Addr().String(), "admin", adminLn.Addr().String(),
+	g.log.Info("gateway serving", "listener", served.listener, "admin", served.admin, "other listeners", served.others,
 		"workers", len(gen.workers), "module", gen.cfg.Wasm.Filename, "abi", gen.mod.ABIVersion())
 	if ready != nil {
-		ready <- [2]string{ln.Addr().String(), adminLn.Addr().String()}
+		ready <- served
 	}
 wait:
 	for {
@@ -411,6 +476,9 @@ wait:
 	dctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
 	err = srv.Shutdown(dctx)
+	for _, o := range otherSrvs {
+		o.Shutdown(dctx)
+	}
 	admin.Shutdown(dctx)
 	if err == nil {
 		// Every request has ended, so replaced generations close now.

@@ -146,22 +146,23 @@ func closedAddr(t testing.TB) string {
 
 type running struct {
 	addr, admin string
+	stats       string // the stats listener
 	stderr      *syncbuf.Buffer
 	stop        func() error
 }
 
-// start runs the gateway in this process on free ports; it is stopped (as
-// by SIGTERM) at cleanup.
+// start runs the gateway in this process on free ports (its listener, the
+// stats listener and the admin); it is stopped (as by SIGTERM) at cleanup.
 func start(t *testing.T, args ...string) *running {
 	t.Helper()
-	return startArgs(t, append([]string{"-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0"}, args...)...)
+	return startArgs(t, append([]string{"-listen", "127.0.0.1:0", "-listener", "stats=127.0.0.1:0", "-admin", "127.0.0.1:0"}, args...)...)
 }
 
 // startArgs runs the gateway in this process with exactly args.
 func startArgs(t *testing.T, args ...string) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan [2]string, 1)
+	ready := make(chan addrs, 1)
 	errc := make(chan error, 1)
 	stderr := &syncbuf.Buffer{}
 	go func() { errc <- run(ctx, args, io.Discard, stderr, ready) }()
@@ -181,7 +182,7 @@ func startArgs(t *testing.T, args ...string) *running {
 				t.Errorf("gateway stopped with %v", err)
 			}
 		})
-		return &running{addr: a[0], admin: a[1], stderr: stderr, stop: stop}
+		return &running{addr: a.listener, admin: a.admin, stats: a.others["stats"], stderr: stderr, stop: stop}
 	case err := <-errc:
 		cancel()
 		t.Fatalf("gateway did not start: %v\n%s", err, stderr.String())
@@ -504,6 +505,8 @@ func TestCheckFlag(t *testing.T) {
 		{"missing module", []string{"-config", envoyYAML, "-wasm", "/nonexistent.wasm", "-check"}, "/nonexistent.wasm", ""},
 		{"unknown cluster", []string{"-config", envoyYAML, "-cluster", "nope=127.0.0.1:1", "-check"}, `cluster "nope"`, ""},
 		{"bad cluster flag", []string{"-cluster", "nope"}, "want NAME=HOST:PORT", ""},
+		{"unknown listener", []string{"-config", envoyYAML, "-listener", "nope=127.0.0.1:1", "-check"}, `listener "nope": not in the configuration (other listeners: stats)`, ""},
+		{"listener given twice", []string{"-listener", "stats=127.0.0.1:1", "-listener", "stats=127.0.0.1:2"}, `listener "stats" given twice`, ""},
 		{"bad concurrency", []string{"-concurrency", "0"}, "-concurrency: want 1..256, got 0", ""},
 		{"bad poll mode", []string{"-config", envoyYAML, "-wasm", filter, "-poll-oneoff", "x", "-check"}, "poll_oneoff mode", ""},
 	}
@@ -560,17 +563,17 @@ func BenchmarkGateway(b *testing.B) {
 	sidecar := newSidecar(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ready := make(chan [2]string, 1)
+	ready := make(chan addrs, 1)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- run(ctx, []string{"-config", envoyYAML, "-wasm", filter, "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0",
+		errc <- run(ctx, []string{"-config", envoyYAML, "-wasm", filter, "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-listener", "stats=127.0.0.1:0",
 			"-cluster", "orders=" + orders.Listener.Addr().String(), "-cluster", "billing=" + closedAddr(b),
 			"-cluster", "ratelimit_sidecar=" + sidecar.Listener.Addr().String()}, io.Discard, io.Discard, ready)
 	}()
 	var addr string
 	select {
 	case a := <-ready:
-		addr = a[0]
+		addr = a.listener
 	case err := <-errc:
 		b.Fatal(err)
 	}

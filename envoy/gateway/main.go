@@ -1,11 +1,20 @@
 // Command gateway is the headless stand-in for Envoy: it serves HTTP from
 // envoy/envoy.yaml, running filter.wasm in the proxy-wasm host of package
 // wasmhost (one VM per worker, as Envoy runs one per worker thread), routes
-// by path prefix to the configured clusters, and sends the filter's callouts
-// to its clusters over HTTP with Envoy's timeout and failure answers.
+// by path prefix or exact path to the configured clusters (or answers a
+// route's direct_response), and sends the filter's callouts to its clusters
+// over HTTP with Envoy's timeout and failure answers.
 //
 //	gateway -config envoy/envoy.yaml [-listen HOST:PORT] [-admin HOST:PORT]
-//	        [-cluster NAME=HOST:PORT ...] [-wasm PATH] [-concurrency N]
+//	        [-listener NAME=HOST:PORT ...] [-cluster NAME=HOST:PORT ...]
+//	        [-wasm PATH] [-concurrency N]
+//
+// The listener the wasm filter is on is -listen's. The bootstrap's other
+// listeners (envoy.yaml's stats listener) have the router as their only
+// HTTP filter; -listener moves one. -admin moves the admin interface and,
+// with it, every cluster endpoint that is the bootstrap's admin address, so
+// that envoy.yaml's envoy_admin cluster, behind the stats listener, still
+// reaches the admin.
 //
 // The admin listener serves /stats (Envoy's "name: value" text, the
 // plugin's wasmcustom.* metrics included), /stats/prometheus (the plugin's
@@ -66,26 +75,29 @@ func main() {
 	}
 }
 
-// clusterFlags collects repeated -cluster NAME=HOST:PORT flags.
-type clusterFlags map[string]string
+// namedAddrs collects repeated NAME=HOST:PORT flags (-cluster, -listener).
+type namedAddrs struct {
+	what string // "cluster", "listener"
+	m    map[string]string
+}
 
-func (c clusterFlags) String() string {
+func (n namedAddrs) String() string {
 	var parts []string
-	for k, v := range c {
+	for k, v := range n.m {
 		parts = append(parts, k+"="+v)
 	}
 	return strings.Join(parts, ",")
 }
 
-func (c clusterFlags) Set(s string) error {
+func (n namedAddrs) Set(s string) error {
 	name, addr, ok := strings.Cut(s, "=")
 	if !ok || name == "" || addr == "" {
 		return fmt.Errorf("want NAME=HOST:PORT, got %q", s)
 	}
-	if _, dup := c[name]; dup {
-		return fmt.Errorf("cluster %q given twice", name)
+	if _, dup := n.m[name]; dup {
+		return fmt.Errorf("%s %q given twice", n.what, name)
 	}
-	c[name] = addr
+	n.m[name] = addr
 	return nil
 }
 
@@ -94,7 +106,8 @@ type options struct {
 	config      string
 	listen      string
 	admin       string
-	clusters    clusterFlags
+	clusters    namedAddrs
+	listeners   namedAddrs
 	wasm        string
 	concurrency int
 	poll        string
@@ -104,13 +117,14 @@ type options struct {
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
-	o := options{clusters: clusterFlags{}}
+	o := options{clusters: namedAddrs{"cluster", map[string]string{}}, listeners: namedAddrs{"listener", map[string]string{}}}
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.config, "config", "envoy/envoy.yaml", "Envoy bootstrap to serve")
 	fs.StringVar(&o.listen, "listen", "", "HOST:PORT of the HTTP listener (default: the file's)")
 	fs.StringVar(&o.admin, "admin", "", "HOST:PORT of the admin listener (default: the file's)")
 	fs.Var(o.clusters, "cluster", "NAME=HOST:PORT: the cluster's only endpoint (repeatable)")
+	fs.Var(o.listeners, "listener", "NAME=HOST:PORT: the address of that listener, one without the wasm filter (repeatable)")
 	fs.StringVar(&o.wasm, "wasm", "", "the proxy-wasm module (default: the file's vm_config.code.local.filename)")
 	fs.IntVar(&o.concurrency, "concurrency", 2, "worker VMs, like Envoy's --concurrency")
 	// The default is the minimum supported Envoy's answer (README: 1.33),
@@ -133,8 +147,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 }
 
 // run starts the gateway and serves until ctx ends. ready, if not nil,
-// receives the listener and admin addresses once both accept connections.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready chan<- [2]string) error {
+// receives the addresses it serves on once every listener accepts
+// connections.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready chan<- addrs) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
@@ -147,7 +162,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	if o.check {
 		g.close()
 		cfg := g.current().cfg
-		fmt.Fprintf(stdout, "configuration OK: %s (module %s, %d routes, %d clusters)\n", o.config, cfg.Wasm.Filename, len(cfg.Routes), len(cfg.Clusters))
+		fmt.Fprintf(stdout, "configuration OK: %s (module %s, %d routes, %d other listeners, %d clusters)\n", o.config, cfg.Wasm.Filename, len(cfg.Routes), len(cfg.Listeners), len(cfg.Clusters))
 		return nil
 	}
 	if o.cpuProfile != "" {

@@ -93,64 +93,38 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.route(w, r, gen, s, x)
 }
 
-// route is Envoy's router: the first route whose prefix matches sends the
-// request to its cluster; no match is a 404.
+// route is Envoy's router: the first route that matches sends the request
+// to its cluster or answers it with its direct response; no match is a
+// 404.
 func (g *gateway) route(w http.ResponseWriter, r *http.Request, gen *generation, s *wasmhost.Stream, x *exchange) {
 	headers := s.UpstreamHeaders()
-	path := firstValue(headers, ":path")
-	var cluster string
-	for _, rt := range gen.cfg.Routes {
-		if strings.HasPrefix(path, rt.Prefix) {
-			cluster = rt.Cluster
-			break
-		}
-	}
-	if cluster == "" {
+	rt, ok := matchRoute(gen.cfg.Routes, firstValue(headers, ":path"))
+	switch {
+	case !ok:
 		x.details = "route_not_found"
 		g.localReply(w, s, x, http.StatusNotFound, "")
 		return
+	case rt.Direct != nil:
+		x.details = "direct_response"
+		g.localReply(w, s, x, rt.Direct.Status, rt.Direct.Body)
+		return
 	}
-	u := gen.upstreams[cluster]
-	x.cluster = cluster
+	u := gen.upstreams[rt.Cluster]
+	x.cluster = rt.Cluster
 	u.stats.total.inc()
 	ctx, cancel := context.WithTimeout(r.Context(), routeTimeout)
 	defer cancel()
 	start := time.Now()
 	resp, err := u.roundTrip(ctx, r, headers)
-	if errors.Is(err, errUpstreamRequest) {
-		x.details = "upstream_request_invalid"
-		g.localReply(w, s, x, http.StatusBadRequest, "")
-		return
-	}
 	if err != nil {
-		switch {
-		case r.Context().Err() != nil:
-			x.details = "downstream_remote_disconnect"
-		case errors.Is(err, context.DeadlineExceeded):
-			u.stats.timeout.inc()
-			x.details = "upstream_response_timeout"
-			g.localReply(w, s, x, http.StatusGatewayTimeout, "upstream request timeout")
-		default:
-			u.stats.connectFail.inc()
-			x.details = "upstream_reset_before_response_started{connection_failure}"
-			g.localReply(w, s, x, http.StatusServiceUnavailable, upstreamFailureBody(err))
+		if status, body := g.upstreamFailure(r, u, x, err); status != 0 {
+			g.localReply(w, s, x, status, body)
 		}
 		return
 	}
 	defer resp.Body.Close()
 	u.stats.class.inc(resp.StatusCode)
-	rh := make([]wasmhost.Header, 1, len(resp.Header)+2)
-	rh[0] = wasmhost.Header{":status", strconv.Itoa(resp.StatusCode)}
-	for name, values := range resp.Header {
-		lname := lowerName(name)
-		if hopHeaders[lname] {
-			continue
-		}
-		for _, v := range values {
-			rh = append(rh, wasmhost.Header{lname, v})
-		}
-	}
-	rh = append(rh, wasmhost.Header{"x-envoy-upstream-service-time", strconv.FormatInt(time.Since(start).Milliseconds(), 10)})
+	rh := responseHeaders(resp, start)
 	idle, stop := idleContext(r.Context(), gen.cfg.StreamIdleTimeout)
 	st, out, err := s.ResponseHeadersWait(idle, rh, false)
 	stop()
@@ -177,6 +151,24 @@ func (g *gateway) route(w http.ResponseWriter, r *http.Request, gen *generation,
 	}
 }
 
+// responseHeaders are an upstream response's headers as the router hands
+// them to the filters: :status first, connection headers dropped, and
+// x-envoy-upstream-service-time, the time since start.
+func responseHeaders(resp *http.Response, start time.Time) []wasmhost.Header {
+	rh := make([]wasmhost.Header, 1, len(resp.Header)+2)
+	rh[0] = wasmhost.Header{":status", strconv.Itoa(resp.StatusCode)}
+	for name, values := range resp.Header {
+		lname := lowerName(name)
+		if hopHeaders[lname] {
+			continue
+		}
+		for _, v := range values {
+			rh = append(rh, wasmhost.Header{lname, v})
+		}
+	}
+	return append(rh, wasmhost.Header{"x-envoy-upstream-service-time", strconv.FormatInt(time.Since(start).Milliseconds(), 10)})
+}
+
 // idleContext is ctx ending after d of waiting (none for d 0, as Envoy's
 // stream_idle_timeout: 0 disables it).
 func idleContext(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
@@ -200,10 +192,7 @@ func (g *gateway) streamTimeout(w http.ResponseWriter, x *exchange) {
 // localReply answers on the router's behalf, as Envoy does, through the
 // filter's encoder path: the plugin sees the reply's headers.
 func (g *gateway) localReply(w http.ResponseWriter, s *wasmhost.Stream, x *exchange, status int, body string) {
-	h := []wasmhost.Header{{":status", strconv.Itoa(status)}}
-	if body != "" {
-		h = append(h, wasmhost.Header{"content-length", strconv.Itoa(len(body))}, wasmhost.Header{"content-type", "text/plain"})
-	}
+	h := localHeaders(status, body)
 	st, out, err := s.ResponseHeadersWait(context.Background(), h, body == "")
 	if err == nil && st == wasmhost.Replied {
 		reply, _ := s.LocalReply()

@@ -310,7 +310,7 @@ func TestReloadKeepsListener(t *testing.T) {
 	orders := newService(t, "orders", 0)
 	sidecar, _ := longDenySidecar(t)
 	// Not start(): it sets -listen, which would hide the file's address.
-	g := startArgs(t, "-admin", "127.0.0.1:0", "-config", config, "-wasm", filter,
+	g := startArgs(t, "-admin", "127.0.0.1:0", "-listener", "stats=127.0.0.1:0", "-config", config, "-wasm", filter,
 		"-cluster", "orders="+orders.Listener.Addr().String(), "-cluster", "billing="+closedAddr(t),
 		"-cluster", "ratelimit_sidecar="+sidecar.Listener.Addr().String())
 	if g.addr != listen {

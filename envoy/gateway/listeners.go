@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
+	"github.com/edgelimit/edgelimit/envoy/wasmhost"
+)
+
+// routerListener serves a listener without the wasm filter, as Envoy serves
+// a connection manager whose only HTTP filter is the router: the first
+// route that matches the request sends it to its cluster or answers it
+// directly, no match is a 404. envoy.yaml's stats listener is one, routing
+// /stats/prometheus and /ready to the admin.
+type routerListener struct {
+	g    *gateway
+	name string
+	addr string // as configured at start; bound once
+	// http.<stat_prefix>.downstream_rq_total and _<class>xx.
+	rqTotal lazyCounter
+	rqClass *classCounters
+}
+
+func newRouterListener(g *gateway, l envoyconfig.Listener) *routerListener {
+	prefix := "http." + l.StatPrefix + ".downstream_rq_"
+	return &routerListener{g: g, name: l.Name, addr: l.Address,
+		rqTotal: lazyCounter{c: &g.counters, name: prefix + "total"},
+		rqClass: newClassCounters(&g.counters, prefix)}
+}
+
+// routes returns this listener's routes in a generation's configuration
+// (none if a reload removed the listener: every request is then a 404).
+func (l *routerListener) routes(gen *generation) []envoyconfig.Route {
+	for _, c := range gen.cfg.Listeners {
+		if c.Name == l.name {
+			return c.Routes
+		}
+	}
+	return nil
+}
+
+func (l *routerListener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	g := l.g
+	x := &exchange{start: time.Now()}
+	l.rqTotal.inc()
+	defer func() {
+		if x.status != 0 {
+			l.rqClass.inc(x.status)
+		}
+		g.writeAccessLog(r, x)
+	}()
+	gen := g.acquire()
+	defer gen.release()
+	// No normalize_path here: envoy.yaml's stats listener sets none, and
+	// its routes are exact paths.
+	path := r.URL.RequestURI()
+	rt, ok := matchRoute(l.routes(gen), path)
+	switch {
+	case !ok:
+		x.details = "route_not_found"
+		g.writeReply(w, x, localHeaders(http.StatusNotFound, ""), nil)
+		return
+	case rt.Direct != nil:
+		x.details = "direct_response"
+		g.writeReply(w, x, localHeaders(rt.Direct.Status, rt.Direct.Body), []byte(rt.Direct.Body))
+		return
+	}
+	u := gen.upstreams[rt.Cluster]
+	x.cluster = rt.Cluster
+	u.stats.total.inc()
+	ctx, cancel := context.WithTimeout(r.Context(), routeTimeout)
+	defer cancel()
+	start := time.Now()
+	resp, err := u.roundTrip(ctx, r, requestHeaders(r, path))
+	if err != nil {
+		if status, body := g.upstreamFailure(r, u, x, err); status != 0 {
+			g.writeReply(w, x, localHeaders(status, body), []byte(body))
+		}
+		return
+	}
+	defer resp.Body.Close()
+	u.stats.class.inc(resp.StatusCode)
+	x.details = "via_upstream"
+	g.writeHeaders(w, x, responseHeaders(resp, start))
+	if err := copyBody(w, resp.Body, resp.ContentLength); err != nil {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// matchRoute is the first route that matches path, as Envoy picks it.
+func matchRoute(routes []envoyconfig.Route, path string) (envoyconfig.Route, bool) {
+	for _, rt := range routes {
+		if rt.Matches(path) {
+			return rt, true
+		}
+	}
+	return envoyconfig.Route{}, false
+}
+
+// localHeaders are the headers of a reply Envoy makes itself: a body is
+// text/plain with its length.
+func localHeaders(status int, body string) []wasmhost.Header {
+	h := []wasmhost.Header{{":status", strconv.Itoa(status)}}
+	if body != "" {
+		h = append(h, wasmhost.Header{"content-length", strconv.Itoa(len(body))}, wasmhost.Header{"content-type", "text/plain"})
+	}
+	return h
+}
+
+// upstreamFailure counts a request to u that got no response and returns
+// the router's answer: its status and body, or status 0 when the client
+// went away and nothing is sent.
+func (g *gateway) upstreamFailure(r *http.Request, u *upstream, x *exchange, err error) (int, string) {
+	switch {
+	case errors.Is(err, errUpstreamRequest):
+		x.details = "upstream_request_invalid"
+		return http.StatusBadRequest, ""
+	case r.Context().Err() != nil:
+		x.details = "downstream_remote_disconnect"
+		return 0, ""
+	case errors.Is(err, context.DeadlineExceeded):
+		u.stats.timeout.inc()
+		x.details = "upstream_response_timeout"
+		return http.StatusGatewayTimeout, "upstream request timeout"
+	default:
+		u.stats.connectFail.inc()
+		x.details = "upstream_reset_before_response_started{connection_failure}"
+		return http.StatusServiceUnavailable, upstreamFailureBody(err)
+	}
+}
+
+// checkListeners logs what a reloaded configuration changes in the
+// listeners without the wasm filter that is not applied: they are bound
+// once, as the filter's listener is.
+func (g *gateway) checkListeners(cfg *envoyconfig.Config) {
+	var names []string
+	for _, l := range cfg.Listeners {
+		names = append(names, l.Name)
+		i := slices.IndexFunc(g.others, func(o *routerListener) bool { return o.name == l.Name })
+		switch {
+		case i < 0:
+			g.log.Warn("new listener not served: restart the gateway to serve it", "listener", l.Name, "configured", l.Address)
+		case g.others[i].addr != l.Address:
+			g.log.Warn("listener address change not applied: restart the gateway to move the listener", "listener", l.Name, "address", g.others[i].addr, "configured", l.Address)
+		}
+	}
+	for _, o := range g.others {
+		if !slices.Contains(names, o.name) {
+			g.log.Warn("listener removed from the configuration: it answers 404 until the gateway restarts", "listener", o.name)
+		}
+	}
+}
