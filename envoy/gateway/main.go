@@ -7,6 +7,13 @@
 //	gateway -config envoy/envoy.yaml [-listen HOST:PORT] [-admin HOST:PORT]
 //	        [-cluster NAME=HOST:PORT ...] [-wasm PATH] [-concurrency N]
 //
+// -listen, -admin, -cluster and -wasm override the file, for running it by
+// hand; the end-to-end harness writes a bootstrap with the addresses it
+// wants instead and passes only -config and -concurrency, as it passes -c
+// and --concurrency to a real Envoy. -poll-oneoff, -access-log, -check and
+// -cpuprofile are the stand-in's own: under Envoy, poll_oneoff answers as
+// the release does and the access log is the bootstrap's.
+//
 // The admin listener serves /stats (Envoy's "name: value" text, the
 // plugin's wasmcustom.* metrics included), /stats/prometheus (the plugin's
 // metrics only, named as Envoy names them, histograms in the buckets of the
