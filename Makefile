@@ -15,13 +15,14 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 export EDGELIMIT_BIN_DIR := $(abspath $(BUILD))
 
-.PHONY: all build test check bench demo fuzz deps tools clean help
+.PHONY: all build test test-envoy check bench demo fuzz deps tools clean help
 
 all: build
 
 help:
 	@echo "make demo   build everything, start Redis, the sidecar, two services and the gateway, send a burst"
 	@echo "make test   vet and test every package with -race (installs redis-server when missing)"
+	@echo "make test-envoy  the system tests against a real Envoy (ENVOY_BIN, or envoy on the PATH)"
 	@echo "make build  build/filter.wasm, build/sidecar, build/gateway"
 	@echo "make bench  the benchmark harness"
 	@echo "make check  gofmt, vet, go mod tidy: fail on any diff"
@@ -60,14 +61,35 @@ $(BUILD)/gateway:
 ## callout timeout, and a load generator slowed tenfold by the detector, or
 ## other packages' tests running beside them, would take the machine's time
 ## from the system under test. The packages they drive in-process (the
-## harness, the host) are raced in the first run.
+## harness, the host) are raced in the first run. Their gateways are
+## build/gateway, even where an Envoy is installed (ENVOY_BIN set empty):
+## make test-envoy runs them against Envoy.
 test: deps build
 	$(GO) vet ./...
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/...
 	$(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -v '/e2e$$')
-	$(GO) test -count=1 -timeout 10m ./e2e
+	ENVOY_BIN= $(GO) test -count=1 -timeout 10m ./e2e
 	@$(MAKE) --no-print-directory fuzz FUZZTIME_LONG=$(FUZZTIME)
 	@$(MAKE) --no-print-directory chart
+
+## test-envoy: the system tests of ./e2e with a real Envoy as every
+## gateway, in place of build/gateway: ENVOY_BIN (a path or a command
+## name), else the envoy on the PATH. Each gateway runs a bootstrap the
+## harness writes from envoy/envoy.yaml (its ports, the module's absolute
+## path); tests of what only build/gateway does skip, saying why. Not part
+## of make test; .github/workflows/envoy.yml runs it against the oldest
+## supported Envoy and the latest.
+test-envoy:
+	@bin="$(ENVOY_BIN)"; [ -n "$$bin" ] || bin=$$(command -v envoy) || true; \
+	if [ -z "$$bin" ]; then \
+		echo "make test-envoy: no Envoy: set ENVOY_BIN to an envoy binary or put envoy on the PATH (make test runs these tests against build/gateway)" >&2; exit 1; \
+	fi; \
+	command -v "$$bin" >/dev/null || { echo "make test-envoy: ENVOY_BIN=$$bin is not an executable" >&2; exit 1; }
+	@$(MAKE) --no-print-directory deps build
+	@bin="$(ENVOY_BIN)"; [ -n "$$bin" ] || bin=$$(command -v envoy); bin=$$(realpath "$$(command -v "$$bin")"); \
+	echo "test-envoy: $$bin, $$("$$bin" --version | tr -s '\n' ' ')"; \
+	echo "ENVOY_BIN=$$bin $(GO) test -count=1 -timeout 15m ./e2e"; \
+	ENVOY_BIN="$$bin" $(GO) test -count=1 -timeout 15m ./e2e
 
 ## check: formatting, vet and module tidiness; fails on any diff.
 check: deps

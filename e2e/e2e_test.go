@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"math"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -384,25 +382,24 @@ func TestBadFilterConfigRejectedAtStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr, _ := harness.FreeAddr()
-	admin, _ := harness.FreeAddr()
-	stats, _ := harness.FreeAddr()
-	p, err := harness.StartProcess("gateway", bins.Gateway, "-config", path, "-listen", addr, "-admin", admin,
-		"-listener", "stats="+stats, "-wasm", bins.Filter, "-cluster", "orders=127.0.0.1:1", "-cluster", "billing=127.0.0.1:1",
-		"-cluster", "ratelimit_sidecar=127.0.0.1:1")
+	g, err := harness.LaunchGateway(bins, harness.GatewayConfig{
+		Config: path,
+		Dir:    dir,
+		Clusters: map[string]string{"orders": "127.0.0.1:1", "billing": "127.0.0.1:1",
+			"ratelimit_sidecar": "127.0.0.1:1"},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(p.Kill)
-	testkit.Poll(t, 30*time.Second, "gateway exits on a bad filter config", func() bool {
-		exited, _ := p.Exited()
+	t.Cleanup(g.Kill)
+	testkit.Poll(t, 60*time.Second, "gateway exits on a bad filter config", func() bool {
+		exited, _ := g.Exited()
 		return exited
 	})
-	_, err = p.Exited()
+	_, err = g.Exited()
 	if err == nil {
-		t.Fatalf("gateway exited with status 0 on a bad config; output:\n%s", p.Output())
+		t.Fatalf("gateway exited with status 0 on a bad config; output:\n%s", g.Output())
 	}
-	mustContain(t, "gateway output", p.Output(), "timeout_ms")
-	mustContain(t, "gateway output", p.Output(), "-3")
-	_ = os.Remove(filepath.Join(dir, "envoy.yaml"))
+	mustContain(t, "gateway output", g.Output(), "timeout_ms")
+	mustContain(t, "gateway output", g.Output(), "-3")
 }

@@ -57,12 +57,12 @@ func (s *stack) decisions() counts {
 func (s *stack) vmFailures() int64 {
 	s.t.Helper()
 	var n int64
-	for _, st := range s.gatewayStats() {
-		for name, v := range st {
-			if strings.HasPrefix(name, "wasm.vm.") && strings.HasSuffix(name, ".failed") {
-				n += v
-			}
+	for _, g := range s.gateways {
+		f, err := g.VMFailures()
+		if err != nil {
+			s.t.Fatal(err)
 		}
+		n += f
 	}
 	return n
 }

@@ -159,7 +159,7 @@ func TestRawKeysNeverStored(t *testing.T) {
 		// The most talkative settings: every decision is logged at debug,
 		// every request in the access log.
 		sidecarArgs: []string{"-log-level", "debug"},
-		gatewayArgs: []string{"-access-log"},
+		accessLog:   true,
 	})
 	mon := startMonitor(t, s.redis.Addr)
 
@@ -433,7 +433,9 @@ func TestInjectionThroughKeyOrCost(t *testing.T) {
 		}
 		for name, vs := range h {
 			switch strings.ToLower(name) {
-			case "x-api-key", "x-ratelimit-cost", "x-ratelimit-region", "content-length", "user-agent":
+			// x-envoy-expected-rq-timeout-ms is Envoy's own, on every
+			// request its router sends with a timeout (the callout's).
+			case "x-api-key", "x-ratelimit-cost", "x-ratelimit-region", "content-length", "user-agent", "x-envoy-expected-rq-timeout-ms":
 			default:
 				t.Errorf("a check carried %s: %q", name, vs)
 			}

@@ -20,7 +20,9 @@ import (
 
 // bins are the deliverables under test: `make test` builds them into
 // build/ and passes the folder in EDGELIMIT_BIN_DIR; a plain `go test`
-// builds them into a temporary folder.
+// builds them into a temporary folder. bins.Envoy is the real Envoy the
+// gateways run, when harness.FindEnvoy finds one (ENVOY_BIN, or envoy on
+// the PATH; `make test-envoy`); otherwise build/gateway stands in.
 var bins harness.Binaries
 
 func TestMain(m *testing.M) {
@@ -37,10 +39,21 @@ func TestMain(m *testing.M) {
 	}
 	var err error
 	bins, err = harness.Locate(ctx, dir)
-	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "build the binaries under test:", err)
 		os.Exit(1)
+	}
+	envoy, err := harness.FindEnvoy(ctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "the Envoy to test against:", err)
+		os.Exit(1)
+	}
+	bins.Envoy = envoy.Path
+	if envoy.Path != "" {
+		fmt.Fprintf(os.Stderr, "e2e: gateways are Envoy %s (%s)\n", envoy.Version, envoy.Path)
+	} else {
+		fmt.Fprintf(os.Stderr, "e2e: gateways are build/gateway (%s)\n", bins.Gateway)
 	}
 	code := m.Run()
 	if tmp != "" {
@@ -78,9 +91,11 @@ type stackConfig struct {
 	filter   filterConfig
 	sidecars int // default 1
 	gateways int // default 1
-	// redisArgs are extra redis-server arguments; sidecarArgs and
-	// gatewayArgs extra flags of every sidecar and gateway.
-	redisArgs, sidecarArgs, gatewayArgs []string
+	// redisArgs are extra redis-server arguments; sidecarArgs extra
+	// flags of every sidecar.
+	redisArgs, sidecarArgs []string
+	// accessLog asks every gateway for envoy.yaml's access log.
+	accessLog bool
 	// sidecarFront, if set, is given each sidecar's address and returns the
 	// address the gateways use for it instead (a proxy in front of it).
 	sidecarFront func(t *testing.T, addr string) string
@@ -168,7 +183,8 @@ func startStack(t *testing.T, c stackConfig) *stack {
 				"orders": s.orders.Addr, "billing": s.billing.Addr,
 				"ratelimit_sidecar": s.fronts[i%len(s.fronts)],
 			},
-			Extra: c.gatewayArgs,
+			Dir:       dir,
+			AccessLog: c.accessLog,
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -264,6 +280,15 @@ func (s *stack) stat(name string) int64 {
 }
 
 func counter(name string) string { return "wasmcustom.edgelimit.requests." + name }
+
+// standInOnly skips t when the gateways are a real Envoy: what t checks is
+// behaviour only build/gateway has, which why names.
+func standInOnly(t *testing.T, why string) {
+	t.Helper()
+	if bins.Envoy != "" {
+		t.Skipf("build/gateway only, not Envoy (%s): %s", bins.Envoy, why)
+	}
+}
 
 func mustContain(t *testing.T, what, s, want string) {
 	t.Helper()

@@ -3,10 +3,12 @@ package harness
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 
 	"sigs.k8s.io/yaml"
 )
@@ -102,7 +104,8 @@ var serviceName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 // cluster a copy of that route's cluster, so both keep the file's settings
 // (connect timeout, discovery type). The endpoints number on from that
 // cluster's, as envoy.yaml numbers its services (127.0.0.1:9001, :9002, …):
-// they are placeholders for the gateway's -cluster flags.
+// they are placeholders, which StartGateway replaces with the services'
+// addresses (SetClusterEndpoint).
 //
 // The bootstrap must have one HTTP connection manager with the wasm filter,
 // with one virtual host whose routes match a prefix and name a cluster.
@@ -171,13 +174,9 @@ func (b *Bootstrap) RouteServices(names []string) error {
 
 		c := clone(shape).(map[string]any)
 		c["name"] = n
-		la := c["load_assignment"].(map[string]any)
-		la["cluster_name"] = n
+		c["load_assignment"].(map[string]any)["cluster_name"] = n
 		// One endpoint: the first of the copy's, renumbered.
-		ep := la["endpoints"].([]any)[0].(map[string]any)
-		ep["lb_endpoints"] = ep["lb_endpoints"].([]any)[:1]
-		la["endpoints"] = []any{ep}
-		s, _ := firstSocketAddress(c)
+		s, _ := oneEndpoint(c)
 		s["port_value"] = port + float64(i)
 		newClusters[i] = c
 	}
@@ -195,6 +194,150 @@ func (b *Bootstrap) RouteServices(names []string) error {
 	static["clusters"] = kept
 	vh["routes"] = newRoutes
 	return nil
+}
+
+// wasmFilterType is the @type of the proxy-wasm HTTP filter's
+// configuration.
+const wasmFilterType = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+
+// SetListenerAddress puts the listener named name on hostport.
+func (b *Bootstrap) SetListenerAddress(name, hostport string) error {
+	static, _ := b.doc["static_resources"].(map[string]any)
+	listeners, _ := static["listeners"].([]any)
+	var names []string
+	for _, x := range listeners {
+		l, ok := x.(map[string]any)
+		if !ok {
+			return fmt.Errorf("%s: a listener is not a mapping", b.src)
+		}
+		if n, _ := l["name"].(string); n != name {
+			names = append(names, n)
+			continue
+		}
+		s, err := ensureSocketAddress(l)
+		if err != nil {
+			return fmt.Errorf("%s: listener %q: %w", b.src, name, err)
+		}
+		return setHostPort(s, hostport)
+	}
+	return fmt.Errorf("%s: no listener %q (listeners: %v)", b.src, name, names)
+}
+
+// SetAdminAddress puts the admin interface on hostport, adding an admin
+// section if the bootstrap has none.
+func (b *Bootstrap) SetAdminAddress(hostport string) error {
+	admin, ok := b.doc["admin"].(map[string]any)
+	if !ok {
+		if b.doc["admin"] != nil {
+			return fmt.Errorf("%s: admin is not a mapping", b.src)
+		}
+		admin = map[string]any{}
+		b.doc["admin"] = admin
+	}
+	s, err := ensureSocketAddress(admin)
+	if err != nil {
+		return fmt.Errorf("%s: admin: %w", b.src, err)
+	}
+	return setHostPort(s, hostport)
+}
+
+// SetClusterEndpoint makes hostport the only endpoint of the cluster
+// named name. The endpoint keeps the shape of the cluster's first one
+// (its other fields stay as the file gives them).
+func (b *Bootstrap) SetClusterEndpoint(name, hostport string) error {
+	static, _ := b.doc["static_resources"].(map[string]any)
+	clusters, _ := static["clusters"].([]any)
+	var names []string
+	for _, c := range clusters {
+		cm, _ := c.(map[string]any)
+		n, _ := cm["name"].(string)
+		if n != name {
+			names = append(names, n)
+			continue
+		}
+		s, err := oneEndpoint(cm)
+		if err != nil {
+			return fmt.Errorf("%s: cluster %q: %w", b.src, name, err)
+		}
+		return setHostPort(s, hostport)
+	}
+	return fmt.Errorf("%s: no cluster %q (clusters: %v)", b.src, name, names)
+}
+
+// SetWasmFilename makes path the module of the one proxy-wasm filter
+// (vm_config.code.local.filename).
+func (b *Bootstrap) SetWasmFilename(path string) error {
+	if path == "" {
+		return fmt.Errorf("wasm filename: empty")
+	}
+	var found []map[string]any
+	walk(b.doc, func(m map[string]any) {
+		if m["@type"] == wasmFilterType {
+			found = append(found, m)
+		}
+	})
+	if len(found) != 1 {
+		return fmt.Errorf("%s: want exactly one wasm filter, found %d", b.src, len(found))
+	}
+	cfg, _ := found[0]["config"].(map[string]any)
+	vm, _ := cfg["vm_config"].(map[string]any)
+	code, _ := vm["code"].(map[string]any)
+	local, _ := code["local"].(map[string]any)
+	if _, ok := local["filename"].(string); !ok {
+		return fmt.Errorf("%s: the wasm filter's module is not a local file (config.vm_config.code.local.filename)", b.src)
+	}
+	local["filename"] = path
+	return nil
+}
+
+// ensureSocketAddress returns m's address.socket_address, adding an empty
+// one if m has no address.
+func ensureSocketAddress(m map[string]any) (map[string]any, error) {
+	if m["address"] == nil {
+		m["address"] = map[string]any{"socket_address": map[string]any{}}
+	}
+	addr, ok := m["address"].(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("address is not a mapping")
+	}
+	if addr["socket_address"] == nil && len(addr) == 0 {
+		addr["socket_address"] = map[string]any{}
+	}
+	s, ok := addr["socket_address"].(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("want address.socket_address")
+	}
+	return s, nil
+}
+
+// setHostPort sets a socket_address to hostport: a host and a port from 1
+// to 65535 (a known port, not one the proxy picks).
+func setHostPort(s map[string]any, hostport string) error {
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return fmt.Errorf("address %q: want host:port: %w", hostport, err)
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if host == "" || err != nil || n == 0 {
+		return fmt.Errorf("address %q: want a host and a port from 1 to 65535", hostport)
+	}
+	s["address"] = host
+	s["port_value"] = float64(n)
+	return nil
+}
+
+// oneEndpoint cuts a cluster's endpoints down to its first one and
+// returns that endpoint's socket_address.
+func oneEndpoint(cluster map[string]any) (map[string]any, error) {
+	s, err := firstSocketAddress(cluster)
+	if err != nil {
+		return nil, err
+	}
+	la := cluster["load_assignment"].(map[string]any)
+	ep := la["endpoints"].([]any)[0].(map[string]any)
+	ep["lb_endpoints"] = ep["lb_endpoints"].([]any)[:1]
+	la["endpoints"] = []any{ep}
+	return s, nil
 }
 
 // firstSocketAddress returns the socket_address of a cluster's first

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
+	"sigs.k8s.io/yaml"
 )
 
 func shippedEnvoyYAML(t *testing.T) string {
@@ -127,5 +128,79 @@ func TestMergeFilterConfig(t *testing.T) {
 	}
 	if err := b.MergeFilterConfig(`[]`); err == nil {
 		t.Error("a JSON array accepted as overrides")
+	}
+}
+
+// The address setters on a bootstrap of another shape than envoy.yaml's:
+// no admin section (one is added), a cluster of two endpoints (one is
+// left).
+func TestAddressSetters(t *testing.T) {
+	const src = `static_resources:
+  listeners:
+  - name: l
+    address: {socket_address: {address: 0.0.0.0, port_value: 80}}
+  clusters:
+  - name: two
+    load_assignment:
+      cluster_name: two
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {address: {socket_address: {address: 10.0.0.1, port_value: 1}}}
+        - endpoint: {address: {socket_address: {address: 10.0.0.2, port_value: 2}}}
+      - lb_endpoints:
+        - endpoint: {address: {socket_address: {address: 10.0.0.3, port_value: 3}}}
+`
+	path := filepath.Join(t.TempDir(), "b.yaml")
+	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, err := ReadBootstrap(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range []error{
+		b.SetListenerAddress("l", "127.0.0.1:8080"),
+		b.SetAdminAddress("127.0.0.1:9901"),
+		b.SetClusterEndpoint("two", "127.0.0.1:7000"),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.SetClusterEndpoint("three", "127.0.0.1:1"); err == nil {
+		t.Error("an unknown cluster accepted")
+	}
+	if err := b.SetListenerAddress("m", "127.0.0.1:1"); err == nil {
+		t.Error("an unknown listener accepted")
+	}
+	if err := b.SetWasmFilename("/m.wasm"); err == nil {
+		t.Error("a module set in a bootstrap without a wasm filter")
+	}
+	out, err := b.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := yaml.Unmarshal(out, &got); err != nil {
+		t.Fatal(err)
+	}
+	var want map[string]any
+	if err := yaml.Unmarshal([]byte(`admin: {address: {socket_address: {address: 127.0.0.1, port_value: 9901}}}
+static_resources:
+  listeners:
+  - name: l
+    address: {socket_address: {address: 127.0.0.1, port_value: 8080}}
+  clusters:
+  - name: two
+    load_assignment:
+      cluster_name: two
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 7000}}}
+`), &want); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got\n%s", out)
 	}
 }

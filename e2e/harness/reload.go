@@ -15,26 +15,12 @@ const (
 	StatReloadFailed     = "gateway.reload_failed"
 )
 
-// ConfigPath returns the -config file the gateway was started with.
-func (g *Gateway) ConfigPath() (string, error) {
-	args := g.cmd.Args
-	for i := 1; i+1 < len(args); i++ {
-		if args[i] == "-config" {
-			return args[i+1], nil
-		}
-	}
-	return "", fmt.Errorf("%s was started without -config", g.Name)
-}
-
-// SetFilterConfig rewrites the gateway's configuration file with the wasm
+// SetFilterConfig rewrites the gateway's bootstrap file with the wasm
 // filter's plugin configuration replaced by config (JSON). The file is
 // replaced by a rename, so a reload never reads it half written. It does
 // not reload the gateway: see Reload.
 func (g *Gateway) SetFilterConfig(config string) error {
-	path, err := g.ConfigPath()
-	if err != nil {
-		return err
-	}
+	path := g.Bootstrap
 	tmp, err := os.MkdirTemp(filepath.Dir(path), ".rewrite-")
 	if err != nil {
 		return err
@@ -50,7 +36,11 @@ func (g *Gateway) SetFilterConfig(config string) error {
 // Reload sends the gateway SIGHUP and waits until it serves the next
 // configuration generation, which it returns. A reload the gateway rejects
 // (gateway.reload_failed rises) is an error carrying the end of its log.
+// It is build/gateway's: with a real Envoy it is an error.
 func (g *Gateway) Reload(ctx context.Context) (int64, error) {
+	if g.Envoy != "" {
+		return 0, errEnvoyReload
+	}
 	before, err := g.Stats()
 	if err != nil {
 		return 0, err

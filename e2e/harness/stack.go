@@ -9,18 +9,24 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
 )
 
-// Binaries are the built deliverables an end-to-end run starts.
+// Binaries are the built deliverables an end-to-end run starts, and the
+// proxy that runs the filter.
 type Binaries struct {
 	Dir     string
 	Filter  string // filter.wasm
 	Sidecar string
-	Gateway string
+	Gateway string // build/gateway, the stand-in for Envoy
+	// Envoy, when set, is a real Envoy that StartGateway runs in place of
+	// Gateway (see FindEnvoy). Build and Locate leave it empty.
+	Envoy string
 }
 
 // RepoRoot finds the module root by walking up from the working directory.
@@ -106,76 +112,238 @@ func StartSidecar(ctx context.Context, b Binaries, c SidecarConfig) (*Process, s
 	}, func(addr string) string { return "http://" + addr + "/readyz" })
 }
 
-// GatewayConfig is how StartGateway runs build/gateway.
+// GatewayConfig is how StartGateway runs a gateway: build/gateway, or
+// the real Envoy of Binaries.Envoy.
 type GatewayConfig struct {
-	Config   string            // envoy.yaml
-	Clusters map[string]string // cluster name → host:port
+	Config   string            // the Envoy bootstrap to start from (envoy/envoy.yaml, or a variant of it)
+	Clusters map[string]string // cluster name → host:port, its only endpoint
 	Wasm     string            // filter.wasm; default the binaries'
-	Extra    []string
+	// Dir is where the gateway's own bootstrap is written. When empty,
+	// StartGateway makes a temporary directory, removed by Stop or Kill.
+	Dir string
+	// Concurrency is the proxy's worker threads (VMs), Envoy's
+	// --concurrency and build/gateway's -concurrency. Default 2, the
+	// stand-in's default, given to Envoy too (whose own default is the
+	// machine's core count).
+	Concurrency int
+	// AccessLog asks for the access log envoy.yaml configures (one line
+	// per request on stdout). Envoy writes it whenever the bootstrap has
+	// it; build/gateway only with its -access-log flag.
+	AccessLog bool
+	// Extra are further flags of build/gateway (-poll-oneoff, -cpuprofile,
+	// ...). Envoy has none of them: StartGateway refuses them with a real
+	// Envoy.
+	Extra []string
 }
 
-// Gateway is a running build/gateway.
+// Gateway is a running gateway: build/gateway or a real Envoy.
 type Gateway struct {
 	*Process
-	Addr  string // the HTTP listener (the wasm filter's)
-	Admin string // the admin listener
+	Addr      string // the HTTP listener (the wasm filter's)
+	Admin     string // the admin listener
+	Bootstrap string // the bootstrap file it runs, written by StartGateway
 	// Listeners are the configuration's other listeners (envoy.yaml's
 	// stats), by name.
 	Listeners map[string]string
+	// Envoy is the real Envoy binary it runs; "" for build/gateway.
+	Envoy  string
+	ownDir string // a directory StartGateway made, removed at Stop or Kill
 }
 
-// StartGateway starts the gateway with a free port for its listener, each
-// of the configuration's other listeners and the admin, and waits until its
-// admin /ready answers 200. The configuration's clusters that reach the
-// admin (envoy.yaml's envoy_admin) follow it to its port.
+// StartGateway writes the gateway's bootstrap (c.Config with every
+// listener and the admin on free loopback ports, the clusters that reach
+// the admin following it, c.Clusters' endpoints and the module's absolute
+// path; see RenderBootstrap), starts the proxy on it and waits until its
+// admin /ready answers 200. The proxy is the real Envoy of b.Envoy when
+// set, else build/gateway; both take only the file and the number of
+// workers, as Envoy's command line gives them.
 func StartGateway(ctx context.Context, b Binaries, c GatewayConfig) (*Gateway, error) {
-	cfg, err := envoyconfig.Load(c.Config)
-	if err != nil {
-		return nil, err
-	}
 	var last error
 	for attempt := 0; attempt < 3; attempt++ {
-		addr, err := FreeAddr()
+		g, err := LaunchGateway(b, c)
 		if err != nil {
 			return nil, err
 		}
-		admin, err := FreeAddr()
-		if err != nil {
-			return nil, err
-		}
-		wasm := c.Wasm
-		if wasm == "" {
-			wasm = b.Filter
-		}
-		args := []string{"-config", c.Config, "-listen", addr, "-admin", admin, "-wasm", wasm}
-		listeners := map[string]string{}
-		for _, l := range cfg.Listeners {
-			if listeners[l.Name], err = FreeAddr(); err != nil {
-				return nil, err
-			}
-			args = append(args, "-listener", l.Name+"="+listeners[l.Name])
-		}
-		for name, hp := range c.Clusters {
-			args = append(args, "-cluster", name+"="+hp)
-		}
-		args = append(args, c.Extra...)
-		p, err := StartProcess("gateway", b.Gateway, args...)
-		if err != nil {
-			return nil, err
-		}
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err = WaitHTTP(wctx, p, "http://"+admin+"/ready", http.StatusOK)
+		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		err = WaitHTTP(wctx, g.Process, "http://"+g.Admin+"/ready", http.StatusOK)
 		cancel()
 		if err == nil {
-			return &Gateway{Process: p, Addr: addr, Admin: admin, Listeners: listeners}, nil
+			return g, nil
 		}
-		p.Kill()
+		g.Kill()
 		last = err
-		if !strings.Contains(p.Output(), "address already in use") {
+		// The ports were free when picked; another process may have
+		// taken one since. Envoy says "Address already in use".
+		if !strings.Contains(strings.ToLower(g.Output()), "address already in use") {
 			break
 		}
 	}
 	return nil, last
+}
+
+// LaunchGateway is StartGateway without the wait: it writes the bootstrap,
+// starts the proxy and returns at once, for a test of a proxy that must
+// refuse to start.
+func LaunchGateway(b Binaries, c GatewayConfig) (*Gateway, error) {
+	if b.Envoy != "" && len(c.Extra) > 0 {
+		return nil, fmt.Errorf("gateway flags %q are build/gateway's; Envoy (%s) has none of them", c.Extra, b.Envoy)
+	}
+	if c.Wasm == "" {
+		c.Wasm = b.Filter
+	}
+	cfg, err := envoyconfig.Load(c.Config)
+	if err != nil {
+		return nil, err
+	}
+	a := GatewayAddrs{Listeners: map[string]string{}}
+	for _, p := range []*string{&a.Listen, &a.Admin} {
+		if *p, err = FreeAddr(); err != nil {
+			return nil, err
+		}
+	}
+	for _, l := range cfg.Listeners {
+		if a.Listeners[l.Name], err = FreeAddr(); err != nil {
+			return nil, err
+		}
+	}
+	out, err := RenderBootstrap(c, a)
+	if err != nil {
+		return nil, err
+	}
+	g := &Gateway{Addr: a.Listen, Admin: a.Admin, Listeners: a.Listeners, Envoy: b.Envoy}
+	dir := c.Dir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "edgelimit-gateway-"); err != nil {
+			return nil, err
+		}
+		g.ownDir = dir
+	}
+	f, err := os.CreateTemp(dir, "envoy-*.yaml")
+	if err == nil {
+		g.Bootstrap = f.Name()
+		_, err = f.Write(out)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err == nil {
+		bin, args := gatewayCommand(b, c, g.Bootstrap)
+		g.Process, err = StartProcess(filepath.Base(bin), bin, args...)
+	}
+	if err != nil {
+		g.removeDir()
+		return nil, err
+	}
+	return g, nil
+}
+
+// gatewayCommand is the command line of a gateway running the bootstrap
+// at file: Envoy's, or the same for build/gateway under its flag names.
+func gatewayCommand(b Binaries, c GatewayConfig, file string) (bin string, args []string) {
+	n := c.Concurrency
+	if n == 0 {
+		n = 2
+	}
+	if b.Envoy != "" {
+		// A base id of its own, picked by Envoy, so that Envoys started
+		// side by side do not share hot-restart memory; warnings and
+		// errors only (the plugin's error lines among them). The access
+		// log is the bootstrap's, on stdout.
+		return b.Envoy, []string{"-c", file, "--concurrency", strconv.Itoa(n), "--use-dynamic-base-id", "--log-level", "warn"}
+	}
+	args = []string{"-config", file, "-concurrency", strconv.Itoa(n)}
+	if c.AccessLog {
+		args = append(args, "-access-log")
+	}
+	return b.Gateway, append(args, c.Extra...)
+}
+
+// GatewayAddrs are where a gateway's bootstrap puts its sockets.
+type GatewayAddrs struct {
+	Listen    string            // the listener the wasm filter runs on
+	Admin     string            // the admin interface
+	Listeners map[string]string // every other listener, by name
+}
+
+// RenderBootstrap returns the bootstrap a gateway of c runs: c.Config with
+// its listeners and its admin interface at a's addresses, each cluster
+// whose endpoint is the file's admin address (envoy.yaml's envoy_admin,
+// behind the stats listener) at the new admin address, each of c.Clusters
+// with that one endpoint, and the module (c.Wasm) at its absolute path.
+// Everything else, the filter's configuration included, is c.Config's.
+func RenderBootstrap(c GatewayConfig, a GatewayAddrs) ([]byte, error) {
+	cfg, err := envoyconfig.Load(c.Config)
+	if err != nil {
+		return nil, err
+	}
+	bs, err := ReadBootstrap(c.Config)
+	if err != nil {
+		return nil, err
+	}
+	if err := bs.SetListenerAddress(cfg.ListenerName, a.Listen); err != nil {
+		return nil, err
+	}
+	for _, l := range cfg.Listeners {
+		addr, ok := a.Listeners[l.Name]
+		if !ok {
+			return nil, fmt.Errorf("gateway: no address for listener %q", l.Name)
+		}
+		if err := bs.SetListenerAddress(l.Name, addr); err != nil {
+			return nil, err
+		}
+	}
+	if err := bs.SetAdminAddress(a.Admin); err != nil {
+		return nil, err
+	}
+	for name, cl := range cfg.Clusters {
+		if _, set := c.Clusters[name]; !set && cfg.Admin != "" && slices.Equal(cl.Endpoints, []string{cfg.Admin}) {
+			if err := bs.SetClusterEndpoint(name, a.Admin); err != nil {
+				return nil, err
+			}
+		}
+	}
+	names := make([]string, 0, len(c.Clusters))
+	for name := range c.Clusters {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if err := bs.SetClusterEndpoint(name, c.Clusters[name]); err != nil {
+			return nil, err
+		}
+	}
+	if c.Wasm == "" {
+		return nil, fmt.Errorf("gateway: no module given")
+	}
+	module, err := filepath.Abs(c.Wasm)
+	if err != nil {
+		return nil, err
+	}
+	if err := bs.SetWasmFilename(module); err != nil {
+		return nil, err
+	}
+	return bs.Marshal()
+}
+
+// Stop stops the gateway (see Process.Stop) and removes the directory
+// StartGateway made for it, if it made one.
+func (g *Gateway) Stop(grace time.Duration) error {
+	err := g.Process.Stop(grace)
+	g.removeDir()
+	return err
+}
+
+// Kill ends the gateway at once (see Process.Kill) and removes the
+// directory StartGateway made for it, if it made one.
+func (g *Gateway) Kill() {
+	g.Process.Kill()
+	g.removeDir()
+}
+
+func (g *Gateway) removeDir() {
+	if g.ownDir != "" {
+		os.RemoveAll(g.ownDir)
+	}
 }
 
 // Stats returns the gateway's admin /stats as name → value, for the lines

@@ -16,6 +16,13 @@
 // that envoy.yaml's envoy_admin cluster, behind the stats listener, still
 // reaches the admin.
 //
+// -listen, -admin, -cluster and -wasm override the file, for running it by
+// hand; the end-to-end harness writes a bootstrap with the addresses it
+// wants instead and passes only -config and -concurrency, as it passes -c
+// and --concurrency to a real Envoy. -poll-oneoff, -access-log, -check and
+// -cpuprofile are the stand-in's own: under Envoy, poll_oneoff answers as
+// the release does and the access log is the bootstrap's.
+//
 // The admin listener serves /stats (Envoy's "name: value" text, the
 // plugin's wasmcustom.* metrics included), /stats/prometheus (the plugin's
 // metrics only, named and labelled as Envoy names and tags them from the

@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
@@ -188,7 +187,7 @@ func (b *Backend) StartFront(ctx context.Context, o FrontOptions) (f *Front, err
 	clusters := f.Fleet.Clusters()
 	clusters["ratelimit_sidecar"] = b.SidecarAddr
 	f.Gateway, err = harness.StartGateway(ctx, b.Bin, harness.GatewayConfig{
-		Config: f.Config, Clusters: clusters, Extra: []string{"-concurrency", strconv.Itoa(o.Concurrency)},
+		Config: f.Config, Clusters: clusters, Dir: b.Dir, Concurrency: o.Concurrency,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("front %s: %w", o.Name, err)
@@ -213,7 +212,8 @@ func shippedEnvoyYAML() (string, error) {
 // bootstrap renders a front's bootstrap: the Envoy bootstrap at src with
 // one route and one cluster per service (/NAME → NAME) in place of its
 // own, its sidecar cluster, and its filter configuration changed by f.
-// Addresses are placeholders the gateway's flags replace.
+// Addresses are placeholders: StartGateway writes the gateway's own
+// bootstrap from this one with the fleet's addresses.
 func bootstrap(src string, services []string, f Filter) ([]byte, error) {
 	b, err := harness.ReadBootstrap(src)
 	if err != nil {
