@@ -22,7 +22,7 @@ import (
 // Build compiles ./filter of the module rooted at repoRoot into dir with the
 // standard toolchain and returns the module's path.
 func Build(repoRoot, dir string) (string, error) {
-	return build(repoRoot, filepath.Join(dir, "filter.wasm"))
+	return build(repoRoot, filepath.Join(dir, "filter.wasm"), "./filter")
 }
 
 // BuildSoakGC compiles the garbage-collection soak's variant of the filter
@@ -31,12 +31,14 @@ func Build(repoRoot, dir string) (string, error) {
 // It links one runtime variable by name, which the linker allows only with
 // -checklinkname=0; the shipped module has neither.
 func BuildSoakGC(repoRoot, dir string) (string, error) {
-	return build(repoRoot, filepath.Join(dir, "filter-soakgc.wasm"), "-tags", "soakgc", "-ldflags=-checklinkname=0")
+	return build(repoRoot, filepath.Join(dir, "filter-soakgc.wasm"), "./filter", "-tags", "soakgc", "-ldflags=-checklinkname=0")
 }
 
-func build(repoRoot, out string, flags ...string) (string, error) {
+// build compiles the wasip1 reactor pkg of the module rooted at repoRoot
+// to out.
+func build(repoRoot, out, pkg string, flags ...string) (string, error) {
 	args := append([]string{"build", "-buildmode=c-shared", "-o", out}, flags...)
-	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), append(args, "./filter")...)
+	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), append(args, pkg)...)
 	cmd.Dir = repoRoot
 	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
 	if b, err := cmd.CombinedOutput(); err != nil {
