@@ -1,51 +1,151 @@
 // Package deploy checks the deployment documents against the software: the
-// metric names that envoy/README.md and the chart's alert rules use are
-// ones the filter and the sidecar export.
+// metric names, and the label values of the filter's request counters,
+// that envoy/README.md, the chart's alert rules and the other documents use
+// are ones the filter and the sidecar export, as the Envoy of each
+// deployment form names them.
 package deploy
 
 import (
 	"bytes"
+	"fmt"
 	"os"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
 	"github.com/edgelimit/edgelimit/envoy/wasmhost"
 	"github.com/edgelimit/edgelimit/filter/limiter"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/sidecar/stats"
+	"sigs.k8s.io/yaml"
 )
 
+// How an Envoy's /stats/prometheus names the filter's metrics depends on
+// the stats_tags of its bootstrap.
+const (
+	// tagged: envoy/envoy.yaml's stats_tags (compose, and the chart, whose
+	// bootstrap has the same stats_config): the request counters are one
+	// family, edgelimit_requests{decision,reason}.
+	tagged = "envoy.yaml's stats_tags"
+	// untagged: a bootstrap with none of ours and none that match the
+	// filter's names (Envoy Gateway's): one family per counter,
+	// edgelimit_requests_<decision>[_<reason>].
+	untagged = "no stats_tags"
+	// istio: Istio's bootstrap. Its stats_tags (istio/istio
+	// tools/packaging/common/envoy_bootstrap.json) are its own; one of them
+	// matches a filter metric: authz_dry_run_result, meant for RBAC's
+	// shadow_allowed and shadow_denied stats, takes any ".shadow_allowed"
+	// or ".shadow_denied" out of any name.
+	istio = "Istio's bootstrap"
+)
+
+// bootstraps are the stats_tags of each form but tagged (read from
+// envoy.yaml).
+var bootstraps = map[string]*envoyconfig.Config{
+	untagged: {},
+	istio: {Tags: []envoyconfig.TagSpecifier{
+		{Name: "authz_dry_run_result", Regex: regexp.MustCompile(`(\.shadow_(allowed|denied))`)},
+	}},
+}
+
+// A document names metrics in the form of its default, or of the form its
+// sections give (a Markdown heading and everything under it, down to the
+// next heading of the same or a higher level).
+type document struct {
+	path     string
+	form     string
+	sections map[string]string // heading text → form
+}
+
 // documents name the filter's and the sidecar's metrics.
-var documents = []string{
-	"../README.md",
-	"../envoy/README.md",
-	"../envoy/envoy.yaml",
-	"helm/edgelimit/values.yaml",
-	"helm/edgelimit/templates/prometheusrule.yaml",
-	"helm/edgelimit/README.md",
-	"mesh/istio/README.md",
-	"mesh/envoy-gateway/README.md",
+var documents = []document{
+	{path: "../README.md", form: tagged},
+	{path: "../filter/README.md", form: tagged},
+	{path: "../envoy/README.md", form: tagged, sections: map[string]string{
+		"At an Istio gateway": istio,
+		"On Envoy Gateway":    untagged,
+	}},
+	{path: "../envoy/envoy.yaml", form: tagged},
+	{path: "helm/edgelimit/values.yaml", form: tagged},
+	{path: "helm/edgelimit/templates/prometheusrule.yaml", form: tagged},
+	{path: "helm/edgelimit/templates/configmap-envoy.yaml", form: tagged},
+	{path: "helm/edgelimit/README.md", form: tagged},
+	{path: "mesh/istio/README.md", form: istio},
+	{path: "mesh/envoy-gateway/README.md", form: untagged},
 }
 
 // notMetrics are names of the same shape that are not metrics: the
-// filter's configuration fields.
-var notMetrics = []string{"sidecar_cluster", "sidecar_authority"}
+// filter's configuration fields and the response details of a local 429.
+var notMetrics = []string{"sidecar_cluster", "sidecar_authority", "edgelimit_rate_limited_local"}
 
-// exported returns every metric name as Envoy's /stats/prometheus and the
-// sidecar's /metrics write them, and as Envoy's /stats writes the filter's
-// (wasmcustom.<name>).
-func exported(t *testing.T) (prom, dotted []string) {
+// names is what one form exports.
+type names struct {
+	// families are the Prometheus names (a histogram's also with _bucket,
+	// _sum and _count), the filter's and the sidecar's.
+	families []string
+	// labels are the tags of the filter's metrics by family: tag name →
+	// the values it takes.
+	labels map[string]map[string][]string
+}
+
+// exported returns, for each form, every metric name as Envoy's
+// /stats/prometheus and the sidecar's /metrics write them, and every name
+// of the filter's as Envoy's /stats writes it (wasmcustom.<name>, the same
+// in every form).
+func exported(t *testing.T) (forms map[string]*names, dotted []string) {
 	t.Helper()
-	for _, n := range limiter.MetricNames() {
-		dotted = append(dotted, "wasmcustom."+n)
-		p := wasmhost.PrometheusName("wasmcustom." + n)
-		prom = append(prom, p)
-		if n == limiter.MetricCalloutLatency {
-			prom = append(prom, p+"_bucket", p+"_sum", p+"_count")
-		}
+	shipped, err := envoyconfig.Load("../envoy/envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
 	}
+	configs := map[string]*envoyconfig.Config{tagged: shipped}
+	for f, c := range bootstraps {
+		configs[f] = c
+	}
+	sidecar := sidecarNames(t)
+	forms = map[string]*names{}
+	for f, c := range configs {
+		n := &names{labels: map[string]map[string][]string{}}
+		for _, m := range limiter.MetricNames() {
+			extracted, tags := c.TagsFor("wasmcustom." + m)
+			family, ok := wasmhost.PrometheusName(extracted)
+			if !ok {
+				t.Fatalf("%s: %s (tag-extracted %s) is not exported", f, m, extracted)
+			}
+			if !slices.Contains(n.families, family) {
+				n.families = append(n.families, family)
+				if m == limiter.MetricCalloutLatency {
+					n.families = append(n.families, family+"_bucket", family+"_sum", family+"_count")
+				}
+			}
+			for _, tag := range tags {
+				if n.labels[family] == nil {
+					n.labels[family] = map[string][]string{}
+				}
+				if !slices.Contains(n.labels[family][tag.Name], tag.Value) {
+					n.labels[family][tag.Name] = append(n.labels[family][tag.Name], tag.Value)
+				}
+			}
+		}
+		for _, s := range sidecar {
+			if !slices.Contains(n.families, s) {
+				n.families = append(n.families, s)
+			}
+		}
+		forms[f] = n
+	}
+	for _, m := range limiter.MetricNames() {
+		dotted = append(dotted, "wasmcustom."+m)
+	}
+	return forms, dotted
+}
+
+// sidecarNames are the names of the sidecar's /metrics.
+func sidecarNames(t *testing.T) []string {
+	t.Helper()
 	s := stats.New()
 	s.Latency.Update(0.001) // a histogram is written once it has a sample
 	s.ObserveBatch(1)
@@ -55,51 +155,309 @@ func exported(t *testing.T) (prom, dotted []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var out []string
 	for series := range m {
 		name, _, _ := strings.Cut(series, "{")
 		// A histogram is also named without its _bucket, _sum, _count.
 		for _, n := range []string{name, strings.TrimSuffix(name, "_bucket")} {
-			if !slices.Contains(prom, n) {
-				prom = append(prom, n)
+			if !slices.Contains(out, n) {
+				out = append(out, n)
 			}
 		}
 	}
-	return prom, dotted
+	return out
 }
 
-// TestDocumentedMetricsExist: every edgelimit_* and sidecar_* name (a
-// trailing _ is a prefix, as in a __name__ regex) and every
-// wasmcustom.edgelimit.* name in the documents is one the software exports.
+// TestExportedForms: the names the check below holds the documents to are
+// the ones each form's Envoy exports, derived through envoyconfig's
+// TagsFor and wasmhost's PrometheusName from the filter's metric names.
+func TestExportedForms(t *testing.T) {
+	forms, _ := exported(t)
+	req := forms[tagged].labels["edgelimit_requests"]
+	for _, d := range []string{"allowed", "denied", "shadow_allowed", "shadow_would_deny", "failed_open", "local_allowed", "local_denied"} {
+		if !slices.Contains(req["decision"], d) {
+			t.Errorf("tagged: decision %q missing from %v", d, req["decision"])
+		}
+	}
+	if !slices.Contains(req["reason"], "timeout") || slices.Contains(req["reason"], "failed_open") {
+		t.Errorf("tagged: reasons %v", req["reason"])
+	}
+	if slices.ContainsFunc(forms[tagged].families, func(f string) bool { return strings.HasPrefix(f, "edgelimit_requests_") }) {
+		t.Errorf("tagged: a request counter not in the family: %v", forms[tagged].families)
+	}
+	for _, f := range []string{"edgelimit_requests_allowed", "edgelimit_requests_failed_open_timeout", "edgelimit_requests_shadow_allowed"} {
+		if !slices.Contains(forms[untagged].families, f) {
+			t.Errorf("untagged: %s missing from %v", f, forms[untagged].families)
+		}
+	}
+	if got := forms[istio].labels["edgelimit_requests"]; !slices.Equal(got["authz_dry_run_result"], []string{"allowed"}) || len(got) != 1 {
+		t.Errorf("istio: edgelimit_requests labels %v, want authz_dry_run_result allowed (shadow_allowed) only", got)
+	}
+	if slices.Contains(forms[istio].families, "edgelimit_requests_shadow_allowed") || !slices.Contains(forms[istio].families, "edgelimit_requests_shadow_would_deny") {
+		t.Errorf("istio: families %v", forms[istio].families)
+	}
+}
+
+// TestDocumentedMetricsExist: in each document, every edgelimit_* and
+// sidecar_* name (a trailing _ is a prefix, as in a __name__ regex) is a
+// family its form exports, every wasmcustom.edgelimit.* name one the filter
+// defines, and every matcher on a tag of the filter's metrics (decision,
+// reason, ...) names a tag of that form with a value it takes.
 func TestDocumentedMetricsExist(t *testing.T) {
-	prom, dotted := exported(t)
-	promRE := regexp.MustCompile(`\b(?:edgelimit|sidecar)_[a-z0-9_]*`)
-	dottedRE := regexp.MustCompile(`wasmcustom\.edgelimit\.[a-z0-9_.]*`)
+	forms, dotted := exported(t)
 	seen := 0
 	for _, doc := range documents {
-		raw, err := os.ReadFile(doc)
+		raw, err := os.ReadFile(doc.path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, c := range []struct {
-			re    *regexp.Regexp
-			names []string
-		}{{promRE, prom}, {dottedRE, dotted}} {
-			for _, name := range c.re.FindAllString(string(raw), -1) {
-				if slices.Contains(notMetrics, name) {
-					continue
-				}
-				seen++
-				prefix := strings.HasSuffix(name, "_") || strings.HasSuffix(name, ".")
-				ok := slices.ContainsFunc(c.names, func(n string) bool {
-					return n == name || prefix && strings.HasPrefix(n, name)
-				})
-				if !ok {
-					t.Errorf("%s names %q, which neither the filter nor the sidecar exports", doc, name)
+		segs, missing := segments(doc, string(raw))
+		for _, h := range missing {
+			t.Errorf("%s: no section %q", doc.path, h)
+		}
+		for _, s := range segs {
+			n, problems := check(forms, s.form, dotted, s.text)
+			seen += n
+			for _, p := range problems {
+				t.Errorf("%s (%s): %s", doc.path, s.form, p)
+			}
+		}
+	}
+	if seen < 80 {
+		t.Errorf("found %d metric names and label matchers in the documents: the documents or the patterns changed", seen)
+	}
+}
+
+// TestCheckRefuses: the check fails a stale or mistyped name, label or
+// value, and passes what each form exports.
+func TestCheckRefuses(t *testing.T) {
+	forms, dotted := exported(t)
+	for _, c := range []struct {
+		form, text string
+		ok         bool
+	}{
+		{tagged, `sum(rate(edgelimit_requests{decision="failed_open",reason="timeout"}[5m]))`, true},
+		{tagged, `rate(edgelimit_requests{decision!~"local_.*"}[5m])`, true},
+		{tagged, `edgelimit_requests{decision=~"denied|denied_cached"}`, true},
+		{tagged, "`edgelimit_requests_denied`", false},
+		{tagged, `{__name__=~"edgelimit_requests_.+"}`, false},
+		{tagged, `edgelimit_requests{decision="denyed"}`, false},
+		{tagged, `edgelimit_requests{decision=~"denied|denyed"}`, false},
+		{tagged, `edgelimit_requests{reason="slow"}`, false},
+		{tagged, `edgelimit_breaker_state{decision="allowed"}`, false},
+		{tagged, `edgelimit_requests{authz_dry_run_result="allowed"}`, false},
+		{tagged, "`wasmcustom.edgelimit.requests.failed_open.timeout`", true},
+		{tagged, "`wasmcustom.edgelimit.requests.failed_open.slow`", false},
+		{untagged, `{__name__=~"edgelimit_requests_failed_open_.+"}`, true},
+		{untagged, "`edgelimit_requests_failed_open_timeout`", true},
+		{untagged, `edgelimit_requests{decision="allowed"}`, false},
+		{istio, `edgelimit_requests{authz_dry_run_result="allowed"}`, true},
+		{istio, "`edgelimit_requests_shadow_would_deny`", true},
+		{istio, "`edgelimit_requests_shadow_allowed`", false},
+		{istio, `edgelimit_requests{decision="failed_open"}`, false},
+	} {
+		n, problems := check(forms, c.form, dotted, c.text)
+		if n == 0 || (len(problems) == 0) != c.ok {
+			t.Errorf("%s: %s: %d found, problems %q; want ok %t", c.form, c.text, n, problems, c.ok)
+		}
+	}
+}
+
+// TestEnvoyGatewayStatsConfig: the EnvoyProxy that mesh/envoy-gateway's
+// README offers merges envoy.yaml's stats_config into Envoy Gateway's
+// bootstrap, exactly.
+func TestEnvoyGatewayStatsConfig(t *testing.T) {
+	raw, err := os.ReadFile("mesh/envoy-gateway/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)```yaml\n(apiVersion: gateway.envoyproxy.io/v1alpha1\nkind: EnvoyProxy\n.*?)```").FindSubmatch(raw)
+	if m == nil {
+		t.Fatal("no EnvoyProxy in mesh/envoy-gateway/README.md")
+	}
+	var proxy struct {
+		APIVersion, Kind string
+		Metadata         struct{ Name, Namespace string }
+		Spec             struct {
+			Bootstrap struct{ Type, Value string }
+		}
+	}
+	if err := yaml.UnmarshalStrict(m[1], &proxy); err != nil {
+		t.Fatalf("EnvoyProxy: %v", err)
+	}
+	var merged, shipped map[string]any
+	if err := yaml.Unmarshal([]byte(proxy.Spec.Bootstrap.Value), &merged); err != nil {
+		t.Fatalf("bootstrap value: %v", err)
+	}
+	boot, err := os.ReadFile("../envoy/envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(boot, &shipped); err != nil {
+		t.Fatal(err)
+	}
+	if proxy.Spec.Bootstrap.Type != "Merge" || len(merged) != 1 || !reflect.DeepEqual(merged["stats_config"], shipped["stats_config"]) {
+		t.Errorf("EnvoyProxy bootstrap %s:\n%s\nwant Merge of envoy.yaml's stats_config only:\n%v", proxy.Spec.Bootstrap.Type, proxy.Spec.Bootstrap.Value, shipped["stats_config"])
+	}
+}
+
+var (
+	promRE   = regexp.MustCompile(`\b(?:edgelimit|sidecar)_[a-z0-9_]*`)
+	dottedRE = regexp.MustCompile(`wasmcustom\.edgelimit\.[a-z0-9_.]*`)
+	// matcherRE is a label matcher: name, operator, value.
+	matcherRE = regexp.MustCompile(`\b([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"([^"]*)"`)
+	// selectorRE is a family's selector, edgelimit_requests{...}.
+	selectorRE = regexp.MustCompile(`\b((?:edgelimit|sidecar)_[a-z0-9_]*)\{([^{}]*)\}`)
+	headingRE  = regexp.MustCompile(`^(#+)\s+(.*?)\s*$`)
+)
+
+type segment struct{ form, text string }
+
+// segments cuts a document into runs of lines of one form, and returns the
+// section headings doc names that it does not have.
+func segments(doc document, text string) ([]segment, []string) {
+	var segs []segment
+	form, level := doc.form, 0 // level: of the heading that set form; 0 none
+	found := map[string]bool{}
+	var cur strings.Builder
+	fenced := false // inside a ``` block, whose # lines are no headings
+	flush := func() {
+		if cur.Len() > 0 {
+			segs = append(segs, segment{form, cur.String()})
+			cur.Reset()
+		}
+	}
+	markdown := strings.HasSuffix(doc.path, ".md")
+	for _, line := range strings.SplitAfter(text, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			fenced = !fenced
+		}
+		if m := headingRE.FindStringSubmatch(line); m != nil && markdown && !fenced {
+			l := len(m[1])
+			next := form
+			if level > 0 && l <= level {
+				next, level = doc.form, 0
+			}
+			if f, ok := doc.sections[m[2]]; ok {
+				next, level = f, l
+				found[m[2]] = true
+			}
+			if next != form {
+				flush()
+				form = next
+			}
+		}
+		cur.WriteString(line)
+	}
+	flush()
+	var missing []string
+	for h := range doc.sections {
+		if !found[h] {
+			missing = append(missing, h)
+		}
+	}
+	slices.Sort(missing)
+	return segs, missing
+}
+
+// check holds text to what form exports; it returns how many names and
+// matchers it checked and what is wrong.
+func check(forms map[string]*names, form string, dotted []string, text string) (int, []string) {
+	n := forms[form]
+	var problems []string
+	seen := 0
+	for _, c := range []struct {
+		re    *regexp.Regexp
+		names []string
+	}{{promRE, n.families}, {dottedRE, dotted}} {
+		for _, name := range c.re.FindAllString(text, -1) {
+			if slices.Contains(notMetrics, name) {
+				continue
+			}
+			seen++
+			prefix := strings.HasSuffix(name, "_") || strings.HasSuffix(name, ".")
+			if !slices.ContainsFunc(c.names, func(e string) bool { return e == name || prefix && strings.HasPrefix(e, name) }) {
+				problems = append(problems, fmt.Sprintf("names %q, which neither the filter nor the sidecar exports in this form", name))
+			}
+		}
+	}
+	// Every tag name of every form: a matcher on one of these is on the
+	// filter's labels (others are the scrape's: pod, job, le, result...).
+	tagNames := map[string]bool{}
+	all := map[string][]string{} // this form's tags, over its families
+	for f, fn := range forms {
+		for _, tags := range fn.labels {
+			for name, values := range tags {
+				tagNames[name] = true
+				if f == form {
+					all[name] = append(all[name], values...)
 				}
 			}
 		}
 	}
-	if seen < 50 {
-		t.Errorf("found %d metric names in %v: the documents or the patterns changed", seen, documents)
+	// Matchers in a family's selector are held to that family's tags, the
+	// others to the form's.
+	inSelector := map[int]string{} // matcher offset → family
+	for _, m := range selectorRE.FindAllStringSubmatchIndex(text, -1) {
+		family := text[m[2]:m[3]]
+		for _, mm := range matcherRE.FindAllStringIndex(text[m[4]:m[5]], -1) {
+			inSelector[m[4]+mm[0]] = family
+		}
 	}
+	for _, m := range matcherRE.FindAllStringSubmatchIndex(text, -1) {
+		label, op, value := text[m[2]:m[3]], text[m[4]:m[5]], text[m[6]:m[7]]
+		if !tagNames[label] {
+			continue
+		}
+		seen++
+		tags, where := all, "this form's metrics"
+		if family, ok := inSelector[m[0]]; ok {
+			tags, where = n.labels[family], family
+		}
+		values, ok := tags[label]
+		if !ok {
+			problems = append(problems, fmt.Sprintf("matches on label %s, which %s does not have", label, where))
+			continue
+		}
+		if op == "=" || op == "!=" {
+			if !slices.Contains(values, value) {
+				problems = append(problems, fmt.Sprintf("%s%s%q: %s takes %v", label, op, value, label, values))
+			}
+			continue
+		}
+		// A regex: each alternative must match one of the values.
+		for _, alt := range alternatives(value) {
+			re, err := regexp.Compile("^(?:" + alt + ")$")
+			if err != nil {
+				problems = append(problems, fmt.Sprintf("%s%s%q: %v", label, op, value, err))
+				continue
+			}
+			if !slices.ContainsFunc(values, re.MatchString) {
+				problems = append(problems, fmt.Sprintf("%s%s%q: %q matches none of %v", label, op, value, alt, values))
+			}
+		}
+	}
+	return seen, problems
+}
+
+// alternatives splits a regex at its top-level |s.
+func alternatives(re string) []string {
+	var out []string
+	depth, start := 0, 0
+	for i := 0; i < len(re); i++ {
+		switch re[i] {
+		case '\\':
+			i++
+		case '(', '[':
+			depth++
+		case ')', ']':
+			depth--
+		case '|':
+			if depth == 0 {
+				out = append(out, re[start:i])
+				start = i + 1
+			}
+		}
+	}
+	return append(out, re[start:])
 }

@@ -290,8 +290,10 @@ func TestStatsListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m["edgelimit_requests_shadow_allowed"] != 2 || m["edgelimit_requests_shadow_would_deny"] != 3 {
-		t.Errorf("scraped shadow_allowed %v, shadow_would_deny %v; want 2 and 3", m["edgelimit_requests_shadow_allowed"], m["edgelimit_requests_shadow_would_deny"])
+	// envoy.yaml's stats_tags make the request counters one family.
+	allowed, wouldDeny := m[`edgelimit_requests{decision="shadow_allowed"}`], m[`edgelimit_requests{decision="shadow_would_deny"}`]
+	if allowed != 2 || wouldDeny != 3 {
+		t.Errorf("scraped shadow_allowed %v, shadow_would_deny %v; want 2 and 3", allowed, wouldDeny)
 	}
 	// The deny cache answers some requests without a callout.
 	if n := m["edgelimit_callout_latency_us_count"]; n < 1 || n > 5 || m[`edgelimit_callout_latency_us_bucket{le="+Inf"}`] != n {

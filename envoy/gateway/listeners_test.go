@@ -34,7 +34,7 @@ func TestStatsListener(t *testing.T) {
 	base := "http://" + g.stats
 	for _, path := range []string{"/stats/prometheus", "/stats/prometheus?usedonly"} {
 		resp, body := testkit.Get(t, base+path)
-		if resp.StatusCode != 200 || !strings.Contains(body, "# TYPE edgelimit_requests_allowed counter\nedgelimit_requests_allowed 1\n") {
+		if resp.StatusCode != 200 || !strings.Contains(body, "# TYPE edgelimit_requests counter\n"+`edgelimit_requests{decision="allowed"} 1`+"\n") {
 			t.Errorf("GET %s: %d, want 200 with the admin's Prometheus text:\n%s", path, resp.StatusCode, body)
 		}
 		if ct := resp.Header.Get("content-type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
