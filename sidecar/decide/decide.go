@@ -7,6 +7,11 @@
 // the sidecar is idle a decision goes out alone at once; nothing ever waits
 // for a batch to fill. Under load the batches grow by themselves, so
 // throughput is bounded by Redis's work rather than by round trips.
+//
+// On a single server (Options.Direct) one writer sends the batches on one
+// connection of the Decider's own, each as one write, without waiting for
+// the replies to the ones before (up to Options.Pipelines in flight), and a
+// reader answers the calls from the replies in order.
 package decide
 
 import (
@@ -41,10 +46,10 @@ var ErrTimeout = fmt.Errorf("no answer from redis in time: %w", context.Deadline
 // Options tune a Decider. The zero value uses the defaults.
 type Options struct {
 	// Pipelines is how many batches may be in flight to Redis at once, each
-	// on its own connection. Defaults to 2: Redis runs one batch while the
-	// reply of the other travels and is parsed. More loops only make batches
-	// smaller (more round trips for the same work); fewer leave Redis idle
-	// during each round trip.
+	// on its own connection (with Direct, all on the one). Defaults to 2:
+	// Redis runs one batch while the reply of the other travels and is
+	// parsed. More only make batches smaller (more round trips for the same
+	// work); fewer leave Redis idle during each round trip.
 	Pipelines int
 	// MaxBatch caps the decisions sent in one pipeline. Defaults to 128.
 	MaxBatch int
@@ -65,6 +70,15 @@ type Options struct {
 	// OnNoScript, if set, is called each time Redis had lost the script (a
 	// restart, failover or SCRIPT FLUSH) and it was sent again.
 	OnNoScript func()
+	// Direct sends the decisions to a single server over one connection
+	// of the Decider's own, written and read in RESP2 without go-redis's
+	// command objects, instead of as go-redis pipelines (see direct.go);
+	// Pipelines then bounds the batches in flight on that connection. It
+	// needs a *redis.Client for one server and is ignored for a cluster
+	// client. Leave it off for a Sentinel failover client: its connections
+	// must follow the master when Sentinel moves it, which go-redis's pool
+	// does.
+	Direct bool
 }
 
 // Decider takes tokens from buckets in Redis. It is safe for concurrent use.
@@ -78,18 +92,26 @@ type Decider struct {
 	calls  sync.Pool
 	ready  readyCache
 
-	argsCache sync.Map // argsKey → []any
+	argsCache sync.Map // argsKey → *argsEntry
 	argsCount atomic.Int64
+
+	direct *direct // nil: go-redis pipelines
 }
 
 type call struct {
 	deadline time.Time
 	key      string
-	args     []any
+	args     *argsEntry
 	res      lua.Result
 	err      error
 	done     chan struct{} // buffered(1): the loop never blocks on delivery
 	timer    *time.Timer   // fires at deadline; reused with the call
+}
+
+// answer delivers res and err to the caller.
+func (c *call) answer(res lua.Result, err error) {
+	c.res, c.err = res, err
+	c.done <- struct{}{}
 }
 
 // New starts the batching loops on client. Call Close to stop them.
@@ -116,6 +138,12 @@ func New(client redis.UniversalClient, opt Options) *Decider {
 		t := time.NewTimer(time.Hour)
 		t.Stop()
 		return &call{done: make(chan struct{}, 1), timer: t}
+	}
+	if c, ok := client.(*redis.Client); ok && opt.Direct {
+		d.direct = newDirect(c.Options(), opt)
+		d.wg.Add(1)
+		go d.directLoop()
+		return d
 	}
 	for range opt.Pipelines {
 		d.wg.Add(1)
@@ -166,15 +194,23 @@ func (d *Decider) release(c *call) {
 // request costs 1, so a handful of entries serve nearly all calls.
 const maxCachedArgs = 4096
 
+// argsEntry is one call's script arguments: lua.Args, and the same as the
+// RESP bulk strings that end an EVALSHA.
+type argsEntry struct {
+	vals []any
+	resp []byte
+}
+
 // args returns lua.Args(l, cost), cached: formatting two floats for every
 // decision is measurable work at tens of thousands of checks per second. The
-// slices are shared read-only; go-redis copies arguments into each command.
-func (d *Decider) args(l lua.Limit, cost int64) []any {
+// entries are shared read-only; go-redis copies arguments into each command.
+func (d *Decider) args(l lua.Limit, cost int64) *argsEntry {
 	k := argsKey{l, cost}
 	if v, ok := d.argsCache.Load(k); ok {
-		return v.([]any)
+		return v.(*argsEntry)
 	}
-	a := lua.Args(l, cost)
+	vals := lua.Args(l, cost)
+	a := &argsEntry{vals: vals, resp: respArgs(vals)}
 	// Past the bound (plans edited many times, unusual costs) start over
 	// rather than stop caching: the entries in use come back at once.
 	if d.argsCount.Add(1) > maxCachedArgs {
@@ -198,12 +234,14 @@ func (d *Decider) Close() {
 	}
 	close(d.quit)
 	d.wg.Wait()
+	if d.direct != nil {
+		d.direct.close()
+	}
 	// Anything that slipped into the queue after the loops saw quit.
 	for {
 		select {
 		case c := <-d.queue:
-			c.err = ErrClosed
-			c.done <- struct{}{}
+			c.answer(lua.Result{}, ErrClosed)
 		default:
 			return
 		}
@@ -245,15 +283,7 @@ func (d *Decider) run(batch []*call) {
 	// A caller already past its deadline has answered 503; spending its
 	// tokens now would charge the client for a request it was not refused.
 	now := time.Now()
-	live := batch[:0]
-	for _, c := range batch {
-		if !now.Before(c.deadline) {
-			c.err = ErrTimeout
-			c.done <- struct{}{}
-			continue
-		}
-		live = append(live, c)
-	}
+	live := dropExpired(now, batch)
 	if len(live) == 0 {
 		return
 	}
@@ -301,11 +331,10 @@ func (d *Decider) run(batch []*call) {
 	for i, c := range live {
 		v, err := cmds[i].Result()
 		if err == nil {
-			c.res, c.err = lua.ParseReply(v)
+			c.answer(lua.ParseReply(v))
 		} else {
-			c.err = err
+			c.answer(lua.Result{}, err)
 		}
-		c.done <- struct{}{}
 	}
 }
 
@@ -339,9 +368,9 @@ func (d *Decider) exec(ctx context.Context, calls []*call, withSource bool) []*r
 	for i, c := range calls {
 		keys := []string{c.key}
 		if withSource {
-			cmds[i] = pipe.Eval(ctx, lua.Source, keys, c.args...)
+			cmds[i] = pipe.Eval(ctx, lua.Source, keys, c.args.vals...)
 		} else {
-			cmds[i] = pipe.EvalSha(ctx, sha, keys, c.args...)
+			cmds[i] = pipe.EvalSha(ctx, sha, keys, c.args.vals...)
 		}
 	}
 	// Per-command errors are read from each Cmd; a transport failure is set
