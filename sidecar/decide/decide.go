@@ -104,12 +104,19 @@ type call struct {
 	args     *argsEntry
 	res      lua.Result
 	err      error
-	done     chan struct{} // buffered(1): the loop never blocks on delivery
-	timer    *time.Timer   // fires at deadline; reused with the call
+	// answered is set by whoever answers the call first: a loop with
+	// Redis's reply or an error, or the timer with ErrTimeout.
+	answered atomic.Bool
+	done     chan struct{} // buffered(1): answering never blocks
+	timer    *time.Timer   // answers ErrTimeout at the deadline; reused with the call
 }
 
-// answer delivers res and err to the caller.
+// answer delivers res and err to the caller unless the call was answered
+// already (its deadline passed first).
 func (c *call) answer(res lua.Result, err error) {
+	if !c.answered.CompareAndSwap(false, true) {
+		return
+	}
 	c.res, c.err = res, err
 	c.done <- struct{}{}
 }
@@ -135,9 +142,10 @@ func New(client redis.UniversalClient, opt Options) *Decider {
 		quit:   make(chan struct{}),
 	}
 	d.calls.New = func() any {
-		t := time.NewTimer(time.Hour)
-		t.Stop()
-		return &call{done: make(chan struct{}, 1), timer: t}
+		c := &call{done: make(chan struct{}, 1)}
+		c.timer = time.AfterFunc(time.Hour, func() { c.answer(lua.Result{}, ErrTimeout) })
+		c.timer.Stop()
+		return c
 	}
 	if c, ok := client.(*redis.Client); ok && opt.Direct {
 		d.direct = newDirect(c.Options(), opt)
@@ -157,37 +165,36 @@ func New(client redis.UniversalClient, opt Options) *Decider {
 // returns ErrTimeout at once, without waiting for Redis.
 //
 // A deadline rather than a context keeps the hot path free of allocations:
-// the timer lives in a pooled call.
+// the timer lives in a pooled call. It answers the call itself at the
+// deadline, so that waiting is one channel receive rather than a select.
 func (d *Decider) Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error) {
 	if d.closed.Load() {
 		return lua.Result{}, ErrClosed
 	}
 	c := d.calls.Get().(*call)
 	c.deadline, c.key, c.args = deadline, key, d.args(l, cost)
-	// Go >= 1.23 timers: Reset and Stop leave no stale tick in C.
+	c.answered.Store(false)
 	c.timer.Reset(time.Until(deadline))
 	select {
 	case d.queue <- c:
-	case <-c.timer.C:
-		d.release(c)
-		return lua.Result{}, ErrTimeout
+	default:
+		// The queue is full: wait for room until the deadline.
+		select {
+		case d.queue <- c:
+		case <-c.done:
+			return lua.Result{}, ErrTimeout
+		}
 	}
-	select {
-	case <-c.done:
-		res, err := c.res, c.err
-		d.release(c)
-		return res, err
-	case <-c.timer.C:
-		// The loop still holds c and will deliver into its buffered channel
-		// later; c is left to the garbage collector rather than reused.
-		return lua.Result{}, ErrTimeout
+	<-c.done
+	res, err := c.res, c.err
+	// A timer that fired, or is firing, may still touch c; and after a
+	// timeout a loop may still hold c. Such a c is left to the garbage
+	// collector rather than reused.
+	if c.timer.Stop() {
+		c.key, c.args, c.res, c.err = "", nil, lua.Result{}, nil
+		d.calls.Put(c)
 	}
-}
-
-func (d *Decider) release(c *call) {
-	c.timer.Stop()
-	c.key, c.args, c.res, c.err = "", nil, lua.Result{}, nil
-	d.calls.Put(c)
+	return res, err
 }
 
 // maxCachedArgs bounds the argument cache: plans are few, and almost every
