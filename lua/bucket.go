@@ -117,25 +117,45 @@ func ParseReply(v any) (Result, error) {
 	if len(arr) != 4 {
 		return Result{}, fmt.Errorf("token bucket reply: want 4 elements, got %d", len(arr))
 	}
-	var r Result
-	switch arr[0] {
-	case int64(1):
-		r.Allowed = true
-	case int64(0):
-	default:
+	decision, ok := arr[0].(int64)
+	if !ok {
 		return Result{}, fmt.Errorf("token bucket reply: decision: want integer 0 or 1, got %T %v", arr[0], arr[0])
 	}
+	var fields [3]string
+	for i, name := range [3]string{"tokens", "retry", "reset"} {
+		s, ok := arr[i+1].(string)
+		if !ok {
+			return Result{}, fmt.Errorf("token bucket reply: %s: want a string, got %T %v", name, arr[i+1], arr[i+1])
+		}
+		fields[i] = s
+	}
+	return ParseFields(decision, fields[0], fields[1], fields[2])
+}
+
+// ParseFields reads the script's reply from its four elements: the
+// decision (integer 0 or 1) and the three decimal strings, tokens, retry
+// and reset, for callers that decode Redis's replies themselves. Values the
+// script cannot produce are an error.
+func ParseFields(decision int64, tokens, retry, reset string) (Result, error) {
+	var r Result
+	switch decision {
+	case 1:
+		r.Allowed = true
+	case 0:
+	default:
+		return Result{}, fmt.Errorf("token bucket reply: decision: want integer 0 or 1, got int64 %d", decision)
+	}
 	var err error
-	if r.Tokens, err = replyNumber("tokens", arr[1]); err != nil {
+	if r.Tokens, err = replyNumber("tokens", tokens); err != nil {
 		return Result{}, err
 	}
-	if arr[2] == "never" {
+	if retry == "never" {
 		if r.Allowed {
 			return Result{}, errors.New(`token bucket reply: allowed with retry "never"`)
 		}
 		r.Never = true
 	} else {
-		ms, err := replyNumber("retry", arr[2])
+		ms, err := replyNumber("retry", retry)
 		if err != nil {
 			return Result{}, err
 		}
@@ -144,7 +164,7 @@ func ParseReply(v any) (Result, error) {
 		}
 		r.RetryAfter, r.RetryMs = millis(ms), ms
 	}
-	ms, err := replyNumber("reset", arr[3])
+	ms, err := replyNumber("reset", reset)
 	if err != nil {
 		return Result{}, err
 	}
@@ -161,11 +181,7 @@ func IsNoScript(err error) bool {
 
 // replyNumber parses one of the script's decimal strings: a finite number
 // >= 0.
-func replyNumber(name string, v any) (float64, error) {
-	s, ok := v.(string)
-	if !ok {
-		return 0, fmt.Errorf("token bucket reply: %s: want a string, got %T %v", name, v, v)
-	}
+func replyNumber(name, s string) (float64, error) {
 	f, err := strconv.ParseFloat(s, 64)
 	if err != nil || !(f >= 0) || math.IsInf(f, 1) {
 		return 0, fmt.Errorf("token bucket reply: %s: want a finite number >= 0, got %q", name, s)

@@ -81,7 +81,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		check        = fs.Bool("check", false, "validate the flags and the plans file, print what is wrong, exit non-zero on a problem; start nothing")
 		keySalt      = fs.String("key-salt", "", "secret that keys the bucket-key digest (HMAC-SHA256); empty: plain SHA-256")
 		plansPoll    = fs.Duration("plans-poll", plans.DefaultPollInterval, "how often to look at the plans file for changes")
-		pipelines    = fs.Int("redis-pipelines", decide.DefaultPipelines, "pipelines in flight to Redis at once, each on its own connection")
+		pipelines    = fs.Int("redis-pipelines", decide.DefaultPipelines, "pipelines in flight to Redis at once: on a single server all on one connection, on Cluster and Sentinel each on its own")
 		maxBatch     = fs.Int("redis-max-batch", decide.DefaultMaxBatch, "most decisions sent in one pipeline")
 		logLevel     = fs.String("log-level", "info", "log `level`: debug, info, warn or error")
 		logFormat    = fs.String("log-format", "text", "log `format`: text or json")

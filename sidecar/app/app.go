@@ -102,6 +102,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 		MaxBatch:   cfg.MaxBatch,
 		OnBatch:    a.stats.ObserveBatch,
 		OnNoScript: a.stats.ScriptLoads.Inc,
+		Direct:     cfg.Redis.Kind == redisconn.Standalone,
 	})
 	var sharder *hot.Sharder
 	if !cfg.NoHotSharding {

@@ -7,6 +7,11 @@
 // the sidecar is idle a decision goes out alone at once; nothing ever waits
 // for a batch to fill. Under load the batches grow by themselves, so
 // throughput is bounded by Redis's work rather than by round trips.
+//
+// On a single server (Options.Direct) one writer sends the batches on one
+// connection of the Decider's own, each as one write, without waiting for
+// the replies to the ones before (up to Options.Pipelines in flight), and a
+// reader answers the calls from the replies in order.
 package decide
 
 import (
@@ -41,10 +46,10 @@ var ErrTimeout = fmt.Errorf("no answer from redis in time: %w", context.Deadline
 // Options tune a Decider. The zero value uses the defaults.
 type Options struct {
 	// Pipelines is how many batches may be in flight to Redis at once, each
-	// on its own connection. Defaults to 2: Redis runs one batch while the
-	// reply of the other travels and is parsed. More loops only make batches
-	// smaller (more round trips for the same work); fewer leave Redis idle
-	// during each round trip.
+	// on its own connection (with Direct, all on the one). Defaults to 2:
+	// Redis runs one batch while the reply of the other travels and is
+	// parsed. More only make batches smaller (more round trips for the same
+	// work); fewer leave Redis idle during each round trip.
 	Pipelines int
 	// MaxBatch caps the decisions sent in one pipeline. Defaults to 128.
 	MaxBatch int
@@ -65,6 +70,15 @@ type Options struct {
 	// OnNoScript, if set, is called each time Redis had lost the script (a
 	// restart, failover or SCRIPT FLUSH) and it was sent again.
 	OnNoScript func()
+	// Direct sends the decisions to a single server over one connection
+	// of the Decider's own, written and read in RESP2 without go-redis's
+	// command objects, instead of as go-redis pipelines (see direct.go);
+	// Pipelines then bounds the batches in flight on that connection. It
+	// needs a *redis.Client for one server and is ignored for a cluster
+	// client. Leave it off for a Sentinel failover client: its connections
+	// must follow the master when Sentinel moves it, which go-redis's pool
+	// does.
+	Direct bool
 }
 
 // Decider takes tokens from buckets in Redis. It is safe for concurrent use.
@@ -78,18 +92,33 @@ type Decider struct {
 	calls  sync.Pool
 	ready  readyCache
 
-	argsCache sync.Map // argsKey → []any
+	argsCache sync.Map // argsKey → *argsEntry
 	argsCount atomic.Int64
+
+	direct *direct // nil: go-redis pipelines
 }
 
 type call struct {
 	deadline time.Time
 	key      string
-	args     []any
+	args     *argsEntry
 	res      lua.Result
 	err      error
-	done     chan struct{} // buffered(1): the loop never blocks on delivery
-	timer    *time.Timer   // fires at deadline; reused with the call
+	// answered is set by whoever answers the call first: a loop with
+	// Redis's reply or an error, or the timer with ErrTimeout.
+	answered atomic.Bool
+	done     chan struct{} // buffered(1): answering never blocks
+	timer    *time.Timer   // answers ErrTimeout at the deadline; reused with the call
+}
+
+// answer delivers res and err to the caller unless the call was answered
+// already (its deadline passed first).
+func (c *call) answer(res lua.Result, err error) {
+	if !c.answered.CompareAndSwap(false, true) {
+		return
+	}
+	c.res, c.err = res, err
+	c.done <- struct{}{}
 }
 
 // New starts the batching loops on client. Call Close to stop them.
@@ -113,9 +142,16 @@ func New(client redis.UniversalClient, opt Options) *Decider {
 		quit:   make(chan struct{}),
 	}
 	d.calls.New = func() any {
-		t := time.NewTimer(time.Hour)
-		t.Stop()
-		return &call{done: make(chan struct{}, 1), timer: t}
+		c := &call{done: make(chan struct{}, 1)}
+		c.timer = time.AfterFunc(time.Hour, func() { c.answer(lua.Result{}, ErrTimeout) })
+		c.timer.Stop()
+		return c
+	}
+	if c, ok := client.(*redis.Client); ok && opt.Direct {
+		d.direct = newDirect(c.Options(), opt)
+		d.wg.Add(1)
+		go d.directLoop()
+		return d
 	}
 	for range opt.Pipelines {
 		d.wg.Add(1)
@@ -129,52 +165,59 @@ func New(client redis.UniversalClient, opt Options) *Decider {
 // returns ErrTimeout at once, without waiting for Redis.
 //
 // A deadline rather than a context keeps the hot path free of allocations:
-// the timer lives in a pooled call.
+// the timer lives in a pooled call. It answers the call itself at the
+// deadline, so that waiting is one channel receive rather than a select.
 func (d *Decider) Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error) {
 	if d.closed.Load() {
 		return lua.Result{}, ErrClosed
 	}
 	c := d.calls.Get().(*call)
 	c.deadline, c.key, c.args = deadline, key, d.args(l, cost)
-	// Go >= 1.23 timers: Reset and Stop leave no stale tick in C.
+	c.answered.Store(false)
 	c.timer.Reset(time.Until(deadline))
 	select {
 	case d.queue <- c:
-	case <-c.timer.C:
-		d.release(c)
-		return lua.Result{}, ErrTimeout
+	default:
+		// The queue is full: wait for room until the deadline.
+		select {
+		case d.queue <- c:
+		case <-c.done:
+			return lua.Result{}, ErrTimeout
+		}
 	}
-	select {
-	case <-c.done:
-		res, err := c.res, c.err
-		d.release(c)
-		return res, err
-	case <-c.timer.C:
-		// The loop still holds c and will deliver into its buffered channel
-		// later; c is left to the garbage collector rather than reused.
-		return lua.Result{}, ErrTimeout
+	<-c.done
+	res, err := c.res, c.err
+	// A timer that fired, or is firing, may still touch c; and after a
+	// timeout a loop may still hold c. Such a c is left to the garbage
+	// collector rather than reused.
+	if c.timer.Stop() {
+		c.key, c.args, c.res, c.err = "", nil, lua.Result{}, nil
+		d.calls.Put(c)
 	}
-}
-
-func (d *Decider) release(c *call) {
-	c.timer.Stop()
-	c.key, c.args, c.res, c.err = "", nil, lua.Result{}, nil
-	d.calls.Put(c)
+	return res, err
 }
 
 // maxCachedArgs bounds the argument cache: plans are few, and almost every
 // request costs 1, so a handful of entries serve nearly all calls.
 const maxCachedArgs = 4096
 
+// argsEntry is one call's script arguments: lua.Args, and the same as the
+// RESP bulk strings that end an EVALSHA.
+type argsEntry struct {
+	vals []any
+	resp []byte
+}
+
 // args returns lua.Args(l, cost), cached: formatting two floats for every
 // decision is measurable work at tens of thousands of checks per second. The
-// slices are shared read-only; go-redis copies arguments into each command.
-func (d *Decider) args(l lua.Limit, cost int64) []any {
+// entries are shared read-only; go-redis copies arguments into each command.
+func (d *Decider) args(l lua.Limit, cost int64) *argsEntry {
 	k := argsKey{l, cost}
 	if v, ok := d.argsCache.Load(k); ok {
-		return v.([]any)
+		return v.(*argsEntry)
 	}
-	a := lua.Args(l, cost)
+	vals := lua.Args(l, cost)
+	a := &argsEntry{vals: vals, resp: respArgs(vals)}
 	// Past the bound (plans edited many times, unusual costs) start over
 	// rather than stop caching: the entries in use come back at once.
 	if d.argsCount.Add(1) > maxCachedArgs {
@@ -198,12 +241,14 @@ func (d *Decider) Close() {
 	}
 	close(d.quit)
 	d.wg.Wait()
+	if d.direct != nil {
+		d.direct.close()
+	}
 	// Anything that slipped into the queue after the loops saw quit.
 	for {
 		select {
 		case c := <-d.queue:
-			c.err = ErrClosed
-			c.done <- struct{}{}
+			c.answer(lua.Result{}, ErrClosed)
 		default:
 			return
 		}
@@ -245,15 +290,7 @@ func (d *Decider) run(batch []*call) {
 	// A caller already past its deadline has answered 503; spending its
 	// tokens now would charge the client for a request it was not refused.
 	now := time.Now()
-	live := batch[:0]
-	for _, c := range batch {
-		if !now.Before(c.deadline) {
-			c.err = ErrTimeout
-			c.done <- struct{}{}
-			continue
-		}
-		live = append(live, c)
-	}
+	live := dropExpired(now, batch)
 	if len(live) == 0 {
 		return
 	}
@@ -301,11 +338,10 @@ func (d *Decider) run(batch []*call) {
 	for i, c := range live {
 		v, err := cmds[i].Result()
 		if err == nil {
-			c.res, c.err = lua.ParseReply(v)
+			c.answer(lua.ParseReply(v))
 		} else {
-			c.err = err
+			c.answer(lua.Result{}, err)
 		}
-		c.done <- struct{}{}
 	}
 }
 
@@ -339,9 +375,9 @@ func (d *Decider) exec(ctx context.Context, calls []*call, withSource bool) []*r
 	for i, c := range calls {
 		keys := []string{c.key}
 		if withSource {
-			cmds[i] = pipe.Eval(ctx, lua.Source, keys, c.args...)
+			cmds[i] = pipe.Eval(ctx, lua.Source, keys, c.args.vals...)
 		} else {
-			cmds[i] = pipe.EvalSha(ctx, sha, keys, c.args...)
+			cmds[i] = pipe.EvalSha(ctx, sha, keys, c.args.vals...)
 		}
 	}
 	// Per-command errors are read from each Cmd; a transport failure is set

@@ -27,6 +27,18 @@ func newDecider(t *testing.T, c redis.UniversalClient, opt Options) *Decider {
 	return d
 }
 
+// paths runs f on both ways of sending decisions: go-redis pipelines, and
+// the decider's own connection (Options.Direct).
+func paths(t *testing.T, f func(t *testing.T, direct bool)) {
+	for _, direct := range []bool{false, true} {
+		name := "pipelines"
+		if direct {
+			name = "direct"
+		}
+		t.Run(name, func(t *testing.T) { f(t, direct) })
+	}
+}
+
 func standalone(t *testing.T) (*redisproc.Server, *redis.Client) {
 	t.Helper()
 	srv := redisproc.StartT(t, redisproc.Options{})
@@ -36,254 +48,270 @@ func standalone(t *testing.T) (*redisproc.Server, *redis.Client) {
 }
 
 func TestDecideBurst(t *testing.T) {
-	_, c := standalone(t)
-	d := newDecider(t, c, Options{})
-	for i := range 5 {
-		r, err := d.Decide(far(), "rl:{burst}", slow, 1)
-		if err != nil || !r.Allowed {
-			t.Fatalf("call %d: %+v, %v; want allowed", i, r, err)
+	paths(t, func(t *testing.T, direct bool) {
+		_, c := standalone(t)
+		d := newDecider(t, c, Options{Direct: direct})
+		for i := range 5 {
+			r, err := d.Decide(far(), "rl:{burst}", slow, 1)
+			if err != nil || !r.Allowed {
+				t.Fatalf("call %d: %+v, %v; want allowed", i, r, err)
+			}
 		}
-	}
-	r, err := d.Decide(far(), "rl:{burst}", slow, 1)
-	if err != nil || r.Allowed || r.RetryAfter <= 0 {
-		t.Fatalf("call 6: %+v, %v; want denied with a retry time", r, err)
-	}
-	// Cost above capacity: never, not a retry.
-	r, err = d.Decide(far(), "rl:{big}", slow, 6)
-	if err != nil || r.Allowed || !r.Never || r.RetryAfter != 0 {
-		t.Fatalf("cost 6 of 5: %+v, %v; want never", r, err)
-	}
+		r, err := d.Decide(far(), "rl:{burst}", slow, 1)
+		if err != nil || r.Allowed || r.RetryAfter <= 0 {
+			t.Fatalf("call 6: %+v, %v; want denied with a retry time", r, err)
+		}
+		// Cost above capacity: never, not a retry.
+		r, err = d.Decide(far(), "rl:{big}", slow, 6)
+		if err != nil || r.Allowed || !r.Never || r.RetryAfter != 0 {
+			t.Fatalf("cost 6 of 5: %+v, %v; want never", r, err)
+		}
+	})
 }
 
 // TestConcurrentExact spends one bucket from many goroutines through the
 // batching loops: exactly capacity decisions may be allowed.
 func TestConcurrentExact(t *testing.T) {
-	_, c := standalone(t)
-	var maxBatch atomic.Int64
-	d := newDecider(t, c, Options{Pipelines: 2, OnBatch: func(n int) {
-		for {
-			m := maxBatch.Load()
-			if int64(n) <= m || maxBatch.CompareAndSwap(m, int64(n)) {
-				return
-			}
-		}
-	}})
-	limit := lua.Limit{Capacity: 100, Rate: 0.001}
-	var allowed, denied atomic.Int64
-	var wg sync.WaitGroup
-	for range 32 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range 10 {
-				r, err := d.Decide(far(), "rl:{shared}", limit, 1)
-				if err != nil {
-					t.Error(err)
+	paths(t, func(t *testing.T, direct bool) {
+		_, c := standalone(t)
+		var maxBatch atomic.Int64
+		d := newDecider(t, c, Options{Direct: direct, Pipelines: 2, OnBatch: func(n int) {
+			for {
+				m := maxBatch.Load()
+				if int64(n) <= m || maxBatch.CompareAndSwap(m, int64(n)) {
 					return
 				}
-				if r.Allowed {
-					allowed.Add(1)
-				} else {
-					denied.Add(1)
-				}
 			}
-		}()
-	}
-	wg.Wait()
-	// 320 requests for 100 tokens; refill over the test adds far less than
-	// one token (0.001/s), so exactly 100 pass.
-	if allowed.Load() != 100 || denied.Load() != 220 {
-		t.Fatalf("allowed %d denied %d; want 100 and 220", allowed.Load(), denied.Load())
-	}
-	t.Logf("largest batch: %d", maxBatch.Load())
+		}})
+		limit := lua.Limit{Capacity: 100, Rate: 0.001}
+		var allowed, denied atomic.Int64
+		var wg sync.WaitGroup
+		for range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 10 {
+					r, err := d.Decide(far(), "rl:{shared}", limit, 1)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if r.Allowed {
+						allowed.Add(1)
+					} else {
+						denied.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		// 320 requests for 100 tokens; refill over the test adds far less than
+		// one token (0.001/s), so exactly 100 pass.
+		if allowed.Load() != 100 || denied.Load() != 220 {
+			t.Fatalf("allowed %d denied %d; want 100 and 220", allowed.Load(), denied.Load())
+		}
+		t.Logf("largest batch: %d", maxBatch.Load())
+	})
 }
 
 // TestBatching holds Redis with CLIENT PAUSE WRITE (scripts block, CLIENT
 // commands do not) so that the order of events is fixed: one call goes out
 // alone, the rest queue behind it and go out together as one pipeline.
 func TestBatching(t *testing.T) {
-	srv, c := standalone(t)
-	ctl := srv.Client(t)
-	batches := make(chan int, 100)
-	d := newDecider(t, c, Options{Pipelines: 1, MaxBatch: 64, OnBatch: func(n int) { batches <- n }})
-	ctx := context.Background()
-	if err := ctl.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
-		t.Fatal(err)
-	}
-	const queued = 50
-	var wg sync.WaitGroup
-	errs := make(chan error, queued+1)
-	decide := func(key string) {
-		defer wg.Done()
-		r, err := d.Decide(far(), key, slow, 1)
-		if err == nil && !r.Allowed {
-			err = fmt.Errorf("%s denied", key)
+	paths(t, func(t *testing.T, direct bool) {
+		srv, c := standalone(t)
+		ctl := srv.Client(t)
+		batches := make(chan int, 100)
+		d := newDecider(t, c, Options{Direct: direct, Pipelines: 1, MaxBatch: 64, OnBatch: func(n int) { batches <- n }})
+		ctx := context.Background()
+		if err := ctl.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
+			t.Fatal(err)
 		}
-		errs <- err
-	}
-	wg.Add(1)
-	go decide("rl:{first}")
-	if n := <-batches; n != 1 {
-		t.Fatalf("first batch %d, want 1 (an idle decider must not wait for more)", n)
-	}
-	for i := range queued {
+		const queued = 50
+		var wg sync.WaitGroup
+		errs := make(chan error, queued+1)
+		decide := func(key string) {
+			defer wg.Done()
+			r, err := d.Decide(far(), key, slow, 1)
+			if err == nil && !r.Allowed {
+				err = fmt.Errorf("%s denied", key)
+			}
+			errs <- err
+		}
 		wg.Add(1)
-		go decide(fmt.Sprintf("rl:{k%d}", i))
-	}
-	testkit.Poll(t, 30*time.Second, "all calls queued", func() bool { return len(d.queue) == queued })
-	if err := ctl.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Error(err)
+		go decide("rl:{first}")
+		if n := <-batches; n != 1 {
+			t.Fatalf("first batch %d, want 1 (an idle decider must not wait for more)", n)
 		}
-	}
-	if n := <-batches; n != queued {
-		t.Fatalf("second batch %d, want all %d queued calls in one pipeline", n, queued)
-	}
+		for i := range queued {
+			wg.Add(1)
+			go decide(fmt.Sprintf("rl:{k%d}", i))
+		}
+		testkit.Poll(t, 30*time.Second, "all calls queued", func() bool { return len(d.queue) == queued })
+		if err := ctl.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Error(err)
+			}
+		}
+		if n := <-batches; n != queued {
+			t.Fatalf("second batch %d, want all %d queued calls in one pipeline", n, queued)
+		}
+	})
 }
 
 // TestDeadline: a caller gets its context's error at the deadline while
 // Redis is still stuck, and a call that expired in the queue is never sent,
 // so its bucket is not charged.
 func TestDeadline(t *testing.T) {
-	srv, c := standalone(t)
-	ctl := srv.Client(t)
-	batches := make(chan int, 10)
-	d := newDecider(t, c, Options{Pipelines: 1, OnBatch: func(n int) { batches <- n }})
-	bg := context.Background()
-	if err := ctl.Do(bg, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
-		t.Fatal(err)
-	}
-	unpaused := false
-	defer func() {
-		if !unpaused {
-			ctl.Do(bg, "CLIENT", "UNPAUSE")
+	paths(t, func(t *testing.T, direct bool) {
+		srv, c := standalone(t)
+		ctl := srv.Client(t)
+		batches := make(chan int, 10)
+		d := newDecider(t, c, Options{Direct: direct, Pipelines: 1, OnBatch: func(n int) { batches <- n }})
+		bg := context.Background()
+		if err := ctl.Do(bg, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
+			t.Fatal(err)
 		}
-	}()
+		unpaused := false
+		defer func() {
+			if !unpaused {
+				ctl.Do(bg, "CLIENT", "UNPAUSE")
+			}
+		}()
 
-	// The first call occupies the only loop until Redis is unpaused.
-	firstDone := make(chan error, 1)
-	go func() {
-		_, err := d.Decide(far(), "rl:{holder}", slow, 1)
-		firstDone <- err
-	}()
-	<-batches
+		// The first call occupies the only loop until Redis is unpaused.
+		firstDone := make(chan error, 1)
+		go func() {
+			_, err := d.Decide(far(), "rl:{holder}", slow, 1)
+			firstDone <- err
+		}()
+		<-batches
 
-	_, err := d.Decide(time.Now().Add(20*time.Millisecond), "rl:{expired}", slow, 1)
-	if !errors.Is(err, ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Decide = %v, want ErrTimeout wrapping context.DeadlineExceeded", err)
-	}
-	// Redis is still paused (unpaused only below): the answer did not wait.
-	if err := ctl.Do(bg, "CLIENT", "UNPAUSE").Err(); err != nil {
-		t.Fatal(err)
-	}
-	unpaused = true
-	if err := <-firstDone; err != nil {
-		t.Fatal(err)
-	}
-	// Flush the loop with one more call: the expired one sat before it in
-	// the queue, so by the time this returns it has been dropped.
-	if _, err := d.Decide(far(), "rl:{after}", slow, 1); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := ctl.Exists(bg, "rl:{expired}").Result(); err != nil || n != 0 {
-		t.Fatalf("EXISTS expired bucket = %d, %v; want 0 (an expired call must not spend tokens)", n, err)
-	}
-	if n, _ := ctl.Exists(bg, "rl:{holder}", "rl:{after}").Result(); n != 2 {
-		t.Fatalf("EXISTS of the answered buckets = %d, want 2", n)
-	}
+		_, err := d.Decide(time.Now().Add(20*time.Millisecond), "rl:{expired}", slow, 1)
+		if !errors.Is(err, ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Decide = %v, want ErrTimeout wrapping context.DeadlineExceeded", err)
+		}
+		// Redis is still paused (unpaused only below): the answer did not wait.
+		if err := ctl.Do(bg, "CLIENT", "UNPAUSE").Err(); err != nil {
+			t.Fatal(err)
+		}
+		unpaused = true
+		if err := <-firstDone; err != nil {
+			t.Fatal(err)
+		}
+		// Flush the loop with one more call: the expired one sat before it in
+		// the queue, so by the time this returns it has been dropped.
+		if _, err := d.Decide(far(), "rl:{after}", slow, 1); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := ctl.Exists(bg, "rl:{expired}").Result(); err != nil || n != 0 {
+			t.Fatalf("EXISTS expired bucket = %d, %v; want 0 (an expired call must not spend tokens)", n, err)
+		}
+		if n, _ := ctl.Exists(bg, "rl:{holder}", "rl:{after}").Result(); n != 2 {
+			t.Fatalf("EXISTS of the answered buckets = %d, want 2", n)
+		}
+	})
 }
 
 func TestNoScriptAfterFlush(t *testing.T) {
-	srv, c := standalone(t)
-	var reloads atomic.Int64
-	d := newDecider(t, c, Options{OnNoScript: func() { reloads.Add(1) }})
-	ctx := context.Background()
-	// The first call finds Redis without the script, too.
-	if _, err := d.Decide(far(), "rl:{a}", slow, 1); err != nil {
-		t.Fatal(err)
-	}
-	if reloads.Load() != 1 {
-		t.Fatalf("NOSCRIPT reloads on a fresh Redis = %d, want 1", reloads.Load())
-	}
-	if err := srv.Client(t).ScriptFlush(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	r, err := d.Decide(far(), "rl:{a}", slow, 1)
-	if err != nil || !r.Allowed || r.Tokens < 3 || r.Tokens > 3.01 {
-		t.Fatalf("after SCRIPT FLUSH: %+v, %v; want allowed with 3 tokens left", r, err)
-	}
-	if reloads.Load() != 2 {
-		t.Fatalf("NOSCRIPT reloads = %d, want 2 (one more after the flush)", reloads.Load())
-	}
+	paths(t, func(t *testing.T, direct bool) {
+		srv, c := standalone(t)
+		var reloads atomic.Int64
+		d := newDecider(t, c, Options{Direct: direct, OnNoScript: func() { reloads.Add(1) }})
+		ctx := context.Background()
+		// The first call finds Redis without the script, too.
+		if _, err := d.Decide(far(), "rl:{a}", slow, 1); err != nil {
+			t.Fatal(err)
+		}
+		if reloads.Load() != 1 {
+			t.Fatalf("NOSCRIPT reloads on a fresh Redis = %d, want 1", reloads.Load())
+		}
+		if err := srv.Client(t).ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		r, err := d.Decide(far(), "rl:{a}", slow, 1)
+		if err != nil || !r.Allowed || r.Tokens < 3 || r.Tokens > 3.01 {
+			t.Fatalf("after SCRIPT FLUSH: %+v, %v; want allowed with 3 tokens left", r, err)
+		}
+		if reloads.Load() != 2 {
+			t.Fatalf("NOSCRIPT reloads = %d, want 2 (one more after the flush)", reloads.Load())
+		}
+	})
 }
 
 func TestRedisRestart(t *testing.T) {
-	srv, c := standalone(t)
-	d := newDecider(t, c, Options{})
-	ctx := context.Background()
-	if _, err := d.Decide(far(), "rl:{a}", slow, 1); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Ready(ctx); err != nil {
-		t.Fatalf("Ready = %v", err)
-	}
-	if err := srv.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.Decide(far(), "rl:{a}", slow, 1); err == nil {
-		t.Fatal("Decide succeeded with Redis killed")
-	}
-	d.ready.mu.Lock()
-	d.ready.until = time.Time{} // skip the cache: the previous answer was "ready"
-	d.ready.mu.Unlock()
-	if err := d.Ready(ctx); err == nil {
-		t.Fatal("Ready = nil with Redis killed")
-	}
-	if err := srv.Restart(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// The restarted Redis is empty: no bucket, no script. Pooled connections
-	// are dead; go-redis redials. Decisions resume on a full bucket.
-	var r lua.Result
-	var err error
-	testkit.Poll(t, 30*time.Second, "decisions to resume", func() bool {
-		r, err = d.Decide(far(), "rl:{a}", slow, 1)
-		return err == nil
+	paths(t, func(t *testing.T, direct bool) {
+		srv, c := standalone(t)
+		d := newDecider(t, c, Options{Direct: direct})
+		ctx := context.Background()
+		if _, err := d.Decide(far(), "rl:{a}", slow, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Ready(ctx); err != nil {
+			t.Fatalf("Ready = %v", err)
+		}
+		if err := srv.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.Decide(far(), "rl:{a}", slow, 1); err == nil {
+			t.Fatal("Decide succeeded with Redis killed")
+		}
+		d.ready.mu.Lock()
+		d.ready.until = time.Time{} // skip the cache: the previous answer was "ready"
+		d.ready.mu.Unlock()
+		if err := d.Ready(ctx); err == nil {
+			t.Fatal("Ready = nil with Redis killed")
+		}
+		if err := srv.Restart(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// The restarted Redis is empty: no bucket, no script. Pooled connections
+		// are dead; go-redis redials. Decisions resume on a full bucket.
+		var r lua.Result
+		var err error
+		testkit.Poll(t, 30*time.Second, "decisions to resume", func() bool {
+			r, err = d.Decide(far(), "rl:{a}", slow, 1)
+			return err == nil
+		})
+		if !r.Allowed || r.Tokens < 4 || r.Tokens > 4.01 {
+			t.Fatalf("first decision after restart: %+v; want allowed from a fresh bucket (4 left)", r)
+		}
 	})
-	if !r.Allowed || r.Tokens < 4 || r.Tokens > 4.01 {
-		t.Fatalf("first decision after restart: %+v; want allowed from a fresh bucket (4 left)", r)
-	}
 }
 
 func TestReadyLoadsScript(t *testing.T) {
-	srv, c := standalone(t)
-	d := newDecider(t, c, Options{})
-	ctx := context.Background()
-	if err := d.Ready(ctx); err != nil {
-		t.Fatalf("Ready = %v", err)
-	}
-	got, err := srv.Client(t).ScriptExists(ctx, lua.Script.Hash()).Result()
-	if err != nil || len(got) != 1 || !got[0] {
-		t.Fatalf("SCRIPT EXISTS after Ready = %v, %v; want loaded", got, err)
-	}
+	paths(t, func(t *testing.T, direct bool) {
+		srv, c := standalone(t)
+		d := newDecider(t, c, Options{Direct: direct})
+		ctx := context.Background()
+		if err := d.Ready(ctx); err != nil {
+			t.Fatalf("Ready = %v", err)
+		}
+		got, err := srv.Client(t).ScriptExists(ctx, lua.Script.Hash()).Result()
+		if err != nil || len(got) != 1 || !got[0] {
+			t.Fatalf("SCRIPT EXISTS after Ready = %v, %v; want loaded", got, err)
+		}
+	})
 }
 
 func TestClose(t *testing.T) {
-	_, c := standalone(t)
-	d := New(c, Options{})
-	if _, err := d.Decide(far(), "rl:{a}", slow, 1); err != nil {
-		t.Fatal(err)
-	}
-	d.Close()
-	d.Close() // idempotent
-	if _, err := d.Decide(far(), "rl:{a}", slow, 1); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Decide after Close = %v, want ErrClosed", err)
-	}
+	paths(t, func(t *testing.T, direct bool) {
+		_, c := standalone(t)
+		d := New(c, Options{Direct: direct})
+		if _, err := d.Decide(far(), "rl:{a}", slow, 1); err != nil {
+			t.Fatal(err)
+		}
+		d.Close()
+		d.Close() // idempotent
+		if _, err := d.Decide(far(), "rl:{a}", slow, 1); !errors.Is(err, ErrClosed) {
+			t.Fatalf("Decide after Close = %v, want ErrClosed", err)
+		}
+	})
 }
 
 // TestCluster runs decisions on a 3-master Redis Cluster: pipelines are split
@@ -292,7 +320,8 @@ func TestCluster(t *testing.T) {
 	cl := redisproc.StartClusterT(t, 3, 0)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs})
 	t.Cleanup(func() { c.Close() })
-	d := newDecider(t, c, Options{})
+	// Direct is ignored for a cluster client: its pipelines go by slot.
+	d := newDecider(t, c, Options{Direct: true})
 	ctx := context.Background()
 	const clients = 60
 	var wg sync.WaitGroup
@@ -344,7 +373,7 @@ func TestArgsCache(t *testing.T) {
 		cost int64
 	}{{slow, 1}, {slow, 2}, {lua.Limit{Capacity: 10, Rate: 0.5}, 1}, {slow, 1}}
 	for _, tt := range tests {
-		got, want := d.args(tt.l, tt.cost), lua.Args(tt.l, tt.cost)
+		got, want := d.args(tt.l, tt.cost).vals, lua.Args(tt.l, tt.cost)
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("args(%v, %d) = %v, want %v", tt.l, tt.cost, got, want)
 		}
@@ -355,7 +384,7 @@ func TestArgsCache(t *testing.T) {
 	// Past the bound the cache starts over: it never holds more than the
 	// bound, and answers stay right.
 	for i := range maxCachedArgs + 10 {
-		if got := d.args(slow, int64(i+100)); fmt.Sprint(got) != fmt.Sprint(lua.Args(slow, int64(i+100))) {
+		if got := d.args(slow, int64(i+100)).vals; fmt.Sprint(got) != fmt.Sprint(lua.Args(slow, int64(i+100))) {
 			t.Fatalf("args(slow, %d) = %v", i+100, got)
 		}
 	}

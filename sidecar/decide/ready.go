@@ -48,6 +48,12 @@ func (d *Decider) Ready(ctx context.Context) error {
 // connections at once (a cluster client keeps a pool per node and warms
 // each on its first use).
 func (d *Decider) warm(ctx context.Context) error {
+	if d.direct != nil {
+		if d.opt.WarmConns <= 0 {
+			return nil
+		}
+		return d.direct.warm(ctx)
+	}
 	c, ok := d.client.(*redis.Client)
 	if !ok || d.opt.WarmConns <= 0 {
 		return nil

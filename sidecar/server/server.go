@@ -186,10 +186,7 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 
 	var a Answer
 	a.Fill(res, plan)
-	h := &ctx.Response.Header
-	for i := range a.Len() {
-		h.SetBytesV(a.Field(i))
-	}
+	a.SetHeaders(&ctx.Response.Header)
 	ctx.SetStatusCode(a.Status)
 	if res.Allowed {
 		s.o.Stats.Allowed.Inc()
@@ -227,9 +224,44 @@ type Answer struct {
 }
 
 type span struct {
-	name     string
+	name     *headerName
 	from, to int
 }
+
+// headerName is a response header's name, and the same in the form
+// fasthttp writes it ("Ratelimit-Limit"), so that setting it skips
+// fasthttp's normalizing of the name on every answer.
+type headerName struct {
+	name      string
+	canonical []byte
+}
+
+func newHeaderName(name string) *headerName {
+	c := []byte(name)
+	upper := true
+	for i, b := range c {
+		switch {
+		case upper && 'a' <= b && b <= 'z':
+			c[i] = b - 'a' + 'A'
+		case !upper && 'A' <= b && b <= 'Z':
+			c[i] = b - 'A' + 'a'
+		}
+		upper = b == '-'
+	}
+	return &headerName{name, c}
+}
+
+var (
+	nameLimit        = newHeaderName(HeaderLimit)
+	nameRemaining    = newHeaderName(HeaderRemaining)
+	nameReset        = newHeaderName(HeaderReset)
+	nameTokens       = newHeaderName(HeaderTokens)
+	namePlan         = newHeaderName(HeaderPlan)
+	nameRate         = newHeaderName(HeaderRate)
+	nameRetryAfter   = newHeaderName(HeaderRetryAfter)
+	nameRetryAfterMs = newHeaderName(HeaderRetryAfterMs)
+	nameNever        = newHeaderName(HeaderNever)
+)
 
 // Len is the number of headers Fill wrote.
 func (a *Answer) Len() int { return a.n }
@@ -238,17 +270,24 @@ func (a *Answer) Len() int { return a.n }
 // is filled again.
 func (a *Answer) Field(i int) (name string, value []byte) {
 	f := a.fields[i]
-	return f.name, a.buf[f.from:f.to]
+	return f.name.name, a.buf[f.from:f.to]
 }
 
-func (a *Answer) put(name string, v []byte) {
+// SetHeaders sets the answer's headers on h.
+func (a *Answer) SetHeaders(h *fasthttp.ResponseHeader) {
+	for _, f := range a.fields[:a.n] {
+		h.SetCanonical(f.name.canonical, a.buf[f.from:f.to])
+	}
+}
+
+func (a *Answer) put(name *headerName, v []byte) {
 	n := copy(a.buf[a.end:], v)
 	a.fields[a.n] = span{name, a.end, a.end + n}
 	a.end += n
 	a.n++
 }
 
-func (a *Answer) putString(name, v string) {
+func (a *Answer) putString(name *headerName, v string) {
 	n := copy(a.buf[a.end:], v)
 	a.fields[a.n] = span{name, a.end, a.end + n}
 	a.end += n
@@ -274,26 +313,26 @@ func (a *Answer) putString(name, v string) {
 func (a *Answer) Fill(res lua.Result, plan *plans.Plan) {
 	a.n, a.end = 0, 0
 	var num [32]byte
-	a.putString(HeaderLimit, plan.LimitHeader)
-	a.putString(HeaderPlan, plan.Name)
-	a.put(HeaderRemaining, strconv.AppendInt(num[:0], int64(math.Floor(math.Max(res.Tokens, 0))), 10))
-	a.put(HeaderReset, strconv.AppendInt(num[:0], seconds.Ceil(res.ResetMs), 10))
-	a.put(HeaderTokens, strconv.AppendFloat(num[:0], res.Tokens, 'f', -1, 64))
+	a.putString(nameLimit, plan.LimitHeader)
+	a.putString(namePlan, plan.Name)
+	a.put(nameRemaining, strconv.AppendInt(num[:0], int64(math.Floor(math.Max(res.Tokens, 0))), 10))
+	a.put(nameReset, strconv.AppendInt(num[:0], seconds.Ceil(res.ResetMs), 10))
+	a.put(nameTokens, strconv.AppendFloat(num[:0], res.Tokens, 'f', -1, 64))
 	// The plan's rate, not a hot client's region share: a gateway that
 	// enforces the plan on its own during an outage needs the whole plan.
 	// 'g' with -1 is the shortest form that parses back exactly.
-	a.put(HeaderRate, strconv.AppendFloat(num[:0], plan.Rate, 'g', -1, 64))
+	a.put(nameRate, strconv.AppendFloat(num[:0], plan.Rate, 'g', -1, 64))
 	switch {
 	case res.Allowed:
 		a.Status = fasthttp.StatusOK
 	case res.Never:
 		a.Status = fasthttp.StatusTooManyRequests
-		a.putString(HeaderNever, "true")
-		a.put(HeaderRetryAfter, strconv.AppendInt(num[:0], max(1, seconds.Ceil(res.ResetMs)), 10))
+		a.putString(nameNever, "true")
+		a.put(nameRetryAfter, strconv.AppendInt(num[:0], max(1, seconds.Ceil(res.ResetMs)), 10))
 	default:
 		a.Status = fasthttp.StatusTooManyRequests
-		a.put(HeaderRetryAfterMs, strconv.AppendFloat(num[:0], res.RetryMs, 'f', -1, 64))
-		a.put(HeaderRetryAfter, strconv.AppendInt(num[:0], max(1, seconds.Ceil(res.RetryMs)), 10))
+		a.put(nameRetryAfterMs, strconv.AppendFloat(num[:0], res.RetryMs, 'f', -1, 64))
+		a.put(nameRetryAfter, strconv.AppendInt(num[:0], max(1, seconds.Ceil(res.RetryMs)), 10))
 	}
 }
 

@@ -451,3 +451,26 @@ func TestAnswerDoesNotAllocate(t *testing.T) {
 		t.Errorf("Fill allocates %v times, want 0", n)
 	}
 }
+
+// TestSetHeadersAsFasthttpNames: the names SetHeaders gives fasthttp ready
+// made are the ones fasthttp makes of the plain names, so the answer on the
+// wire is byte for byte what setting them by name writes.
+func TestSetHeadersAsFasthttpNames(t *testing.T) {
+	p := &plans.Plan{Name: "pro", Capacity: 200, Rate: 100, LimitHeader: "200"}
+	for _, res := range []lua.Result{
+		{Allowed: true, Tokens: 11.4, ResetMs: 1886},
+		{Tokens: 0.999, RetryMs: 0.01, ResetMs: 1990.01},
+		{Tokens: 200, Never: true},
+	} {
+		var a Answer
+		a.Fill(res, p)
+		var got, want fasthttp.ResponseHeader
+		a.SetHeaders(&got)
+		for i := range a.Len() {
+			want.SetBytesV(a.Field(i))
+		}
+		if g, w := got.String(), want.String(); g != w {
+			t.Errorf("%+v: SetHeaders wrote\n%s\nsetting by name writes\n%s", res, g, w)
+		}
+	}
+}

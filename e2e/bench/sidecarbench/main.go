@@ -8,7 +8,8 @@
 // on it, then, for each round:
 //
 //  1. runs `redis-benchmark -c 50 -P 1` of EVALSHA of the token-bucket script
-//     over 10,000 keys: the raw Redis figure, one round trip per decision;
+//     over 10,000 keys: the raw Redis figure, one round trip per decision,
+//     with Redis's CPU and commands per check and redis-benchmark's CPU;
 //  2. loads the sidecar over HTTP from another process (wrk, or this one)
 //     with 50 concurrent clients over 10,000 API keys, as fast as it
 //     answers: checks/s, p50/p99/p99.9, and the CPU each process spent per
@@ -225,7 +226,7 @@ func run(cfg config) error {
 		fmt.Fprintf(w, "%d\t%s\t%.0f\t%s\t%s\t%s\t%d\t%s\t%.2f\t%.1f\t%.1f\t%.1f\t\n", r, side,
 			f.rps, ms(f.p50), ms(f.p99), ms(f.p999), f.errors, batch, pc.redisCmds, pc.service, pc.redis, pc.loadgen)
 	}
-	var ratios, rawRates []float64
+	var ratios, rawRates, rawRedisCPU, sidecarRedisCPU []float64
 	var vsRLS rlsRatios
 	var lastFull, lastRLS figures
 	n := cfg.redisN
@@ -233,11 +234,25 @@ func run(cfg config) error {
 		n = 150000
 	}
 	for r := 1; r <= cfg.rounds; r++ {
+		// Redis's CPU and commands per check under redis-benchmark, and
+		// redis-benchmark's own CPU (a child that has finished by the
+		// second reading): the figures the sidecar's rows are read against.
+		c0, err := cpuNow(ctx, os.Getpid(), srv)
+		if err != nil {
+			return err
+		}
 		raw, err := redisBenchmark(ctx, srv, cfg.concurrency, cfg.keys, n)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "%d\tredis-benchmark EVALSHA -P 1\t%.0f\t%s\t%s\t-\t-\t1\t-\t-\t-\t-\t\n", r, raw.rps, ms(raw.p50), ms(raw.p99))
+		c1, err := cpuNow(ctx, os.Getpid(), srv)
+		if err != nil {
+			return err
+		}
+		rawCPU := c1.sub(c0).per(int64(n))
+		fmt.Fprintf(w, "%d\tredis-benchmark EVALSHA -P 1\t%.0f\t%s\t%s\t-\t-\t1\t%.2f\t-\t%.1f\t%.1f\t\n", r, raw.rps, ms(raw.p50), ms(raw.p99),
+			rawCPU.redisCmds, rawCPU.redis, rawCPU.loadgen)
+		rawRedisCPU = append(rawRedisCPU, rawCPU.redis)
 
 		var full, rf figures
 		var fullCPU, rlsCPU perCheck
@@ -279,6 +294,7 @@ func run(cfg config) error {
 		}
 		ratios = append(ratios, full.rps/raw.rps)
 		rawRates = append(rawRates, raw.rps)
+		sidecarRedisCPU = append(sidecarRedisCPU, fullCPU.redis)
 		if rls != nil {
 			vsRLS.add(full, rf, fullCPU, rlsCPU)
 		}
@@ -309,6 +325,8 @@ func run(cfg config) error {
 
 	fmt.Fprintf(out, "\nratio sidecar / redis-benchmark, checks/s: median %.2f over %d rounds (%s); target >= %.2f\n",
 		median(ratios), len(ratios), joinRatios(ratios), targetRatio)
+	fmt.Fprintf(out, "Redis's CPU per check, median of the rounds: %.1f µs under the sidecar's pipelines, %.1f µs under redis-benchmark -P 1\n",
+		median(sidecarRedisCPU), median(rawRedisCPU))
 	if rls != nil {
 		vsRLS.print(out)
 	}
