@@ -59,37 +59,69 @@ func (l *routerListener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// No normalize_path here: envoy.yaml's stats listener sets none, and
 	// its routes are exact paths.
 	path := r.URL.RequestURI()
-	rt, ok := matchRoute(l.routes(gen), path)
+	fw := g.forward(r, gen, l.routes(gen), path, requestHeaders(r, path), x)
+	defer fw.done()
+	if fw.resp == nil {
+		if fw.status != 0 {
+			g.writeReply(w, x, localHeaders(fw.status, fw.body), []byte(fw.body))
+		}
+		return
+	}
+	x.details = "via_upstream"
+	g.writeHeaders(w, x, responseHeaders(fw.resp, fw.start))
+	if err := copyBody(w, fw.resp.Body, fw.resp.ContentLength); err != nil {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// forwarded is what Envoy's router did with a request: the upstream's
+// response (resp, sent at start), or an answer of its own (status and
+// body: no route, a direct response, an upstream failure), or nothing to
+// send (status 0: the client went away). done releases it.
+type forwarded struct {
+	resp   *http.Response
+	start  time.Time
+	status int
+	body   string
+	cancel context.CancelFunc
+}
+
+func (f *forwarded) done() {
+	if f.resp != nil {
+		f.resp.Body.Close()
+	}
+	if f.cancel != nil {
+		f.cancel()
+	}
+}
+
+// forward is Envoy's router: the first of routes that matches path sends
+// the request, with headers, to its cluster or answers it with its direct
+// response; no match is a 404. x records which.
+func (g *gateway) forward(r *http.Request, gen *generation, routes []envoyconfig.Route, path string,
+	headers []wasmhost.Header, x *exchange) forwarded {
+	rt, ok := matchRoute(routes, path)
 	switch {
 	case !ok:
 		x.details = "route_not_found"
-		g.writeReply(w, x, localHeaders(http.StatusNotFound, ""), nil)
-		return
+		return forwarded{status: http.StatusNotFound}
 	case rt.Direct != nil:
 		x.details = "direct_response"
-		g.writeReply(w, x, localHeaders(rt.Direct.Status, rt.Direct.Body), []byte(rt.Direct.Body))
-		return
+		return forwarded{status: rt.Direct.Status, body: rt.Direct.Body}
 	}
 	u := gen.upstreams[rt.Cluster]
 	x.cluster = rt.Cluster
 	u.stats.total.inc()
 	ctx, cancel := context.WithTimeout(r.Context(), routeTimeout)
-	defer cancel()
-	start := time.Now()
-	resp, err := u.roundTrip(ctx, r, requestHeaders(r, path))
+	f := forwarded{start: time.Now(), cancel: cancel}
+	resp, err := u.roundTrip(ctx, r, headers)
 	if err != nil {
-		if status, body := g.upstreamFailure(r, u, x, err); status != 0 {
-			g.writeReply(w, x, localHeaders(status, body), []byte(body))
-		}
-		return
+		f.status, f.body = g.upstreamFailure(r, u, x, err)
+		return f
 	}
-	defer resp.Body.Close()
 	u.stats.class.inc(resp.StatusCode)
-	x.details = "via_upstream"
-	g.writeHeaders(w, x, responseHeaders(resp, start))
-	if err := copyBody(w, resp.Body, resp.ContentLength); err != nil {
-		panic(http.ErrAbortHandler)
-	}
+	f.resp = resp
+	return f
 }
 
 // matchRoute is the first route that matches path, as Envoy picks it.

@@ -93,38 +93,21 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.route(w, r, gen, s, x)
 }
 
-// route is Envoy's router: the first route that matches sends the request
-// to its cluster or answers it with its direct response; no match is a
-// 404.
+// route runs Envoy's router (forward) on the request as the filter let it
+// through, and the response, or the router's own answer, back through the
+// filter.
 func (g *gateway) route(w http.ResponseWriter, r *http.Request, gen *generation, s *wasmhost.Stream, x *exchange) {
 	headers := s.UpstreamHeaders()
-	rt, ok := matchRoute(gen.cfg.Routes, firstValue(headers, ":path"))
-	switch {
-	case !ok:
-		x.details = "route_not_found"
-		g.localReply(w, s, x, http.StatusNotFound, "")
-		return
-	case rt.Direct != nil:
-		x.details = "direct_response"
-		g.localReply(w, s, x, rt.Direct.Status, rt.Direct.Body)
-		return
-	}
-	u := gen.upstreams[rt.Cluster]
-	x.cluster = rt.Cluster
-	u.stats.total.inc()
-	ctx, cancel := context.WithTimeout(r.Context(), routeTimeout)
-	defer cancel()
-	start := time.Now()
-	resp, err := u.roundTrip(ctx, r, headers)
-	if err != nil {
-		if status, body := g.upstreamFailure(r, u, x, err); status != 0 {
-			g.localReply(w, s, x, status, body)
+	fw := g.forward(r, gen, gen.cfg.Routes, firstValue(headers, ":path"), headers, x)
+	defer fw.done()
+	if fw.resp == nil {
+		if fw.status != 0 {
+			g.localReply(w, s, x, fw.status, fw.body)
 		}
 		return
 	}
-	defer resp.Body.Close()
-	u.stats.class.inc(resp.StatusCode)
-	rh := responseHeaders(resp, start)
+	resp := fw.resp
+	rh := responseHeaders(resp, fw.start)
 	idle, stop := idleContext(r.Context(), gen.cfg.StreamIdleTimeout)
 	st, out, err := s.ResponseHeadersWait(idle, rh, false)
 	stop()
