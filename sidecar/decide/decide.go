@@ -255,31 +255,45 @@ func (d *Decider) Close() {
 	}
 }
 
+// next waits for the first call of a batch; after Close it takes what is
+// still queued, then reports false.
+func (d *Decider) next() (*call, bool) {
+	select {
+	case c := <-d.queue:
+		return c, true
+	case <-d.quit:
+		select {
+		case c := <-d.queue:
+			return c, true
+		default:
+			return nil, false
+		}
+	}
+}
+
+// fill adds to batch the calls already queued, up to Options.MaxBatch,
+// without waiting for more.
+func (d *Decider) fill(batch []*call) []*call {
+	for len(batch) < d.opt.MaxBatch {
+		select {
+		case c := <-d.queue:
+			batch = append(batch, c)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
 func (d *Decider) loop() {
 	defer d.wg.Done()
 	batch := make([]*call, 0, d.opt.MaxBatch)
 	for {
-		var first *call
-		select {
-		case first = <-d.queue:
-		case <-d.quit:
-			// Drain what is queued, then stop.
-			select {
-			case first = <-d.queue:
-			default:
-				return
-			}
+		first, ok := d.next()
+		if !ok {
+			return
 		}
-		batch = append(batch[:0], first)
-	fill:
-		for len(batch) < d.opt.MaxBatch {
-			select {
-			case c := <-d.queue:
-				batch = append(batch, c)
-			default:
-				break fill
-			}
-		}
+		batch = d.fill(append(batch[:0], first))
 		d.run(batch)
 		clear(batch) // drop references for the GC
 	}

@@ -128,28 +128,13 @@ func (d *Decider) directLoop() {
 	x := d.direct
 	for {
 		x.slots <- struct{}{}
-		var first *call
-		select {
-		case first = <-d.queue:
-		case <-d.quit:
-			select {
-			case first = <-d.queue:
-			default:
-				<-x.slots
-				return
-			}
+		first, ok := d.next()
+		if !ok {
+			<-x.slots
+			return
 		}
 		b := x.batches.Get().(*batch)
-		b.calls = append(b.calls[:0], first)
-	fill:
-		for len(b.calls) < d.opt.MaxBatch {
-			select {
-			case c := <-d.queue:
-				b.calls = append(b.calls, c)
-			default:
-				break fill
-			}
-		}
+		b.calls = d.fill(append(b.calls[:0], first))
 		now := time.Now()
 		b.calls = dropExpired(now, b.calls)
 		if len(b.calls) == 0 {
