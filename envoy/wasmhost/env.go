@@ -108,7 +108,7 @@ func envFunctions() []hostFunc {
 			ret(s, StatusOK)
 		}),
 		env("proxy_get_shared_data", 5, func(vm *VM, s []uint64) {
-			key, ok := vm.readString(u32(s[0]), u32(s[1]))
+			key, ok := vm.lookupKey(u32(s[0]), u32(s[1]))
 			if !ok {
 				ret(s, StatusInvalidMemAccess)
 				return
@@ -146,7 +146,7 @@ func envFunctions() []hostFunc {
 			if !ok {
 				return
 			}
-			key, ok := vm.readString(u32(s[1]), u32(s[2]))
+			key, ok := vm.lookupKey(u32(s[1]), u32(s[2]))
 			if !ok {
 				ret(s, StatusInvalidMemAccess)
 				return
@@ -185,7 +185,7 @@ func envFunctions() []hostFunc {
 			if !ok {
 				return
 			}
-			key, ok := vm.readString(u32(s[1]), u32(s[2]))
+			key, ok := vm.lookupKey(u32(s[1]), u32(s[2]))
 			if !ok {
 				ret(s, StatusInvalidMemAccess)
 				return
@@ -458,13 +458,17 @@ func editMap(vm *VM, s []uint64, edit func(m []Header, key, val string) []Header
 	if !ok {
 		return
 	}
-	key, ok1 := vm.readString(u32(s[1]), u32(s[2]))
-	val, ok2 := vm.readString(u32(s[3]), u32(s[4]))
+	k, ok1 := vm.lookupKey(u32(s[1]), u32(s[2]))
+	v, ok2 := vm.lookupKey(u32(s[3]), u32(s[4]))
 	if !ok1 || !ok2 {
 		ret(s, StatusInvalidMemAccess)
 		return
 	}
-	key = strings.ToLower(key)
+	// The map keeps both: one copy holds them, the name lower-cased as
+	// Envoy's header map stores it.
+	lk := strings.ToLower(k)
+	both := lk + v
+	key, val := both[:len(lk)], both[len(lk):]
 	changeMap(vm, s, t, func(m []Header) []Header { return edit(m, key, val) })
 }
 

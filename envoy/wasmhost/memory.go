@@ -3,6 +3,7 @@ package wasmhost
 import (
 	"encoding/binary"
 	"fmt"
+	"unsafe"
 )
 
 // trap is a panic value a host function raises to abort the call into the
@@ -18,6 +19,21 @@ func (vm *VM) read(ptr, n uint32) ([]byte, bool) {
 		return nil, false
 	}
 	return append([]byte(nil), b...), true
+}
+
+// lookupKey is the n bytes at ptr as a string that is a view of the
+// module's memory, not a copy: for a name the host function only looks up
+// and compares before anything else runs in the module (an allocation
+// there may move the memory), never one it keeps.
+func (vm *VM) lookupKey(ptr, n uint32) (string, bool) {
+	b, ok := vm.mem.Read(ptr, n)
+	if !ok {
+		return "", false
+	}
+	if len(b) == 0 {
+		return "", true
+	}
+	return unsafe.String(&b[0], len(b)), true
 }
 
 func (vm *VM) readString(ptr, n uint32) (string, bool) {
