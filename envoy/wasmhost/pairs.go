@@ -52,6 +52,8 @@ func DecodePairs(b []byte) []Header {
 	}
 	lens := b[4 : 4+8*n]
 	pos := 4 + 8*int(n)
+	// One copy of the buffer, every name and value a substring of it.
+	all := string(b)
 	pairs := make([]Header, n)
 	for i := range pairs {
 		var p Header
@@ -60,7 +62,7 @@ func DecodePairs(b []byte) []Header {
 			if l < 0 || pos+l+1 > len(b) || b[pos+l] != 0 {
 				return nil
 			}
-			p[j] = string(b[pos : pos+l])
+			p[j] = all[pos : pos+l]
 			pos += l + 1
 		}
 		pairs[i] = p
