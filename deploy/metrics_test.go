@@ -71,7 +71,7 @@ var documents = []document{
 	{path: "../envoy/envoy.yaml", form: tagged},
 	{path: "helm/edgelimit/values.yaml", form: tagged},
 	{path: "helm/edgelimit/templates/prometheusrule.yaml", form: tagged},
-	{path: "helm/edgelimit/templates/configmap-envoy.yaml", form: tagged},
+	{path: "helm/edgelimit/templates/secret-envoy.yaml", form: tagged},
 	{path: "helm/edgelimit/README.md", form: tagged},
 	{path: "mesh/istio/README.md", form: istio},
 	{path: "mesh/envoy-gateway/README.md", form: untagged},

@@ -40,7 +40,12 @@ import (
 const chartDir = "../helm/edgelimit"
 
 // Keys whose digests the test values list; none may appear in a ConfigMap.
+// One is a canary client in the "canary clients" case: it is in the
+// bootstrap's Secret and nowhere else.
 var rawKeys = []string{"client-key-123", "client-key-456"}
+
+// bootstrapSecret is the Secret holding Envoy's bootstrap (release "edge").
+const bootstrapSecret = "edge-edgelimit-envoy"
 
 func digest(key string) string {
 	sum := sha256.Sum256([]byte(key))
@@ -56,6 +61,8 @@ type rendered struct {
 	pdb            *policyv1.PodDisruptionBudget
 	serviceMonitor *monitoringv1.ServiceMonitor
 	prometheusRule *monitoringv1.PrometheusRule
+	// docs are the manifest's documents as rendered, by "Kind name".
+	docs map[string]string
 }
 
 // render runs `helm install --dry-run` client-only with vals, and decodes
@@ -74,15 +81,19 @@ func render(t *testing.T, vals map[string]any) (*rendered, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := &rendered{configMaps: map[string]*corev1.ConfigMap{}, secrets: map[string]*corev1.Secret{}, services: map[string]*corev1.Service{}}
+	out := &rendered{configMaps: map[string]*corev1.ConfigMap{}, secrets: map[string]*corev1.Secret{}, services: map[string]*corev1.Service{}, docs: map[string]string{}}
 	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(rel.Manifest, -1) {
 		if strings.TrimSpace(doc) == "" {
 			continue
 		}
-		var head struct{ APIVersion, Kind string }
+		var head struct {
+			APIVersion, Kind string
+			Metadata         struct{ Name string }
+		}
 		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
 			t.Fatalf("manifest document: %v\n%s", err, doc)
 		}
+		out.docs[head.Kind+" "+head.Metadata.Name] = doc
 		var obj any
 		switch head.APIVersion + " " + head.Kind {
 		case "apps/v1 Deployment":
@@ -184,8 +195,8 @@ func TestChart(t *testing.T) {
 			if len(spec.InitContainers) != 0 {
 				t.Error("init container with an image volume")
 			}
-			if len(r.secrets) != 0 {
-				t.Errorf("a Secret rendered beside existingSecret: %v", r.secrets)
+			if len(r.secrets) != 1 || r.secrets[bootstrapSecret] == nil {
+				t.Errorf("Secrets %v: want only the bootstrap's beside existingSecret", slices.Sorted(maps.Keys(r.secrets)))
 			}
 			if r.serviceMonitor == nil || len(r.serviceMonitor.Spec.Endpoints) != 2 {
 				t.Fatalf("ServiceMonitor: %+v", r.serviceMonitor)
@@ -209,6 +220,16 @@ func TestChart(t *testing.T) {
 			}
 		}},
 		{"prometheus rule", values("serviceMonitor.enabled", true, "prometheusRule.enabled", true, "filter.timeout_ms", 10), checkPrometheusRule},
+		{"canary clients", values("filter.canary_clients", []any{rawKeys[0]}), func(t *testing.T, r *rendered) {
+			// The key reaches the plugin (so checkInvariants' search of
+			// the ConfigMaps had it to find), in the bootstrap's Secret.
+			if got := filterConfig(t, bootstrap(t, r))["canary_clients"]; !reflect.DeepEqual(got, []any{rawKeys[0]}) {
+				t.Errorf("the plugin's canary_clients %v, want [%s]", got, rawKeys[0])
+			}
+			if !strings.Contains(r.docs["Secret "+bootstrapSecret], rawKeys[0]) {
+				t.Errorf("the canary key is not in the Secret %s", bootstrapSecret)
+			}
+		}},
 		{"secret from values", values("secrets.keySalt", "pepper", "secrets.redisPassword", "hunter2"), func(t *testing.T, r *rendered) {
 			s := r.secrets["edge-edgelimit-secrets"]
 			if s == nil || string(s.Data["key-salt"]) != "pepper" || string(s.Data["redis-password"]) != "hunter2" {
@@ -464,16 +485,42 @@ func checkInvariants(t *testing.T, r *rendered) {
 		t.Error("plans ConfigMap has no plans.yaml")
 	}
 
-	// No raw API key in any ConfigMap.
+	// No raw API key in any ConfigMap; none in any object but the
+	// bootstrap's Secret (canary_clients, in the filter's configuration).
 	for name, cm := range r.configMaps {
-		for k, v := range cm.Data {
-			for _, key := range rawKeys {
+		for _, key := range rawKeys {
+			for k, v := range cm.Data {
 				if strings.Contains(v, key) || strings.Contains(k, key) {
+					t.Errorf("ConfigMap %s %s holds the API key %q", name, k, key)
+				}
+			}
+			for k, v := range cm.BinaryData {
+				if strings.Contains(string(v), key) || strings.Contains(k, key) {
 					t.Errorf("ConfigMap %s %s holds the API key %q", name, k, key)
 				}
 			}
 		}
 	}
+	for name, doc := range r.docs {
+		for _, key := range rawKeys {
+			if name != "Secret "+bootstrapSecret && strings.Contains(doc, key) {
+				t.Errorf("%s holds the API key %q", name, key)
+			}
+		}
+	}
+}
+
+// filterConfig is the plugin's configuration in the bootstrap: the JSON of
+// the wasm filter's configuration value.
+func filterConfig(t *testing.T, boot map[string]any) map[string]any {
+	t.Helper()
+	value := dig(t, listener(t, boot, "edge"), "filter_chains", 0, "filters", 0, "typed_config",
+		"http_filters", 0, "typed_config", "config", "configuration", "value").(string)
+	var cfg map[string]any
+	if err := json.Unmarshal([]byte(value), &cfg); err != nil {
+		t.Fatalf("filter configuration: %v", err)
+	}
+	return cfg
 }
 
 // checkStatsListener holds the stats listener to what makes it safe on
@@ -578,6 +625,32 @@ func TestBootstrapFollowsEnvoyYAML(t *testing.T) {
 		dig(t, listener(t, shipped, "edge"), "filter_chains", 0, "filters", 0, "typed_config", "route_config", "virtual_hosts", 0, "routes"))
 }
 
+// TestBootstrapChangeRollsPods: Envoy reads its bootstrap only at start, so
+// the pod template carries the bootstrap Secret's checksum: a change to the
+// filter's configuration rolls the pods, a change to the plans (reloaded in
+// place) does not.
+func TestBootstrapChangeRollsPods(t *testing.T) {
+	checksum := func(vals map[string]any) string {
+		t.Helper()
+		r, err := render(t, vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := r.deployment.Spec.Template.Annotations["checksum/envoy"]
+		if !regexp.MustCompile(`^[0-9a-f]{64}$`).MatchString(sum) {
+			t.Fatalf("checksum/envoy %q, want a sha256", sum)
+		}
+		return sum
+	}
+	base := checksum(values())
+	if canary := checksum(values("filter.canary_clients", []any{rawKeys[0]})); canary == base {
+		t.Error("checksum/envoy unchanged by a change to the filter's configuration")
+	}
+	if plans := checksum(values("plans.default_plan", "pro")); plans != base {
+		t.Error("checksum/envoy changed by a change to the plans alone")
+	}
+}
+
 func listener(t *testing.T, boot map[string]any, name string) map[string]any {
 	t.Helper()
 	for _, l := range dig(t, boot, "static_resources", "listeners").([]any) {
@@ -619,13 +692,23 @@ func clone(v any) any {
 	return v
 }
 
-// bootstrap is Envoy's bootstrap from its ConfigMap, as generic YAML.
+// bootstrap is Envoy's bootstrap from its Secret (the filter's
+// configuration in it may name clients by key), as generic YAML.
 func bootstrap(t *testing.T, r *rendered) map[string]any {
 	t.Helper()
 	vol := volume(t, r.deployment.Spec.Template.Spec, "envoy-config")
-	cm := r.configMaps[vol.ConfigMap.Name]
-	if cm == nil {
-		t.Fatalf("no ConfigMap %s", vol.ConfigMap.Name)
+	if vol.Secret == nil || vol.Secret.SecretName != bootstrapSecret {
+		js, _ := json.Marshal(vol)
+		t.Fatalf("envoy-config volume %s, want the Secret %s", js, bootstrapSecret)
+	}
+	secret := r.secrets[vol.Secret.SecretName]
+	if secret == nil {
+		t.Fatalf("no Secret %s", vol.Secret.SecretName)
+	}
+	text, ok := secret.StringData["envoy.yaml"]
+	if !ok || len(secret.Data) != 0 || len(secret.StringData) != 1 {
+		t.Fatalf("Secret %s: want envoy.yaml as its only stringData, has data %v, stringData %v",
+			secret.Name, slices.Sorted(maps.Keys(secret.Data)), slices.Sorted(maps.Keys(secret.StringData)))
 	}
 	envoy := container(t, r, "envoy")
 	if c := arg(t, envoy, "-c"); c != mountOf(t, envoy, "envoy-config").MountPath+"/envoy.yaml" {
@@ -633,7 +716,7 @@ func bootstrap(t *testing.T, r *rendered) map[string]any {
 	}
 	// Decoded with Envoy's own API types (unknown fields and @types are
 	// errors) and checked against the field rules of Envoy's protos.
-	js, err := yaml.YAMLToJSON([]byte(cm.Data["envoy.yaml"]))
+	js, err := yaml.YAMLToJSON([]byte(text))
 	if err != nil {
 		t.Fatalf("bootstrap: %v", err)
 	}
@@ -645,7 +728,7 @@ func bootstrap(t *testing.T, r *rendered) map[string]any {
 		t.Errorf("bootstrap breaks Envoy's field rules: %v", err)
 	}
 	var boot map[string]any
-	if err := yaml.Unmarshal([]byte(cm.Data["envoy.yaml"]), &boot); err != nil {
+	if err := yaml.Unmarshal([]byte(text), &boot); err != nil {
 		t.Fatalf("bootstrap: %v", err)
 	}
 	return boot
