@@ -234,7 +234,9 @@ func TestFilterSoakGC(t *testing.T) {
 			if r.polls != 0 {
 				t.Fatalf("poll_oneoff called %d times", r.polls)
 			}
-			if ticks != int64(r.bursts) || cycles < ticks {
+			// A tick after every burst, and the VM's own every tick period
+			// (the filter asks for 10 s) on a long run; each collects.
+			if ticks < int64(r.bursts) || cycles < ticks {
 				t.Fatalf("%d ticks logged for %d bursts, %d collections: the soak did not drive the collector on every tick", ticks, r.bursts, cycles)
 			}
 		})
