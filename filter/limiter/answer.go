@@ -245,8 +245,9 @@ var pow10 = [...]float64{1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1
 // some k <= 15, a quotient of two float64s that hold their values exactly;
 // IEEE division rounds it correctly, so the result is ParseFloat's to the
 // bit (FuzzDecimal checks this). ok is false for anything else, which
-// parseDecimal reads. Inside wasm ParseFloat costs more than the rest of
-// the answer.
+// parseDecimal reads. Inside wasm ParseFloat was the largest part of
+// reading an answer (filter/RATIONALE.md, "Why the stream tables are not
+// maps").
 func plainDecimal(s string) (float64, bool) {
 	if s == "" || len(s) > 16 {
 		return 0, false
