@@ -299,6 +299,17 @@ func (d *Decider) loop() {
 	}
 }
 
+// latestDeadline is the latest of calls' deadlines (calls not empty).
+func latestDeadline(calls []*call) time.Time {
+	latest := calls[0].deadline
+	for _, c := range calls[1:] {
+		if c.deadline.After(latest) {
+			latest = c.deadline
+		}
+	}
+	return latest
+}
+
 // run sends one batch as a pipeline and delivers every result.
 func (d *Decider) run(batch []*call) {
 	// A caller already past its deadline has answered 503; spending its
@@ -315,13 +326,7 @@ func (d *Decider) run(batch []*call) {
 	// a batch stuck on a dead server (a Cluster master being failed over)
 	// frees its loop for the batches that can still be answered.
 	last := now.Add(d.opt.ExecTimeout)
-	latest := live[0].deadline
-	for _, c := range live[1:] {
-		if c.deadline.After(latest) {
-			latest = c.deadline
-		}
-	}
-	if latest.Before(last) {
+	if latest := latestDeadline(live); latest.Before(last) {
 		last = latest
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), last)

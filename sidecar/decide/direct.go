@@ -166,13 +166,7 @@ func dropExpired(now time.Time, calls []*call) []*call {
 // send writes b on the current connection, dialing one if there is none.
 // On failure every call in b is answered with the error.
 func (x *direct) send(now time.Time, b *batch) {
-	latest := b.calls[0].deadline
-	for _, c := range b.calls[1:] {
-		if c.deadline.After(latest) {
-			latest = c.deadline
-		}
-	}
-	c, err := x.conn(latest)
+	c, err := x.conn(latestDeadline(b.calls))
 	if err == nil {
 		err = c.write(now, b, false)
 	}
