@@ -148,6 +148,7 @@ func run(ctx context.Context, args []string) error {
 	}
 	for _, s := range chosen {
 		start, load0 := time.Now(), report.LoadAverage()
+		cpu0 := report.ReadCPUTime()
 		res, err := s.run(ctx, e)
 		e.prog.Done()
 		if err != nil {
@@ -155,6 +156,7 @@ func run(ctx context.Context, args []string) error {
 		}
 		res.Name, res.Command, res.Started, res.Took = s.name, strings.TrimSpace(e.command), start, time.Since(start)
 		res.Load = [2]float64{load0, report.LoadAverage()}
+		res.Steal = report.ReadCPUTime().StealSince(cpu0)
 		s.complete(res)
 		if err := res.Save(e.out); err != nil {
 			return err

@@ -66,7 +66,7 @@ func run(rounds int, benchtime, out string) error {
 		return err
 	}
 	started := time.Now()
-	load0 := report.LoadAverage()
+	load0, cpu0 := report.LoadAverage(), report.ReadCPUTime()
 	var ns [2][]float64
 	for r := 0; r < rounds; r++ {
 		// The order alternates, so that a machine getting busier or
@@ -90,8 +90,8 @@ func run(rounds int, benchtime, out string) error {
 
 	var buf bytes.Buffer
 	fmt.Fprintf(&buf, "One allowed request through the filter: filter.wasm in wazero against the same logic natively\n")
-	fmt.Fprintf(&buf, "go test -bench, %d alternating rounds of -benchtime %s, %s (load average %.1f at the start, %.1f at the end)\n\n",
-		rounds, benchtime, started.UTC().Format("2006-01-02 15:04 UTC"), load0, report.LoadAverage())
+	fmt.Fprintf(&buf, "go test -bench, %d alternating rounds of -benchtime %s, %s (load average %.1f at the start, %.1f at the end%s)\n\n",
+		rounds, benchtime, started.UTC().Format("2006-01-02 15:04 UTC"), load0, report.LoadAverage(), report.StealNote(report.ReadCPUTime().StealSince(cpu0)))
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "benchmark\tpackage\tns/op per round\tmedian ns/op\t")
 	for i, b := range []bench{wasm, native} {

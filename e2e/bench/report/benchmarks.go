@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -110,6 +111,15 @@ func (bm Benchmarks) Markdown() string {
 	mt.Add("Redis", bm.Machine.Redis)
 	if len(bm.Scenarios) > 0 {
 		mt.Add("load average", fmt.Sprintf("%.1f when the first scenario started: the machine is shared, and each scenario below gives its own", bm.Scenarios[0].Load[0]))
+		var lo, hi float64 = 1, 0
+		for _, s := range bm.Scenarios {
+			if s.Steal != nil {
+				lo, hi = min(lo, *s.Steal), max(hi, *s.Steal)
+			}
+		}
+		if lo <= hi {
+			mt.Add("CPU time taken by the hypervisor (steal)", fmt.Sprintf("%.1f%% to %.1f%% over the scenarios below: a virtual machine's CPUs are shared with others the load average does not show", 100*lo, 100*hi))
+		}
 	}
 	b.WriteString(mt.Markdown())
 	fmt.Fprintf(&b, "\n## Command\n\n```\n%s\n", bm.Command)
@@ -144,4 +154,60 @@ func LoadAverage() float64 {
 	var v float64
 	fmt.Sscan(string(b), &v)
 	return v
+}
+
+// CPUTime is the machine's CPU time so far, in clock ticks, from
+// /proc/stat's cpu line: all of it, and what the hypervisor gave to others
+// (steal). OK is false where it could not be read.
+type CPUTime struct {
+	Total, Steal uint64
+	OK           bool
+}
+
+// ReadCPUTime reads the machine's CPU time so far.
+func ReadCPUTime() CPUTime {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return CPUTime{}
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	// cpu user nice system idle iowait irq softirq steal [guest guest_nice]:
+	// guest time is counted in user already.
+	if len(f) < 9 || f[0] != "cpu" {
+		return CPUTime{}
+	}
+	var t CPUTime
+	for i, v := range f[1:9] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return CPUTime{}
+		}
+		t.Total += n
+		if i == 7 {
+			t.Steal = n
+		}
+	}
+	t.OK = true
+	return t
+}
+
+// StealSince is the share of the CPU time from earlier to t that was
+// stolen; nil when either reading failed or no time passed.
+func (t CPUTime) StealSince(earlier CPUTime) *float64 {
+	if !t.OK || !earlier.OK || t.Total <= earlier.Total || t.Steal < earlier.Steal {
+		return nil
+	}
+	v := float64(t.Steal-earlier.Steal) / float64(t.Total-earlier.Total)
+	return &v
+}
+
+// StealNote is "; the hypervisor took N% of the CPU time (steal)" for a
+// share StealSince measured, to close a line that gives the load average;
+// empty when it was not measured.
+func StealNote(share *float64) string {
+	if share == nil {
+		return ""
+	}
+	return fmt.Sprintf("; the hypervisor took %.1f%% of the CPU time (steal)", 100**share)
 }

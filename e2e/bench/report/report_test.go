@@ -44,9 +44,10 @@ func TestWriteText(t *testing.T) {
 
 func TestScenarioSaveLoad(t *testing.T) {
 	dir := t.TempDir()
+	steal := 0.125
 	s := &Scenario{
 		Name: "incident", Title: "Incident replay", Claim: "9x", Command: "go run ./e2e/bench incident",
-		Started: time.Date(2025, 9, 1, 12, 0, 0, 0, time.UTC), Took: 42 * time.Second, Load: [2]float64{1.5, 2.5},
+		Started: time.Date(2025, 9, 1, 12, 0, 0, 0, time.UTC), Took: 42 * time.Second, Load: [2]float64{1.5, 2.5}, Steal: &steal,
 		Tables: []Table{sample()},
 		Charts: []Chart{{File: "incident.png", Alt: "admitted per design"}},
 		Checks: []Check{{Claim: "edge admits 1.0x", Target: "within 5%", Measured: "1.01x", Holds: true}},
@@ -65,7 +66,7 @@ func TestScenarioSaveLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"## Incident replay", "![admitted per design](incident.png)", "| edge admits 1.0x | within 5% | 1.01x | yes |", "took 42s, 2025-09-01 12:00 UTC; load average 1.5 at the start, 2.5 at the end"} {
+	for _, want := range []string{"## Incident replay", "![admitted per design](incident.png)", "| edge admits 1.0x | within 5% | 1.01x | yes |", "took 42s, 2025-09-01 12:00 UTC; load average 1.5 at the start, 2.5 at the end; the hypervisor took 12.5% of the CPU time (steal))"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("incident.md lacks %q:\n%s", want, md)
 		}
@@ -114,13 +115,15 @@ func TestBenchmarksMarkdown(t *testing.T) {
 	if err := SaveChecks(orphan, []Check{{Claim: "orphan", Target: "t", Measured: "m"}}); err != nil {
 		t.Fatal(err)
 	}
+	lowSteal, highSteal := 0.02, 0.165
 	bm := Benchmarks{
 		Command:   "make bench",
 		Method:    []string{"side by side"},
 		Machine:   Machine{CPU: "cpu", Cores: 2, OS: "linux/amd64", Kernel: "6", Go: "go1.26", Redis: "7.0"},
 		Generated: time.Date(2025, 9, 1, 0, 0, 0, 0, time.UTC),
 		Scenarios: []*Scenario{{Name: "incident", Title: "Incident replay", Charts: []Chart{{"incident.png", "chart"}},
-			Checks: []Check{{Claim: "c", Target: "t", Measured: "m"}}}},
+			Checks: []Check{{Claim: "c", Target: "t", Measured: "m"}}, Steal: &lowSteal},
+			{Name: "noisy", Title: "Canary", Steal: &highSteal}, {Name: "old", Title: "Saved before steal was measured"}},
 		ResultsDir: "e2e/bench/results",
 		Attachments: []Attachment{{Title: "Script throughput", Path: att, Shown: "bench/results/scriptbench.txt", Checks: checks},
 			{Title: "Missing", Path: filepath.Join(dir, "none.txt"), Checks: orphan}},
@@ -129,7 +132,8 @@ func TestBenchmarksMarkdown(t *testing.T) {
 	for _, want := range []string{
 		"# Benchmarks", "Written by `make bench` on 2025-09-01 00:00 UTC",
 		"| c | t | m | no |\n| beside | none | 1.5x | - |", "- side by side", "| cores | 2 |", "## Incident replay",
-		"![chart](e2e/bench/results/incident.png)", "## Script throughput", "From `bench/results/scriptbench.txt`", "script 100000/s",
+		"![chart](e2e/bench/results/incident.png)", "## Script throughput",
+		"| CPU time taken by the hypervisor (steal) | 2.0% to 16.5% over the scenarios below", "From `bench/results/scriptbench.txt`", "script 100000/s",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("BENCHMARKS.md lacks %q", want)
@@ -140,5 +144,29 @@ func TestBenchmarksMarkdown(t *testing.T) {
 	}
 	if strings.Contains(md, "orphan") {
 		t.Error("the checks of a missing attachment reached the summary")
+	}
+}
+
+func TestStealSince(t *testing.T) {
+	t0 := CPUTime{Total: 1000, Steal: 10, OK: true}
+	t1 := CPUTime{Total: 1400, Steal: 110, OK: true}
+	if got := t1.StealSince(t0); got == nil || *got != 0.25 {
+		t.Errorf("100 of 400 ticks stolen: got %v, want 0.25", got)
+	}
+	for _, c := range []struct {
+		name   string
+		t0, t1 CPUTime
+	}{
+		{"unread before", CPUTime{}, t1},
+		{"unread after", t0, CPUTime{}},
+		{"no time passed", t0, t0},
+		{"steal went back", t1, CPUTime{Total: 2000, Steal: 50, OK: true}},
+	} {
+		if got := c.t1.StealSince(c.t0); got != nil {
+			t.Errorf("%s: got %v, want nil", c.name, *got)
+		}
+	}
+	if now := ReadCPUTime(); now.OK && now.Total == 0 {
+		t.Errorf("/proc/stat read as no CPU time at all: %+v", now)
 	}
 }

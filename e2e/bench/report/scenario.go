@@ -22,10 +22,14 @@ type Scenario struct {
 	Took    time.Duration `json:"took_ns"`
 	// Load is the machine's 1-minute load average at the start and the end
 	// of the scenario: how busy the machine was besides.
-	Load   [2]float64 `json:"load"`
-	Tables []Table    `json:"tables"`
-	Charts []Chart    `json:"charts"`
-	Checks []Check    `json:"checks"` // the claims, measured
+	Load [2]float64 `json:"load"`
+	// Steal is the share of the machine's CPU time over the scenario that
+	// the hypervisor gave to others (/proc/stat's steal): on a shared VM,
+	// what the load average cannot show. Nil where it was not measured.
+	Steal  *float64 `json:"steal,omitempty"`
+	Tables []Table  `json:"tables"`
+	Charts []Chart  `json:"charts"`
+	Checks []Check  `json:"checks"` // the claims, measured
 }
 
 // Chart is a PNG written beside the scenario's JSON.
@@ -96,8 +100,8 @@ func (s *Scenario) Markdown(chartDir string, level int) string {
 	if s.Method != "" {
 		fmt.Fprintf(&b, "*Method:* %s\n\n", s.Method)
 	}
-	fmt.Fprintf(&b, "*Command:* `%s` (took %s, %s; load average %.1f at the start, %.1f at the end)\n\n",
-		s.Command, s.Took.Round(time.Second), s.Started.UTC().Format("2006-01-02 15:04 UTC"), s.Load[0], s.Load[1])
+	fmt.Fprintf(&b, "*Command:* `%s` (took %s, %s; load average %.1f at the start, %.1f at the end%s)\n\n",
+		s.Command, s.Took.Round(time.Second), s.Started.UTC().Format("2006-01-02 15:04 UTC"), s.Load[0], s.Load[1], StealNote(s.Steal))
 	for _, t := range s.Tables {
 		b.WriteString(t.Markdown())
 		b.WriteString("\n")

@@ -172,6 +172,7 @@ func run(cfg config) error {
 		defer rls.stop()
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
+	cpu0 := report.ReadCPUTime()
 	fmt.Fprintf(out, "sidecar %s on redis-server %s; %d clients, %d API keys; %d CPUs, load average %s\n",
 		cfg.sidecarBin, srv.Addr, cfg.concurrency, cfg.keys, runtime.NumCPU(), strings.Join(strings.Fields(string(load))[:3], " "))
 	if rls != nil {
@@ -342,6 +343,9 @@ func run(cfg config) error {
 		if f.f.errors > 0 {
 			fmt.Fprintf(out, "%s: %d of %d checks not decided, first: %s\n", f.name, f.f.errors, f.f.decisions+f.f.errors, f.f.firstErr)
 		}
+	}
+	if share := report.ReadCPUTime().StealSince(cpu0); share != nil {
+		fmt.Fprintf(out, "over the run, the hypervisor took %.1f%% of the machine's CPU time (steal): time none of the processes above had\n", 100**share)
 	}
 	if rls != nil {
 		fmt.Fprintf(out, "\n%s\n", rlsNote(cfg))
