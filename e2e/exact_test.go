@@ -107,11 +107,13 @@ func atoi(s string) int64 {
 // from the bucket; Redis's clock and the gateway's are the same host clock.
 // So when the retry is decided, at least the cost is back.
 //
-// A request may fail open (the callout missed its 5 ms): it goes through
-// without RateLimit fields and is charged nothing. Such replies are counted
-// and bounded (at most 10% of a client's requests), never skipped: a retry
-// that failed open counts as a retry not denied, which is what the client
-// saw, and the count is reported.
+// A request may fail open (the callout missed its 5 ms, which the shipped
+// timeout allows on a loaded machine): it goes through without RateLimit
+// fields and is charged nothing, so it changes no later decision. Such
+// replies are counted and reported, never taken for decisions: a round
+// whose retry failed open tested nothing and is run again (at most
+// decidedAttempts times in a row), so every round counted has a retry the
+// limiter decided.
 func TestClientHonouringRetryAfter(t *testing.T) {
 	s := startStack(t, stackConfig{plans: exactPlans, filter: filterConfig{Costs: exactCosts}})
 	for _, c := range []struct {
@@ -128,9 +130,9 @@ func TestClientHonouringRetryAfter(t *testing.T) {
 	} {
 		t.Run(c.client, func(t *testing.T) {
 			t.Parallel()
-			var requests, failedOpen, denials, retries int
+			var requests, failedOpen, denials, retries, undecided int
 			var errs []string
-			for round := 0; round < c.rounds && len(errs) == 0; round++ {
+			for round := 0; round < c.rounds && len(errs) == 0; {
 				// Spend until denied (the bucket starts full).
 				var r clientReply
 				for n := 0; ; n++ {
@@ -168,16 +170,18 @@ func TestClientHonouringRetryAfter(t *testing.T) {
 					errs = append(errs, fmt.Sprintf("round %d: retry answered %d", round, r2.status))
 				case edgeItem(r2.header, "ratelimit") == nil:
 					failedOpen++
+					if undecided++; undecided == decidedAttempts {
+						errs = append(errs, fmt.Sprintf("round %d: the retry failed open %d times in a row", round, undecided))
+					}
+					continue // the round again: its retry had no decision
 				}
+				round, undecided = round+1, 0
 			}
 			for _, e := range errs {
 				t.Error(e)
 			}
 			t.Logf("%s: cost %d of %d at %v/s: %d requests, %d 429s each followed by a retry after Retry-After (%d), %d failed open",
 				c.client, c.cost, c.capacity, c.rate, requests, denials, retries, failedOpen)
-			if failedOpen*10 > requests {
-				t.Errorf("%d of %d requests failed open, want at most 10%%", failedOpen, requests)
-			}
 		})
 	}
 

@@ -169,12 +169,14 @@ func TestRawKeysNeverStored(t *testing.T) {
 			t.Fatalf("%s: status %d, want %d", what, r.status, status)
 		}
 	}
-	want("allowed", s.do(0, "GET", "/orders/1", "x-api-key", allowedKey), 200)
+	// Each path must be taken, so a request that failed open (charged
+	// nothing, no decision) is sent again: doDecided.
+	want("allowed", s.doDecided(0, "GET", "/orders/1", "x-api-key", allowedKey), 200)
 	for i, st := range []int{200, 200, 429, 429} { // the last from the deny cache
-		want(fmt.Sprint("denied ", i), s.do(0, "GET", "/orders/1", "x-api-key", deniedKey), st)
+		want(fmt.Sprint("denied ", i), s.doDecided(0, "GET", "/orders/1", "x-api-key", deniedKey), st)
 	}
-	want("bearer", s.do(0, "GET", "/billing/1", "authorization", "Bearer "+bearerKey), 200)
-	want("listed", s.do(0, "GET", "/billing/1", "x-api-key", listedKey), 200)
+	want("bearer", s.doDecided(0, "GET", "/billing/1", "authorization", "Bearer "+bearerKey), 200)
+	want("listed", s.doDecided(0, "GET", "/billing/1", "x-api-key", listedKey), 200)
 	want("malformed", s.do(0, "GET", "/orders/1", "x-api-key", badKey+" with spaces"), 401)
 	want("over-long", s.do(0, "GET", "/orders/1", "x-api-key", strings.Repeat(badKey, 20)), 401)
 
@@ -190,7 +192,7 @@ func TestRawKeysNeverStored(t *testing.T) {
 	}
 	mon = startMonitor(t, s.redis.Addr) // the restart closed the first
 	want("after the outage", s.do(0, "GET", "/orders/1", "x-api-key", outageKey), 200)
-	want("allowed again", s.do(0, "GET", "/orders/1", "x-api-key", allowedKey), 200)
+	want("allowed again", s.doDecided(0, "GET", "/orders/1", "x-api-key", allowedKey), 200)
 
 	// A plans file the sidecar rejects, whose error is about the line that
 	// lists the key twice.
