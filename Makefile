@@ -53,22 +53,23 @@ $(BUILD)/sidecar:
 $(BUILD)/gateway:
 	$(GO) build -trimpath -o $@ ./envoy/gateway
 
-## test: vet, then every native package with the race detector; the wasm
-## module is tested inside the headless host (envoy/wasmhost, from
-## e2e/filterwasm and the system tests). The system tests of
-## ./e2e run last, alone and without the race detector: what they test are
+## test: vet, the system tests, then every native package with the race
+## detector; the wasm module is tested inside the headless host
+## (envoy/wasmhost, from e2e/filterwasm and the system tests). The system
+## tests of ./e2e run first, alone and without the race detector, before
+## the race run has loaded the machine and its memory: what they test are
 ## the built binaries in processes of their own, with the shipped 5 ms
 ## callout timeout, and a load generator slowed tenfold by the detector, or
 ## other packages' tests running beside them, would take the machine's time
 ## from the system under test. The packages they drive in-process (the
-## harness, the host) are raced in the first run. Their gateways are
+## harness, the host) are raced in the race run. Their gateways are
 ## build/gateway, even where an Envoy is installed (ENVOY_BIN set empty):
 ## make test-envoy runs them against Envoy.
 test: deps build
 	$(GO) vet ./...
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/...
-	$(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -v '/e2e$$')
 	ENVOY_BIN= $(GO) test -count=1 -timeout 10m ./e2e
+	$(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -v '/e2e$$')
 	@$(MAKE) --no-print-directory fuzz FUZZTIME_LONG=$(FUZZTIME)
 	@$(MAKE) --no-print-directory chart
 
