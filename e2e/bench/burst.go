@@ -64,6 +64,9 @@ type burstRun struct {
 	// sidecar's own (sidecar_decision_duration_seconds), in ms; NaN when a
 	// side recorded nothing.
 	FilterP99, SidecarP99 float64
+	// Steal is the share of the machine's CPU time the hypervisor took
+	// during the run (/proc/stat); NaN where it could not be read.
+	Steal float64
 }
 
 // AddedP99 is what the gateway adds to a callout at p99: the filter's p99
@@ -184,7 +187,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 	t := report.Table{
 		Title: fmt.Sprintf("One client at 5x its plan, %v per run, %d runs per step (medians): where the promises stop holding", p.Window, e.runs),
 		Header: []string{"gateways", "sending", "offered req/s", "sent", "plan allows", "admitted", "admitted/plan", "failed open", "reached services = admitted", "runs that held", "holds",
-			"callout p99 ms (filter)", "decision p99 ms (sidecar)", "gateway adds at p99 ms"},
+			"callout p99 ms (filter)", "decision p99 ms (sidecar)", "gateway adds at p99 ms", "steal"},
 	}
 	for _, s := range steps {
 		sent := s.median(func(r burstRun) float64 { return float64(r.Sent) })
@@ -202,11 +205,12 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 			ratio(s.median(func(r burstRun) float64 { return float64(r.Admitted) / r.Want })), fmt.Sprintf("%.0f (%.2f%%)", fo, share),
 			fmt.Sprintf("%d of %d runs", exact, len(s.Runs)), fmt.Sprintf("%d of %d", s.Held(), len(s.Runs)), yesNo(s.Holds()),
 			msOrDash(s.median(func(r burstRun) float64 { return r.FilterP99 })), msOrDash(s.median(func(r burstRun) float64 { return r.SidecarP99 })),
-			msOrDash(s.median(burstRun.AddedP99)))
+			msOrDash(s.median(burstRun.AddedP99)), stealOrDash(s.median(func(r burstRun) float64 { return r.Steal })))
 	}
 	t.Notes = []string{
 		fmt.Sprintf("Each run is a fresh client whose plan is a fifth of what it sends (burst: a tenth), so admissions and callouts grow with the rate. \"Plan allows\" is capacity + rate x the client's sending window. A run holds when admissions are within 5%% of it, at most 1%% of the requests failed open, and the services received exactly the admitted requests; a step holds when most of its %d runs do (the figures are the runs' medians, each column on its own). A row stops at the first step that does not hold.", e.runs),
 		"The gateways run the filter with its 5 ms callout timeout and the sidecar its defaults (4 ms Redis deadline); everything (Redis, the sidecar, the gateways, the services and the load generator) shares this machine's 2 cores, so a burst of n senders is n requests' work for every one of them at once.",
+		"Steal: the share of the machine's CPU time the hypervisor gave to other tenants during the run (/proc/stat). Its vCPUs stall while it does, for up to tens of ms at a time, and whatever part of a request's path was on the stalled vCPU waits with it; runs at a few percent of steal fail open far more than runs at a tenth of a percent (e2e/host_test.go).",
 		"Callout p99: the filter's edgelimit_callout_latency_us (from the callout's dispatch to its answer in the VM, every gateway) against the sidecar's sidecar_decision_duration_seconds (from reading the check to its decision), each estimated from its histogram's buckets over the step as Prometheus's histogram_quantile does: envoy.yaml and the sidecar give both the same bounds, every 0.5 ms from 1 to 5 ms, so each p99 is good to about a bucket's width. What the gateway adds is the difference: its share of the CPU, the connection and the hand-offs between the answer arriving and the filter running.",
 	}
 	summary := report.Table{Title: "The limiter's burst capacity on this machine", Header: []string{"gateways", "sending", "highest offered rate that held"}}
@@ -280,9 +284,14 @@ func burstOnce(ctx context.Context, b *rig.Backend, fronts []*rig.Front, key str
 		return burstRun{}, err
 	}
 	var st burstRun
+	cpu := report.ReadCPUTime()
 	r, err := load.RunBurst(ctx, load.Burst{Targets: targets, Client: key, Path: "/orders/burst", Rate: offered, Window: window, Senders: senders})
 	if err != nil {
 		return burstRun{}, err
+	}
+	st.Steal = math.NaN()
+	if v := report.ReadCPUTime().StealSince(cpu); v != nil {
+		st.Steal = *v
 	}
 	after, err := sumCounters(fronts)
 	if err != nil {
@@ -398,6 +407,14 @@ func msOrDash(v float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", v)
+}
+
+// stealOrDash is a share as a percentage, "-" for NaN.
+func stealOrDash(v float64) string {
+	if math.IsNaN(v) {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f%%", 100*v)
 }
 
 func yesNo(b bool) string {
