@@ -143,7 +143,8 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 		}
 	}
 	var steps []burstStep
-	held := map[[2]int]float64{} // {gateways, senders} → highest rate that held
+	held := map[[2]int]float64{}      // {gateways, senders} → highest rate that held
+	stopped := map[[2]int]burstStep{} // {gateways, senders} → the step that did not hold
 	for _, g := range p.Gateways {
 		e.prog.Printf("burst: starting redis, sidecar and %d gateway(s)", g)
 		b, err := rig.StartBackend(ctx, e.bin, pl.YAML())
@@ -174,6 +175,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 				}
 				steps = append(steps, st)
 				if !st.Holds() {
+					stopped[[2]int{g, row.Senders}] = st
 					break // the limiter's capacity on this machine is below r
 				}
 				held[[2]int{g, row.Senders}] = r
@@ -246,6 +248,16 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 				what = fmt.Sprintf("does not hold at %.0f req/s", row.Offered[0])
 			case len(row.Offered) == 1:
 				what = fmt.Sprintf("holds at %.0f req/s", c)
+			}
+			if st, ok := stopped[[2]int{g, row.Senders}]; ok {
+				// The hypervisor's share during the step that stopped the
+				// row: a few percent of steal fails steps that hold on a
+				// quiet host.
+				why := fmt.Sprintf("%d of %d runs held, steal %s", st.Held(), len(st.Runs), stealOrDash(st.median(func(r burstRun) float64 { return r.Steal })))
+				if c != 0 {
+					why = fmt.Sprintf("%.0f req/s did not: %s", st.Offered, why)
+				}
+				what += " (" + why + ")"
 			}
 			summary.Add(g, mode, what)
 			checks = append(checks, report.Check{
