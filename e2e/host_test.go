@@ -48,9 +48,9 @@ func (h hostMeter) steal() float64 {
 // failOpenBudget is how many of sent requests may fail open in the run
 // the meter watched: the design's 1%, plus the requests the host's stalls
 // can account for (stallShare × steal).
-func (h hostMeter) failOpenBudget(sent int64) failOpenBudget {
+func (h hostMeter) failOpenBudget(sent int64) failOpenBound {
 	steal := h.steal()
-	b := failOpenBudget{
+	b := failOpenBound{
 		design: int64(0.01 * float64(sent)),
 		host:   int64(math.Ceil(stallShare * steal * float64(sent))),
 	}
@@ -58,18 +58,18 @@ func (h hostMeter) failOpenBudget(sent int64) failOpenBudget {
 	return b
 }
 
-// failOpenBudget is the requests of a run that may fail open, and why, for
+// failOpenBound is the requests of a run that may fail open, and why, for
 // the test's log.
-type failOpenBudget struct {
+type failOpenBound struct {
 	design, host int64
 	why          string
 }
 
-func (b failOpenBudget) total() int64 { return b.design + b.host }
+func (b failOpenBound) total() int64 { return b.design + b.host }
 
 // excused is how many of failedOpen requests went past the design's 1%
 // within the host's share. Each was admitted unlimited, so a test of the
 // admissions does not hold them against the limiter.
-func (b failOpenBudget) excused(failedOpen int64) int64 {
+func (b failOpenBound) excused(failedOpen int64) int64 {
 	return min(max(failedOpen-b.design, 0), b.host)
 }

@@ -120,6 +120,9 @@ func (s burstStep) median(f func(burstRun) float64) float64 {
 	return stat.Median(xs)
 }
 
+// steal is the median over the step's runs of the hypervisor's share.
+func (s burstStep) steal() float64 { return s.median(func(r burstRun) float64 { return r.Steal }) }
+
 func (s burstStep) mode() string {
 	if s.Senders == 0 {
 		return "open loop"
@@ -207,7 +210,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 			ratio(s.median(func(r burstRun) float64 { return float64(r.Admitted) / r.Want })), fmt.Sprintf("%.0f (%.2f%%)", fo, share),
 			fmt.Sprintf("%d of %d runs", exact, len(s.Runs)), fmt.Sprintf("%d of %d", s.Held(), len(s.Runs)), yesNo(s.Holds()),
 			msOrDash(s.median(func(r burstRun) float64 { return r.FilterP99 })), msOrDash(s.median(func(r burstRun) float64 { return r.SidecarP99 })),
-			msOrDash(s.median(burstRun.AddedP99)), stealOrDash(s.median(func(r burstRun) float64 { return r.Steal })))
+			msOrDash(s.median(burstRun.AddedP99)), stealOrDash(s.steal()))
 	}
 	t.Notes = []string{
 		fmt.Sprintf("Each run is a fresh client whose plan is a fifth of what it sends (burst: a tenth), so admissions and callouts grow with the rate. \"Plan allows\" is capacity + rate x the client's sending window. A run holds when admissions are within 5%% of it, at most 1%% of the requests failed open, and the services received exactly the admitted requests; a step holds when most of its %d runs do (the figures are the runs' medians, each column on its own). A row stops at the first step that does not hold.", e.runs),
@@ -253,7 +256,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 				// The hypervisor's share during the step that stopped the
 				// row: a few percent of steal fails steps that hold on a
 				// quiet host.
-				why := fmt.Sprintf("%d of %d runs held, steal %s", st.Held(), len(st.Runs), stealOrDash(st.median(func(r burstRun) float64 { return r.Steal })))
+				why := fmt.Sprintf("%d of %d runs held, steal %s", st.Held(), len(st.Runs), stealOrDash(st.steal()))
 				if c != 0 {
 					why = fmt.Sprintf("%.0f req/s did not: %s", st.Offered, why)
 				}
