@@ -40,6 +40,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"deny-cache/workers", r.denyCacheWorkers},
 		{"deny-cache/needs-exact-state", r.denyCacheNeedsExactState},
 		{"deny-cache/bucket-model", r.denyCacheBucketModel},
+		{"deny-cache/in-flight", r.denyCacheInFlight},
 		{"costs", r.costs},
 		{"mode/off", r.modeOff},
 		{"mode/shadow", r.modeShadow},
@@ -796,6 +797,62 @@ func (r runner) denyCacheCosts(t *testing.T) {
 	cached("/heavy", "3")
 	h.Advance(3 * time.Second)
 	asks("/heavy")
+}
+
+// denyCacheInFlight: with an entry for the client, a request whose cost the
+// bucket could hold, but not together with the callouts for the client this
+// worker already has on their way (sent after the entry's answer came), is
+// denied without a callout, and told the bucket as it is once those spend.
+// The steps stay within the callouts' 5 ms timeout.
+func (r runner) denyCacheInFlight(t *testing.T) {
+	h := r.host(t, "")
+	const policy = `"basic";q=10;w=1;edgelimit-rate="1000"`
+	// 0.5 tokens left on a 10-token plan refilling 1 token/ms.
+	s, _ := waiting(t, h, get("key-1"))
+	s.RespondCallout(SidecarAnswer("basic", 10, 1000, 0.5, 1), nil)
+	denial(t, s, policy, `"basic";r=0;t=1`, "1", "1")
+
+	// 2 ms on the bucket holds at most 2.5 tokens: room for two requests
+	// on their way, not for a third.
+	h.Advance(2 * time.Millisecond)
+	a, _ := waiting(t, h, get("key-1"))
+	b, _ := waiting(t, h, get("key-1"))
+	queued := func() {
+		t.Helper()
+		s, _ := send(h, get("key-1"))
+		if _, ok := s.Callout(); ok {
+			t.Fatal("callout with the bucket's tokens all on their way, want the cached denial")
+		}
+		// What it is told counts those on their way as spent: r=0,
+		// where the bucket alone would be r=2.
+		denial(t, s, policy, `"basic";r=0;t=1`, "1", "1")
+	}
+	queued()
+	// Another client is not affected.
+	o, _ := waiting(t, h, get("key-2"))
+	o.RespondCallout(SidecarAnswer("basic", 10, 1000, 10, 1), nil)
+	wentOn(t, o)
+	// The denial ends by the cache's margin (10 µs + 2.5 ms / 1000)
+	// before the bound holds three tokens, at 2.5 ms.
+	h.Advance(480 * time.Microsecond)
+	queued()
+	h.Advance(10 * time.Microsecond)
+	d, _ := waiting(t, h, get("key-1"))
+
+	// An answer replaces the entry: the bucket held 3 tokens and keeps 2.
+	// The callouts sent before that answer came may be in its tokens
+	// already; they no longer count, those sent after it do.
+	a.RespondCallout(SidecarAnswer("basic", 10, 1000, 3, 1), nil)
+	wentOn(t, a)
+	h.Advance(10 * time.Microsecond)
+	e, _ := waiting(t, h, get("key-1"))
+	f, _ := waiting(t, h, get("key-1"))
+	queued()
+	for _, s := range []Stream{b, d, e, f} {
+		s.RespondCallout(SidecarAnswer("basic", 10, 1000, 1, 1), nil)
+		wentOn(t, s)
+	}
+	counters(t, h, map[string]int64{limiter.MetricDenied: 1, limiter.MetricDeniedCached: 3, limiter.MetricAllowed: 6})
 }
 
 func (r runner) denyCacheWorkers(t *testing.T) {

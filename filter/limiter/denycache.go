@@ -129,14 +129,15 @@ func (e *denyEntry) valid() bool {
 
 // reply is what a cached denial of cost at now tells the client: the bucket
 // as it is at now if nobody else spent since the answer came (the least it
-// can hold then), and a Retry-After no earlier than the wait from there.
-func (e *denyEntry) reply(cost, now int64) (q quota, retry int64) {
+// can hold then) but the callouts counted against it, which may spend
+// spent, and a Retry-After no earlier than the wait from there.
+func (e *denyEntry) reply(cost, spent, now int64) (q quota, retry int64) {
 	tokens := e.tokens
 	if now > e.recv {
 		tokens += e.rate * (float64(now-e.recv) / 1e9)
 	}
+	tokens = math.Min(tokens, float64(e.limit)) - float64(spent)
 	q = quotaAt(e.plan, e.limit, e.rate, tokens)
-	tokens = math.Min(tokens, float64(e.limit))
 	return q, retryAfterFor(cost, tokens, e.rate, q.next)
 }
 

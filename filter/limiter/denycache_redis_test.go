@@ -184,7 +184,7 @@ func TestDenyCacheAgainstRedis(t *testing.T) {
 				}
 				// What the client is told: with nobody else spending, its
 				// Retry-After is no earlier than the script's wait now.
-				if _, retry := e.reply(cost, now); !others && !r.Never && !r.Allowed && float64(retry)*1000 < r.RetryMs {
+				if _, retry := e.reply(cost, 0, now); !others && !r.Never && !r.Allowed && float64(retry)*1000 < r.RetryMs {
 					t.Fatalf("timeline %d: cached Retry-After %d s, the script still needs %v ms", timelines, retry, r.RetryMs)
 				}
 				continue

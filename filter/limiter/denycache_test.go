@@ -79,11 +79,11 @@ func TestDenyWindow(t *testing.T) {
 	if d := e.staleAt() - anchor; d != 9*second || !e.stale(anchor+9*second) || e.stale(anchor+9*second-1) || !e.stale(anchor-1) {
 		t.Errorf("staleAt anchor%+dns, want anchor+9s", d)
 	}
-	q, retry := e.reply(5, anchor+second/2)
+	q, retry := e.reply(5, 0, anchor+second/2)
 	if want := (quota{plan: "p", limit: 10, rate: 1, remaining: 1, next: 1, reset: 9}); retry != 4 || q != want {
 		t.Errorf("reply at +0.5s = %+v, retry %d; want %+v (1.5 tokens), retry 4 (3.5 s)", q, retry, want)
 	}
-	_, retry = e.reply(2, anchor+second-m(second)-1)
+	_, retry = e.reply(2, 0, anchor+second-m(second)-1)
 	if retry != 1 {
 		t.Errorf("retry-after %d just before the window ends, want at least 1", retry)
 	}
@@ -104,7 +104,7 @@ func TestDenyReplyAnchors(t *testing.T) {
 	if !e.denies(2, now) {
 		t.Fatal("cost 2 not denied 2 s into a 4 s wait")
 	}
-	q, retry := e.reply(2, now)
+	q, retry := e.reply(2, 0, now)
 	// 1 s after the answer: 0.5 tokens; 1.5 more take 3 s, the next whole
 	// token 1 s, full 19 s.
 	if want := (quota{plan: "p", limit: 10, rate: 0.5, remaining: 0, next: 1, reset: 19}); q != want || retry != 3 {

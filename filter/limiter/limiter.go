@@ -240,7 +240,15 @@ func (l *Limiter) check(s *stream) abi.Action {
 	now := h.Now()
 	if e, ok := s.root.cache.lookup(h, s.key); ok {
 		if e.denies(s.cost, now) {
-			return l.cachedDeny(s, &e, now)
+			return l.cachedDeny(s, &e, 0, now)
+		}
+		// The bucket may hold this request's cost, but not that and the
+		// costs of the client's callouts this worker already has on
+		// their way: a burst past the bucket is answered here, not with a
+		// callout per request that can only be denied
+		// (filter/RATIONALE.md, "Callouts on their way").
+		if c := s.root.inFlightCost(s.key, e.recv); c > 0 && e.denies(s.cost+c, now) {
+			return l.cachedDeny(s, &e, c, now)
 		}
 		s.entry = true
 	}
@@ -279,14 +287,29 @@ func (l *Limiter) noKey(s *stream, ks KeyStatus) abi.Action {
 	return abi.ActionPause
 }
 
-func (l *Limiter) cachedDeny(s *stream, e *denyEntry, now int64) abi.Action {
+// inFlightCost is the cost of r's callouts for key that are unanswered and
+// were sent after the local time after: each may still spend its cost from
+// the client's bucket, after any decision answered by then.
+func (r *root) inFlightCost(key string, after int64) int64 {
+	var c int64
+	for i := range r.calls.slots {
+		if s := r.calls.slots[i].s; s != nil && s.sentAt > after && s.key == key {
+			c += s.cost
+		}
+	}
+	return c
+}
+
+// cachedDeny answers a request the deny cache denies, counting spent, the
+// cost of the callouts in flight the denial counted.
+func (l *Limiter) cachedDeny(s *stream, e *denyEntry, spent, now int64) abi.Action {
 	if !s.enforce {
 		l.m.inc(l.host, cShadowWouldDeny)
 		l.host.ReplaceHeader(abi.MapRequestHeaders, ShadowHeader, "deny")
 		return abi.ActionContinue
 	}
 	l.m.inc(l.host, cDeniedCached)
-	q, retry := e.reply(s.cost, now)
+	q, retry := e.reply(s.cost, spent, now)
 	l.deny(s, &q, retry, "edgelimit_rate_limited_cached")
 	return abi.ActionPause
 }
