@@ -31,7 +31,8 @@ type burstRow struct {
 
 // defaultBurst: one client at five times its plan (its rate is a fifth of
 // what it sends, its burst a tenth), through 1 and 3 gateways, 3 s a run
-// and -runs runs a step: an open loop and 10 senders firing together swept
+// (longer at low rates: minBurstRequests) and -runs runs a step: an open
+// loop and 10 senders firing together swept
 // from 100 to 4000 requests/s, then bursts of 20, 30 and 40 senders at 500
 // requests/s.
 func defaultBurst(e *env) burstParams {
@@ -39,6 +40,18 @@ func defaultBurst(e *env) burstParams {
 	return burstParams{Gateways: []int{1, 3}, Window: e.dur(3 * time.Second), Rows: []burstRow{
 		{0, rates}, {10, rates}, {20, []float64{burstTarget}}, {30, []float64{burstTarget}}, {40, []float64{burstTarget}},
 	}}
+}
+
+// minBurstRequests is the fewest requests a run sends: the window of a low
+// rate is stretched to it. 1% of it is ten requests, so one stalled burst
+// of ten on the shared machine does not decide a run by itself, where it
+// would in 3 s at 100 requests/s (300 requests, 1% three).
+const minBurstRequests = 1000
+
+// window is how long a run at offered requests/s sends: the row's window,
+// or longer to send minBurstRequests.
+func (p burstParams) window(offered float64) time.Duration {
+	return max(p.Window, time.Duration(minBurstRequests/offered*float64(time.Second)))
 }
 
 // burstTarget is the offered rate the limit must hold at: the 500
@@ -169,7 +182,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 				st := burstStep{Gateways: g, Senders: row.Senders, Offered: r}
 				for run := 0; run < e.runs; run++ {
 					e.prog.Printf("burst: %d gateway(s), %s, %.0f req/s, run %d of %d", g, st.mode(), r, run+1, e.runs)
-					one, err := burstOnce(ctx, b, fronts, burstKey(g, row.Senders, i, run), row.Senders, r, p.Window)
+					one, err := burstOnce(ctx, b, fronts, burstKey(g, row.Senders, i, run), row.Senders, r, p.window(r))
 					if err != nil {
 						b.Close()
 						return nil, err
@@ -190,7 +203,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 	}
 
 	t := report.Table{
-		Title: fmt.Sprintf("One client at 5x its plan, %v per run, %d runs per step (medians): where the promises stop holding", p.Window, e.runs),
+		Title: fmt.Sprintf("One client at 5x its plan, %v and at least %d requests per run, %d runs per step (medians): where the promises stop holding", p.Window, minBurstRequests, e.runs),
 		Header: []string{"gateways", "sending", "offered req/s", "sent", "plan allows", "admitted", "admitted/plan", "failed open", "reached services = admitted", "runs that held", "holds",
 			"callout p99 ms (filter)", "decision p99 ms (sidecar)", "gateway adds at p99 ms", "steal"},
 	}
@@ -274,7 +287,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 	return &report.Scenario{
 		Title:  "Bursts: one client at 5x its plan, shipped timeouts",
 		Claim:  burstClaim,
-		Method: fmt.Sprintf("Redis, one sidecar and 1 or 3 gateways sharing them, each gateway with its own services. One client sends through the gateways in turn, as an open loop of evenly spaced requests or as n senders firing together every tick, at rising rates, %v per run and %d runs per step, each run a fresh client.", p.Window, e.runs),
+		Method: fmt.Sprintf("Redis, one sidecar and 1 or 3 gateways sharing them, each gateway with its own services. One client sends through the gateways in turn, as an open loop of evenly spaced requests or as n senders firing together every tick, at rising rates, %v per run (longer at low rates, so that a run sends at least %d requests) and %d runs per step, each run a fresh client.", p.Window, minBurstRequests, e.runs),
 		Tables: []report.Table{summary, t},
 		Checks: checks,
 	}, nil
