@@ -852,7 +852,30 @@ func (r runner) denyCacheInFlight(t *testing.T) {
 		s.RespondCallout(SidecarAnswer("basic", 10, 1000, 1, 1), nil)
 		wentOn(t, s)
 	}
-	counters(t, h, map[string]int64{limiter.MetricDenied: 1, limiter.MetricDeniedCached: 3, limiter.MetricAllowed: 6})
+
+	// Nor more than a full bucket: 3 ms after an answer that left 9
+	// tokens, the bound says 12, the capacity 10. Ten go out, the
+	// eleventh is answered here.
+	h.Advance(10 * time.Millisecond)
+	s, _ = waiting(t, h, get("key-1"))
+	s.RespondCallout(SidecarAnswer("basic", 10, 1000, 10, 1), nil)
+	wentOn(t, s)
+	h.Advance(3 * time.Millisecond)
+	var out []Stream
+	for range 10 {
+		s, _ := waiting(t, h, get("key-1"))
+		out = append(out, s)
+	}
+	s, _ = send(h, get("key-1"))
+	if _, ok := s.Callout(); ok {
+		t.Fatal("callout with a full bucket's worth on their way, want the cached denial")
+	}
+	reply(t, s, 429)
+	for _, s := range out {
+		s.RespondCallout(SidecarAnswer("basic", 10, 1000, 10, 1), nil)
+		wentOn(t, s)
+	}
+	counters(t, h, map[string]int64{limiter.MetricDenied: 1, limiter.MetricDeniedCached: 4, limiter.MetricAllowed: 17})
 }
 
 func (r runner) denyCacheWorkers(t *testing.T) {

@@ -244,10 +244,10 @@ func (l *Limiter) check(s *stream) abi.Action {
 		}
 		// The bucket may hold this request's cost, but not that and the
 		// costs of the client's callouts this worker already has on
-		// their way: a burst past the bucket is answered here, not with a
-		// callout per request that can only be denied
-		// (filter/RATIONALE.md, "Callouts on their way").
-		if c := s.root.inFlightCost(s.key, e.recv); c > 0 && e.denies(s.cost+c, now) {
+		// their way, nor could it when full: a burst past the bucket is
+		// answered here, not with a callout per request that can only be
+		// denied (filter/RATIONALE.md, "Callouts on their way").
+		if c := s.root.inFlightCost(s.key, e.recv); c > 0 && (s.cost+c > e.limit || e.denies(s.cost+c, now)) {
 			return l.cachedDeny(s, &e, c, now)
 		}
 		s.entry = true
