@@ -198,7 +198,7 @@ func answerFieldsOf(headers [][2]string) answerFields {
 
 // match is field when name is want, else -1.
 func match(name, want string, field int) int {
-	if name == want {
+	if same(name, want) {
 		return field
 	}
 	return -1
@@ -466,7 +466,7 @@ type policyEntry struct {
 func (pm *policyMemo) of(q *quota) *policyEntry {
 	for i := range pm.entries {
 		e := &pm.entries[i]
-		if e.used && e.limit == q.limit && math.Float64bits(e.rate) == math.Float64bits(q.rate) && e.plan == q.plan {
+		if e.used && e.limit == q.limit && math.Float64bits(e.rate) == math.Float64bits(q.rate) && same(e.plan, q.plan) {
 			return e
 		}
 	}
