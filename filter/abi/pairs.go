@@ -85,6 +85,10 @@ func AppendPairViews(dst [][2]string, data []byte) ([][2]string, error) {
 		return dst, err
 	}
 	keep := len(dst)
+	// Room for every pair at once: the appends below never grow dst, and
+	// inside wasm each check they skip is a jump through the function's
+	// dispatch table.
+	dst = slices.Grow(dst, n)
 	at := 4 + 8*n
 	for i := 0; i < n; i++ {
 		kl, vl := int(u32(data[4+8*i:])), int(u32(data[8+8*i:]))
@@ -93,18 +97,15 @@ func AppendPairViews(dst [][2]string, data []byte) ([][2]string, error) {
 		if kl >= len(data)-at || vl >= len(data)-at-kl-1 {
 			return dst[:keep], ErrPairsTruncated
 		}
-		k := view(data[at : at+kl])
-		at += kl
-		if data[at] != 0 {
+		if data[at+kl] != 0 || data[at+kl+1+vl] != 0 {
 			return dst[:keep], ErrPairsNoNUL
 		}
-		at++
-		v := view(data[at : at+vl])
-		at += vl
-		if data[at] != 0 {
-			return dst[:keep], ErrPairsNoNUL
-		}
-		at++
+		// Both strings end before their NUL, so their first bytes exist
+		// (an empty one is a view of its NUL, of length 0).
+		k := unsafe.String(&data[at], kl)
+		at += kl + 1
+		v := unsafe.String(&data[at], vl)
+		at += vl + 1
 		dst = append(dst, [2]string{k, v})
 	}
 	if at != len(data) {
