@@ -405,7 +405,7 @@ func appendRateLimitHeaders(dst [][2]string, t *text, q *quota, memo *policyMemo
 	m := len(t.b)
 	t.b = append(append(append(t.b, id...), ";r="...), r...)
 	if q.next >= 0 {
-		t.b = strconv.AppendInt(append(t.b, ";t="...), q.next, 10)
+		t.b = appendInt(append(t.b, ";t="...), q.next)
 	}
 	limit := t.since(m)
 	return append(dst,

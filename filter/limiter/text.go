@@ -25,8 +25,36 @@ func (t *text) since(mark int) string {
 
 func (t *text) int(n int64) string {
 	m := len(t.b)
-	t.b = strconv.AppendInt(t.b, n, 10)
+	t.b = appendInt(t.b, n)
 	return t.since(m)
+}
+
+// digitPairs holds "00" to "99".
+const digitPairs = "00010203040506070809101112131415161718192021222324252627282930313233343536373839" +
+	"40414243444546474849505152535455565758596061626364656667686970717273747576777879" +
+	"8081828384858687888990919293949596979899"
+
+// appendInt is strconv.AppendInt(b, n, 10). What a header value holds is
+// mostly below 10,000 (a cost, the tokens left, seconds to wait), and those
+// are appended in one go; inside wasm strconv's digit loop and the two calls
+// into it cost several times as much (filter/RATIONALE.md, "What a request
+// costs inside wasm").
+func appendInt(b []byte, n int64) []byte {
+	if uint64(n) >= 10000 {
+		return strconv.AppendInt(b, n, 10)
+	}
+	u := uint32(n)
+	switch {
+	case u < 10:
+		return append(b, byte('0'+u))
+	case u < 100:
+		return append(b, digitPairs[2*u], digitPairs[2*u+1])
+	case u < 1000:
+		hi, lo := u/100, u%100
+		return append(b, byte('0'+hi), digitPairs[2*lo], digitPairs[2*lo+1])
+	}
+	hi, lo := u/100, u%100
+	return append(b, digitPairs[2*hi], digitPairs[2*hi+1], digitPairs[2*lo], digitPairs[2*lo+1])
 }
 
 // cat returns the concatenation of its arguments.

@@ -1,7 +1,9 @@
 package limiter
 
 import (
+	"math"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -30,5 +32,21 @@ func TestSameIsEquality(t *testing.T) {
 		if n > 0 && (same(a, a[:n-1]) || same(a[:n-1], a)) {
 			t.Fatalf("same is true for %q and a prefix", a)
 		}
+	}
+}
+
+// TestAppendIntIsStrconv compares appendInt with strconv.AppendInt around
+// every boundary of its fast paths and at the ends of int64.
+func TestAppendIntIsStrconv(t *testing.T) {
+	check := func(n int64) {
+		if got, want := string(appendInt([]byte("x"), n)), "x"+strconv.FormatInt(n, 10); got != want {
+			t.Fatalf("appendInt(%d) = %q, want %q", n, got, want)
+		}
+	}
+	for n := int64(-20000); n <= 20000; n++ {
+		check(n)
+	}
+	for _, n := range []int64{math.MaxInt64, math.MinInt64, math.MaxInt32, math.MinInt32, 1 << 32, 99999, 100000} {
+		check(n)
 	}
 }
