@@ -85,13 +85,15 @@ func AppendPairViews(dst [][2]string, data []byte) ([][2]string, error) {
 		return dst, err
 	}
 	keep := len(dst)
-	// Room for every pair at once: the appends below never grow dst, and
-	// inside wasm each check they skip is a jump through the function's
-	// dispatch table.
-	dst = slices.Grow(dst, n)
-	at := 4 + 8*n
-	for i := 0; i < n; i++ {
-		kl, vl := int(u32(data[4+8*i:])), int(u32(data[8+8*i:]))
+	// Room for every pair at once, written in place: inside wasm each
+	// check an append makes is a jump through the function's dispatch
+	// table.
+	dst = slices.Grow(dst, n)[:keep+n]
+	out := dst[keep:]
+	// pairCount checked that the sizes fit.
+	sizes, at := data[4:4+8*n], 4+8*n
+	for i := range out {
+		kl, vl := int(u32(sizes[8*i:])), int(u32(sizes[8*i+4:]))
 		// at + kl + 1 + vl + 1 <= len(data), in an order that cannot
 		// overflow: each length is below 2^32 and at below len(data).
 		if kl >= len(data)-at || vl >= len(data)-at-kl-1 {
@@ -102,11 +104,8 @@ func AppendPairViews(dst [][2]string, data []byte) ([][2]string, error) {
 		}
 		// Both strings end before their NUL, so their first bytes exist
 		// (an empty one is a view of its NUL, of length 0).
-		k := unsafe.String(&data[at], kl)
-		at += kl + 1
-		v := unsafe.String(&data[at], vl)
-		at += vl + 1
-		dst = append(dst, [2]string{k, v})
+		out[i] = [2]string{unsafe.String(&data[at], kl), unsafe.String(&data[at+kl+1], vl)}
+		at += kl + vl + 2
 	}
 	if at != len(data) {
 		return dst[:keep], ErrPairsTrailing
