@@ -119,8 +119,13 @@ func ParseAnswer(headers [][2]string) Answer {
 			" without valid ratelimit-limit, ratelimit-remaining and ratelimit-reset", a.Status)
 	}
 	a.Plan = f.get(fPlan)
-	a.Tokens, a.HasTokens = decimal(f.get(fTokens))
-	a.Rate, a.HasRate = decimal(f.get(fRate))
+	// decimal, with its fast path called directly: one call fewer each.
+	if a.Tokens, a.HasTokens = plainDecimal(f.get(fTokens)); !a.HasTokens {
+		a.Tokens, a.HasTokens = parseDecimal(f.get(fTokens))
+	}
+	if a.Rate, a.HasRate = plainDecimal(f.get(fRate)); !a.HasRate {
+		a.Rate, a.HasRate = parseDecimal(f.get(fRate))
+	}
 	a.HasRate = a.HasRate && a.Rate > 0
 	if status == 200 {
 		a.Outcome = Allowed
@@ -451,7 +456,8 @@ func appendRateLimitHeaders(dst [][2]string, t *text, q *quota, memo *policyMemo
 	m := len(t.b)
 	t.b = append(append(append(t.b, id...), ";r="...), r...)
 	if q.next >= 0 {
-		t.b = appendInt(append(t.b, ";t="...), q.next)
+		t.b = append(t.b, ";t="...)
+		t.int(q.next)
 	}
 	limit := t.since(m)
 	return append(dst,

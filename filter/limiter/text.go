@@ -23,9 +23,24 @@ func (t *text) since(mark int) string {
 	return unsafe.String(&t.b[mark], len(t.b)-mark)
 }
 
+// int appends n in decimal, as strconv.AppendInt does. What a header value
+// holds is mostly below 10,000 (a cost, the tokens left, seconds to wait),
+// and those are appended in one go: inside wasm strconv's digit loop and
+// the two calls into it cost several times as much (filter/RATIONALE.md,
+// "What a request costs inside wasm").
 func (t *text) int(n int64) string {
 	m := len(t.b)
-	t.b = appendInt(t.b, n)
+	if u := uint32(n); uint64(n) >= 10000 {
+		t.b = strconv.AppendInt(t.b, n, 10)
+	} else if u < 10 {
+		t.b = append(t.b, byte('0'+u))
+	} else if u < 100 {
+		t.b = append(t.b, digitPairs[2*u], digitPairs[2*u+1])
+	} else if hi, lo := u/100, u%100; u < 1000 {
+		t.b = append(t.b, byte('0'+hi), digitPairs[2*lo], digitPairs[2*lo+1])
+	} else {
+		t.b = append(t.b, digitPairs[2*hi], digitPairs[2*hi+1], digitPairs[2*lo], digitPairs[2*lo+1])
+	}
 	return t.since(m)
 }
 
@@ -33,29 +48,6 @@ func (t *text) int(n int64) string {
 const digitPairs = "00010203040506070809101112131415161718192021222324252627282930313233343536373839" +
 	"40414243444546474849505152535455565758596061626364656667686970717273747576777879" +
 	"8081828384858687888990919293949596979899"
-
-// appendInt is strconv.AppendInt(b, n, 10). What a header value holds is
-// mostly below 10,000 (a cost, the tokens left, seconds to wait), and those
-// are appended in one go; inside wasm strconv's digit loop and the two calls
-// into it cost several times as much (filter/RATIONALE.md, "What a request
-// costs inside wasm").
-func appendInt(b []byte, n int64) []byte {
-	if uint64(n) >= 10000 {
-		return strconv.AppendInt(b, n, 10)
-	}
-	u := uint32(n)
-	switch {
-	case u < 10:
-		return append(b, byte('0'+u))
-	case u < 100:
-		return append(b, digitPairs[2*u], digitPairs[2*u+1])
-	case u < 1000:
-		hi, lo := u/100, u%100
-		return append(b, byte('0'+hi), digitPairs[2*lo], digitPairs[2*lo+1])
-	}
-	hi, lo := u/100, u%100
-	return append(b, digitPairs[2*hi], digitPairs[2*hi+1], digitPairs[2*lo], digitPairs[2*lo+1])
-}
 
 // cat returns the concatenation of its arguments.
 func (t *text) cat(parts ...string) string {

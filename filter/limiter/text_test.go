@@ -35,12 +35,13 @@ func TestSameIsEquality(t *testing.T) {
 	}
 }
 
-// TestAppendIntIsStrconv compares appendInt with strconv.AppendInt around
+// TestTextIntIsStrconv compares text.int with strconv.AppendInt around
 // every boundary of its fast paths and at the ends of int64.
-func TestAppendIntIsStrconv(t *testing.T) {
+func TestTextIntIsStrconv(t *testing.T) {
 	check := func(n int64) {
-		if got, want := string(appendInt([]byte("x"), n)), "x"+strconv.FormatInt(n, 10); got != want {
-			t.Fatalf("appendInt(%d) = %q, want %q", n, got, want)
+		tx := text{b: []byte("x")}
+		if got, want := tx.int(n), strconv.FormatInt(n, 10); got != want || string(tx.b) != "x"+want {
+			t.Fatalf("text.int(%d) = %q (buffer %q), want %q", n, got, tx.b, want)
 		}
 	}
 	for n := int64(-20000); n <= 20000; n++ {
