@@ -25,7 +25,7 @@ const maxTracked = 8
 // starts a call), so that take accepts exactly what was handed out for it:
 // a host that points anywhere else gets StatusInvalidMemoryAccess.
 type arena struct {
-	buf   *[arenaSize]byte
+	buf   [arenaSize]byte
 	used  uintptr
 	spill [][]byte
 	// The allocations of the host call in progress.
@@ -33,7 +33,7 @@ type arena struct {
 	n   int
 }
 
-func newArena() *arena { return &arena{buf: new([arenaSize]byte)} }
+func newArena() *arena { return new(arena) }
 
 // alloc returns size bytes; a zero size still reserves one byte, so that
 // its address is its own and not 0, which the ABI reads as a failure.

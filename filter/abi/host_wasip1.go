@@ -29,8 +29,9 @@ var (
 )
 
 // mem is the memory proxy_on_memory_allocate hands the host; every export
-// resets it as the callback starts.
-var mem = newArena()
+// resets it as the callback starts. A variable rather than a pointer to
+// one: inside wasm every use of a pointer is one more load.
+var mem arena
 
 // pairsBuf is reused for every header map the module hands the host, which
 // copies it during the call.
