@@ -35,14 +35,17 @@ var (
 //	make build/filter.wasm && CGO_ENABLED=0 go test -c -o /tmp/fw.test ./e2e/filterwasm
 //	flags="-test.run XXX -test.bench FilterDirect -direct.wasm $PWD/build/filter.wasm -direct.cache /tmp/fwcache"
 //	/tmp/fw.test $flags -test.benchtime 10x
-//	GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --smc-check=all /tmp/fw.test $flags -test.benchtime 1000x
+//	GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --smc-check=all /tmp/fw.test $flags -test.benchtime 1000x
 //
 // and the last again with 5000x. The module's compiled code has no
 // symbols, so callgrind_annotate lists it as ???; the difference of the two
-// runs' ??? totals, over 4000, is its instructions per request. The cache
-// spares valgrind the compilation, the prebuilt module a go build, whose
-// exit signal callgrind (3.19) can trip over, as it can over the runtime's
-// preemption signals.
+// runs' ??? totals, over 4000, is its instructions per request, the same
+// in every run. The cache spares valgrind the compilation, the prebuilt
+// module a go build, whose exit signal callgrind (3.19) can trip over, as
+// it can over the runtime's preemption signals; with more than one
+// GOMAXPROCS the goroutine moves between threads and callgrind credits
+// some of the module's instructions to the host's functions, a different
+// share in each run.
 func BenchmarkFilterDirect(b *testing.B) {
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
