@@ -25,7 +25,7 @@ const maxTracked = 8
 // starts a call), so that take accepts exactly what was handed out for it:
 // a host that points anywhere else gets StatusInvalidMemoryAccess.
 type arena struct {
-	buf   *[arenaSize]byte
+	buf   [arenaSize]byte
 	used  uintptr
 	spill [][]byte
 	// The allocations of the host call in progress.
@@ -33,7 +33,7 @@ type arena struct {
 	n   int
 }
 
-func newArena() *arena { return &arena{buf: new([arenaSize]byte)} }
+func newArena() *arena { return new(arena) }
 
 // alloc returns size bytes; a zero size still reserves one byte, so that
 // its address is its own and not 0, which the ABI reads as a failure.
@@ -66,10 +66,12 @@ func addrOf(b []byte) uintptr {
 }
 
 // begin starts a host call: take accepts only what is allocated from now on.
-func (a *arena) begin() {
-	clear(a.got[:a.n])
-	a.n = 0
-}
+// The entries of earlier calls are left in got, unread past n: they point
+// into buf, which lives as long as the module, or into spill, which reset
+// clears them with. Clearing them here (a slice of pointers, so with the
+// garbage collector's write barriers) cost more inside wasm than the rest
+// of a host call's bookkeeping.
+func (a *arena) begin() { a.n = 0 }
 
 // take returns the n bytes at addr if they lie at the start of an allocation
 // made since begin; (nil, true) for the empty result, address 0 and size 0.
@@ -93,9 +95,11 @@ func (a *arena) take(addr uintptr, n uint32) ([]byte, bool) {
 // reset reclaims everything; views handed out before are invalid from now
 // on.
 func (a *arena) reset() {
-	a.begin()
-	a.used = 0
+	a.n, a.used = 0, 0
 	if len(a.spill) > 0 {
+		// got may still hold views of the spilled slices: drop them too,
+		// so that the collector can have them.
+		clear(a.got[:])
 		clear(a.spill)
 		a.spill = a.spill[:0]
 	}

@@ -12,24 +12,18 @@ var plugin Plugin
 // traps any proxy_* call but proxy_log during _initialize.
 func SetPlugin(p Plugin) { plugin = p }
 
-// recoverTo is deferred by every callback: a panic that escapes the plugin is
-// logged and turned into the callback's safe result (*ret = safe), so that
-// the proxy never sees a trap. The plugin recovers its own panics with more
-// context; this is the last line.
-func recoverTo(ret *uint32, safe uint32, where string) {
-	r := recover()
-	if r == nil {
-		return
-	}
-	*ret = safe
-	ProxyHost().Log(LogCritical, "abi: panic in "+where+": "+PanicMessage(r))
-}
+// Every callback recovers: a panic that escapes the plugin is logged and
+// turned into the callback's safe result, so that the proxy never sees a
+// trap. The plugin recovers its own panics with more context; this is the
+// last line. Each export defers its own closure that calls recover itself,
+// rather than a shared helper taking the result's address and the export's
+// name: that was two more Go calls per callback inside wasm, where a call
+// costs tens of instructions (filter/RATIONALE.md, "What a request costs
+// inside wasm").
 
-// recoverVoid is recoverTo for callbacks without a result.
-func recoverVoid(where string) {
-	if r := recover(); r != nil {
-		ProxyHost().Log(LogCritical, "abi: panic in "+where+": "+PanicMessage(r))
-	}
+// logPanic logs a panic that reached the binding.
+func logPanic(where string, r any) {
+	ProxyHost().Log(LogCritical, "abi: panic in "+where+": "+PanicMessage(r))
 }
 
 func boolU32(b bool) uint32 {
@@ -51,20 +45,25 @@ func proxyABIVersion0_2_1() {}
 // is mistaken for a general-purpose one. The memory comes from the arena
 // and is reclaimed when the next callback starts (see arena).
 //
+// It defers no recover, as it has nothing to recover from: alloc slices
+// only within what it checked, and its spill is a make of at most 2^32-1
+// bytes, below the largest allocation the wasm runtime accepts (2^32), so
+// that it never panics; running out of linear memory is the runtime's fatal
+// error, which no recover catches. The host calls it once per result,
+// twice on an allowed request.
+//
 //go:wasmexport proxy_on_memory_allocate
-func proxyOnMemoryAllocate(size uint32) (ptr unsafe.Pointer) {
-	defer func() {
-		// An allocation failure is reported as address 0, never as a trap.
-		if recover() != nil {
-			ptr = nil
-		}
-	}()
+func proxyOnMemoryAllocate(size uint32) unsafe.Pointer {
 	return unsafe.Pointer(unsafe.SliceData(mem.alloc(size)[:1]))
 }
 
 //go:wasmexport proxy_on_context_create
 func proxyOnContextCreate(id, parent uint32) {
-	defer recoverVoid("proxy_on_context_create")
+	defer func() {
+		if r := recover(); r != nil {
+			logPanic("proxy_on_context_create", r)
+		}
+	}()
 	mem.reset()
 	if plugin != nil {
 		plugin.OnContextCreate(id, parent)
@@ -73,7 +72,12 @@ func proxyOnContextCreate(id, parent uint32) {
 
 //go:wasmexport proxy_on_vm_start
 func proxyOnVMStart(root, size uint32) (ok uint32) {
-	defer recoverTo(&ok, 0, "proxy_on_vm_start")
+	defer func() {
+		if r := recover(); r != nil {
+			ok = 0
+			logPanic("proxy_on_vm_start", r)
+		}
+	}()
 	mem.reset()
 	if plugin == nil {
 		return 0
@@ -83,7 +87,12 @@ func proxyOnVMStart(root, size uint32) (ok uint32) {
 
 //go:wasmexport proxy_on_configure
 func proxyOnConfigure(root, size uint32) (ok uint32) {
-	defer recoverTo(&ok, 0, "proxy_on_configure")
+	defer func() {
+		if r := recover(); r != nil {
+			ok = 0
+			logPanic("proxy_on_configure", r)
+		}
+	}()
 	mem.reset()
 	if plugin == nil {
 		return 0
@@ -93,7 +102,12 @@ func proxyOnConfigure(root, size uint32) (ok uint32) {
 
 //go:wasmexport proxy_on_request_headers
 func proxyOnRequestHeaders(id, numHeaders, endOfStream uint32) (action uint32) {
-	defer recoverTo(&action, uint32(ActionContinue), "proxy_on_request_headers")
+	defer func() {
+		if r := recover(); r != nil {
+			action = uint32(ActionContinue)
+			logPanic("proxy_on_request_headers", r)
+		}
+	}()
 	mem.reset()
 	if plugin == nil {
 		return uint32(ActionContinue)
@@ -103,7 +117,12 @@ func proxyOnRequestHeaders(id, numHeaders, endOfStream uint32) (action uint32) {
 
 //go:wasmexport proxy_on_response_headers
 func proxyOnResponseHeaders(id, numHeaders, endOfStream uint32) (action uint32) {
-	defer recoverTo(&action, uint32(ActionContinue), "proxy_on_response_headers")
+	defer func() {
+		if r := recover(); r != nil {
+			action = uint32(ActionContinue)
+			logPanic("proxy_on_response_headers", r)
+		}
+	}()
 	mem.reset()
 	if plugin == nil {
 		return uint32(ActionContinue)
@@ -113,7 +132,11 @@ func proxyOnResponseHeaders(id, numHeaders, endOfStream uint32) (action uint32) 
 
 //go:wasmexport proxy_on_http_call_response
 func proxyOnHTTPCallResponse(root, token, numHeaders, bodySize, numTrailers uint32) {
-	defer recoverVoid("proxy_on_http_call_response")
+	defer func() {
+		if r := recover(); r != nil {
+			logPanic("proxy_on_http_call_response", r)
+		}
+	}()
 	mem.reset()
 	if plugin != nil {
 		plugin.OnHTTPCallResponse(root, token, int(numHeaders), int(bodySize), int(numTrailers))
@@ -122,7 +145,11 @@ func proxyOnHTTPCallResponse(root, token, numHeaders, bodySize, numTrailers uint
 
 //go:wasmexport proxy_on_tick
 func proxyOnTick(root uint32) {
-	defer recoverVoid("proxy_on_tick")
+	defer func() {
+		if r := recover(); r != nil {
+			logPanic("proxy_on_tick", r)
+		}
+	}()
 	mem.reset()
 	if plugin != nil {
 		plugin.OnTick(root)
@@ -136,7 +163,11 @@ func proxyOnTick(root uint32) {
 
 //go:wasmexport proxy_on_delete
 func proxyOnDelete(id uint32) {
-	defer recoverVoid("proxy_on_delete")
+	defer func() {
+		if r := recover(); r != nil {
+			logPanic("proxy_on_delete", r)
+		}
+	}()
 	mem.reset()
 	if plugin != nil {
 		plugin.OnDelete(id)

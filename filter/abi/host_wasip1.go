@@ -5,11 +5,18 @@ package abi
 import "unsafe"
 
 // wasmHost is the Host of a module running inside a proxy: each method is one
-// env.proxy_* import.
+// env.proxy_* import. The methods have pointer receivers so that the
+// interface's method table holds them directly: with value receivers, a call
+// through Host went through a compiler-made (*wasmHost) wrapper first, one
+// more Go call per host call inside wasm (filter/RATIONALE.md, "What a
+// request costs inside wasm").
 type wasmHost struct{}
 
+// proxyHost is the one Host of the module.
+var proxyHost wasmHost
+
 // ProxyHost returns the Host backed by the proxy's env.proxy_* imports.
-func ProxyHost() Host { return wasmHost{} }
+func ProxyHost() Host { return &proxyHost }
 
 // Output parameters of host calls. They live in package variables so that
 // their addresses are fixed: see imports_wasip1.go.
@@ -22,8 +29,9 @@ var (
 )
 
 // mem is the memory proxy_on_memory_allocate hands the host; every export
-// resets it as the callback starts.
-var mem = newArena()
+// resets it as the callback starts. A variable rather than a pointer to
+// one: inside wasm every use of a pointer is one more load.
+var mem arena
 
 // pairsBuf is reused for every header map the module hands the host, which
 // copies it during the call.
@@ -65,22 +73,22 @@ func encodePairs(off int, pairs [][2]string) []byte {
 	return pairsBuf[off:]
 }
 
-func (wasmHost) Log(level LogLevel, msg string) Status {
+func (*wasmHost) Log(level LogLevel, msg string) Status {
 	return Status(proxyLog(uint32(level), strPtr(msg), uint32(len(msg))))
 }
 
-func (wasmHost) GetBuffer(t BufferType, start, max int) ([]byte, Status) {
+func (*wasmHost) GetBuffer(t BufferType, start, max int) ([]byte, Status) {
 	clearRet()
 	return result(Status(proxyGetBufferBytes(uint32(t), uint32(start), uint32(max), &retData, &retSize)))
 }
 
-func (wasmHost) GetHeader(m MapType, key string) (string, Status) {
+func (*wasmHost) GetHeader(m MapType, key string) (string, Status) {
 	clearRet()
 	b, s := result(Status(proxyGetHeaderMapValue(uint32(m), strPtr(key), uint32(len(key)), &retData, &retSize)))
 	return view(b), s
 }
 
-func (wasmHost) GetHeaders(m MapType, dst [][2]string) ([][2]string, Status) {
+func (*wasmHost) GetHeaders(m MapType, dst [][2]string) ([][2]string, Status) {
 	clearRet()
 	b, s := result(Status(proxyGetHeaderMapPairs(uint32(m), &retData, &retSize)))
 	if s != StatusOK {
@@ -93,25 +101,25 @@ func (wasmHost) GetHeaders(m MapType, dst [][2]string) ([][2]string, Status) {
 	return pairs, StatusOK
 }
 
-func (wasmHost) AddHeader(m MapType, key, value string) Status {
+func (*wasmHost) AddHeader(m MapType, key, value string) Status {
 	return Status(proxyAddHeaderMapValue(uint32(m), strPtr(key), uint32(len(key)), strPtr(value), uint32(len(value))))
 }
 
-func (wasmHost) ReplaceHeader(m MapType, key, value string) Status {
+func (*wasmHost) ReplaceHeader(m MapType, key, value string) Status {
 	return Status(proxyReplaceHeaderMapValue(uint32(m), strPtr(key), uint32(len(key)), strPtr(value), uint32(len(value))))
 }
 
-func (wasmHost) RemoveHeader(m MapType, key string) Status {
+func (*wasmHost) RemoveHeader(m MapType, key string) Status {
 	return Status(proxyRemoveHeaderMapValue(uint32(m), strPtr(key), uint32(len(key))))
 }
 
-func (wasmHost) SendLocalResponse(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32) Status {
+func (*wasmHost) SendLocalResponse(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32) Status {
 	h := encodePairs(0, headers)
 	return Status(proxySendLocalResponse(status, strPtr(details), uint32(len(details)),
 		bytesPtr(body), uint32(len(body)), bytesPtr(h), uint32(len(h)), grpcStatus))
 }
 
-func (wasmHost) HTTPCall(cluster string, headers [][2]string, body []byte, trailers [][2]string, timeoutMs uint32) (uint32, Status) {
+func (*wasmHost) HTTPCall(cluster string, headers [][2]string, body []byte, trailers [][2]string, timeoutMs uint32) (uint32, Status) {
 	h := encodePairs(0, headers)
 	// Should t move the buffer, h still holds its bytes in the old one.
 	t := encodePairs(len(h), trailers)
@@ -123,15 +131,15 @@ func (wasmHost) HTTPCall(cluster string, headers [][2]string, body []byte, trail
 	return retID, s
 }
 
-func (wasmHost) ContinueStream(t StreamType) Status {
+func (*wasmHost) ContinueStream(t StreamType) Status {
 	return Status(proxyContinueStream(uint32(t)))
 }
 
-func (wasmHost) SetEffectiveContext(id uint32) Status {
+func (*wasmHost) SetEffectiveContext(id uint32) Status {
 	return Status(proxySetEffectiveContext(id))
 }
 
-func (wasmHost) GetSharedData(key string) ([]byte, uint32, Status) {
+func (*wasmHost) GetSharedData(key string) ([]byte, uint32, Status) {
 	clearRet()
 	b, s := result(Status(proxyGetSharedData(strPtr(key), uint32(len(key)), &retData, &retSize, &retCAS)))
 	if s != StatusOK {
@@ -140,11 +148,11 @@ func (wasmHost) GetSharedData(key string) ([]byte, uint32, Status) {
 	return b, retCAS, s
 }
 
-func (wasmHost) SetSharedData(key string, value []byte, cas uint32) Status {
+func (*wasmHost) SetSharedData(key string, value []byte, cas uint32) Status {
 	return Status(proxySetSharedData(strPtr(key), uint32(len(key)), bytesPtr(value), uint32(len(value)), cas))
 }
 
-func (wasmHost) DefineMetric(t MetricType, name string) (uint32, Status) {
+func (*wasmHost) DefineMetric(t MetricType, name string) (uint32, Status) {
 	s := Status(proxyDefineMetric(uint32(t), strPtr(name), uint32(len(name)), &retID))
 	if s != StatusOK {
 		return 0, s
@@ -152,19 +160,19 @@ func (wasmHost) DefineMetric(t MetricType, name string) (uint32, Status) {
 	return retID, s
 }
 
-func (wasmHost) IncrementMetric(id uint32, delta int64) Status {
+func (*wasmHost) IncrementMetric(id uint32, delta int64) Status {
 	return Status(proxyIncrementMetric(id, delta))
 }
 
-func (wasmHost) RecordMetric(id uint32, value uint64) Status {
+func (*wasmHost) RecordMetric(id uint32, value uint64) Status {
 	return Status(proxyRecordMetric(id, value))
 }
 
-func (wasmHost) SetTickPeriod(ms uint32) Status {
+func (*wasmHost) SetTickPeriod(ms uint32) Status {
 	return Status(proxySetTickPeriodMilliseconds(ms))
 }
 
-func (wasmHost) Now() int64 {
+func (*wasmHost) Now() int64 {
 	if proxyGetCurrentTimeNanoseconds(&retNanos) != uint32(StatusOK) {
 		return 0
 	}

@@ -85,27 +85,27 @@ func AppendPairViews(dst [][2]string, data []byte) ([][2]string, error) {
 		return dst, err
 	}
 	keep := len(dst)
-	at := 4 + 8*n
-	for i := 0; i < n; i++ {
-		kl, vl := int(u32(data[4+8*i:])), int(u32(data[8+8*i:]))
+	// Room for every pair at once, written in place: inside wasm each
+	// check an append makes is a jump through the function's dispatch
+	// table.
+	dst = slices.Grow(dst, n)[:keep+n]
+	out := dst[keep:]
+	// pairCount checked that the sizes fit.
+	sizes, at := data[4:4+8*n], 4+8*n
+	for i := range out {
+		kl, vl := int(u32(sizes[8*i:])), int(u32(sizes[8*i+4:]))
 		// at + kl + 1 + vl + 1 <= len(data), in an order that cannot
 		// overflow: each length is below 2^32 and at below len(data).
 		if kl >= len(data)-at || vl >= len(data)-at-kl-1 {
 			return dst[:keep], ErrPairsTruncated
 		}
-		k := view(data[at : at+kl])
-		at += kl
-		if data[at] != 0 {
+		if data[at+kl] != 0 || data[at+kl+1+vl] != 0 {
 			return dst[:keep], ErrPairsNoNUL
 		}
-		at++
-		v := view(data[at : at+vl])
-		at += vl
-		if data[at] != 0 {
-			return dst[:keep], ErrPairsNoNUL
-		}
-		at++
-		dst = append(dst, [2]string{k, v})
+		// Both strings end before their NUL, so their first bytes exist
+		// (an empty one is a view of its NUL, of length 0).
+		out[i] = [2]string{unsafe.String(&data[at], kl), unsafe.String(&data[at+kl+1], vl)}
+		at += kl + vl + 2
 	}
 	if at != len(data) {
 		return dst[:keep], ErrPairsTrailing

@@ -249,3 +249,27 @@ func TestParseAnswerFirstValueAndLookalikes(t *testing.T) {
 		t.Fatalf("ParseAnswer = %+v", a)
 	}
 }
+
+// TestAnswerFieldsOfNames checks that each answer header is found by its
+// exact name, and that no name one byte away from it (every byte, every
+// bit), nor a case variant, is taken for it.
+func TestAnswerFieldsOfNames(t *testing.T) {
+	for i, name := range answerNames {
+		f := answerFieldsOf([][2]string{{"content-length", "0"}, {name, "v"}})
+		if !f.seen[i] || f.v[i] != "v" {
+			t.Errorf("%q was not read as field %d", name, i)
+		}
+		for j := 0; j < len(name); j++ {
+			for bit := 0; bit < 8; bit++ {
+				b := []byte(name)
+				b[j] ^= 1 << bit
+				f := answerFieldsOf([][2]string{{string(b), "v"}})
+				for k := range f.seen {
+					if f.seen[k] && answerNames[k] != string(b) {
+						t.Errorf("%q was read as field %q", b, answerNames[k])
+					}
+				}
+			}
+		}
+	}
+}

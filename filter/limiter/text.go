@@ -23,11 +23,31 @@ func (t *text) since(mark int) string {
 	return unsafe.String(&t.b[mark], len(t.b)-mark)
 }
 
+// int appends n in decimal, as strconv.AppendInt does. What a header value
+// holds is mostly below 10,000 (a cost, the tokens left, seconds to wait),
+// and those are appended in one go: inside wasm strconv's digit loop and
+// the two calls into it cost several times as much (filter/RATIONALE.md,
+// "What a request costs inside wasm").
 func (t *text) int(n int64) string {
 	m := len(t.b)
-	t.b = strconv.AppendInt(t.b, n, 10)
+	if u := uint32(n); uint64(n) >= 10000 {
+		t.b = strconv.AppendInt(t.b, n, 10)
+	} else if u < 10 {
+		t.b = append(t.b, byte('0'+u))
+	} else if u < 100 {
+		t.b = append(t.b, digitPairs[2*u], digitPairs[2*u+1])
+	} else if hi, lo := u/100, u%100; u < 1000 {
+		t.b = append(t.b, byte('0'+hi), digitPairs[2*lo], digitPairs[2*lo+1])
+	} else {
+		t.b = append(t.b, digitPairs[2*hi], digitPairs[2*hi+1], digitPairs[2*lo], digitPairs[2*lo+1])
+	}
 	return t.since(m)
 }
+
+// digitPairs holds "00" to "99".
+const digitPairs = "00010203040506070809101112131415161718192021222324252627282930313233343536373839" +
+	"40414243444546474849505152535455565758596061626364656667686970717273747576777879" +
+	"8081828384858687888990919293949596979899"
 
 // cat returns the concatenation of its arguments.
 func (t *text) cat(parts ...string) string {
@@ -46,4 +66,46 @@ func owned(dst []byte, s string) string {
 		return ""
 	}
 	return unsafe.String(&dst[0], n)
+}
+
+// same is a == b, compared eight bytes at a time. Inside wasm a string
+// comparison is runtime.memequal, whose loop compares one byte per turn,
+// and every turn of a Go loop there is a jump through the function's
+// dispatch table: comparing a 15-byte header name cost some 400
+// instructions (filter/RATIONALE.md, "What a request costs inside wasm").
+// The loads are little-endian words assembled from bytes, which the
+// compiler turns into one load each.
+func same(a, b string) bool {
+	n := len(a)
+	if n != len(b) {
+		return false
+	}
+	switch {
+	case n >= 8:
+		for i := 0; i < n-8; i += 8 {
+			if le64(a, i) != le64(b, i) {
+				return false
+			}
+		}
+		return le64(a, n-8) == le64(b, n-8)
+	case n >= 4:
+		return le32(a, 0) == le32(b, 0) && le32(a, n-4) == le32(b, n-4)
+	}
+	for i := 0; i < n; i++ {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func le64(s string, i int) uint64 {
+	s = s[i : i+8]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+}
+
+func le32(s string, i int) uint32 {
+	s = s[i : i+4]
+	return uint32(s[0]) | uint32(s[1])<<8 | uint32(s[2])<<16 | uint32(s[3])<<24
 }
