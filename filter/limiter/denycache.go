@@ -127,10 +127,10 @@ func (e *denyEntry) valid() bool {
 		e.rate > 0 && !math.IsInf(e.rate, 0)
 }
 
-// reply is what a cached denial of cost at now tells the client: the bucket
-// as it is at now if nobody else spent since the answer came (the least it
-// can hold then) but the callouts counted against it, which may spend
-// spent, and a Retry-After no earlier than the wait from there.
+// reply is what a cached denial of cost at now tells the client: the least
+// the bucket can hold at now if nobody else spent since the answer came,
+// less spent (the cost of the callouts on their way that the denial
+// counted), and a Retry-After no earlier than the wait from there.
 func (e *denyEntry) reply(cost, spent, now int64) (q quota, retry int64) {
 	tokens := e.tokens
 	if now > e.recv {
