@@ -35,10 +35,10 @@ import (
 // quiet host (steal 0–0.06%), four runs through one gateway failed 0–0.45%
 // open, and one through three 0.35%; twenty senders through one gateway
 // failed 2% open once in four runs at 0.13% steal, most of them the
-// sidecar's 503 at its Redis deadline. `make
-// bench` sweeps the rate and bursts of 10 to 40 up to where the promises
-// stop holding, and BENCHMARKS.md reports that limit, with the steal of
-// each step (e2e/bench/burst.go).
+// sidecar's 503 at its Redis deadline. `make bench` sweeps the rate and
+// bursts of 10 to 40 up to where the promises stop holding, and
+// BENCHMARKS.md reports that limit, with the steal of each step
+// (e2e/bench/burst.go).
 func TestBurstHoldsTheLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs for about 45 s")

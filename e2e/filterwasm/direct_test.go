@@ -12,6 +12,7 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 
+	"github.com/edgelimit/edgelimit/filter/abi"
 	"github.com/edgelimit/edgelimit/filter/filtertest"
 )
 
@@ -21,10 +22,9 @@ var (
 )
 
 // BenchmarkFilterDirect is BenchmarkFilterRequest's allowed request without
-// the headless host: a host of a hundred lines, written for this benchmark,
-// calls the module's exports one after another on the benchmark's
-// goroutine, and its env.proxy_* functions do no more than the filter's
-// allowed path needs. So it measures what an independent host measures,
+// the headless host: a minimal host, written for this benchmark, calls the
+// module's exports one after another on the benchmark's goroutine, and its
+// env.proxy_* functions do no more than the filter's allowed path needs. So it measures what an independent host measures,
 // the module's own code and its host calls, and reports how many of each
 // the request makes (exports/op counts proxy_on_memory_allocate too).
 //
@@ -102,7 +102,9 @@ func BenchmarkFilterDirect(b *testing.B) {
 	reqHeaders, callResponse := export("proxy_on_request_headers"), export("proxy_on_http_call_response")
 	respHeaders, del := export("proxy_on_response_headers"), export("proxy_on_delete")
 
-	h.config = []byte(`{"timeout_ms": 1000}`)
+	// The filter's defaults, the shipped 5 ms callout timeout among them:
+	// this host has no timer, so no callout times out whatever the value.
+	h.config = []byte(`{}`)
 	create(1, 0)
 	vmStart(1, 0)
 	if configure(1, uint64(len(h.config))) != 1 {
@@ -174,7 +176,7 @@ type directShared struct {
 func (h *directHost) instantiate(ctx context.Context, rt wazero.Runtime) error {
 	h.shared = map[string]directShared{}
 	env := rt.NewHostModuleBuilder("env")
-	fn := func(name string, params []api.ValueType, f func(s []uint64) directStatus) {
+	fn := func(name string, params []api.ValueType, f func(s []uint64) abi.Status) {
 		env.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(_ context.Context, _ api.Module, s []uint64) {
 			h.calls++
 			s[0] = uint64(f(s))
@@ -188,14 +190,14 @@ func (h *directHost) instantiate(ctx context.Context, rt wazero.Runtime) error {
 		return t
 	}
 	counter := []api.ValueType{api.ValueTypeI32, api.ValueTypeI64}
-	fn("proxy_log", i32(3), func([]uint64) directStatus { return stOK })
-	fn("proxy_get_buffer_bytes", i32(5), func(s []uint64) directStatus {
-		if uint32(s[0]) != 7 { // the plugin configuration
-			return stNotFound
+	fn("proxy_log", i32(3), func([]uint64) abi.Status { return abi.StatusOK })
+	fn("proxy_get_buffer_bytes", i32(5), func(s []uint64) abi.Status {
+		if abi.BufferType(s[0]) != abi.BufferPluginConfiguration {
+			return abi.StatusNotFound
 		}
 		return h.out(h.config, s[3], s[4])
 	})
-	fn("proxy_get_header_map_value", i32(5), func(s []uint64) directStatus {
+	fn("proxy_get_header_map_value", i32(5), func(s []uint64) abi.Status {
 		key, ok := h.str(s[1], s[2])
 		if m := h.headers(s[0]); ok && m != nil {
 			for _, p := range *m {
@@ -204,16 +206,16 @@ func (h *directHost) instantiate(ctx context.Context, rt wazero.Runtime) error {
 				}
 			}
 		}
-		return stNotFound
+		return abi.StatusNotFound
 	})
-	fn("proxy_get_header_map_pairs", i32(3), func(s []uint64) directStatus {
+	fn("proxy_get_header_map_pairs", i32(3), func(s []uint64) abi.Status {
 		m := h.headers(s[0])
 		if m == nil {
-			return stNotFound
+			return abi.StatusNotFound
 		}
-		return h.out(encodePairs(*m), s[1], s[2])
+		return h.out(abi.EncodePairs(*m), s[1], s[2])
 	})
-	edit := func(s []uint64, value bool, f func(m [][2]string, k, v string) [][2]string) directStatus {
+	edit := func(s []uint64, value bool, f func(m [][2]string, k, v string) [][2]string) abi.Status {
 		m := h.headers(s[0])
 		k, ok := h.str(s[1], s[2])
 		v := ""
@@ -221,89 +223,78 @@ func (h *directHost) instantiate(ctx context.Context, rt wazero.Runtime) error {
 			v, ok = h.str(s[3], s[4])
 		}
 		if m == nil || !ok {
-			return stBadArgument
+			return abi.StatusBadArgument
 		}
 		*m = f(*m, k, v)
-		return stOK
+		return abi.StatusOK
 	}
-	fn("proxy_add_header_map_value", i32(5), func(s []uint64) directStatus {
+	fn("proxy_add_header_map_value", i32(5), func(s []uint64) abi.Status {
 		return edit(s, true, func(m [][2]string, k, v string) [][2]string { return append(m, [2]string{k, v}) })
 	})
-	fn("proxy_replace_header_map_value", i32(5), func(s []uint64) directStatus {
+	fn("proxy_replace_header_map_value", i32(5), func(s []uint64) abi.Status {
 		return edit(s, true, func(m [][2]string, k, v string) [][2]string { return append(without(m, k), [2]string{k, v}) })
 	})
-	fn("proxy_remove_header_map_value", i32(3), func(s []uint64) directStatus {
+	fn("proxy_remove_header_map_value", i32(3), func(s []uint64) abi.Status {
 		return edit(s, false, func(m [][2]string, k, _ string) [][2]string { return without(m, k) })
 	})
-	fn("proxy_send_local_response", i32(8), func([]uint64) directStatus { return stOK })
-	fn("proxy_http_call", i32(10), func(s []uint64) directStatus {
+	fn("proxy_send_local_response", i32(8), func([]uint64) abi.Status { return abi.StatusOK })
+	fn("proxy_http_call", i32(10), func(s []uint64) abi.Status {
 		h.token += 4
 		if !h.mem.WriteUint32Le(uint32(s[9]), h.token) {
-			return stInvalidMemoryAccess
+			return abi.StatusInvalidMemoryAccess
 		}
-		return stOK
+		return abi.StatusOK
 	})
-	fn("proxy_continue_stream", i32(1), func([]uint64) directStatus { h.continued = true; return stOK })
-	fn("proxy_set_effective_context", i32(1), func([]uint64) directStatus { return stOK })
-	fn("proxy_get_shared_data", i32(5), func(s []uint64) directStatus {
+	fn("proxy_continue_stream", i32(1), func([]uint64) abi.Status { h.continued = true; return abi.StatusOK })
+	fn("proxy_set_effective_context", i32(1), func([]uint64) abi.Status { return abi.StatusOK })
+	fn("proxy_get_shared_data", i32(5), func(s []uint64) abi.Status {
 		key, ok := h.str(s[0], s[1])
 		v, found := h.shared[key]
 		if !ok || !found {
-			return stNotFound
+			return abi.StatusNotFound
 		}
-		if st := h.out(v.value, s[2], s[3]); st != stOK {
+		if st := h.out(v.value, s[2], s[3]); st != abi.StatusOK {
 			return st
 		}
 		h.mem.WriteUint32Le(uint32(s[4]), v.cas)
-		return stOK
+		return abi.StatusOK
 	})
-	fn("proxy_set_shared_data", i32(5), func(s []uint64) directStatus {
+	fn("proxy_set_shared_data", i32(5), func(s []uint64) abi.Status {
 		key, ok := h.str(s[0], s[1])
 		v, ok2 := h.mem.Read(uint32(s[2]), uint32(s[3]))
 		if !ok || !ok2 {
-			return stInvalidMemoryAccess
+			return abi.StatusInvalidMemoryAccess
 		}
 		old := h.shared[key]
 		if cas := uint32(s[4]); cas != 0 && cas != old.cas {
-			return stCASMismatch
+			return abi.StatusCASMismatch
 		}
 		h.shared[key] = directShared{append([]byte(nil), v...), old.cas + 1}
-		return stOK
+		return abi.StatusOK
 	})
-	fn("proxy_define_metric", i32(4), func(s []uint64) directStatus {
+	fn("proxy_define_metric", i32(4), func(s []uint64) abi.Status {
 		h.mem.WriteUint32Le(uint32(s[3]), 1)
-		return stOK
+		return abi.StatusOK
 	})
-	fn("proxy_increment_metric", counter, func([]uint64) directStatus { return stOK })
-	fn("proxy_record_metric", counter, func([]uint64) directStatus { return stOK })
-	fn("proxy_set_tick_period_milliseconds", i32(1), func([]uint64) directStatus { return stOK })
-	fn("proxy_get_current_time_nanoseconds", i32(1), func(s []uint64) directStatus {
+	fn("proxy_increment_metric", counter, func([]uint64) abi.Status { return abi.StatusOK })
+	fn("proxy_record_metric", counter, func([]uint64) abi.Status { return abi.StatusOK })
+	fn("proxy_set_tick_period_milliseconds", i32(1), func([]uint64) abi.Status { return abi.StatusOK })
+	fn("proxy_get_current_time_nanoseconds", i32(1), func(s []uint64) abi.Status {
 		h.now += 1000
 		h.mem.WriteUint64Le(uint32(s[0]), h.now)
-		return stOK
+		return abi.StatusOK
 	})
 	_, err := env.Instantiate(ctx)
 	return err
 }
 
-// The ABI status codes directHost answers with.
-type directStatus uint32
-
-const (
-	stOK                  directStatus = 0
-	stNotFound            directStatus = 1
-	stBadArgument         directStatus = 2
-	stInvalidMemoryAccess directStatus = 6
-	stCASMismatch         directStatus = 8
-)
-
 func (h *directHost) headers(t uint64) *[][2]string {
-	switch uint32(t) {
-	case 0:
+	switch abi.MapType(t) {
+	case abi.MapRequestHeaders:
 		return &h.request
-	case 2:
+	case abi.MapResponseHeaders:
 		return &h.response
-	case 6:
+	case abi.MapHTTPCallResponseHeaders:
 		return &h.answer
 	}
 	return nil
@@ -317,17 +308,17 @@ func (h *directHost) str(p, n uint64) (string, bool) {
 // out hands b to the module as Envoy does: memory from
 // proxy_on_memory_allocate, its address and size written to the two
 // output parameters.
-func (h *directHost) out(b []byte, ptr, size uint64) directStatus {
+func (h *directHost) out(b []byte, ptr, size uint64) abi.Status {
 	h.exports++
 	h.stack[0] = uint64(len(b))
 	if err := h.alloc.CallWithStack(context.Background(), h.stack[:]); err != nil {
-		return stInvalidMemoryAccess
+		return abi.StatusInvalidMemoryAccess
 	}
 	at := uint32(h.stack[0])
 	if at == 0 || !h.mem.Write(at, b) || !h.mem.WriteUint32Le(uint32(ptr), at) || !h.mem.WriteUint32Le(uint32(size), uint32(len(b))) {
-		return stInvalidMemoryAccess
+		return abi.StatusInvalidMemoryAccess
 	}
-	return stOK
+	return abi.StatusOK
 }
 
 func without(m [][2]string, key string) [][2]string {
@@ -338,21 +329,4 @@ func without(m [][2]string, key string) [][2]string {
 		}
 	}
 	return out
-}
-
-// encodePairs is the ABI's header-map encoding.
-func encodePairs(pairs [][2]string) []byte {
-	b := make([]byte, 4+8*len(pairs))
-	le := func(at int, v int) {
-		b[at], b[at+1], b[at+2], b[at+3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
-	}
-	le(0, len(pairs))
-	for i, p := range pairs {
-		le(4+8*i, len(p[0]))
-		le(8+8*i, len(p[1]))
-	}
-	for _, p := range pairs {
-		b = append(append(append(append(b, p[0]...), 0), p[1]...), 0)
-	}
-	return b
 }
