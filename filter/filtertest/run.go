@@ -41,6 +41,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"deny-cache/needs-exact-state", r.denyCacheNeedsExactState},
 		{"deny-cache/bucket-model", r.denyCacheBucketModel},
 		{"deny-cache/in-flight", r.denyCacheInFlight},
+		{"deny-cache/in-flight-workers", r.denyCacheInFlightWorkers},
 		{"costs", r.costs},
 		{"mode/off", r.modeOff},
 		{"mode/shadow", r.modeShadow},
@@ -876,6 +877,68 @@ func (r runner) denyCacheInFlight(t *testing.T) {
 		wentOn(t, s)
 	}
 	counters(t, h, map[string]int64{limiter.MetricDenied: 1, limiter.MetricDeniedCached: 4, limiter.MetricAllowed: 17})
+}
+
+// denyCacheInFlightWorkers: the callouts on their way count whichever
+// worker sent them. Each adds its cost to the client's shared entry and takes
+// it off when it is answered without a new entry; an answer that makes a new
+// entry leaves nothing pending in it, and a callout counted in the old entry
+// does not take its cost off the new one. Steps stay within the callouts'
+// 5 ms timeout; the 504s stand for callouts that timed out.
+func (r runner) denyCacheInFlightWorkers(t *testing.T) {
+	const config = `{"sidecar_cluster": "rl"}`
+	h := r.host(t, config)
+	w := worker(t, h, config)
+	const policy = `"basic";q=10;w=1;edgelimit-rate="1000"`
+	// 0.5 tokens left on a 10-token plan refilling 1 token/ms.
+	s, _ := waiting(t, h, get("key-1"))
+	s.RespondCallout(SidecarAnswer("basic", 10, 1000, 0.5, 1), nil)
+	denial(t, s, policy, `"basic";r=0;t=1`, "1", "1")
+	cached := func(on Host) {
+		t.Helper()
+		s, _ := send(on, get("key-1"))
+		if _, ok := s.Callout(); ok {
+			t.Fatal("callout with the bucket's tokens all on their way, want the cached denial")
+		}
+		reply(t, s, 429)
+	}
+
+	// 2 ms on, the bucket holds at most 2.5 tokens: one callout from each
+	// worker, and neither sends a third, though each has only one of its
+	// own on the way. What the denial tells counts both as spent.
+	h.Advance(2 * time.Millisecond)
+	a, _ := waiting(t, h, get("key-1"))
+	b, _ := waiting(t, w, get("key-1"))
+	s, _ = send(w, get("key-1"))
+	if _, ok := s.Callout(); ok {
+		t.Fatal("callout with the bucket's tokens on their way from two workers, want the cached denial")
+	}
+	denial(t, s, policy, `"basic";r=0;t=1`, "1", "1")
+	cached(h)
+
+	// One of them times out: it no longer counts, and there is room for
+	// another.
+	a.RespondCallout([]Header{{":status", "504"}}, nil)
+	wentOn(t, a)
+	c, _ := waiting(t, w, get("key-1"))
+	cached(h)
+
+	// b's answer makes a new entry, 1 token left, with nothing pending:
+	// c was sent before it came. 10 µs on, d is counted in the new entry;
+	// c's timeout does not take its cost off that, so the bound (1.01
+	// tokens) has no room for one more.
+	b.RespondCallout(SidecarAnswer("basic", 10, 1000, 2, 1), nil)
+	wentOn(t, b)
+	h.Advance(10 * time.Microsecond)
+	d, _ := waiting(t, h, get("key-1"))
+	c.RespondCallout([]Header{{":status", "504"}}, nil)
+	wentOn(t, c)
+	cached(w)
+	d.RespondCallout(SidecarAnswer("basic", 10, 1000, 1.01, 1), nil)
+	wentOn(t, d)
+	// The counters are the process's, both workers' together.
+	counters(t, h, map[string]int64{limiter.MetricDenied: 1, limiter.MetricDeniedCached: 4, limiter.MetricAllowed: 2,
+		limiter.MetricFailedOpenPrefix + "timeout": 2})
 }
 
 func (r runner) denyCacheWorkers(t *testing.T) {

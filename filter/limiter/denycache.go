@@ -35,7 +35,11 @@ import (
 //
 // Entries live in proxy-wasm shared data, shared by every worker VM of the
 // process: denyShards keys per sidecar cluster, each holding up to
-// denyShardEntries clients, updated with compare-and-swap.
+// denyShardEntries clients, updated with compare-and-swap. An entry also
+// counts the cost of the client's callouts that any worker sent after the
+// entry's answer arrived and that are still unanswered (pending), so that a
+// burst spread over the workers is answered as one (filter/RATIONALE.md,
+// "Callouts on their way").
 
 const (
 	denyShards       = 64
@@ -55,7 +59,7 @@ const (
 	// denyCASAttempts bounds the retries when another VM updated the shard
 	// between our read and write; losing the race only loses a cache entry.
 	denyCASAttempts = 4
-	denyFormat      = 2
+	denyFormat      = 3
 )
 
 // denyEntry is what one sidecar denial says about a client's bucket.
@@ -67,6 +71,9 @@ type denyEntry struct {
 	rate   float64 // the plan's refill in tokens per second (x-ratelimit-rate)
 	sent   int64   // local clock when the callout was sent: no later than the decision
 	recv   int64   // local clock when the answer came: no earlier than it
+	// pending is the cost of the client's callouts sent after recv, by any
+	// worker, that are unanswered: each may still spend it.
+	pending int64
 }
 
 // newDenyEntry makes an entry from a 429 for a request of cost sent at
@@ -124,7 +131,7 @@ func (e *denyEntry) stale(now int64) bool {
 // what it wrote must not turn into long denials.
 func (e *denyEntry) valid() bool {
 	return e.limit > 0 && e.sent > 0 && e.recv >= e.sent && e.tokens >= 0 && e.tokens <= float64(e.limit) &&
-		e.rate > 0 && !math.IsInf(e.rate, 0)
+		e.rate > 0 && !math.IsInf(e.rate, 0) && e.pending >= 0
 }
 
 // reply is what a cached denial of cost at now tells the client: the least
@@ -143,7 +150,7 @@ func (e *denyEntry) reply(cost, spent, now int64) (q quota, retry int64) {
 
 // denyCache is one plugin's view of the shared deny entries.
 type denyCache struct {
-	// shards are the shared-data keys, "edgelimit/deny/v2/<cluster>/<n>",
+	// shards are the shared-data keys, "edgelimit/deny/v3/<cluster>/<n>",
 	// made once so that a lookup builds no string.
 	shards []string
 	// buf is the scratch a shard is rewritten in (the VM runs one callback
@@ -182,17 +189,69 @@ func (c denyCache) lookup(h abi.Host, key string) (denyEntry, bool) {
 
 // store records e, replacing the client's previous entry and dropping stale
 // ones; when the shard is full the entry that goes stale first is evicted.
-func (c denyCache) store(h abi.Host, e denyEntry, now int64) {
+// It reports whether e was written.
+func (c denyCache) store(h abi.Host, e denyEntry, now int64) bool {
 	sk := c.shardKey(e.key)
 	for attempt := 0; attempt < denyCASAttempts; attempt++ {
 		v, cas, s := h.GetSharedData(sk)
 		if s != abi.StatusOK && s != abi.StatusNotFound {
-			return
+			return false
 		}
-		if h.SetSharedData(sk, c.withEntry(v, e, now), cas) != abi.StatusCASMismatch {
-			return
+		switch h.SetSharedData(sk, c.withEntry(v, e, now), cas) {
+		case abi.StatusOK:
+			return true
+		case abi.StatusCASMismatch:
+			continue
 		}
+		return false
 	}
+	return false
+}
+
+// anchors identify one entry of a client: the local times its answer's
+// callout was sent and the answer came. An entry with the same anchors as
+// another is taken for it, which can only make what is pending smaller.
+type anchors struct{ sent, recv int64 }
+
+// addPending counts cost as pending in key's entry, sent at sentAt: the
+// entry the shard holds now, if its answer came before sentAt. It reports
+// the anchors of the entry it counted in.
+func (c denyCache) addPending(h abi.Host, key string, cost, sentAt int64) (anchors, bool) {
+	return c.changePending(h, key, cost, anchors{}, sentAt)
+}
+
+// subPending takes cost off what is pending in key's entry, if that is still
+// the entry with anchors at: a newer entry does not count the callout.
+func (c denyCache) subPending(h abi.Host, key string, cost int64, at anchors) {
+	c.changePending(h, key, -cost, at, 0)
+}
+
+// changePending adds d to the pending cost of key's entry in place, with
+// compare-and-swap: the entry with anchors at, or, when at is zero, the
+// entry whose answer came before sentAt. Pending never goes below zero.
+func (c denyCache) changePending(h abi.Host, key string, d int64, at anchors, sentAt int64) (anchors, bool) {
+	sk := c.shardKey(key)
+	for attempt := 0; attempt < denyCASAttempts; attempt++ {
+		v, cas, s := h.GetSharedData(sk)
+		if s != abi.StatusOK {
+			return anchors{}, false
+		}
+		off, e, ok := locateEntry(v, key)
+		if !ok || (at == anchors{} && e.recv >= sentAt) || (at != anchors{} && at != anchors{e.sent, e.recv}) {
+			return anchors{}, false
+		}
+		b := append((*c.buf)[:0], v...)
+		putU64(b[off+pendingOffset:], uint64(max(e.pending+d, 0)))
+		*c.buf = b
+		switch h.SetSharedData(sk, b, cas) {
+		case abi.StatusOK:
+			return anchors{e.sent, e.recv}, true
+		case abi.StatusCASMismatch:
+			continue
+		}
+		return anchors{}, false
+	}
+	return anchors{}, false
 }
 
 // withEntry returns shard v with e stored, in the cache's scratch buffer
@@ -252,12 +311,16 @@ func (c denyCache) withEntry(v []byte, e denyEntry, now int64) []byte {
 
 // Shard format: version byte, entry count byte, then per entry a u16 key
 // length and the key, a u8 plan length and the plan, limit (i64), tokens
-// (f64 bits), rate (tokens per second, f64 bits), sent and recv (i64),
-// little-endian. The format is in the keys (deny/v2): format 1 (a rate per
-// ns derived from a rounded wait, one anchor) lives under other keys, so an
-// older filter's VM in the same process never reads these, nor they its.
+// (f64 bits), rate (tokens per second, f64 bits), sent, recv and pending
+// (i64), little-endian. The format is in the keys (deny/v3): formats 1 (a
+// rate per ns derived from a rounded wait, one anchor) and 2 (nothing
+// pending) live under other keys, so an older filter's VM in the same
+// process never reads these, nor they its.
 
-const denyEntryFixed = 40
+const (
+	denyEntryFixed = 48
+	pendingOffset  = 40 // of pending in the fixed part
+)
 
 // appendEntry appends e in the shard format.
 func appendEntry(b []byte, e denyEntry) []byte {
@@ -273,28 +336,36 @@ func appendEntry(b []byte, e denyEntry) []byte {
 	b = appendU64(b, math.Float64bits(e.tokens))
 	b = appendU64(b, math.Float64bits(e.rate))
 	b = appendU64(b, uint64(e.sent))
-	return appendU64(b, uint64(e.recv))
+	b = appendU64(b, uint64(e.recv))
+	return appendU64(b, uint64(e.pending))
 }
 
 // findEntry looks for key in an encoded shard, decoding only its entry.
 func findEntry(b []byte, key string) (denyEntry, bool) {
+	_, e, ok := locateEntry(b, key)
+	return e, ok
+}
+
+// locateEntry finds key's entry in an encoded shard and returns it with the
+// offset of its fixed part.
+func locateEntry(b []byte, key string) (int, denyEntry, bool) {
 	n, ok := shardHeader(b)
 	if !ok {
-		return denyEntry{}, false
+		return 0, denyEntry{}, false
 	}
 	at := 2
 	for i := 0; i < n; i++ {
 		k, plan, fixed, next, ok := entryAt(b, at)
 		if !ok {
-			return denyEntry{}, false
+			return 0, denyEntry{}, false
 		}
 		if string(k) == key {
 			e := entryFrom(key, string(plan), fixed)
-			return e, e.valid()
+			return next - denyEntryFixed, e, e.valid()
 		}
 		at = next
 	}
-	return denyEntry{}, false
+	return 0, denyEntry{}, false
 }
 
 func shardHeader(b []byte) (int, bool) {
@@ -328,18 +399,24 @@ func entryAt(b []byte, at int) (key, plan, fixed []byte, next int, ok bool) {
 
 func entryFrom(key, plan string, f []byte) denyEntry {
 	return denyEntry{
-		key:    key,
-		plan:   plan,
-		limit:  int64(u64(f[0:])),
-		tokens: math.Float64frombits(u64(f[8:])),
-		rate:   math.Float64frombits(u64(f[16:])),
-		sent:   int64(u64(f[24:])),
-		recv:   int64(u64(f[32:])),
+		key:     key,
+		plan:    plan,
+		limit:   int64(u64(f[0:])),
+		tokens:  math.Float64frombits(u64(f[8:])),
+		rate:    math.Float64frombits(u64(f[16:])),
+		sent:    int64(u64(f[24:])),
+		recv:    int64(u64(f[32:])),
+		pending: int64(u64(f[pendingOffset:])),
 	}
 }
 
 func appendU64(b []byte, v uint64) []byte {
 	return append(b, byte(v), byte(v>>8), byte(v>>16), byte(v>>24), byte(v>>32), byte(v>>40), byte(v>>48), byte(v>>56))
+}
+
+func putU64(b []byte, v uint64) {
+	_ = b[7]
+	b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24), byte(v>>32), byte(v>>40), byte(v>>48), byte(v>>56)
 }
 
 func u64(b []byte) uint64 {

@@ -114,7 +114,7 @@ func TestDenyReplyAnchors(t *testing.T) {
 
 func TestShardEncoding(t *testing.T) {
 	entries := []denyEntry{
-		{key: "a", plan: "gold", limit: 10, tokens: 0.5, rate: 2e-10, sent: anchor, recv: anchor},
+		{key: "a", plan: "gold", limit: 10, tokens: 0.5, rate: 2e-10, sent: anchor, recv: anchor, pending: 3},
 		{key: string(make([]byte, MaxKeyLen)), plan: "", limit: 1, tokens: 0, rate: 1e-9, sent: anchor + 1, recv: anchor + 1},
 	}
 	b := encodeShard(entries)
@@ -140,6 +140,7 @@ func TestShardEncoding(t *testing.T) {
 		"no capacity":  encodeShard([]denyEntry{{key: "a", limit: 0, rate: 1, sent: anchor, recv: anchor}}),
 		"tokens above": encodeShard([]denyEntry{{key: "a", limit: 1, tokens: 2, rate: 1, sent: anchor, recv: anchor}}),
 		"recv first":   encodeShard([]denyEntry{{key: "a", limit: 1, rate: 1, sent: anchor, recv: anchor - 1}}),
+		"pending < 0":  encodeShard([]denyEntry{{key: "a", limit: 1, rate: 1, sent: anchor, recv: anchor, pending: -1}}),
 	} {
 		if got, ok := decodeShard(bad); ok {
 			t.Errorf("%s: decoded %+v", name, got)
@@ -244,6 +245,56 @@ func TestDenyCacheStore(t *testing.T) {
 	if _, ok := c.lookup(h, "c"); ok {
 		t.Error("stored despite every attempt failing")
 	}
+}
+
+// TestDenyCachePending: a callout's cost is added to the entry whose answer
+// came before it was sent, and taken off only that entry; lost races are
+// retried, and what is pending never goes below zero.
+func TestDenyCachePending(t *testing.T) {
+	c := newDenyCache("rl")
+	h := newSharedHost()
+	if _, ok := c.addPending(h, "a", 1, anchor+1); ok {
+		t.Error("counted a callout for a client with no entry")
+	}
+	c.store(h, entry("a", anchor), anchor)
+	pending := func(want int64) {
+		t.Helper()
+		if e, ok := c.lookup(h, "a"); !ok || e.pending != want {
+			t.Errorf("lookup(a) = %+v %v, want pending %d", e, ok, want)
+		}
+	}
+	if _, ok := c.addPending(h, "a", 1, anchor); ok {
+		t.Error("counted a callout sent as the entry's answer came")
+	}
+	first, ok := c.addPending(h, "a", 2, anchor+1)
+	if !ok || first != (anchors{anchor, anchor}) {
+		t.Fatalf("addPending = %+v %v, want the entry's anchors", first, ok)
+	}
+	h.casFailures = denyCASAttempts - 1
+	if _, ok := c.addPending(h, "a", 3, anchor+2); !ok {
+		t.Error("count lost after retried CAS mismatches")
+	}
+	pending(5)
+	h.casFailures = denyCASAttempts
+	if _, ok := c.addPending(h, "a", 1, anchor+3); ok {
+		t.Error("counted despite every attempt failing")
+	}
+	pending(5)
+	c.subPending(h, "a", 2, first)
+	pending(3)
+	c.subPending(h, "a", 4, first)
+	pending(0)
+
+	// A newer entry counts nothing, and a callout counted in the older one
+	// does not take its cost off it.
+	c.addPending(h, "a", 2, anchor+4)
+	c.store(h, entry("a", anchor+second), anchor+second)
+	pending(0)
+	if _, ok := c.addPending(h, "a", 1, anchor+second+1); !ok {
+		t.Fatal("no count in the newer entry")
+	}
+	c.subPending(h, "a", 2, first)
+	pending(1)
 }
 
 func TestDenyCacheShardBounds(t *testing.T) {

@@ -80,8 +80,10 @@ type stream struct {
 	cost    int64
 	enforce bool
 	token   uint32
-	pending bool  // a callout is out and the request waits for it
-	entry   bool  // the deny cache held an entry for the key (not denying this request)
+	pending bool // a callout is out and the request waits for it
+	entry   bool // the deny cache held an entry for the key (not denying this request)
+	counted bool // the callout's cost is pending in the entry with anchors in
+	in      anchors
 	probe   bool  // the callout is the circuit breaker's probe
 	settled bool  // the filter has resumed or answered the request
 	gone    bool  // the proxy deleted the stream; only its answer is left
@@ -243,11 +245,13 @@ func (l *Limiter) check(s *stream) abi.Action {
 			return l.cachedDeny(s, &e, 0, now)
 		}
 		// The bucket may hold this request's cost, but not that and the
-		// costs of the client's callouts this worker already has on
-		// their way, nor could it when full: a burst past the bucket is
-		// answered here, not with a callout per request that can only be
-		// denied (filter/RATIONALE.md, "Callouts on their way").
-		if c := s.root.inFlightCost(s.key, e.recv); c > 0 && (s.cost+c > e.limit || e.denies(s.cost+c, now)) {
+		// costs of the client's callouts already on their way, nor could
+		// it when full: a burst past the bucket is answered here, not
+		// with a callout per request that can only be denied
+		// (filter/RATIONALE.md, "Callouts on their way"). Those the
+		// workers counted in the entry, or this worker's own if it knows
+		// of more (a count lost to a race).
+		if c := max(e.pending, s.root.inFlightCost(s.key, e.recv)); c > 0 && (s.cost+c > e.limit || e.denies(s.cost+c, now)) {
 			return l.cachedDeny(s, &e, c, now)
 		}
 		s.entry = true
@@ -337,7 +341,19 @@ func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 	}
 	s.token, s.pending, s.sentAt = token, true, now
 	s.root.calls.put(token, s)
+	if s.entry {
+		s.in, s.counted = s.root.cache.addPending(l.host, s.key, s.cost, now)
+	}
 	return abi.ActionPause
+}
+
+// uncount takes a callout's cost off what its entry counts as pending once
+// the callout is answered and the answer replaced no entry.
+func (l *Limiter) uncount(s *stream) {
+	if s.counted {
+		s.counted = false
+		s.root.cache.subPending(l.host, s.key, s.cost, s.in)
+	}
 }
 
 // OnHTTPCallResponse applies the sidecar's answer to the request waiting for
@@ -375,11 +391,14 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	// client's entry if it has one, so that what a cached denial tells the
 	// client counts what it spent since; a client with no entry (the
 	// healthy path) costs nothing here.
+	// A new entry counts nothing pending: every callout on its way was
+	// sent before this answer came.
 	if a.Outcome == Denied || (a.Outcome == Allowed && s.entry) {
-		if e, ok := newDenyEntry(s.key, s.cost, s.sentAt, now, &a); ok {
-			r.cache.store(h, e, now)
+		if e, ok := newDenyEntry(s.key, s.cost, s.sentAt, now, &a); ok && r.cache.store(h, e, now) {
+			s.counted = false
 		}
 	}
+	l.uncount(s)
 	if s.gone {
 		l.release(s) // the answer was all that was left of it
 		return
@@ -575,6 +594,7 @@ func (l *Limiter) forget(s *stream) {
 	if s.pending {
 		s.root.calls.remove(s.token)
 		s.pending = false
+		l.uncount(s)
 	}
 }
 
