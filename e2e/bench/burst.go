@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/bench/load"
@@ -80,6 +81,47 @@ type burstRun struct {
 	// Steal is the share of the machine's CPU time the hypervisor took
 	// during the run (/proc/stat); NaN where it could not be read.
 	Steal float64
+	// CPU is what each part used during the run, in µs per request sent.
+	CPU burstCPU
+}
+
+// burstCPU is CPU time (user and system) by part: every gateway together,
+// the sidecar, Redis, and the bench's own process, which runs the load
+// generator and the services.
+type burstCPU struct{ Gateways, Sidecar, Redis, Bench float64 }
+
+// readBurstCPU reads what the parts have used so far, in µs.
+func readBurstCPU(ctx context.Context, b *rig.Backend, fronts []*rig.Front) (burstCPU, error) {
+	var c burstCPU
+	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
+	for _, f := range fronts {
+		d, err := f.Gateway.CPUTime()
+		if err != nil {
+			return c, err
+		}
+		c.Gateways += us(d)
+	}
+	d, err := b.Sidecar.CPUTime()
+	if err != nil {
+		return c, err
+	}
+	c.Sidecar = us(d)
+	if d, err = b.Redis.CPUTime(ctx); err != nil {
+		return c, err
+	}
+	c.Redis = us(d)
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return c, err
+	}
+	c.Bench = us(time.Duration(ru.Utime.Nano() + ru.Stime.Nano()))
+	return c, nil
+}
+
+// per is what was used after earlier, per request of n.
+func (c burstCPU) per(earlier burstCPU, n int) burstCPU {
+	k := float64(max(n, 1))
+	return burstCPU{(c.Gateways - earlier.Gateways) / k, (c.Sidecar - earlier.Sidecar) / k, (c.Redis - earlier.Redis) / k, (c.Bench - earlier.Bench) / k}
 }
 
 // AddedP99 is what the gateway adds to a callout at p99: the filter's p99
@@ -131,6 +173,13 @@ func (s burstStep) median(f func(burstRun) float64) float64 {
 		return math.NaN()
 	}
 	return stat.Median(xs)
+}
+
+// cpu is the medians over the step's runs of each part's CPU per request.
+func (s burstStep) cpu() string {
+	return fmt.Sprintf("%.0f / %.0f / %.0f / %.0f", s.median(func(r burstRun) float64 { return r.CPU.Gateways }),
+		s.median(func(r burstRun) float64 { return r.CPU.Sidecar }), s.median(func(r burstRun) float64 { return r.CPU.Redis }),
+		s.median(func(r burstRun) float64 { return r.CPU.Bench }))
 }
 
 // steal is the median over the step's runs of the hypervisor's share.
@@ -205,7 +254,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 	t := report.Table{
 		Title: fmt.Sprintf("One client at 5x its plan, %v and at least %d requests per run, %d runs per step (medians): where the promises stop holding", p.Window, minBurstRequests, e.runs),
 		Header: []string{"gateways", "sending", "offered req/s", "sent", "plan allows", "admitted", "admitted/plan", "failed open", "reached services = admitted", "runs that held", "holds",
-			"callout p99 ms (filter)", "decision p99 ms (sidecar)", "gateway adds at p99 ms", "steal"},
+			"callout p99 ms (filter)", "decision p99 ms (sidecar)", "gateway adds at p99 ms", "CPU µs per request: gateways / sidecar / Redis / load and services", "steal"},
 	}
 	for _, s := range steps {
 		sent := s.median(func(r burstRun) float64 { return float64(r.Sent) })
@@ -223,12 +272,13 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 			ratio(s.median(func(r burstRun) float64 { return float64(r.Admitted) / r.Want })), fmt.Sprintf("%.0f (%.2f%%)", fo, share),
 			fmt.Sprintf("%d of %d runs", exact, len(s.Runs)), fmt.Sprintf("%d of %d", s.Held(), len(s.Runs)), yesNo(s.Holds()),
 			msOrDash(s.median(func(r burstRun) float64 { return r.FilterP99 })), msOrDash(s.median(func(r burstRun) float64 { return r.SidecarP99 })),
-			msOrDash(s.median(burstRun.AddedP99)), stealOrDash(s.steal()))
+			msOrDash(s.median(burstRun.AddedP99)), s.cpu(), stealOrDash(s.steal()))
 	}
 	t.Notes = []string{
 		fmt.Sprintf("Each run is a fresh client whose plan is a fifth of what it sends (burst: a tenth), so admissions and callouts grow with the rate. \"Plan allows\" is capacity + rate x the client's sending window. A run holds when admissions are within 5%% of it, at most 1%% of the requests failed open, and the services received exactly the admitted requests; a step holds when most of its %d runs do (the figures are the runs' medians, each column on its own). A row stops at the first step that does not hold.", e.runs),
 		"The gateways run the filter with its 5 ms callout timeout and the sidecar its defaults (4 ms Redis deadline); everything (Redis, the sidecar, the gateways, the services and the load generator) shares this machine's 2 cores, so a burst of n senders is n requests' work for every one of them at once.",
 		"Steal: the share of the machine's CPU time the hypervisor gave to other tenants during the run (/proc/stat). Its vCPUs stall while it does, for up to tens of ms at a time, and whatever part of a request's path was on the stalled vCPU waits with it; runs at a few percent of steal fail open far more than runs at a tenth of a percent (e2e/host_test.go).",
+		"CPU µs per request: the CPU time (user and system) each part used during the run, over the requests sent: every gateway together and the sidecar from /proc, Redis from INFO cpu, and the bench's own process (getrusage), which runs the load generator and the services. The machine has 2 s of CPU for each second; a burst of n senders brings n requests' worth of it due at once, whatever the average.",
 		"Callout p99: the filter's edgelimit_callout_latency_us (from the callout's dispatch to its answer in the VM, every gateway) against the sidecar's sidecar_decision_duration_seconds (from reading the check to its decision), each estimated from its histogram's buckets over the step as Prometheus's histogram_quantile does: envoy.yaml and the sidecar give both the same bounds, every 0.5 ms from 1 to 5 ms, so each p99 is good to about a bucket's width. What the gateway adds is the difference: its share of the CPU, the connection and the hand-offs between the answer arriving and the filter running.",
 	}
 	summary := report.Table{Title: "The limiter's burst capacity on this machine", Header: []string{"gateways", "sending", "highest offered rate that held"}}
@@ -312,11 +362,20 @@ func burstOnce(ctx context.Context, b *rig.Backend, fronts []*rig.Front, key str
 		return burstRun{}, err
 	}
 	var st burstRun
+	used, err := readBurstCPU(ctx, b, fronts)
+	if err != nil {
+		return burstRun{}, err
+	}
 	cpu := report.ReadCPUTime()
 	r, err := load.RunBurst(ctx, load.Burst{Targets: targets, Client: key, Path: "/orders/burst", Rate: offered, Window: window, Senders: senders})
 	if err != nil {
 		return burstRun{}, err
 	}
+	usedAfter, err := readBurstCPU(ctx, b, fronts)
+	if err != nil {
+		return burstRun{}, err
+	}
+	st.CPU = usedAfter.per(used, int(r.Sent))
 	st.Steal = math.NaN()
 	if v := report.ReadCPUTime().StealSince(cpu); v != nil {
 		st.Steal = *v

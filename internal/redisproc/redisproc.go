@@ -170,6 +170,30 @@ func (s *Server) Client(t testing.TB) *redis.Client {
 	return c
 }
 
+// CPUTime returns the CPU time (user and system) the server has used since
+// it last started, as INFO cpu reports it.
+func (s *Server) CPUTime(ctx context.Context) (time.Duration, error) {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	info, err := c.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, err
+	}
+	var d time.Duration
+	for line := range strings.SplitSeq(info, "\r\n") {
+		for _, k := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(line, k); ok {
+				sec, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					return 0, fmt.Errorf("INFO cpu: %s%s: %w", k, v, err)
+				}
+				d += time.Duration(sec * float64(time.Second))
+			}
+		}
+	}
+	return d, nil
+}
+
 // Log returns what the server has logged so far (across restarts).
 func (s *Server) Log() string {
 	s.mu.Lock()

@@ -419,19 +419,16 @@ func cpuNow(ctx context.Context, pid int, srv *redisproc.Server) (cpuTimes, erro
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	c.service = time.Duration(ut+st) * 10 * time.Millisecond
 
+	if c.redis, err = srv.CPUTime(ctx); err != nil {
+		return c, err
+	}
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rc.Close()
-	info, err := rc.Info(ctx, "cpu", "stats").Result()
+	info, err := rc.Info(ctx, "stats").Result()
 	if err != nil {
 		return c, err
 	}
 	for line := range strings.SplitSeq(info, "\r\n") {
-		for _, k := range []string{"used_cpu_sys:", "used_cpu_user:"} {
-			if v, ok := strings.CutPrefix(line, k); ok {
-				sec, _ := strconv.ParseFloat(v, 64)
-				c.redis += time.Duration(sec * float64(time.Second))
-			}
-		}
 		if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
 			c.redisCmds, _ = strconv.ParseInt(v, 10, 64)
 		}
