@@ -40,6 +40,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"deny-cache/workers", r.denyCacheWorkers},
 		{"deny-cache/needs-exact-state", r.denyCacheNeedsExactState},
 		{"deny-cache/bucket-model", r.denyCacheBucketModel},
+		{"deny-cache/bucket-model-bursts", r.denyCacheBucketModelBursts},
 		{"deny-cache/in-flight", r.denyCacheInFlight},
 		{"deny-cache/in-flight-workers", r.denyCacheInFlightWorkers},
 		{"costs", r.costs},
@@ -1072,6 +1073,155 @@ func (r runner) denyCacheBucketModel(t *testing.T) {
 		limiter.MetricAllowed:      int64(calls - sidecarDenied),
 		limiter.MetricDenied:       int64(sidecarDenied),
 		limiter.MetricDeniedCached: int64(cached),
+	})
+}
+
+// denyCacheBucketModelBursts drives two workers of one proxy with bursts:
+// many callouts on their way at once, decided by a model of the sidecar's
+// bucket in random order and answered later in another, some never decided
+// and timing out. A cached denial may count callouts on their way as spent
+// (filter/RATIONALE.md, "Callouts on their way"), so each is checked once
+// every callout that was out at its moment has ended: the bucket then held
+// less than its cost beside what those not yet decided went on to spend,
+// unless one that was out spent nothing (the sidecar denied it, or it timed
+// out), which is when such a denial may be wrong.
+func (r runner) denyCacheBucketModelBursts(t *testing.T) {
+	const config = `{"costs": [{"path_prefix": "/c2", "cost": 2}, {"path_prefix": "/c3", "cost": 3}]}`
+	h := r.host(t, config)
+	workers := []Host{h, worker(t, h, config)}
+	paths := []string{"/", "/c2", "/c3"}
+	costs := []int64{1, 2, 3}
+	keys := []string{"client-a", "client-b"}
+	buckets := map[string]*bucket{}
+	for _, k := range keys {
+		buckets[k] = &bucket{capacity: 10, rate: 200, tokens: 10}
+	}
+	type call struct {
+		s     Stream
+		key   string
+		cost  int64
+		sent  time.Duration
+		ans   []Header // the sidecar's decision, once made
+		spent bool     // the sidecar allowed it
+	}
+	type denial struct {
+		key       string
+		cost      int64
+		level     float64
+		undecided []*call // the client's callouts on their way then, not yet decided
+		out       []*call // all of them
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	var now time.Duration
+	var out []*call
+	var denials []*denial
+	var calls, spent, denied, timedOut int
+	decide := func(c *call) {
+		c.ans = buckets[c.key].answer(now, c.cost)
+		if v, _ := Get(c.ans, ":status"); v == "429" {
+			denied++
+		} else {
+			spent++
+			c.spent = true
+		}
+	}
+	// answer delivers out[i]'s answer: its decision, or a timeout (504) for
+	// one in twenty of those not decided.
+	answer := func(i int) {
+		c := out[i]
+		out = append(out[:i], out[i+1:]...)
+		if c.ans == nil && rng.IntN(20) == 0 {
+			timedOut++
+			c.s.RespondCallout([]Header{{":status", "504"}}, nil)
+			wentOn(t, c.s)
+			c.s.Done()
+			return
+		}
+		if c.ans == nil {
+			decide(c)
+		}
+		c.s.RespondCallout(c.ans, nil)
+		if c.spent {
+			wentOn(t, c.s)
+		} else {
+			reply(t, c.s, 429)
+		}
+		c.s.Done()
+	}
+	for step := 0; step < 20000; step++ {
+		switch a := rng.IntN(10); {
+		case a < 5:
+			key, p := keys[rng.IntN(len(keys))], rng.IntN(len(paths))
+			s, cont := send(workers[rng.IntN(2)], request("GET", paths[p], key))
+			if cont {
+				t.Fatalf("step %d: a request went on without a decision", step)
+			}
+			if _, ok := s.Callout(); ok {
+				calls++
+				out = append(out, &call{s: s, key: key, cost: costs[p], sent: now})
+				continue
+			}
+			reply(t, s, 429)
+			s.Done()
+			d := &denial{key: key, cost: costs[p], level: buckets[key].level(now)}
+			for _, c := range out {
+				if c.key == key {
+					d.out = append(d.out, c)
+					if c.ans == nil {
+						d.undecided = append(d.undecided, c)
+					}
+				}
+			}
+			denials = append(denials, d)
+		case a < 7 && len(out) > 0:
+			if c := out[rng.IntN(len(out))]; c.ans == nil {
+				decide(c)
+			}
+		case a < 9 && len(out) > 0:
+			answer(rng.IntN(len(out)))
+		default:
+			// Time passes; every callout is answered within its 5 ms
+			// timeout.
+			d := time.Duration(rng.IntN(1500)) * time.Microsecond
+			for len(out) > 0 && now+d-out[0].sent >= 5*time.Millisecond {
+				answer(0)
+			}
+			h.Advance(d)
+			now += d
+		}
+	}
+	for len(out) > 0 {
+		answer(0)
+	}
+	var inFlight int
+	for i, d := range denials {
+		var theirs float64
+		for _, c := range d.undecided {
+			if c.spent {
+				theirs += float64(c.cost)
+			}
+		}
+		excused := false
+		for _, c := range d.out {
+			excused = excused || !c.spent
+		}
+		if d.level-theirs >= float64(d.cost) && !excused {
+			t.Fatalf("cached denial %d of cost %d: the bucket held %.3f tokens, and %d callouts on their way not yet decided spent %.0f", i, d.cost, d.level, len(d.undecided), theirs)
+		}
+		if d.level >= float64(d.cost) {
+			inFlight++
+		}
+	}
+	t.Logf("%d callouts (%d allowed, %d denied by the sidecar, %d timed out), %d cached denials, %d of them for callouts on their way",
+		calls, spent, denied, timedOut, len(denials), inFlight)
+	if inFlight == 0 || denied == 0 {
+		t.Errorf("the mix did not exercise the count of callouts on their way: %d such denials, %d denied by the sidecar", inFlight, denied)
+	}
+	counters(t, h, map[string]int64{
+		limiter.MetricAllowed:                      int64(spent),
+		limiter.MetricDenied:                       int64(denied),
+		limiter.MetricDeniedCached:                 int64(len(denials)),
+		limiter.MetricFailedOpenPrefix + "timeout": int64(timedOut),
 	})
 }
 
