@@ -80,14 +80,14 @@ type stream struct {
 	cost    int64
 	enforce bool
 	token   uint32
-	pending bool // a callout is out and the request waits for it
-	entry   bool // the deny cache held an entry for the key (not denying this request)
-	counted bool // the callout's cost is pending in the entry with anchors in
-	in      anchors
-	probe   bool  // the callout is the circuit breaker's probe
-	settled bool  // the filter has resumed or answered the request
-	gone    bool  // the proxy deleted the stream; only its answer is left
-	sentAt  int64 // when the callout was dispatched (host clock, ns)
+	pending bool    // a callout is out and the request waits for it
+	entry   bool    // the deny cache held an entry for the key (not denying this request)
+	counted bool    // the callout's cost is pending in a deny entry
+	in      anchors // that entry
+	probe   bool    // the callout is the circuit breaker's probe
+	settled bool    // the filter has resumed or answered the request
+	gone    bool    // the proxy deleted the stream; only its answer is left
+	sentAt  int64   // when the callout was dispatched (host clock, ns)
 	// The rate-limit headers set on the response once the request was
 	// allowed, kept as their parts: the quota, whose plan is a copy in
 	// planBuf (empty when too long to be a policy name, which names it
@@ -390,9 +390,9 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	// of the same client is spared a callout. An admission updates the
 	// client's entry if it has one, so that what a cached denial tells the
 	// client counts what it spent since; a client with no entry (the
-	// healthy path) costs nothing here.
-	// A new entry counts nothing pending: every callout on its way was
-	// sent before this answer came.
+	// healthy path) costs nothing here. A new entry counts nothing as
+	// pending, this callout's cost included: every callout still on its
+	// way was sent before this answer came.
 	if a.Outcome == Denied || (a.Outcome == Allowed && s.entry) {
 		if e, ok := newDenyEntry(s.key, s.cost, s.sentAt, now, &a); ok && r.cache.store(h, e, now) {
 			s.counted = false
