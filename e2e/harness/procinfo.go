@@ -158,27 +158,31 @@ func procNetAddr(s string) (string, error) {
 }
 
 // CPUTime returns the CPU time the process has used, user and system
+// (CPUTimeOf).
+func (p *Process) CPUTime() (time.Duration, error) { return CPUTimeOf(p.Pid()) }
+
+// CPUTimeOf returns the CPU time process pid has used, user and system
 // (utime + stime of /proc/<pid>/stat; Linux only, in clock ticks of 10 ms).
-func (p *Process) CPUTime() (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
+func CPUTimeOf(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}
 	// The command name, field 2, is in parentheses and may hold spaces.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command name", p.Pid())
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
 	}
 	f := strings.Fields(string(b[i+1:]))
 	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
 	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", p.Pid(), len(f)+2)
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
 	}
 	var ticks int64
 	for _, s := range f[11:13] {
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("/proc/%d/stat: %w", p.Pid(), err)
+			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
 		}
 		ticks += n
 	}

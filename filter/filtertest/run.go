@@ -644,7 +644,7 @@ func (r runner) failOpenLogs(t *testing.T) {
 	h := r.host(t, `{"breaker": {"failures": 0}}`)
 	timeout := func() {
 		s, _ := waiting(t, h, get("key-1"))
-		s.RespondCallout([]Header{{":status", "504"}}, nil)
+		s.RespondCallout(timeoutAnswer, nil)
 		wentOn(t, s)
 	}
 	const prefix = "edgelimit: failing open (timeout): "
@@ -919,7 +919,7 @@ func (r runner) denyCacheInFlightWorkers(t *testing.T) {
 
 	// One of them times out: it no longer counts, and there is room for
 	// another.
-	a.RespondCallout([]Header{{":status", "504"}}, nil)
+	a.RespondCallout(timeoutAnswer, nil)
 	wentOn(t, a)
 	c, _ := waiting(t, w, get("key-1"))
 	cached(h)
@@ -932,7 +932,7 @@ func (r runner) denyCacheInFlightWorkers(t *testing.T) {
 	wentOn(t, b)
 	h.Advance(10 * time.Microsecond)
 	d, _ := waiting(t, h, get("key-1"))
-	c.RespondCallout([]Header{{":status", "504"}}, nil)
+	c.RespondCallout(timeoutAnswer, nil)
 	wentOn(t, c)
 	cached(w)
 	d.RespondCallout(SidecarAnswer("basic", 10, 1000, 1.01, 1), nil)
@@ -1132,7 +1132,7 @@ func (r runner) denyCacheBucketModelBursts(t *testing.T) {
 		out = append(out[:i], out[i+1:]...)
 		if c.ans == nil && rng.IntN(20) == 0 {
 			timedOut++
-			c.s.RespondCallout([]Header{{":status", "504"}}, nil)
+			c.s.RespondCallout(timeoutAnswer, nil)
 			wentOn(t, c.s)
 			c.s.Done()
 			return
@@ -1300,7 +1300,7 @@ func (r runner) modeShadow(t *testing.T) {
 	}
 
 	s, _ = waiting(t, h, get("key-3"))
-	s.RespondCallout([]Header{{":status", "504"}}, nil)
+	s.RespondCallout(timeoutAnswer, nil)
 	wentOn(t, s)
 	if got := header(t, s.UpstreamHeaders(), "x-ratelimit-shadow"); got != "unknown" {
 		t.Errorf("shadow fail-open: header %q", got)

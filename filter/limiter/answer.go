@@ -119,7 +119,12 @@ func ParseAnswer(headers [][2]string) Answer {
 			" without valid ratelimit-limit, ratelimit-remaining and ratelimit-reset", a.Status)
 	}
 	a.Plan = f.get(fPlan)
-	// decimal, with its fast path called directly: one call fewer each.
+	// The exact tokens and rate are finite non-negative decimals ("12",
+	// "0.5", "1e-05": Lua's tostring); what ParseFloat would also take but
+	// the sidecar never sends (hex, infinities, NaN, underscores) is
+	// refused. plainDecimal reads the common form, parseDecimal the rest;
+	// written out here for each, as a helper would be one more call inside
+	// wasm.
 	if a.Tokens, a.HasTokens = plainDecimal(f.get(fTokens)); !a.HasTokens {
 		a.Tokens, a.HasTokens = parseDecimal(f.get(fTokens))
 	}
@@ -277,21 +282,11 @@ func count(s string) (int64, bool) {
 	return n, true
 }
 
-// decimal parses a finite non-negative decimal number ("12", "0.5",
-// "1e-05": Lua's tostring), refusing what ParseFloat would also take but the
-// sidecar never sends (hex, infinities, NaN, underscores).
-func decimal(s string) (float64, bool) {
-	if f, ok := plainDecimal(s); ok {
-		return f, true
-	}
-	return parseDecimal(s)
-}
-
 // pow10 are the powers of ten a float64 holds exactly.
 var pow10 = [...]float64{1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15}
 
-// plainDecimal is decimal's fast path, for what the sidecar sends almost
-// always: digits, optionally a point and more digits, 15 digits at most.
+// plainDecimal is the fast path of ParseAnswer's decimals, for what the
+// sidecar sends almost always: digits, optionally a point and more digits, 15 digits at most.
 // The digits then form an integer m < 2^53 and the value is m / 10^k for
 // some k <= 15, a quotient of two float64s that hold their values exactly;
 // IEEE division rounds it correctly, so the result is ParseFloat's to the
@@ -326,7 +321,8 @@ func plainDecimal(s string) (float64, bool) {
 	return float64(m) / pow10[frac], true
 }
 
-// parseDecimal is decimal for every form the sidecar may send.
+// parseDecimal reads ParseAnswer's decimals in every form the sidecar may
+// send.
 func parseDecimal(s string) (float64, bool) {
 	if s == "" || len(s) > 64 {
 		return 0, false

@@ -57,8 +57,11 @@ func TestCountAndDecimal(t *testing.T) {
 	}
 	for s, want := range map[string]bool{"0": true, "0.5": true, "12.000": true, "1e-05": true, "2.5E3": true,
 		"": false, "-0.5": false, "NaN": false, "Inf": false, "0x1p-2": false, "1_000": false, "1e400": false, strings.Repeat("1", 65): false} {
-		if _, ok := decimal(s); ok != want {
-			t.Errorf("decimal(%q) ok = %v", s, ok)
+		// Read as the answer's exact tokens, as the filter reads them.
+		a := ParseAnswer([][2]string{{":status", "200"}, {"ratelimit-limit", "100"}, {"ratelimit-remaining", "7"},
+			{"ratelimit-reset", "12"}, {"x-ratelimit-tokens", s}})
+		if a.HasTokens != want {
+			t.Errorf("x-ratelimit-tokens %q read = %v", s, a.HasTokens)
 		}
 	}
 }

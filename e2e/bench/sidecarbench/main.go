@@ -58,6 +58,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/bench/report"
+	"github.com/edgelimit/edgelimit/e2e/harness"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
@@ -406,19 +407,10 @@ func (c cpuTimes) per(checks int64) perCheck {
 // processed (INFO stats).
 func cpuNow(ctx context.Context, pid int, srv *redisproc.Server) (cpuTimes, error) {
 	var c cpuTimes
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
+	var err error
+	if c.service, err = harness.CPUTimeOf(pid); err != nil {
 		return c, err
 	}
-	// Fields after the ")" closing the command name: state is field 3, utime
-	// and stime are fields 14 and 15, in clock ticks (100 per second on
-	// Linux).
-	_, rest, _ := strings.Cut(string(stat), ") ")
-	f := strings.Fields(rest)
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	c.service = time.Duration(ut+st) * 10 * time.Millisecond
-
 	if c.redis, err = srv.CPUTime(ctx); err != nil {
 		return c, err
 	}
