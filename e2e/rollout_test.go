@@ -307,10 +307,25 @@ func compareShadow(t *testing.T, s *stack, capacity int, traffic [][]request) *s
 	legacy := map[request]*legacyBucket{} // by (client, service)
 	edgeUsed := map[string]int{}          // requests of the client the edge model has admitted
 	legacyUsed := map[request]int{}
+	// unsure are the clients with a check that failed open: Redis may
+	// still decide it after the answer was given up on (the sidecar's
+	// command was sent), so the model reads their buckets again before
+	// each of their requests rather than once.
+	unsure := map[string]bool{}
+	rc := s.redis.Client(t)
+	resync := func(client string) {
+		tokens, err := rc.HGet(context.Background(), keys.New(nil).BucketKey([]byte(client)), "tokens").Float64()
+		if err == nil {
+			edgeUsed[client] = capacity - int(math.Floor(tokens))
+		}
+	}
 	c := &shadowComparison{perClient: map[string]int{}}
 	values := []shadow.Edge{shadow.EdgeAllow, shadow.EdgeDeny, shadow.EdgeUnknown}
 	for _, rs := range traffic {
 		for _, r := range rs {
+			if unsure[r.client] {
+				resync(r.client)
+			}
 			svc := svcs[r.service]
 			var before [3]int64
 			for i, v := range values {
@@ -332,10 +347,8 @@ func compareShadow(t *testing.T, s *stack, capacity int, traffic [][]request) *s
 				// says which; the model goes on from there (no refill
 				// to speak of: one token per 1000 s).
 				c.unknown++
-				tokens, err := s.redis.Client(t).HGet(context.Background(), keys.New(nil).BucketKey([]byte(r.client)), "tokens").Float64()
-				if err == nil {
-					edgeUsed[r.client] = capacity - int(math.Floor(tokens))
-				}
+				unsure[r.client] = true
+				resync(r.client)
 				continue
 			}
 			edge := seen == shadow.EdgeAllow
