@@ -3,10 +3,13 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/bench/load"
+	"github.com/edgelimit/edgelimit/e2e/harness"
 )
 
 // The burst scenarios: one client at five times its plan and more, through
@@ -34,7 +37,9 @@ import (
 // miss the 5 ms timeout, which is what the steal allowance is for. With
 // steal at 0–1.5%, six runs of twenty senders through one gateway failed
 // 0–0.40% open; twenty through three failed 0.35%, 1.0% and 1.5% in three
-// runs at 0.06–0.58% steal, which is why three gateways get ten. `make
+// runs at 0.06–0.58% steal, and 1.05%, 1.10% and 1.75% in three more at
+// 1.1–1.3% steal once the gateway ran at niceness 10 (TestGatewayRunsNiced),
+// which is why three gateways get ten. `make
 // bench` sweeps the rate and bursts of 10 to 40 up to where the promises
 // stop holding, and BENCHMARKS.md reports that limit, with the steal of
 // each step (e2e/bench/burst.go).
@@ -106,5 +111,60 @@ func burstHolds(s *stack, b load.Burst, capacity, rate float64) {
 	}
 	if got := s.received(burstClient); got != r.OK {
 		t.Errorf("services received %d requests, %d were admitted", got, r.OK)
+	}
+}
+
+// build/gateway lowers its threads' priority to niceness 10 by default
+// (-nice; RATIONALE.md, "Why does the stand-in gateway run at a lower
+// priority?"), so that this stand-in, which spends several times Envoy's
+// CPU on a request, does not keep the sidecar and Redis beside it waiting
+// for a CPU in bursts such as those above. Every thread counts: Linux
+// keeps a niceness per thread, and one left as it started would be a
+// worker that still competes.
+func TestGatewayRunsNiced(t *testing.T) {
+	standInOnly(t, "-nice is the stand-in's own flag")
+	s := startStack(t, stackConfig{plans: "default_plan: free\nplans:\n  free: {capacity: 100, rate: 100}\n"})
+	// Requests in parallel, so that the runtime has started the threads
+	// it serves with, not only those it starts with.
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 5 {
+				s.do(0, "GET", "/orders/1", "x-api-key", "niced-client")
+			}
+		}()
+	}
+	wg.Wait()
+	// The gateway starts at this process's niceness; the default lowers
+	// it to 10 and never raises it.
+	self, err := harness.ThreadNiceness(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := self[os.Getpid()]
+	want := max(10, own)
+	nice, err := harness.ThreadNiceness(s.gateways[0].Pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nice) < 2 {
+		t.Fatalf("the gateway has %d threads: %v", len(nice), nice)
+	}
+	for tid, n := range nice {
+		if n != want {
+			t.Errorf("thread %d of the gateway runs at niceness %d, want %d (all: %v)", tid, n, want, nice)
+		}
+	}
+	// The sidecar is not the stand-in: it keeps the priority it was given.
+	sc, err := harness.ThreadNiceness(s.sidecars[0].Pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for tid, n := range sc {
+		if n != own {
+			t.Errorf("thread %d of the sidecar runs at niceness %d, want this process's %d", tid, n, own)
+		}
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -164,22 +166,12 @@ func (p *Process) CPUTime() (time.Duration, error) { return CPUTimeOf(p.Pid()) }
 // CPUTimeOf returns the CPU time process pid has used, user and system
 // (utime + stime of /proc/<pid>/stat; Linux only, in clock ticks of 10 ms).
 func CPUTimeOf(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	f, err := statFields(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}
-	// The command name, field 2, is in parentheses and may hold spaces.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
-	}
 	var ticks int64
-	for _, s := range f[11:13] {
+	for _, s := range f[11:13] { // utime and stime, fields 14 and 15
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
 			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
@@ -187,6 +179,54 @@ func CPUTimeOf(pid int) (time.Duration, error) {
 		ticks += n
 	}
 	return time.Duration(ticks) * (time.Second / clockTicks), nil
+}
+
+// ThreadNiceness returns the scheduling niceness of each thread of process
+// pid, by thread id (field 19 of /proc/<pid>/task/<tid>/stat; Linux only).
+// Linux keeps a niceness per thread, so a process's own is not enough.
+func ThreadNiceness(pid int) (map[int]int, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int]int, len(entries))
+	for _, e := range entries {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		f, err := statFields(filepath.Join(dir, e.Name(), "stat"))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // the thread has ended
+		}
+		if err != nil {
+			return nil, err
+		}
+		if out[tid], err = strconv.Atoi(f[16]); err != nil {
+			return nil, fmt.Errorf("%s/%d/stat: niceness: %w", dir, tid, err)
+		}
+	}
+	return out, nil
+}
+
+// statFields reads a stat file of /proc and returns its fields from the
+// third on (f[0] is field 3, the state), at least 17 of them.
+func statFields(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	// The command name, field 2, is in parentheses and may hold spaces.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("%s: no command name", path)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 17 {
+		return nil, fmt.Errorf("%s: %d fields", path, len(f)+2)
+	}
+	return f, nil
 }
 
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on every

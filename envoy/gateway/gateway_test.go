@@ -34,6 +34,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	// The gateway runs inside this binary here: its -nice would lower the
+	// priority of every test beside it. The system tests check the
+	// niceness of build/gateway (e2e TestGatewayRunsNiced).
+	renice = func(int, bool) error { return nil }
 	code := m.Run()
 	if buildDir != "" {
 		os.RemoveAll(buildDir)
@@ -508,6 +512,7 @@ func TestCheckFlag(t *testing.T) {
 		{"unknown listener", []string{"-config", envoyYAML, "-listener", "nope=127.0.0.1:1", "-check"}, `listener "nope": not in the configuration (other listeners: stats)`, ""},
 		{"listener given twice", []string{"-listener", "stats=127.0.0.1:1", "-listener", "stats=127.0.0.1:2"}, `listener "stats" given twice`, ""},
 		{"bad concurrency", []string{"-concurrency", "0"}, "-concurrency: want 1..256, got 0", ""},
+		{"bad nice", []string{"-nice", "20"}, "-nice: want -20..19, got 20", ""},
 		{"bad poll mode", []string{"-config", envoyYAML, "-wasm", filter, "-poll-oneoff", "x", "-check"}, "poll_oneoff mode", ""},
 	}
 	if _, err := os.Stat(bad); err == nil {

@@ -19,9 +19,14 @@
 // -listen, -admin, -cluster and -wasm override the file, for running it by
 // hand; the end-to-end harness writes a bootstrap with the addresses it
 // wants instead and passes only -config and -concurrency, as it passes -c
-// and --concurrency to a real Envoy. -poll-oneoff, -access-log, -check and
-// -cpuprofile are the stand-in's own: under Envoy, poll_oneoff answers as
-// the release does and the access log is the bootstrap's.
+// and --concurrency to a real Envoy. -poll-oneoff, -access-log, -check,
+// -cpuprofile and -nice are the stand-in's own: under Envoy, poll_oneoff
+// answers as the release does, the access log is the bootstrap's, and no
+// priority is changed. -nice (default 10) lowers the priority of the
+// gateway's threads, so that this stand-in, which spends several times
+// Envoy's CPU on a request, does not keep the sidecar and Redis beside it
+// from a CPU (RATIONALE.md, "Why does the stand-in gateway run at a lower
+// priority?").
 //
 // The admin listener serves /stats (Envoy's "name: value" text, the
 // plugin's wasmcustom.* metrics included), /stats/prometheus (the plugin's
@@ -121,6 +126,8 @@ type options struct {
 	check       bool
 	accessLog   bool
 	cpuProfile  string
+	nice        int
+	niceGiven   bool // -nice was on the command line
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -141,8 +148,13 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.check, "check", false, "load the configuration and the module, configure the plugin once, and exit")
 	fs.BoolVar(&o.accessLog, "access-log", false, "write one line per request to stdout")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (for measuring the host's cost per request)")
+	fs.IntVar(&o.nice, "nice", defaultNice, "scheduling niceness of the gateway's threads, -20..19; the default never raises a priority the process started with (below 0 needs CAP_SYS_NICE)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	fs.Visit(func(f *flag.Flag) { o.niceGiven = o.niceGiven || f.Name == "nice" })
+	if o.nice < -20 || o.nice > 19 {
+		return o, fmt.Errorf("-nice: want -20..19, got %d", o.nice)
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
@@ -153,6 +165,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	return o, nil
 }
 
+// renice applies -nice to the process (setNice); the package's tests,
+// which run the gateway inside the test binary, leave their own priority
+// alone.
+var renice = setNice
+
 // run starts the gateway and serves until ctx ends. ready, if not nil,
 // receives the addresses it serves on once every listener accepts
 // connections.
@@ -160,6 +177,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if err := renice(o.nice, !o.niceGiven); err != nil {
+		return fmt.Errorf("-nice: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	g, err := newGateway(ctx, o, log)

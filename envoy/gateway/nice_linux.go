@@ -1,0 +1,80 @@
+//go:build linux
+
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"syscall"
+)
+
+// defaultNice is the scheduling niceness the gateway's threads run at unless
+// -nice says otherwise. This stand-in spends several times the CPU per
+// request that Envoy does (a Go HTTP server, goroutine handoffs, the module
+// in wazero), and in a burst its threads are runnable all at once. At the
+// priority of the sidecar and Redis on the same cores they kept both
+// waiting for a CPU past the filter's 5 ms callout timeout, work a real
+// Envoy does not make (RATIONALE.md, "Why does the stand-in gateway run at
+// a lower priority?"). A process may always lower its own priority, so
+// this needs no privilege.
+const defaultNice = 10
+
+// setNice makes every thread of the process run at niceness n. Linux keeps
+// the niceness per thread, and a new thread takes its creator's, so the
+// threads there now are set, and the list read again until it holds none
+// that was not: the runtime may start one meanwhile. With lowerOnly (the
+// default, not a value given), a process already started nicer than n
+// keeps its niceness: the default never raises a priority.
+func setNice(n int, lowerOnly bool) error {
+	done := map[int]bool{}
+	for {
+		tids, err := threads()
+		if err != nil {
+			return err
+		}
+		changed := false
+		for _, tid := range tids {
+			if done[tid] {
+				continue
+			}
+			done[tid], changed = true, true
+			want := n
+			if lowerOnly {
+				// The raw syscall answers 20 - nice (1..40), as the
+				// kernel keeps it; libc's getpriority converts, Go's
+				// does not.
+				raw, err := syscall.Getpriority(syscall.PRIO_PROCESS, tid)
+				if err == nil && 20-raw > want {
+					want = 20 - raw
+				}
+			}
+			err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, want)
+			if errors.Is(err, syscall.ESRCH) {
+				continue // the thread has ended
+			}
+			if err != nil {
+				return fmt.Errorf("niceness %d: %w", want, err)
+			}
+		}
+		if !changed {
+			return nil
+		}
+	}
+}
+
+// threads lists the process's thread ids.
+func threads() ([]int, error) {
+	entries, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return nil, err
+	}
+	tids := make([]int, 0, len(entries))
+	for _, e := range entries {
+		if tid, err := strconv.Atoi(e.Name()); err == nil {
+			tids = append(tids, tid)
+		}
+	}
+	return tids, nil
+}
