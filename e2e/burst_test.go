@@ -128,13 +128,11 @@ func TestGatewayRunsNiced(t *testing.T) {
 	// it serves with, not only those it starts with.
 	var wg sync.WaitGroup
 	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for range 5 {
 				s.do(0, "GET", "/orders/1", "x-api-key", "niced-client")
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	// The gateway starts at this process's niceness; the default lowers
