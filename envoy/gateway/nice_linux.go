@@ -10,17 +10,6 @@ import (
 	"syscall"
 )
 
-// defaultNice is the scheduling niceness the gateway's threads run at unless
-// -nice says otherwise. This stand-in spends several times the CPU per
-// request that Envoy does (a Go HTTP server, goroutine handoffs, the module
-// in wazero), and in a burst its threads are runnable all at once. At the
-// priority of the sidecar and Redis on the same cores they kept both
-// waiting for a CPU past the filter's 5 ms callout timeout, work a real
-// Envoy does not make (RATIONALE.md, "Why does the stand-in gateway run at
-// a lower priority?"). A process may always lower its own priority, so
-// this needs no privilege.
-const defaultNice = 10
-
 // setNice makes every thread of the process run at niceness n. Linux keeps
 // the niceness per thread, and a new thread takes its creator's, so the
 // threads there now are set, and the list read again until it holds none

@@ -286,11 +286,11 @@ func count(s string) (int64, bool) {
 var pow10 = [...]float64{1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15}
 
 // plainDecimal is the fast path of ParseAnswer's decimals, for what the
-// sidecar sends almost always: digits, optionally a point and more digits, 15 digits at most.
-// The digits then form an integer m < 2^53 and the value is m / 10^k for
-// some k <= 15, a quotient of two float64s that hold their values exactly;
-// IEEE division rounds it correctly, so the result is ParseFloat's to the
-// bit (FuzzDecimal checks this). ok is false for anything else, which
+// sidecar sends almost always: digits, optionally a point and more digits,
+// 15 digits at most. The digits then form an integer m < 2^53 and the
+// value is m / 10^k for some k <= 15, a quotient of two float64s that hold
+// their values exactly; IEEE division rounds it correctly, so the result
+// is ParseFloat's to the bit (FuzzDecimal checks this). ok is false for anything else, which
 // parseDecimal reads. Inside wasm ParseFloat was the largest part of
 // reading an answer (filter/RATIONALE.md, "Why the stream tables are not
 // maps").
