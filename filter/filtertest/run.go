@@ -43,6 +43,8 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"deny-cache/bucket-model-bursts", r.denyCacheBucketModelBursts},
 		{"deny-cache/in-flight", r.denyCacheInFlight},
 		{"deny-cache/in-flight-workers", r.denyCacheInFlightWorkers},
+		{"deny-cache/failed-callout", r.denyCacheFailedCallout},
+		{"deny-cache/failed-callout-shadow", r.denyCacheFailedCalloutShadow},
 		{"costs", r.costs},
 		{"mode/off", r.modeOff},
 		{"mode/shadow", r.modeShadow},
@@ -927,19 +929,87 @@ func (r runner) denyCacheInFlightWorkers(t *testing.T) {
 	// b's answer makes a new entry, 1 token left, with nothing pending:
 	// c was sent before it came. 10 µs on, d is counted in the new entry;
 	// c's timeout does not take its cost off that, so the bound (1.01
-	// tokens) has no room for one more.
+	// tokens) has no room for one more. Nor for c itself: its request,
+	// which the sidecar did not decide, is answered from the cache like
+	// one arriving now, not let through.
 	b.RespondCallout(SidecarAnswer("basic", 10, 1000, 2, 1), nil)
 	wentOn(t, b)
 	h.Advance(10 * time.Microsecond)
 	d, _ := waiting(t, h, get("key-1"))
 	c.RespondCallout(timeoutAnswer, nil)
-	wentOn(t, c)
+	reply(t, c, 429)
 	cached(w)
 	d.RespondCallout(SidecarAnswer("basic", 10, 1000, 1.01, 1), nil)
 	wentOn(t, d)
 	// The counters are the process's, both workers' together.
-	counters(t, h, map[string]int64{limiter.MetricDenied: 1, limiter.MetricDeniedCached: 4, limiter.MetricAllowed: 2,
+	counters(t, h, map[string]int64{limiter.MetricDenied: 1, limiter.MetricDeniedCached: 5, limiter.MetricAllowed: 2,
+		limiter.MetricFailedOpenPrefix + "timeout": 1, limiter.MetricFailedCached: 1})
+}
+
+// denyCacheFailedCallout: a request whose callout fails, however it fails,
+// is decided by the deny cache as one arriving then would be: answered 429
+// when what the client's other callouts brought back since shows the bucket
+// cannot hold it, failed open when the cache cannot tell.
+func (r runner) denyCacheFailedCallout(t *testing.T) {
+	h := r.host(t, "")
+	const policy = `"basic";q=10;w=1;edgelimit-rate="1000"`
+	// A client the cache knows nothing of fails open.
+	s, _ := waiting(t, h, get("key-1"))
+	s.RespondCallout(timeoutAnswer, nil)
+	wentOn(t, s)
+	// 0.5 tokens left on a 10-token plan refilling 1 token/ms.
+	s, _ = waiting(t, h, get("key-1"))
+	s.RespondCallout(SidecarAnswer("basic", 10, 1000, 0.5, 1), nil)
+	denial(t, s, policy, `"basic";r=0;t=1`, "1", "1")
+	for i, failure := range [][]Header{timeoutAnswer, unavailableAnswer, resetAnswer} {
+		// 2 ms on, the bucket may hold 2.5 tokens: a and b go out. b's
+		// answer says another gateway spent them all; a then fails, and
+		// its request is denied from the entry b made.
+		h.Advance(2 * time.Millisecond)
+		a, _ := waiting(t, h, get("key-1"))
+		b, _ := waiting(t, h, get("key-1"))
+		b.RespondCallout(SidecarAnswer("basic", 10, 1000, 0, 1), nil)
+		reply(t, b, 429)
+		a.RespondCallout(failure, nil)
+		denial(t, a, policy, `"basic";r=0;t=1`, "1", "1")
+		if n := metric(t, h, limiter.MetricFailedCached); n != int64(i+1) {
+			t.Errorf("failure %d: %s = %d, want %d", i, limiter.MetricFailedCached, n, i+1)
+		}
+	}
+	// 1 ms after the last entry's decision the bucket may hold a token:
+	// c goes out, and when it fails there is nothing to deny it by.
+	h.Advance(time.Millisecond)
+	c, _ := waiting(t, h, get("key-1"))
+	c.RespondCallout(timeoutAnswer, nil)
+	wentOn(t, c)
+	counters(t, h, map[string]int64{limiter.MetricDenied: 4, limiter.MetricDeniedCached: 3,
 		limiter.MetricFailedOpenPrefix + "timeout": 2})
+	if n := metric(t, h, limiter.MetricFailedCached); n != 3 {
+		t.Errorf("%s = %d, want 3", limiter.MetricFailedCached, n)
+	}
+}
+
+// denyCacheFailedCalloutShadow: in shadow, a failed callout the cache
+// denies goes on marked "deny", not "unknown".
+func (r runner) denyCacheFailedCalloutShadow(t *testing.T) {
+	h := r.host(t, `{"mode": "shadow"}`)
+	s, _ := waiting(t, h, get("key-1"))
+	s.RespondCallout(SidecarAnswer("basic", 10, 1000, 0.5, 1), nil)
+	wentOn(t, s)
+	h.Advance(2 * time.Millisecond)
+	a, _ := waiting(t, h, get("key-1"))
+	b, _ := waiting(t, h, get("key-1"))
+	b.RespondCallout(SidecarAnswer("basic", 10, 1000, 0, 1), nil)
+	wentOn(t, b)
+	a.RespondCallout(timeoutAnswer, nil)
+	wentOn(t, a)
+	if got := header(t, a.UpstreamHeaders(), limiter.ShadowHeader); got != "deny" {
+		t.Errorf("%s %q, want deny", limiter.ShadowHeader, got)
+	}
+	counters(t, h, map[string]int64{limiter.MetricShadowWouldDeny: 3})
+	if n := metric(t, h, limiter.MetricFailedCached); n != 1 {
+		t.Errorf("%s = %d, want 1", limiter.MetricFailedCached, n)
+	}
 }
 
 func (r runner) denyCacheWorkers(t *testing.T) {
@@ -1084,7 +1154,9 @@ func (r runner) denyCacheBucketModel(t *testing.T) {
 // every callout that was out at its moment has ended: the bucket then held
 // less than its cost beside what those not yet decided went on to spend,
 // unless one that was out spent nothing (the sidecar denied it, or it timed
-// out), which is when such a denial may be wrong.
+// out), which is when such a denial may be wrong. A callout that times out,
+// decided or not, has its request decided by the cache at that moment, or
+// failed open: a 429 then is checked as any cached denial.
 func (r runner) denyCacheBucketModelBursts(t *testing.T) {
 	const config = `{"costs": [{"path_prefix": "/c2", "cost": 2}, {"path_prefix": "/c3", "cost": 3}]}`
 	h := r.host(t, config)
@@ -1115,7 +1187,21 @@ func (r runner) denyCacheBucketModelBursts(t *testing.T) {
 	var now time.Duration
 	var out []*call
 	var denials []*denial
-	var calls, spent, denied, timedOut int
+	var calls, spent, denied, timedOut, allowedAnswers, deniedAnswers, failedOpen, failedCached int
+	// record notes a cached denial of cost for key at now, with the
+	// client's callouts on their way then.
+	record := func(key string, cost int64) {
+		d := &denial{key: key, cost: cost, level: buckets[key].level(now)}
+		for _, c := range out {
+			if c.key == key {
+				d.out = append(d.out, c)
+				if c.ans == nil {
+					d.undecided = append(d.undecided, c)
+				}
+			}
+		}
+		denials = append(denials, d)
+	}
 	decide := func(c *call) {
 		c.ans = buckets[c.key].answer(now, c.cost)
 		if v, _ := Get(c.ans, ":status"); v == "429" {
@@ -1125,15 +1211,24 @@ func (r runner) denyCacheBucketModelBursts(t *testing.T) {
 			c.spent = true
 		}
 	}
-	// answer delivers out[i]'s answer: its decision, or a timeout (504) for
-	// one in twenty of those not decided.
+	// answer delivers out[i]'s answer: its decision, or for one in twenty a
+	// timeout (504), which an undecided callout never gets past and a
+	// decided one's answer comes after. Its request then goes on (failed
+	// open) or is denied from the cache, as one arriving now.
 	answer := func(i int) {
 		c := out[i]
 		out = append(out[:i], out[i+1:]...)
-		if c.ans == nil && rng.IntN(20) == 0 {
+		if rng.IntN(20) == 0 {
 			timedOut++
 			c.s.RespondCallout(timeoutAnswer, nil)
-			wentOn(t, c.s)
+			if c.s.Continued() {
+				wentOn(t, c.s)
+				failedOpen++
+			} else {
+				reply(t, c.s, 429)
+				failedCached++
+				record(c.key, c.cost)
+			}
 			c.s.Done()
 			return
 		}
@@ -1143,8 +1238,10 @@ func (r runner) denyCacheBucketModelBursts(t *testing.T) {
 		c.s.RespondCallout(c.ans, nil)
 		if c.spent {
 			wentOn(t, c.s)
+			allowedAnswers++
 		} else {
 			reply(t, c.s, 429)
+			deniedAnswers++
 		}
 		c.s.Done()
 	}
@@ -1163,16 +1260,7 @@ func (r runner) denyCacheBucketModelBursts(t *testing.T) {
 			}
 			reply(t, s, 429)
 			s.Done()
-			d := &denial{key: key, cost: costs[p], level: buckets[key].level(now)}
-			for _, c := range out {
-				if c.key == key {
-					d.out = append(d.out, c)
-					if c.ans == nil {
-						d.undecided = append(d.undecided, c)
-					}
-				}
-			}
-			denials = append(denials, d)
+			record(key, costs[p])
 		case a < 7 && len(out) > 0:
 			if c := out[rng.IntN(len(out))]; c.ans == nil {
 				decide(c)
@@ -1212,16 +1300,18 @@ func (r runner) denyCacheBucketModelBursts(t *testing.T) {
 			inFlight++
 		}
 	}
-	t.Logf("%d callouts (%d allowed, %d denied by the sidecar, %d timed out), %d cached denials, %d of them for callouts on their way",
-		calls, spent, denied, timedOut, len(denials), inFlight)
-	if inFlight == 0 || denied == 0 {
-		t.Errorf("the mix did not exercise the count of callouts on their way: %d such denials, %d denied by the sidecar", inFlight, denied)
+	t.Logf("%d callouts (%d allowed, %d denied by the sidecar, %d timed out: %d failed open, %d denied from the cache), %d cached denials, %d of them for callouts on their way",
+		calls, spent, denied, timedOut, failedOpen, failedCached, len(denials), inFlight)
+	if inFlight == 0 || denied == 0 || failedOpen == 0 || failedCached == 0 {
+		t.Errorf("the mix did not exercise the count of callouts on their way and both ends of a timeout: %d such denials, %d denied by the sidecar, %d failed open, %d timeouts denied from the cache",
+			inFlight, denied, failedOpen, failedCached)
 	}
 	counters(t, h, map[string]int64{
-		limiter.MetricAllowed:                      int64(spent),
-		limiter.MetricDenied:                       int64(denied),
+		limiter.MetricAllowed:                      int64(allowedAnswers),
+		limiter.MetricDenied:                       int64(deniedAnswers),
 		limiter.MetricDeniedCached:                 int64(len(denials)),
-		limiter.MetricFailedOpenPrefix + "timeout": int64(timedOut),
+		limiter.MetricFailedOpenPrefix + "timeout": int64(failedOpen),
+		limiter.MetricFailedCached:                 int64(failedCached),
 	})
 }
 

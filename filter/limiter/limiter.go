@@ -240,21 +240,8 @@ func (l *Limiter) check(s *stream) abi.Action {
 		s.cost = cfg.Cost(method, path)
 	}
 	now := h.Now()
-	if e, ok := s.root.cache.lookup(h, s.key); ok {
-		if e.denies(s.cost, now) {
-			return l.cachedDeny(s, &e, 0, now)
-		}
-		// The bucket may hold this request's cost, but not that and the
-		// costs of the client's callouts already on their way, nor could
-		// it when full: a burst past the bucket is answered here, not
-		// with a callout per request that can only be denied
-		// (filter/RATIONALE.md, "Callouts on their way"). Those the
-		// workers counted in the entry, or this worker's own if it knows
-		// of more (a count lost to a race).
-		if c := max(e.pending, s.root.inFlightCost(s.key, e.recv)); c > 0 && (s.cost+c > e.limit || e.denies(s.cost+c, now)) {
-			return l.cachedDeny(s, &e, c, now)
-		}
-		s.entry = true
+	if act, denied := l.fromCache(s, now); denied {
+		return act
 	}
 	// The deny cache comes first: it needs no sidecar, so a client it
 	// denies stays denied while the breaker is open.
@@ -302,6 +289,30 @@ func (r *root) inFlightCost(key string, after int64) int64 {
 		}
 	}
 	return c
+}
+
+// fromCache answers the request 429 when the client's deny cache entry
+// shows that the bucket cannot hold its cost now; otherwise it notes
+// whether the client has an entry and leaves the request to the caller.
+func (l *Limiter) fromCache(s *stream, now int64) (abi.Action, bool) {
+	e, ok := s.root.cache.lookup(l.host, s.key)
+	if !ok {
+		return abi.ActionContinue, false
+	}
+	if e.denies(s.cost, now) {
+		return l.cachedDeny(s, &e, 0, now), true
+	}
+	// The bucket may hold this request's cost, but not that and the costs
+	// of the client's callouts already on their way, nor could it when
+	// full: a burst past the bucket is answered here, not with a callout
+	// per request that can only be denied (filter/RATIONALE.md, "Callouts
+	// on their way"). Those the workers counted in the entry, or this
+	// worker's own if it knows of more (a count lost to a race).
+	if c := max(e.pending, s.root.inFlightCost(s.key, e.recv)); c > 0 && (s.cost+c > e.limit || e.denies(s.cost+c, now)) {
+		return l.cachedDeny(s, &e, c, now), true
+	}
+	s.entry = true
+	return abi.ActionContinue, false
 }
 
 // cachedDeny answers a request the deny cache denies, counting spent, the
@@ -446,7 +457,19 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 		l.m.inc(h, cShadowWouldDeny)
 		h.ReplaceHeader(abi.MapRequestHeaders, ShadowHeader, "deny")
 	default:
-		if l.failOpen(s, a.Reason, a.Detail, now) {
+		// The sidecar did not decide. What the deny cache has learned
+		// since the callout went out decides as it would for a request
+		// arriving now: a client known to be past its bucket is not let
+		// through because its own check was late (in a burst, answers to
+		// the client's other callouts came meanwhile). The rest fails
+		// open. filter/RATIONALE.md, "A failed callout meets the deny
+		// cache first".
+		if act, denied := l.fromCache(s, now); denied {
+			l.m.inc(h, cFailedCached)
+			if act == abi.ActionPause {
+				return // answered 429
+			}
+		} else if l.failOpen(s, a.Reason, a.Detail, now) {
 			return
 		}
 	}

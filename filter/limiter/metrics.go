@@ -41,6 +41,11 @@ const (
 	// (on_failure "local"); each is also counted in failed_open.<reason>.
 	MetricLocalAllowed = "edgelimit.requests.local_allowed"
 	MetricLocalDenied  = "edgelimit.requests.local_denied"
+	// MetricFailedCached counts callouts that failed (any reason) whose
+	// request the deny cache then decided: each request is counted in
+	// denied_cached (or shadow_would_deny) as well. With the
+	// failed_open.<reason> counters, it makes every failed callout.
+	MetricFailedCached = "edgelimit.callout.failed_cached"
 )
 
 type counter uint8
@@ -64,6 +69,7 @@ const (
 	cBreakerClosed
 	cLocalAllowed
 	cLocalDenied
+	cFailedCached
 	numCounters
 )
 
@@ -117,6 +123,8 @@ func counterName(c counter) string {
 		return MetricLocalAllowed
 	case cLocalDenied:
 		return MetricLocalDenied
+	case cFailedCached:
+		return MetricFailedCached
 	}
 	return MetricFailedOpenPrefix + Reason(c-cFailedOpen).String()
 }
