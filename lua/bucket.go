@@ -172,6 +172,13 @@ func ParseFields(decision int64, tokens, retry, reset string) (Result, error) {
 	return r, nil
 }
 
+// Denial is the Result the script gives when it denies a cost: the bucket
+// holds tokens, and retryMs and resetMs are the waits in milliseconds, for
+// callers that answer a denial without running the script.
+func Denial(tokens, retryMs, resetMs float64) Result {
+	return Result{Tokens: tokens, RetryMs: retryMs, RetryAfter: millis(retryMs), ResetMs: resetMs, ResetAfter: millis(resetMs)}
+}
+
 // IsNoScript reports whether err is Redis's NOSCRIPT (the script is not in
 // the server's cache), for callers that pipeline EVALSHA themselves and must
 // fall back to EVAL.

@@ -83,6 +83,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		plansPoll    = fs.Duration("plans-poll", plans.DefaultPollInterval, "how often to look at the plans file for changes")
 		pipelines    = fs.Int("redis-pipelines", decide.DefaultPipelines, "pipelines in flight to Redis at once: on a single server all on one connection, on Cluster and Sentinel each on its own")
 		maxBatch     = fs.Int("redis-max-batch", decide.DefaultMaxBatch, "most decisions sent in one pipeline")
+		denyCache    = fs.Bool("deny-cache", true, "deny without Redis the checks that Redis's last answer for the bucket, and the checks on their way to it, show cannot be admitted; false sends every check to Redis")
 		logLevel     = fs.String("log-level", "info", "log `level`: debug, info, warn or error")
 		logFormat    = fs.String("log-format", "text", "log `format`: text or json")
 	)
@@ -181,6 +182,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		PlansPoll:    *plansPoll,
 		Pipelines:    *pipelines,
 		MaxBatch:     *maxBatch,
+		NoDenyCache:  !*denyCache,
 	}
 	return o, nil
 }

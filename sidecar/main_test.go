@@ -36,15 +36,16 @@ func TestParseOptions(t *testing.T) {
 		{"defaults", []string{"-plans", "p.yaml"}, nil, func(t *testing.T, o *options) {
 			if o.cfg.Listen != "127.0.0.1:8081" || o.cfg.RedisTimeout != 4*time.Millisecond ||
 				o.cfg.Redis.Redacted != "redis://127.0.0.1:6379/0" || o.cfg.PlansPath != "p.yaml" ||
-				o.cfg.Pipelines != 2 || o.cfg.MaxBatch != 128 || o.cfg.PlansPoll != time.Second || o.check {
+				o.cfg.Pipelines != 2 || o.cfg.MaxBatch != 128 || o.cfg.PlansPoll != time.Second || o.cfg.NoDenyCache || o.check {
 				t.Errorf("defaults: %+v", o.cfg)
 			}
 		}},
 		{"environment", nil, map[string]string{
 			"SIDECAR_LISTEN": "0.0.0.0:9000", "SIDECAR_REDIS": "redis+cluster://h1:1,h2:2", "SIDECAR_PLANS": "/etc/plans.yaml",
 			"SIDECAR_REDIS_TIMEOUT": "5ms", "SIDECAR_KEY_SALT": "pepper", "SIDECAR_CHECK": "true", "SIDECAR_LOG_LEVEL": "debug",
+			"SIDECAR_DENY_CACHE": "false",
 		}, func(t *testing.T, o *options) {
-			if o.cfg.Listen != "0.0.0.0:9000" || o.cfg.Redis.Kind.String() != "cluster" || o.cfg.PlansPath != "/etc/plans.yaml" ||
+			if o.cfg.Listen != "0.0.0.0:9000" || o.cfg.Redis.Kind.String() != "cluster" || o.cfg.PlansPath != "/etc/plans.yaml" || !o.cfg.NoDenyCache ||
 				o.cfg.RedisTimeout != 5*time.Millisecond || string(o.cfg.KeySalt) != "pepper" || !o.check || o.logLevel.String() != "DEBUG" {
 				t.Errorf("from env: %+v check=%v level=%v", o.cfg, o.check, o.logLevel)
 			}
@@ -123,7 +124,7 @@ func TestUsageListsEveryEnvVar(t *testing.T) {
 	}
 	for _, want := range []string{
 		"SIDECAR_LISTEN", "SIDECAR_ADMIN_LISTEN", "SIDECAR_REDIS_PASSWORD", "SIDECAR_REDIS (", "SIDECAR_PLANS\n", "SIDECAR_REDIS_TIMEOUT", "SIDECAR_CHECK", "SIDECAR_KEY_SALT",
-		"SIDECAR_PLANS_POLL", "SIDECAR_REDIS_PIPELINES", "SIDECAR_REDIS_MAX_BATCH", "SIDECAR_LOG_LEVEL", "SIDECAR_LOG_FORMAT",
+		"SIDECAR_PLANS_POLL", "SIDECAR_REDIS_PIPELINES", "SIDECAR_REDIS_MAX_BATCH", "SIDECAR_DENY_CACHE", "SIDECAR_LOG_LEVEL", "SIDECAR_LOG_FORMAT",
 		"redis+cluster://", "redis+sentinel://", "rediss://", `(default "4ms")`, `(default "127.0.0.1:8081")`,
 	} {
 		if !strings.Contains(out.String(), want) {

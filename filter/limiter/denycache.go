@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/edgelimit/edgelimit/filter/abi"
+	"github.com/edgelimit/edgelimit/internal/bucketbound"
 )
 
 // The deny cache lets the filter answer 429 without a callout while a denied
@@ -20,7 +21,7 @@ import (
 // callout, which is no later than the decision, so the bound only grows
 // looser. A request of cost c' at local time t is denied from the cache when
 //
-//	t - sent < w - denyMargin(w),   w = (c' - τ)/r
+//	t - sent < w - bucketbound.Margin(w),   w = (c' - τ)/r
 //
 // i.e. when even the most generous bucket could not admit it: the cache
 // never denies what the bucket would admit, and it never admits anything (a
@@ -44,18 +45,6 @@ import (
 const (
 	denyShards       = 64
 	denyShardEntries = 8
-	// denyMarginFixed and denyDriftDivisor make the margin by which a cached
-	// denial ends before the bound says it must (RATIONALE.md has the
-	// arithmetic): 10 µs cover Redis's TIME, whole microseconds (1 µs), and
-	// the float64 rounding of the script's refill and of w (a few ulps of a
-	// refill time of at most a year, under 0.1 µs), ten times over; w/1000
-	// covers the proxy's clock and Redis's running at rates up to 1000 ppm
-	// apart (each may be slewed by up to 500 ppm).
-	denyMarginFixed  = int64(10_000)
-	denyDriftDivisor = 1000
-	// maxDenyWindow caps how far ahead one denial reaches (a very slow
-	// refill); a shorter window only means more callouts.
-	maxDenyWindow = 3600 * int64(1e9)
 	// denyCASAttempts bounds the retries when another VM updated the shard
 	// between our read and write; losing the race only loses a cache entry.
 	denyCASAttempts = 4
@@ -93,27 +82,15 @@ func newDenyEntry(key string, cost, sentAt, recvAt int64, a *Answer) (denyEntry,
 }
 
 // wait returns how long (ns) after the decision the bucket may first hold
-// cost tokens (0 when it may already), capped at maxDenyWindow.
+// cost tokens (0 when it may already), capped at bucketbound.MaxWindow.
 func (e *denyEntry) wait(cost int64) int64 {
-	need := float64(cost) - e.tokens
-	if need <= 0 {
-		return 0
-	}
-	d := need / e.rate * 1e9
-	if !(d < float64(maxDenyWindow)) {
-		return maxDenyWindow
-	}
-	return int64(d)
+	return bucketbound.Wait(float64(cost), e.tokens, e.rate)
 }
-
-// denyMargin is how much sooner than w a cached denial ends.
-func denyMargin(w int64) int64 { return denyMarginFixed + w/denyDriftDivisor }
 
 // denies reports whether a request of cost at now cannot be admitted.
 // A clock that went back past the anchor voids the entry.
 func (e *denyEntry) denies(cost, now int64) bool {
-	w := e.wait(cost)
-	return now >= e.sent && now-e.sent < w-denyMargin(w)
+	return bucketbound.Denies(float64(cost), e.tokens, e.rate, e.sent, now)
 }
 
 // staleAt is when the bucket may be full again: from then on the entry can

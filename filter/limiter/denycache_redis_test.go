@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/internal/bucketbound"
 	"github.com/edgelimit/edgelimit/internal/redisproc"
 	"github.com/edgelimit/edgelimit/lua"
 	"github.com/edgelimit/edgelimit/sidecar/plans"
@@ -160,7 +161,7 @@ func TestDenyCacheAgainstRedis(t *testing.T) {
 			}
 			if has {
 				w := e.wait(cost)
-				boundary := e.sent + w - denyMargin(w)
+				boundary := e.sent + w - bucketbound.Margin(w)
 				if until := boundary - time.Now().UnixNano(); until > 20e6 {
 					// A boundary far away (a slow plan): one check now,
 					// then a new timeline.

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/edgelimit/edgelimit/filter/abi"
+	"github.com/edgelimit/edgelimit/internal/bucketbound"
 )
 
 const second = int64(1e9)
@@ -51,7 +52,7 @@ func TestNewDenyEntry(t *testing.T) {
 
 // TestDenyWindow checks the arithmetic: 1 token left at the decision, the
 // plan's 1 token/s, capacity 10, every figure exact in binary. A cost c
-// cannot be met before c-1 seconds; the cache stops denying denyMargin
+// cannot be met before c-1 seconds; the cache stops denying bucketbound.Margin
 // earlier: 10 µs plus a thousandth of the wait.
 func TestDenyWindow(t *testing.T) {
 	e, _ := newDenyEntry("k", 5, anchor, anchor, deniedAnswer(10, 1, 1))
@@ -88,8 +89,8 @@ func TestDenyWindow(t *testing.T) {
 		t.Errorf("retry-after %d just before the window ends, want at least 1", retry)
 	}
 	slow, _ := newDenyEntry("k", 1, anchor, anchor, deniedAnswer(10, 0, 1e-6))
-	if !slow.denies(1, anchor+maxDenyWindow-denyMargin(maxDenyWindow)-1) || slow.denies(1, anchor+maxDenyWindow) {
-		t.Error("a very slow refill is not capped at maxDenyWindow")
+	if !slow.denies(1, anchor+bucketbound.MaxWindow-bucketbound.Margin(bucketbound.MaxWindow)-1) || slow.denies(1, anchor+bucketbound.MaxWindow) {
+		t.Error("a very slow refill is not capped at bucketbound.MaxWindow")
 	}
 }
 

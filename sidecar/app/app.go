@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/edgelimit/edgelimit/sidecar/decide"
+	"github.com/edgelimit/edgelimit/sidecar/denycache"
 	"github.com/edgelimit/edgelimit/sidecar/hot"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 	"github.com/edgelimit/edgelimit/sidecar/plans"
@@ -56,6 +57,10 @@ type Config struct {
 	// NoHotSharding gives hot clients one bucket like any other client (for
 	// comparisons); the plans file's regions are then ignored.
 	NoHotSharding bool
+	// NoDenyCache sends every check to Redis, where by default the checks
+	// that Redis's last answers show cannot be admitted are denied without
+	// it (sidecar/denycache).
+	NoDenyCache bool
 }
 
 // App is a running sidecar.
@@ -109,10 +114,16 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 		sharder = hot.New(a.client, log)
 		a.hot = sharder
 	}
+	var decider server.Decider = a.decider
+	if !cfg.NoDenyCache {
+		dc := denycache.New(a.decider)
+		dc.OnDenied = a.stats.DeniedCached.Inc
+		decider = dc
+	}
 	srv := server.New(server.Options{
 		Plans:   a.plans.Current,
 		Hot:     sharder,
-		Decider: a.decider,
+		Decider: decider,
 		Keys:    digester,
 		Timeout: cfg.RedisTimeout,
 		Stats:   a.stats,

@@ -523,3 +523,37 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatalf("Shutdown: %v", err)
 	}
 }
+
+// TestDenyCache: by default a check that Redis's last denial shows cannot be
+// paid is answered 429 without Redis, in the contract's form; with
+// NoDenyCache every check goes to Redis.
+func TestDenyCache(t *testing.T) {
+	const plans = "default_plan: slow\nplans:\n  slow: {capacity: 2, rate: 0.001}\n"
+	srv := redisproc.StartT(t, redisproc.Options{})
+	for _, off := range []bool{false, true} {
+		s := startSidecarWith(t, srv.URL(), plans, time.Second, slog.LevelInfo, func(c *Config) { c.NoDenyCache = off })
+		key := "deny-cache-" + strconv.FormatBool(off)
+		for i := range 2 {
+			if r := s.check(t, key); r.status != 200 {
+				t.Fatalf("off=%v: check %d: %d %q", off, i+1, r.status, r.body)
+			}
+		}
+		for i := range 3 {
+			r := s.check(t, key)
+			if r.status != 429 || r.h("ratelimit-limit") != "2" || r.h("ratelimit-remaining") != "0" || num(t, r, "x-ratelimit-tokens") >= 1 {
+				t.Fatalf("off=%v: denial %d: %d %v", off, i+1, r.status, r.headers)
+			}
+			checkRetryHeaders(t, r, 1, 0.001)
+		}
+		want := uint64(2)
+		if off {
+			want = 0
+		}
+		if got := s.Stats().DeniedCached.Get(); got != want {
+			t.Errorf("off=%v: denied without Redis %d, want %d", off, got, want)
+		}
+		if got := s.Stats().Denied.Get(); got != 3 {
+			t.Errorf("off=%v: denied %d, want 3", off, got)
+		}
+	}
+}

@@ -44,6 +44,9 @@ type Stats struct {
 	RedisErrors, RedisTimeouts *metrics.Counter
 	// sidecar_redis_script_loads_total: NOSCRIPT seen and the script resent.
 	ScriptLoads *metrics.Counter
+	// sidecar_denied_cached_total: of the denied decisions, those the deny
+	// cache made without Redis (sidecar/denycache).
+	DeniedCached *metrics.Counter
 	// sidecar_decision_duration_seconds: from the request to its decision
 	// (queueing and the Redis round trip), errors included.
 	Latency *metrics.PrometheusHistogram
@@ -93,6 +96,7 @@ func New() *Stats {
 		RedisErrors:   s.NewCounter(`sidecar_redis_errors_total`),
 		RedisTimeouts: s.NewCounter(`sidecar_redis_timeouts_total`),
 		ScriptLoads:   s.NewCounter(`sidecar_redis_script_loads_total`),
+		DeniedCached:  s.NewCounter(`sidecar_denied_cached_total`),
 		Latency:       s.NewPrometheusHistogramExt(`sidecar_decision_duration_seconds`, LatencyBuckets),
 		Batch:         s.NewPrometheusHistogramExt(`sidecar_pipeline_batch_size`, BatchBuckets),
 		ReloadOK:      s.NewCounter(`sidecar_plans_reloads_total{result="ok"}`),
