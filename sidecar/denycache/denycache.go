@@ -118,6 +118,7 @@ func (c *Cache) Decide(deadline time.Time, key string, l lua.Limit, cost int64) 
 		delete(sh.entries, key)
 		e = nil
 	}
+	var counted *entry // the entry this check's cost was added to
 	if e != nil && cost > 0 && float64(cost) <= l.Capacity {
 		if res, ok := e.deny(cost, sent); ok {
 			sh.mu.Unlock()
@@ -127,8 +128,8 @@ func (c *Cache) Decide(deadline time.Time, key string, l lua.Limit, cost int64) 
 			return res, nil
 		}
 		e.pending += cost
+		counted = e
 	}
-	counted := e
 	sh.mu.Unlock()
 
 	res, err := c.next.Decide(deadline, key, l, cost)

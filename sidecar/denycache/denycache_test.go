@@ -116,10 +116,17 @@ func TestDeniesWithoutRedis(t *testing.T) {
 	if r := decide1(t, c, key, slow, 1); !r.Allowed || g.count() != 3 {
 		t.Errorf("cost 1 on 1 token: %+v, %d calls", r, g.count())
 	}
-	// Above the capacity: Redis's own "never".
+	// Above the capacity: Redis's own "never", and the entry counts
+	// nothing for it.
 	if r := decide1(t, c, key, slow, 6); !r.Never || g.count() != 4 {
 		t.Errorf("cost above capacity: %+v, %d calls", r, g.count())
 	}
+	sh := c.shard(key)
+	sh.mu.Lock()
+	if e := sh.entries[key]; e == nil || e.pending != 0 {
+		t.Errorf("entry after a cost above capacity: %+v", e)
+	}
+	sh.mu.Unlock()
 	// Another limit for the same key (the plan changed): Redis decides.
 	other := lua.Limit{Capacity: 5, Rate: 0.002}
 	if r := decide1(t, c, key, other, 2); r.Allowed || g.count() != 5 {
