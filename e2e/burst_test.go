@@ -30,19 +30,21 @@ import (
 // through one gateway, ten through three (each with its default two
 // workers; a gateway counts only its own callouts on their way, so the
 // same burst costs three gateways more callouts: filter/RATIONALE.md,
-// "Callouts on their way"). On this shared 2-core machine, running Redis,
-// the sidecar, the gateways, the services and the load generator at once,
-// failures come in clumps: a stall of a few milliseconds somewhere (a
-// collection, the hypervisor running another tenant) makes whole bursts
-// miss the 5 ms timeout, which is what the steal allowance is for. With
-// steal at 0–1.5%, six runs of twenty senders through one gateway failed
-// 0–0.40% open; twenty through three failed 0.35%, 1.0% and 1.5% in three
-// runs at 0.06–0.58% steal, and 1.05%, 1.10% and 1.75% in three more at
-// 1.1–1.3% steal once the gateway ran at niceness 10 (TestGatewayRunsNiced),
-// which is why three gateways get ten. `make
-// bench` sweeps the rate and bursts of 10 to 40 up to where the promises
-// stop holding, and BENCHMARKS.md reports that limit, with the steal of
-// each step (e2e/bench/burst.go).
+// "Callouts on their way"; the sidecar, which sees them all, answers most
+// of the excess without Redis: sidecar/RATIONALE.md, "Why does the
+// sidecar deny some checks without Redis?"). On this shared 2-core
+// machine, running Redis, the sidecar, the gateways, the services and the
+// load generator at once, failures come in clumps: a stall of a few
+// milliseconds somewhere (a collection, the hypervisor running another
+// tenant) makes whole bursts miss the 5 ms timeout, which is what the
+// steal allowance is for. With steal at 0–1.5%, six runs of twenty senders
+// through one gateway failed 0–0.40% open; twenty through three failed
+// 0.35%, 1.0% and 1.5% in three runs at 0.06–0.58% steal, and 1.05%, 1.10%
+// and 1.75% in three more at 1.1–1.3% steal once the gateway ran at
+// niceness 10 (TestGatewayRunsNiced), which is why three gateways get ten.
+// `make bench` sweeps the rate and bursts of 10 to 40 up to where the
+// promises stop holding, and BENCHMARKS.md reports that limit, with the
+// steal of each step (e2e/bench/burst.go).
 func TestBurstHoldsTheLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs for about 45 s")
