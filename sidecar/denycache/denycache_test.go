@@ -92,6 +92,7 @@ func TestDeniesWithoutRedis(t *testing.T) {
 	if r := decide1(t, c, key, slow, 4); !r.Allowed {
 		t.Fatalf("first check denied: %+v", r)
 	}
+	asked := time.Now()
 	redisDenial := decide1(t, c, key, slow, 2)
 	if redisDenial.Allowed || g.count() != 2 {
 		t.Fatalf("cost 2 on 1 token: %+v after %d calls to Redis", redisDenial, g.count())
@@ -101,12 +102,15 @@ func TestDeniesWithoutRedis(t *testing.T) {
 		if r.Allowed || r.Never || g.count() != 2 {
 			t.Fatalf("cost %d: %+v, %d calls to Redis, want a denial without Redis", cost, r, g.count())
 		}
-		// The bucket holds about 1 token; the cached answer reads as the
-		// script's would, and its wait is never shorter.
-		wantRetry := (float64(cost) - redisDenial.Tokens) / slow.Rate * 1000
-		if math.Abs(r.Tokens-redisDenial.Tokens) > 1e-3 || r.RetryMs < wantRetry-1 || r.RetryMs > wantRetry ||
-			r.RetryAfter != time.Duration(math.Ceil(r.RetryMs*1e6)) || r.ResetMs < (slow.Capacity-r.Tokens)/slow.Rate*1000-1 {
-			t.Errorf("cost %d: cached %+v against Redis's %+v", cost, r, redisDenial)
+		// The bucket held about 1 token at Redis's decision. The cached
+		// answer's tokens are the bound: no fewer than Redis's, no more
+		// than those and the refill since the check that made the entry
+		// was sent; its waits are the script's from them.
+		refill := slow.Rate * time.Since(asked).Seconds()
+		if r.Tokens < redisDenial.Tokens || r.Tokens > redisDenial.Tokens+refill ||
+			r.RetryMs != (float64(cost)-r.Tokens)/slow.Rate*1000 || r.ResetMs != (slow.Capacity-r.Tokens)/slow.Rate*1000 ||
+			r.RetryAfter != time.Duration(math.Ceil(r.RetryMs*1e6)) || r.ResetAfter != time.Duration(math.Ceil(r.ResetMs*1e6)) {
+			t.Errorf("cost %d: cached %+v against Redis's %+v, %.9f tokens refilled since", cost, r, redisDenial, refill)
 		}
 	}
 	if denied != 2 {
@@ -141,8 +145,10 @@ func TestChecksOnTheirWay(t *testing.T) {
 	c, g, _ := stack(t)
 	const key = "rl:{b}"
 	decide1(t, c, key, slow, 3)
-	if r := decide1(t, c, key, slow, 3); r.Allowed {
-		t.Fatalf("cost 3 on 2 tokens: %+v", r)
+	asked := time.Now()
+	den := decide1(t, c, key, slow, 3)
+	if den.Allowed {
+		t.Fatalf("cost 3 on 2 tokens: %+v", den)
 	}
 	// The entry: 2 tokens. Two checks of cost 1 go out and wait.
 	g.mu.Lock()
@@ -164,9 +170,11 @@ func TestChecksOnTheirWay(t *testing.T) {
 	if r.Allowed || g.count() != 4 {
 		t.Fatalf("a third check with two on their way: %+v, %d calls, want denied here", r, g.count())
 	}
-	// What it tells counts those on their way as spent: no token (but for
-	// the refill since, 0.001 a second), and the wait for a whole one.
-	if r.Tokens > 1e-3 || r.RetryMs < (1-r.Tokens)/slow.Rate*1000-1 {
+	// What it tells counts those on their way as spent: the entry's
+	// tokens less 2, and the refill since the entry's check was sent at
+	// most; the script's wait from there.
+	if left := den.Tokens - 2; r.Tokens < left || r.Tokens > left+slow.Rate*time.Since(asked).Seconds() ||
+		r.RetryMs != (1-r.Tokens)/slow.Rate*1000 {
 		t.Errorf("denial beside checks on their way: %+v", r)
 	}
 
