@@ -80,9 +80,8 @@ type entry struct {
 	limit  lua.Limit
 	tokens float64 // τ, the bucket's tokens after the decision
 	sent   int64   // the clock when the check was passed on: no later than the decision
-	recv   int64   // the clock when the answer came: no earlier than it
-	// pending is the cost of the bucket's checks passed on after recv and
-	// still unanswered.
+	// pending is the cost of the bucket's checks passed on since the entry
+	// was made, when its answer came, and still unanswered.
 	pending int64
 }
 
@@ -152,7 +151,7 @@ func (c *Cache) Decide(deadline time.Time, key string, l lua.Limit, cost int64) 
 	if !res.Allowed && float64(cost) <= res.Tokens {
 		return res, err // not a denial the bound can explain
 	}
-	n := &entry{limit: l, tokens: res.Tokens, sent: sent, recv: recv}
+	n := &entry{limit: l, tokens: res.Tokens, sent: sent}
 	if cur == nil && len(sh.entries) >= shardEntries && !sh.sweep(recv) {
 		return res, err
 	}
