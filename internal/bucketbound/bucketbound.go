@@ -47,6 +47,13 @@ func Wait(cost, tokens, rate float64) int64 {
 // Margin is how much sooner than w a denial by the bound ends.
 func Margin(w int64) int64 { return MarginFixed + w/DriftDivisor }
 
+// Stale reports whether the bound of a decision that left tokens, anchored
+// at sent, denies nothing up to the capacity at now: the bucket may be
+// full again, or the clock went back past the anchor.
+func Stale(capacity, tokens, rate float64, sent, now int64) bool {
+	return now < sent || now >= sent+Wait(capacity, tokens, rate)
+}
+
 // Denies reports whether cost cannot be admitted at now, by the bound of a
 // decision that left tokens and was anchored at sent. A clock that went
 // back past the anchor denies nothing.

@@ -531,6 +531,9 @@ func TestDenyCache(t *testing.T) {
 	const plans = "default_plan: slow\nplans:\n  slow: {capacity: 2, rate: 0.001}\n"
 	srv := redisproc.StartT(t, redisproc.Options{})
 	for _, off := range []bool{false, true} {
+		// A 1 s deadline, as TestContract's, not -redis-timeout's 4 ms: the
+		// test is about which checks reach Redis, and a check missing a
+		// 4 ms deadline under the race detector would answer 503.
 		s := startSidecarWith(t, srv.URL(), plans, time.Second, slog.LevelInfo, func(c *Config) { c.NoDenyCache = off })
 		key := "deny-cache-" + strconv.FormatBool(off)
 		for i := range 2 {

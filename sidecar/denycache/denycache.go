@@ -132,6 +132,13 @@ func (c *Cache) Decide(deadline time.Time, key string, l lua.Limit, cost int64) 
 	sh.mu.Unlock()
 
 	res, err := c.next.Decide(deadline, key, l, cost)
+	if counted == nil && (err != nil || res.Allowed) {
+		// Nothing to take off, and no entry to make: an admission only
+		// renews an entry, and one made while this check was out bounds
+		// the bucket without it (this check was sent before it, so Redis
+		// may have decided it first). The healthy path stops here.
+		return res, err
+	}
 
 	recv := c.clock()
 	sh.mu.Lock()
@@ -170,13 +177,9 @@ func (sh *shard) sweep(now int64) bool {
 	return len(sh.entries) < shardEntries
 }
 
-// staleAt is when the bucket may be full again: from then on the entry
-// denies nothing the capacity allows.
-func (e *entry) staleAt() int64 {
-	return e.sent + bucketbound.Wait(e.limit.Capacity, e.tokens, e.limit.Rate)
+func (e *entry) stale(now int64) bool {
+	return bucketbound.Stale(e.limit.Capacity, e.tokens, e.limit.Rate, e.sent, now)
 }
-
-func (e *entry) stale(now int64) bool { return now < e.sent || now >= e.staleAt() }
 
 // deny decides a check of cost at now from the entry, counting the checks
 // on their way as spent, and reports whether it is denied.
