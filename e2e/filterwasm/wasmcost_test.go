@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 
 	"github.com/edgelimit/edgelimit/e2e/filterwasm/wasmcost"
@@ -31,6 +32,13 @@ func BenchmarkGoInWasm(b *testing.B) {
 	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCloseOnContextDone(false))
 	defer rt.Close(ctx)
 	wasi_snapshot_preview1.MustInstantiate(ctx, rt)
+	// env.noop answers as wasmcost.Host does natively.
+	if _, err := rt.NewHostModuleBuilder("env").NewFunctionBuilder().
+		WithGoModuleFunction(api.GoModuleFunc(func(_ context.Context, _ api.Module, s []uint64) { s[0] = uint64(uint32(s[0]) + 1) }),
+			[]api.ValueType{api.ValueTypeI32}, []api.ValueType{api.ValueTypeI32}).
+		Export("noop").Instantiate(ctx); err != nil {
+		b.Fatal(err)
+	}
 	wasm, err := os.ReadFile(path)
 	if err != nil {
 		b.Fatal(err)
@@ -45,6 +53,7 @@ func BenchmarkGoInWasm(b *testing.B) {
 	}{
 		{"empty", wasmcost.Empty}, {"map_get", wasmcost.MapGet}, {"map_int", wasmcost.MapInt},
 		{"map_ptr", wasmcost.MapPtr}, {"alloc", wasmcost.Alloc}, {"loop", wasmcost.Loop},
+		{"host_calls", wasmcost.HostCalls},
 	}
 	for _, op := range ops {
 		f := mod.ExportedFunction(op.export)

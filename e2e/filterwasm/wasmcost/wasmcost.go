@@ -18,6 +18,20 @@ var (
 	sink  int
 )
 
+// Host is a call into the host that does nothing there. The module's main
+// sets it to its import env.noop, which BenchmarkGoInWasm's host provides;
+// natively it is this function.
+var Host = func(x uint32) uint32 { return x + 1 }
+
+// HostCalls calls the host ten times: what a host call costs, each way
+// across the boundary.
+func HostCalls(x uint32) uint32 {
+	for range 10 {
+		x = Host(x)
+	}
+	return x
+}
+
 // Empty does nothing: what entering an export costs.
 func Empty(x uint32) uint32 { return x + 1 }
 

@@ -7,6 +7,14 @@ package main
 
 import "github.com/edgelimit/edgelimit/e2e/filterwasm/wasmcost"
 
+//go:wasmimport env noop
+func noop(x uint32) uint32
+
+func init() { wasmcost.Host = noop }
+
+//go:wasmexport host_calls
+func hostCalls(x uint32) uint32 { return wasmcost.HostCalls(x) }
+
 //go:wasmexport empty
 func empty(x uint32) uint32 { return wasmcost.Empty(x) }
 
