@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -282,6 +284,58 @@ func TestRedisRestart(t *testing.T) {
 			t.Fatalf("first decision after restart: %+v; want allowed from a fresh bucket (4 left)", r)
 		}
 	})
+}
+
+// TestReadyWarmsThePath: the first Ready makes one decision, a peek that
+// leaves Redis as it was, and later ones make none.
+func TestReadyWarmsThePath(t *testing.T) {
+	paths(t, func(t *testing.T, direct bool) {
+		srv, c := standalone(t)
+		ctl := srv.Client(t)
+		d := newDecider(t, c, Options{Direct: direct, WarmConns: 1})
+		ctx := context.Background()
+		for i := range 2 {
+			if i == 1 {
+				d.ready.mu.Lock()
+				d.ready.until = time.Time{} // skip the cache
+				d.ready.mu.Unlock()
+			}
+			if err := d.Ready(ctx); err != nil {
+				t.Fatalf("Ready %d = %v", i+1, err)
+			}
+			// Ready returns once Redis has answered the peek.
+			if n := scriptCalls(t, ctl); n != 1 {
+				t.Fatalf("after Ready %d Redis ran the script %d times, want once", i+1, n)
+			}
+		}
+		if n, err := ctl.DBSize(ctx).Result(); err != nil || n != 0 {
+			t.Fatalf("DBSIZE after Ready = %d, %v; want 0: the peek writes nothing", n, err)
+		}
+	})
+}
+
+// scriptCalls is how many EVALSHA and EVAL Redis has run (INFO
+// commandstats).
+func scriptCalls(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(info, "\n") {
+		for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+			if rest, ok := strings.CutPrefix(line, cmd); ok {
+				v, _, _ := strings.Cut(rest, ",")
+				k, err := strconv.Atoi(v)
+				if err != nil {
+					t.Fatalf("INFO commandstats: %q", line)
+				}
+				n += k
+			}
+		}
+	}
+	return n
 }
 
 func TestReadyLoadsScript(t *testing.T) {
