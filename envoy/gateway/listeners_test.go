@@ -26,6 +26,7 @@ func TestStatsListener(t *testing.T) {
 	if g.stats == "" || g.stats == g.admin || g.stats == g.addr {
 		t.Fatalf("stats listener %q (listener %s, admin %s)", g.stats, g.addr, g.admin)
 	}
+	decidedFirst(t, "http://"+g.addr) // one allowed
 	if resp, _ := testkit.Get(t, "http://"+g.addr+"/orders/1", "x-api-key", "alice"); resp.StatusCode != 200 {
 		t.Fatalf("through the filter: %d", resp.StatusCode)
 	}
@@ -34,7 +35,7 @@ func TestStatsListener(t *testing.T) {
 	base := "http://" + g.stats
 	for _, path := range []string{"/stats/prometheus", "/stats/prometheus?usedonly"} {
 		resp, body := testkit.Get(t, base+path)
-		if resp.StatusCode != 200 || !strings.Contains(body, "# TYPE edgelimit_requests counter\n"+`edgelimit_requests{decision="allowed"} 1`+"\n") {
+		if resp.StatusCode != 200 || !strings.Contains(body, "# TYPE edgelimit_requests counter\n"+`edgelimit_requests{decision="allowed"} 2`+"\n") {
 			t.Errorf("GET %s: %d, want 200 with the admin's Prometheus text:\n%s", path, resp.StatusCode, body)
 		}
 		if ct := resp.Header.Get("content-type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
@@ -95,6 +96,7 @@ func TestDirectResponseThroughTheFilter(t *testing.T) {
 		"-cluster", "orders="+orders.Listener.Addr().String(),
 		"-cluster", "billing="+closedAddr(t),
 		"-cluster", "ratelimit_sidecar="+sidecar.Listener.Addr().String())
+	decidedFirst(t, "http://"+g.addr)
 	resp, body := testkit.Get(t, "http://"+g.addr+"/hello?x=1", "x-api-key", "alice")
 	if resp.StatusCode != 200 || body != "hello\n" || resp.Header.Get("content-type") != "text/plain" {
 		t.Errorf("GET /hello: %d %q %v", resp.StatusCode, body, resp.Header)
