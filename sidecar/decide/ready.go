@@ -23,7 +23,9 @@ const (
 // the script (every shard of a cluster). A missing script is loaded, since a
 // Redis that restarted empty is otherwise healthy. The answer is cached for
 // DefaultReadyCache so that frequent probes cost Redis almost nothing, and a
-// check is bounded by DefaultReadyTimeout.
+// check is bounded by DefaultReadyTimeout. The first time Redis is ready it
+// also opens the warm connections and warms the decision path (warm,
+// warmPath).
 func (d *Decider) Ready(ctx context.Context) error {
 	d.ready.mu.Lock()
 	defer d.ready.mu.Unlock()
@@ -85,11 +87,11 @@ var warmBucket = keys.BucketKeyOf([sha256.Size]byte{})
 // batch, the connection's writer and reader, the reply's parsing, the
 // script in Redis), so that a client's first check does not pay for their
 // first run inside the gateway's 5 ms: on a fresh sidecar the first
-// decision took 0.8-1.4 ms where later ones took 0.4-0.7 (the
-// repository's RATIONALE.md, "What does a fresh stack's first burst
-// cost?"). It is a peek (cost 0)
-// at a bucket no client has, which writes nothing. Its result is of no
-// use: Redis has just answered, and a failure here shows in the checks.
+// decision took 0.8-1.4 ms where later ones took 0.4-0.7 (the repository's
+// RATIONALE.md, "What does a fresh stack's first burst cost?"). It is a
+// peek (cost 0) at a bucket no client has, which writes nothing. Its
+// result is of no use: Redis has just answered, and a failure here shows
+// in the checks.
 func (d *Decider) warmPath(ctx context.Context) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
@@ -102,7 +104,7 @@ type readyCache struct {
 	mu     sync.Mutex
 	until  time.Time
 	err    error
-	warmed bool // the warm connections were opened once
+	warmed bool // the warm connections were opened and the path warmed, once
 }
 
 func (d *Decider) checkScript(ctx context.Context) error {
