@@ -194,6 +194,32 @@ func (s *Server) CPUTime(ctx context.Context) (time.Duration, error) {
 	return d, nil
 }
 
+// CommandCalls returns how many times the Redis at addr has run the
+// commands named (lower case, as INFO commandstats names them), together,
+// since it started.
+func CommandCalls(ctx context.Context, addr string, commands ...string) (int64, error) {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for line := range strings.SplitSeq(info, "\r\n") {
+		for _, cmd := range commands {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
+				v, _, _ := strings.Cut(rest, ",")
+				k, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("INFO commandstats: %s: %w", line, err)
+				}
+				n += k
+			}
+		}
+	}
+	return n, nil
+}
+
 // Log returns what the server has logged so far (across restarts).
 func (s *Server) Log() string {
 	s.mu.Lock()

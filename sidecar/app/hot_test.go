@@ -7,7 +7,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -127,18 +126,11 @@ func evalshaCalls(t *testing.T, masters []string) map[string]int64 {
 	t.Helper()
 	out := map[string]int64{}
 	for _, m := range masters {
-		rc := redis.NewClient(&redis.Options{Addr: m})
-		info, err := rc.Info(context.Background(), "commandstats").Result()
-		rc.Close()
+		n, err := redisproc.CommandCalls(context.Background(), m, "evalsha")
 		if err != nil {
 			t.Fatal(err)
 		}
-		for line := range strings.SplitSeq(info, "\n") {
-			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:calls="); ok {
-				v, _, _ := strings.Cut(rest, ",")
-				out[m], _ = strconv.ParseInt(v, 10, 64)
-			}
-		}
+		out[m] = n
 	}
 	return out
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -291,7 +289,6 @@ func TestRedisRestart(t *testing.T) {
 func TestReadyWarmsThePath(t *testing.T) {
 	paths(t, func(t *testing.T, direct bool) {
 		srv, c := standalone(t)
-		ctl := srv.Client(t)
 		d := newDecider(t, c, Options{Direct: direct, WarmConns: 1})
 		ctx := context.Background()
 		for i := range 2 {
@@ -304,38 +301,14 @@ func TestReadyWarmsThePath(t *testing.T) {
 				t.Fatalf("Ready %d = %v", i+1, err)
 			}
 			// Ready returns once Redis has answered the peek.
-			if n := scriptCalls(t, ctl); n != 1 {
-				t.Fatalf("after Ready %d Redis ran the script %d times, want once", i+1, n)
+			if n, err := redisproc.CommandCalls(ctx, srv.Addr, "evalsha", "eval"); err != nil || n != 1 {
+				t.Fatalf("after Ready %d Redis ran the script %d times (%v), want once", i+1, n, err)
 			}
 		}
-		if n, err := ctl.DBSize(ctx).Result(); err != nil || n != 0 {
+		if n, err := srv.Client(t).DBSize(ctx).Result(); err != nil || n != 0 {
 			t.Fatalf("DBSIZE after Ready = %d, %v; want 0: the peek writes nothing", n, err)
 		}
 	})
-}
-
-// scriptCalls is how many EVALSHA and EVAL Redis has run (INFO
-// commandstats).
-func scriptCalls(t *testing.T, c *redis.Client) int {
-	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, line := range strings.Split(info, "\n") {
-		for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
-			if rest, ok := strings.CutPrefix(line, cmd); ok {
-				v, _, _ := strings.Cut(rest, ",")
-				k, err := strconv.Atoi(v)
-				if err != nil {
-					t.Fatalf("INFO commandstats: %q", line)
-				}
-				n += k
-			}
-		}
-	}
-	return n
 }
 
 func TestReadyLoadsScript(t *testing.T) {

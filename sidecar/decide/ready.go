@@ -93,10 +93,7 @@ var warmBucket = keys.BucketKeyOf([sha256.Size]byte{})
 // result is of no use: Redis has just answered, and a failure here shows
 // in the checks.
 func (d *Decider) warmPath(ctx context.Context) {
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(DefaultReadyTimeout)
-	}
+	deadline, _ := ctx.Deadline() // Ready's, which always has one
 	_, _ = d.Decide(deadline, warmBucket, lua.Limit{Capacity: 1, Rate: 1}, 0)
 }
 
