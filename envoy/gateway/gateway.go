@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
 	"github.com/edgelimit/edgelimit/envoy/wasmhost"
+	"github.com/edgelimit/edgelimit/internal/prefault"
 )
 
 // routeTimeout is Envoy's default route timeout: an upstream that has not
@@ -158,8 +158,11 @@ func newGateway(ctx context.Context, o options, log *slog.Logger) (*gateway, err
 	// Compiling the module leaves tens of megabytes of garbage. Collected
 	// now, before the listener opens, it is not collected under the first
 	// requests, where the mark phase would take a core from them: Envoy
-	// has no collector to pause its first callouts.
-	runtime.GC()
+	// has no collector to pause its first callouts. Then the pages the
+	// heap will grow into before its next collection are made resident,
+	// so that the first requests do not fault them in one by one
+	// (RATIONALE.md, "Why does the stand-in fault its heap in at start?").
+	prefault.Heap()
 	for _, name := range []string{statReloadSuccess, statReloadFailed} {
 		g.counters.add(name, 0)
 	}
