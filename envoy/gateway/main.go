@@ -217,5 +217,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	if o.accessLog {
 		g.accessLog = stdout
 	}
+	// Again, now that start-up (compiling the module, faulting the heap
+	// in) has run: a thread whose creation was under way during the
+	// first call came out at the old niceness (setNice), and is set now,
+	// before it serves.
+	if err := renice(o.nice, !o.niceGiven); err != nil {
+		return fmt.Errorf("-nice: %w", err)
+	}
 	return g.serve(ctx, ready)
 }

@@ -15,7 +15,11 @@ import (
 // threads there now are set, and the list read again until it holds none
 // that was not: the runtime may start one meanwhile. With lowerOnly (the
 // default, not a value given), a process already started nicer than n
-// keeps its niceness: the default never raises a priority.
+// keeps its niceness: the default never raises a priority. A thread
+// whose creation was under way when its creator was set can still come
+// out with the creator's old niceness (the kernel copied it first), and
+// so can the threads it makes: a second call, once such a creation has
+// ended, sets them too, which run makes.
 func setNice(n int, lowerOnly bool) error {
 	done := map[int]bool{}
 	for {
