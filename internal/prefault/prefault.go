@@ -3,7 +3,8 @@
 //
 // Until its next collection a heap grows into pages the process has not
 // touched yet, or that the scavenger gave back, and each costs a page fault
-// when it is first written: on a virtual machine, tens of microseconds. A
+// when it is first written: 11 µs or more on the 2-core VM this project is
+// measured on. A
 // server that starts with a large GOGC and allocates per request pays for
 // tens of megabytes of them, page by page, in its first seconds of
 // traffic. Heap pays them once, at start, where nothing waits (the JVM's
@@ -18,7 +19,8 @@ import (
 )
 
 // Heap writes one byte in each page between the heap's resident size and
-// its goal, in one allocation that it then drops and collects. The page
+// its goal, in allocations of one chunk each that it then drops and
+// collects. The page
 // allocator hands the pages out again as the heap grows, already resident,
 // and the scavenger keeps them, since they lie within the goal. It returns
 // the number of bytes it made resident (0 when the heap already reaches its
