@@ -27,7 +27,7 @@ import (
 // goal). It collects twice, so call it at start, before serving.
 func Heap() int {
 	runtime.GC()
-	n := Shortfall()
+	n := shortfall()
 	if n <= 0 {
 		return 0
 	}
@@ -54,11 +54,11 @@ func Heap() int {
 // class, so that each is a span of its own straight from the page allocator.
 const chunk = 64 << 10
 
-// Shortfall is how many bytes the heap may still grow by, before its next
+// shortfall is how many bytes the heap may still grow by, before its next
 // collection, into pages that are not resident: the goal less what the heap
 // holds resident now (objects, spans' unused room, free pages not returned
 // to the system).
-func Shortfall() int {
+func shortfall() int {
 	s := []metrics.Sample{
 		{Name: "/gc/heap/goal:bytes"},
 		{Name: "/memory/classes/heap/objects:bytes"},

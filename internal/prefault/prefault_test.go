@@ -24,7 +24,7 @@ func TestHeapLeavesNoShortfall(t *testing.T) {
 	// Everything free goes back to the system, as at a process's start,
 	// whatever an earlier test (or -count) left resident.
 	debug.FreeOSMemory()
-	before := Shortfall()
+	before := shortfall()
 	if before < 8<<20 {
 		t.Fatalf("shortfall before Heap: %d bytes, want at least 8 MiB (a goal of 5x an 8 MiB live heap, less what is resident)", before)
 	}
@@ -37,7 +37,7 @@ func TestHeapLeavesNoShortfall(t *testing.T) {
 	// released, pages the background scavenger returned. With 4 Ps that
 	// was up to 0.5 MiB of the 32 MiB here: an eighth is a bound no such
 	// motion reaches, and a Heap that made nothing resident fails it.
-	if after := Shortfall(); after > before/8 {
+	if after := shortfall(); after > before/8 {
 		t.Errorf("shortfall after Heap: %d bytes of the %d before, want at most an eighth", after, before)
 	}
 }
