@@ -23,10 +23,10 @@ func TestBurstRetryAfterRefill(t *testing.T) {
 		plans: "default_plan: free\nplans:\n  free: {capacity: 5, rate: 0.5}\n",
 	})
 	const client = "burst-client"
-	// The stack's first callout dials the sidecar and is each process's
-	// first pass over the check path: on a loaded machine it can miss the
-	// 5 ms and fail open, as the design allows (RATIONALE.md, "What does a
-	// fresh stack's first burst cost?"). This test counts every decision
+	// The stack's first callout is each process's first pass over the
+	// check path: on a loaded machine it can miss the 5 ms and fail open,
+	// as the design allows (RATIONALE.md, "What does a fresh stack's first
+	// burst cost?"). This test counts every decision
 	// of its client, so another client goes first until one is decided.
 	s.doDecided(0, "GET", "/orders/1", "x-api-key", "warm-up")
 	start := time.Now()

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/filter/limiter"
 )
 
 // answerFunc answers one request read from conn, writing whatever bytes it
@@ -21,8 +23,9 @@ type answerFunc func(conn net.Conn, req *http.Request) (keepAlive bool)
 // HTTP/1.1 at the byte level so that it can answer anything: by default it
 // passes each check on to the real sidecar behind it and relays the answer;
 // a test swaps in another answer to play a sidecar gone wrong, and swaps
-// the relay back to recover. It also records the headers of every request
-// it was sent.
+// the relay back to recover. It also records the headers of every check
+// (POST /v1/check) it was sent; the filter's warm-up calls to /healthz get
+// the same answer as the checks, and are not recorded.
 type fakeSidecar struct {
 	t      *testing.T
 	ln     net.Listener
@@ -32,7 +35,7 @@ type fakeSidecar struct {
 
 	mu    sync.Mutex
 	conns map[net.Conn]bool
-	seen  []http.Header
+	seen  []http.Header // the checks' headers
 	wg    sync.WaitGroup
 }
 
@@ -58,7 +61,7 @@ func (f *fakeSidecar) addr() string { return f.ln.Addr().String() }
 // set makes a answer every request from now on.
 func (f *fakeSidecar) set(a answerFunc) { f.answer.Store(&a) }
 
-// requests returns the headers of every request received so far.
+// requests returns the headers of every check received so far.
 func (f *fakeSidecar) requests() []http.Header {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -96,9 +99,11 @@ func (f *fakeSidecar) handle(conn net.Conn) {
 		}
 		io.Copy(io.Discard, req.Body)
 		req.Body.Close()
-		f.mu.Lock()
-		f.seen = append(f.seen, req.Header.Clone())
-		f.mu.Unlock()
+		if req.Method == http.MethodPost && req.URL.Path == limiter.CheckPath {
+			f.mu.Lock()
+			f.seen = append(f.seen, req.Header.Clone())
+			f.mu.Unlock()
+		}
 		if !(*f.answer.Load())(conn, req) {
 			return
 		}

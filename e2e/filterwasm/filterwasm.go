@@ -231,9 +231,59 @@ func (p *plugin) Tick() {
 
 func (p *plugin) Remove() { removePlugin(p.t, p.p) }
 
+func (p *plugin) TickPeriod() time.Duration { return p.p.TickPeriod() }
+
+func (p *plugin) RootCallouts() []filtertest.Callout { return p.rootCallouts(p.p.RootContextID()) }
+
+func (p *plugin) RespondRootCallouts(headers []filtertest.Header) {
+	p.respondRoot(p.p.RootContextID(), headers)
+}
+
 func (h *host) Tick() {
 	if err := h.vm.Tick(); err != nil {
 		h.t.Fatalf("tick: %v", err)
+	}
+}
+
+func (h *host) TickPeriod() time.Duration { return h.vm.TickPeriod() }
+
+func (h *host) RootCallouts() []filtertest.Callout { return h.rootCallouts(h.vm.RootContextID()) }
+
+func (h *host) RespondRootCallouts(headers []filtertest.Header) {
+	h.respondRoot(h.vm.RootContextID(), headers)
+}
+
+// rootPending returns the unanswered calls root made itself, oldest first.
+func (h *host) rootPending(root uint32) []*call {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []*call
+	for _, c := range h.calls {
+		if c.ContextID == root && !c.answered {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (h *host) rootCallouts(root uint32) []filtertest.Callout {
+	var out []filtertest.Callout
+	for _, c := range h.rootPending(root) {
+		out = append(out, filtertest.Callout{Cluster: c.Cluster, Headers: c.Headers, Body: c.Body, TimeoutMs: uint32(c.Timeout / time.Millisecond)})
+	}
+	return out
+}
+
+func (h *host) respondRoot(root uint32, headers []filtertest.Header) {
+	for _, c := range h.rootPending(root) {
+		h.mu.Lock()
+		c.answered = true
+		h.mu.Unlock()
+		if headers == nil {
+			c.respond(wasmhost.CalloutResponse{Reset: true})
+		} else {
+			c.respond(wasmhost.CalloutResponse{Headers: headers})
+		}
 	}
 }
 

@@ -104,22 +104,36 @@ func (s *service) header(name string) string {
 // sidecar answers checks by key: "deny..." is over its limit, "slow..."
 // answers after 100 ms, anything else is allowed.
 func newSidecar(t testing.TB) *httptest.Server {
-	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get("x-api-key")
-		// Plan free: 10 tokens, 0.32/s. A denied client holds 0.2 tokens
-		// (its next token is 2.5 s away), an allowed one 10.5 before
-		// paying 1.
-		tokens := 10.5
-		switch {
-		case strings.HasPrefix(key, "deny"):
-			tokens = 0.2
-		case strings.HasPrefix(key, "slow"):
-			time.Sleep(100 * time.Millisecond)
-		}
-		writeAnswer(w, filtertest.SidecarAnswer("free", 10, 0.32, min(tokens, 10), 1))
-	}))
+	s := httptest.NewServer(sidecarHandler(answerCheck))
 	t.Cleanup(s.Close)
 	return s
+}
+
+// answerCheck is newSidecar's answer to a check.
+func answerCheck(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("x-api-key")
+	// Plan free: 10 tokens, 0.32/s. A denied client holds 0.2 tokens (its
+	// next token is 2.5 s away), an allowed one 10.5 before paying 1.
+	tokens := 10.5
+	switch {
+	case strings.HasPrefix(key, "deny"):
+		tokens = 0.2
+	case strings.HasPrefix(key, "slow"):
+		time.Sleep(100 * time.Millisecond)
+	}
+	writeAnswer(w, filtertest.SidecarAnswer("free", 10, 0.32, min(tokens, 10), 1))
+}
+
+// sidecarHandler answers GET /healthz as the sidecar does (the filter's
+// warm-up calls), and hands everything else, the checks, to check.
+func sidecarHandler(check http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Path == "/healthz" {
+			io.WriteString(w, "ok\n")
+			return
+		}
+		check(w, r)
+	})
 }
 
 // writeAnswer writes a sidecar answer made by the sidecar's own code.
@@ -241,10 +255,10 @@ func startProbe(t *testing.T, cfg, probe string, orders *httptest.Server) *runni
 // decidedFirst sends requests of a client of its own through the gateway
 // at base until the filter decides one (the fake sidecar's rate-limit
 // headers on the answer), three at most. A fresh gateway's first callout
-// dials the sidecar and is each process's first pass over the check path:
-// with the race detector and other packages' tests on the machine it can
-// miss the 5 ms and fail open, as the design allows (RATIONALE.md, "What
-// does a fresh stack's first burst cost?"). A test that needs the decision
+// is each process's first pass over the check path: with the race detector
+// and other packages' tests on the machine it can miss the 5 ms and fail
+// open, as the design allows (RATIONALE.md, "What does a fresh stack's
+// first burst cost?"). A test that needs the decision
 // of its first request calls this before it; the one decided request
 // counts as allowed.
 func decidedFirst(t *testing.T, base string) {

@@ -24,7 +24,7 @@ import (
 // filter's deny cache (in shared data) holds the client for the whole test.
 func longDenySidecar(t *testing.T) (*httptest.Server, *atomic.Int64) {
 	var calls atomic.Int64
-	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s := httptest.NewServer(sidecarHandler(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		// Plan free: 10 tokens, one back every 10 minutes; a denied client
 		// holds none.

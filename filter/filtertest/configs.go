@@ -84,6 +84,10 @@ var InvalidConfigs = []ConfigCase{
 	{"on-failure-bool.json", `on_failure: must be "open" or "local", got true`},
 	{"on-failure-null.json", `on_failure: must be "open" or "local", got null`},
 	{"on-failure-duplicate.json", `configuration: duplicate field "on_failure"`},
+	{"warm-connections-negative.json", "warm_connections: must be >= 0, got -1"},
+	{"warm-connections-too-many.json", "warm_connections: must be <= 64, got 65"},
+	{"warm-connections-string.json", `warm_connections: must be a number, got "16"`},
+	{"warm-connections-fraction.json", "warm_connections: must be an integer, got 1.5"},
 }
 
 // ValidConfigs lists the valid configuration fixtures under
@@ -91,6 +95,7 @@ var InvalidConfigs = []ConfigCase{
 var ValidConfigs = []string{
 	"empty.json", "whitespace.json", "empty-object.json", "full.json", "shadow.json", "off.json", "escapes.json",
 	"breaker-off.json", "breaker-min-only.json", "on-failure-open.json", "on-failure-local.json",
+	"warm-connections-off.json",
 }
 
 // InvalidConfig returns the content of an invalid configuration fixture.

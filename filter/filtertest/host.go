@@ -36,6 +36,16 @@ type Host interface {
 	Advance(d time.Duration)
 	// Tick calls proxy_on_tick on the root context once.
 	Tick()
+	// TickPeriod returns the period the root context last set with
+	// proxy_set_tick_period_milliseconds (0: none).
+	TickPeriod() time.Duration
+	// RootCallouts returns the HTTP calls the root context made itself,
+	// not for a stream, that have not been answered, oldest first.
+	RootCallouts() []Callout
+	// RespondRootCallouts answers every call RootCallouts returns, as
+	// Envoy would deliver it: headers (including ":status"), no body; nil
+	// headers deliver a reset.
+	RespondRootCallouts(headers []Header)
 	// Worker starts another VM of the same plugin in the same proxy
 	// process, as Envoy does for each worker thread. The new VM has its own
 	// contexts and must be configured on its own; it shares the process's
@@ -48,8 +58,9 @@ type Host interface {
 	// the VM stays, and a second root context is created, started
 	// (proxy_on_vm_start) and configured with config beside the first. It
 	// reports false when the plugin rejects config. The Host it returns is
-	// that plugin: its NewStream, Configure, Tick and Remove act on the new
-	// root context; everything else is the VM's (Metric, Logs, Advance,
+	// that plugin: its NewStream, Configure, Tick, TickPeriod,
+	// RootCallouts, RespondRootCallouts and Remove act on the new root
+	// context; everything else is the VM's (Metric, Logs, Advance,
 	// FailNextDispatch, Worker, and Close, which ends the whole VM).
 	AddPlugin(config string) (Host, bool)
 	// Remove ends this host's plugin as Envoy does once the listener that

@@ -75,6 +75,8 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"local/learns-only-the-plan", r.localLearnsOnlyThePlan},
 		{"local/not-for-shadow", r.localNotForShadow},
 		{"local/off-by-default", r.localOffByDefault},
+		{"warm/connections", r.warmConnections},
+		{"warm/none", r.warmConnectionsNone},
 	} {
 		t.Run(c.name, c.fn)
 	}
@@ -402,7 +404,7 @@ func (r runner) configValid(t *testing.T) {
 	}
 	want := "edgelimit: configured: mode=enforce sidecar_cluster=edge_ratelimit sidecar_authority=ratelimit.internal:8080 " +
 		"timeout_ms=20 api_key_header=x-client-key on_missing_key=allow canary_clients=2 costs=3 region=eu-west-1 " +
-		"breaker_failures=3 breaker_open_ms=50-2000 on_failure=local"
+		"breaker_failures=3 breaker_open_ms=50-2000 warm_connections=4 on_failure=local"
 	if !slices.Contains(h.Logs(), want) {
 		t.Errorf("logs %q\nwant the line %q", h.Logs(), want)
 	}

@@ -75,6 +75,10 @@ type Config struct {
 	// OnFailure is what happens to an enforced request the sidecar cannot
 	// decide (local.go). Defaults to FailOpen.
 	OnFailure FailureMode
+	// WarmConnections is how many connections to the sidecar each root
+	// context opens ahead of traffic, and keeps open (warm.go). Defaults to
+	// DefaultWarmConnections; 0 opens none.
+	WarmConnections uint32
 }
 
 // Limits on configuration values.
@@ -88,6 +92,14 @@ const (
 	maxMethodLen    = 32
 	maxPathPrefix   = 1024
 	maxQuotedLength = 64
+	// MaxWarmConnections bounds warm_connections: far below Envoy's
+	// default cluster circuit breaker (1024 requests at once), which the
+	// warm-up calls of every worker share with the checks.
+	MaxWarmConnections = 64
+	// DefaultWarmConnections covers a burst of a few tens of requests at
+	// once over a proxy's workers without a connection set up within a
+	// check's 5 ms.
+	DefaultWarmConnections = 16
 )
 
 // DefaultConfig returns the configuration an empty plugin configuration
@@ -105,6 +117,7 @@ func DefaultConfig() *Config {
 			MinOpenMs: DefaultBreakerMinOpenMs,
 			MaxOpenMs: DefaultBreakerMaxOpenMs,
 		},
+		WarmConnections: DefaultWarmConnections,
 	}
 }
 
@@ -140,7 +153,7 @@ func Parse(data []byte) (*Config, error) {
 }
 
 var topFields = []string{"sidecar_cluster", "sidecar_authority", "timeout_ms", "api_key_header",
-	"mode", "canary_clients", "on_missing_key", "costs", "region", "breaker", "on_failure"}
+	"mode", "canary_clients", "on_missing_key", "costs", "region", "breaker", "on_failure", "warm_connections"}
 
 var ruleFields = []string{"method", "path_prefix", "cost"}
 
@@ -187,6 +200,10 @@ func (c *Config) set(name string, v jsonValue) error {
 	case "timeout_ms":
 		n, err := integer(name, v, 1, MaxTimeoutMs)
 		c.TimeoutMs = uint32(n)
+		return err
+	case "warm_connections":
+		n, err := integer(name, v, 0, MaxWarmConnections)
+		c.WarmConnections = uint32(n)
 		return err
 	case "api_key_header":
 		if v.kind != jsonString {

@@ -40,7 +40,8 @@ func TestParseDefaults(t *testing.T) {
 	if d.SidecarCluster != "ratelimit_sidecar" || d.SidecarAuthority != "ratelimit-sidecar" || d.TimeoutMs != 5 ||
 		d.APIKeyHeader != "x-api-key" || d.Mode != limiter.ModeEnforce || !d.RejectMissingKey ||
 		len(d.Costs) != 0 || len(d.CanaryClients) != 0 || d.Region != "" ||
-		d.Breaker != (limiter.BreakerConfig{Failures: 5, MinOpenMs: 100, MaxOpenMs: 5000}) || d.OnFailure != limiter.FailOpen {
+		d.Breaker != (limiter.BreakerConfig{Failures: 5, MinOpenMs: 100, MaxOpenMs: 5000}) || d.OnFailure != limiter.FailOpen ||
+		d.WarmConnections != 16 {
 		t.Errorf("defaults differ from the documented ones: %+v", d)
 	}
 }
@@ -63,16 +64,17 @@ func TestParseFull(t *testing.T) {
 			{PathPrefix: "/v1/search", Cost: 2},
 			{Method: "DELETE", Cost: 3},
 		},
-		Region:    "eu-west-1",
-		Breaker:   limiter.BreakerConfig{Failures: 3, MinOpenMs: 50, MaxOpenMs: 2000},
-		OnFailure: limiter.FailLocal,
+		Region:          "eu-west-1",
+		Breaker:         limiter.BreakerConfig{Failures: 3, MinOpenMs: 50, MaxOpenMs: 2000},
+		OnFailure:       limiter.FailLocal,
+		WarmConnections: 4,
 	}
 	if !equalConfig(cfg, want) {
 		t.Errorf("got %+v\nwant %+v", cfg, want)
 	}
 	if got := cfg.Summary(); got != "mode=enforce sidecar_cluster=edge_ratelimit sidecar_authority=ratelimit.internal:8080 "+
 		"timeout_ms=20 api_key_header=x-client-key on_missing_key=allow canary_clients=2 costs=3 region=eu-west-1 "+
-		"breaker_failures=3 breaker_open_ms=50-2000 on_failure=local" {
+		"breaker_failures=3 breaker_open_ms=50-2000 warm_connections=4 on_failure=local" {
 		t.Errorf("summary %q", got)
 	}
 	esc, err := limiter.Parse([]byte(filtertest.ValidConfig("escapes.json")))
@@ -197,7 +199,8 @@ func equalConfig(a, b *limiter.Config) bool {
 	return a.SidecarCluster == b.SidecarCluster && a.SidecarAuthority == b.SidecarAuthority &&
 		a.TimeoutMs == b.TimeoutMs && a.APIKeyHeader == b.APIKeyHeader && a.Mode == b.Mode &&
 		maps.Equal(a.CanaryClients, b.CanaryClients) && a.RejectMissingKey == b.RejectMissingKey &&
-		slices.Equal(a.Costs, b.Costs) && a.Region == b.Region && a.Breaker == b.Breaker && a.OnFailure == b.OnFailure
+		slices.Equal(a.Costs, b.Costs) && a.Region == b.Region && a.Breaker == b.Breaker && a.OnFailure == b.OnFailure &&
+		a.WarmConnections == b.WarmConnections
 }
 
 func TestParseOnFailure(t *testing.T) {

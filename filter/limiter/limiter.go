@@ -32,7 +32,8 @@ const (
 	CheckPath = "/v1/check"
 )
 
-// tickPeriodMs is how often each root context flushes throttled log lines.
+// tickPeriodMs is how often each root context warms its connections to the
+// sidecar and flushes throttled log lines.
 const tickPeriodMs = 10000
 
 // Limiter is the filter in one VM; it implements abi.Plugin. A VM is single
@@ -64,6 +65,7 @@ type root struct {
 	local   *localLimiter // nil unless on_failure is "local"
 	calls   streamTable   // pending callouts by token
 	fails   failLog
+	ticked  bool // the first tick since configuration has come
 }
 
 func newRoot() *root { return &root{} }
@@ -185,7 +187,10 @@ func (l *Limiter) OnConfigure(rootID uint32, size int) (ok bool) {
 	}
 	r.cfg, r.cache, r.breaker = cfg, newDenyCache(cfg.SidecarCluster), newBreaker(cfg)
 	r.local = newLocalLimiter(cfg)
-	h.SetTickPeriod(tickPeriodMs)
+	// The first tick comes at once, for the warm-up (warm.go); it sets the
+	// period to tickPeriodMs.
+	r.ticked = false
+	h.SetTickPeriod(firstTickMs)
 	h.Log(abi.LogInfo, "edgelimit: configured: "+cfg.Summary())
 	return true
 }
@@ -582,10 +587,16 @@ func (l *Limiter) OnResponseHeaders(id uint32, _ int, _ bool) abi.Action {
 	return abi.ActionContinue
 }
 
-// OnTick reports fail-open log lines held back since the last report.
+// OnTick warms the connections to the sidecar (warm.go) and reports
+// fail-open log lines held back since the last report.
 func (l *Limiter) OnTick(rootID uint32) {
 	defer l.recoverLog("proxy_on_tick")
 	if r := l.roots[rootID]; r != nil {
+		if !r.ticked {
+			r.ticked = true
+			l.host.SetTickPeriod(tickPeriodMs)
+		}
+		l.warm(r)
 		r.fails.flush(l.host, l.host.Now())
 		// Transitions set the gauge as they happen; VMs racing may leave
 		// it behind the shared state, so the tick sets it again.
@@ -652,6 +663,7 @@ func (c *Config) Summary() string {
 		" breaker_failures=" + strconv.FormatUint(uint64(c.Breaker.Failures), 10) +
 		" breaker_open_ms=" + strconv.FormatUint(uint64(c.Breaker.MinOpenMs), 10) +
 		"-" + strconv.FormatUint(uint64(c.Breaker.MaxOpenMs), 10) +
+		" warm_connections=" + strconv.FormatUint(uint64(c.WarmConnections), 10) +
 		" on_failure=" + c.OnFailure.String()
 }
 

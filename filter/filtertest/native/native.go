@@ -104,6 +104,7 @@ type vm struct {
 	failNext  bool
 	calls     map[uint32]*call // pending callouts by token
 	streams   map[uint32]*nativeStream
+	ticks     map[uint32]time.Duration // tick periods by root context
 
 	// Callback state.
 	effective uint32              // effective context id, 0 outside callbacks
@@ -117,12 +118,13 @@ type vm struct {
 
 type call struct {
 	token   uint32
-	stream  *nativeStream
+	root    uint32        // the context that made it, when a root context
+	stream  *nativeStream // the stream that made it, if any
 	callout filtertest.Callout
 }
 
 func (p *process) newVM(t *testing.T) *vm {
-	v := &vm{t: t, proc: p, metricIDs: map[uint32]*metricValue{}, defines: map[string]int{}, calls: map[uint32]*call{}, streams: map[uint32]*nativeStream{}}
+	v := &vm{t: t, proc: p, metricIDs: map[uint32]*metricValue{}, defines: map[string]int{}, calls: map[uint32]*call{}, streams: map[uint32]*nativeStream{}, ticks: map[uint32]time.Duration{}}
 	v.plugin = p.load(v)
 	v.started = true
 	v.rootID = v.newRoot()
@@ -243,6 +245,46 @@ func (v *vm) Advance(d time.Duration) { v.proc.clock += int64(d) }
 
 func (v *vm) Tick() { v.tick(v.rootID) }
 
+func (v *vm) TickPeriod() time.Duration { return v.ticks[v.rootID] }
+
+func (v *vm) RootCallouts() []filtertest.Callout { return v.rootCallouts(v.rootID) }
+
+func (v *vm) RespondRootCallouts(headers []filtertest.Header) { v.respondRoot(v.rootID, headers) }
+
+// rootPending returns the unanswered calls root made itself, oldest first.
+func (v *vm) rootPending(root uint32) []*call {
+	var out []*call
+	for _, c := range v.calls {
+		if c.stream == nil && c.root == root {
+			out = append(out, c)
+		}
+	}
+	slices.SortFunc(out, func(a, b *call) int { return int(a.token) - int(b.token) })
+	return out
+}
+
+func (v *vm) rootCallouts(root uint32) []filtertest.Callout {
+	var out []filtertest.Callout
+	for _, c := range v.rootPending(root) {
+		out = append(out, c.callout)
+	}
+	return out
+}
+
+func (v *vm) respondRoot(root uint32, headers []filtertest.Header) {
+	for _, c := range v.rootPending(root) {
+		delete(v.calls, c.token)
+		if !v.isRoot(root) {
+			continue
+		}
+		v.callback(root, func() {
+			v.response, v.respond, v.body = c, slices.Clone(headers), nil
+			v.plugin.OnHTTPCallResponse(root, c.token, len(headers), 0, 0)
+			v.response, v.respond, v.body = nil, nil, nil
+		})
+	}
+}
+
 func (v *vm) tick(root uint32) {
 	if v.isRoot(root) {
 		v.callback(root, func() { v.plugin.OnTick(root) })
@@ -302,7 +344,14 @@ type addedPlugin struct {
 func (p *addedPlugin) Configure(config string) bool { return p.configure(p.root, config) }
 func (p *addedPlugin) NewStream() filtertest.Stream { return p.newStream(p.root) }
 func (p *addedPlugin) Tick()                        { p.tick(p.root) }
-func (p *addedPlugin) Remove()                      { p.remove(p.root) }
+func (p *addedPlugin) TickPeriod() time.Duration    { return p.ticks[p.root] }
+func (p *addedPlugin) RootCallouts() []filtertest.Callout {
+	return p.rootCallouts(p.root)
+}
+func (p *addedPlugin) RespondRootCallouts(headers []filtertest.Header) {
+	p.respondRoot(p.root, headers)
+}
+func (p *addedPlugin) Remove() { p.remove(p.root) }
 
 // ---- abi.Host (the plugin's side) ----
 
@@ -476,7 +525,7 @@ func (v *vm) HTTPCall(cluster string, headers [][2]string, body []byte, trailers
 		return 0, abi.StatusInternalFailure
 	}
 	v.nextToken += 4
-	c := &call{token: v.nextToken, stream: v.streams[v.effective], callout: filtertest.Callout{
+	c := &call{token: v.nextToken, root: v.effective, stream: v.streams[v.effective], callout: filtertest.Callout{
 		Cluster: strings.Clone(cluster), Headers: cloneHeaders(headers), Body: slices.Clone(body), TimeoutMs: timeoutMs,
 	}}
 	v.calls[c.token] = c
@@ -577,11 +626,12 @@ func (v *vm) RecordMetric(id uint32, value uint64) abi.Status {
 	return abi.StatusOK
 }
 
-func (v *vm) SetTickPeriod(uint32) abi.Status {
+func (v *vm) SetTickPeriod(ms uint32) abi.Status {
 	v.refuse("proxy_set_tick_period_milliseconds")
 	if !v.isRoot(v.effective) {
 		return abi.StatusBadArgument
 	}
+	v.ticks[v.effective] = time.Duration(ms) * time.Millisecond
 	return abi.StatusOK
 }
 
