@@ -2,7 +2,6 @@ package e2e_test
 
 import (
 	"context"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/envoy/wasmhost"
 	"github.com/edgelimit/edgelimit/filter/abi"
+	"github.com/edgelimit/edgelimit/filter/filtertest"
 	"github.com/edgelimit/edgelimit/filter/limiter"
 )
 
@@ -30,10 +30,9 @@ type recordingSidecar struct {
 func (*recordingSidecar) Cluster(string) bool { return true }
 
 func (d *recordingSidecar) Dispatch(_ context.Context, c wasmhost.Callout, respond func(wasmhost.CalloutResponse)) error {
-	if slices.Contains(c.Headers, wasmhost.Header{":path", "/healthz"}) {
-		// The filter's warm-up call, not a check: the sidecar's answer.
-		respond(wasmhost.CalloutResponse{Headers: []wasmhost.Header{{":status", "200"},
-			{"content-type", "text/plain; charset=utf-8"}, {"content-length", "3"}}, Body: []byte("ok\n")})
+	if filtertest.WarmUpCall(c.Headers) {
+		h, body := filtertest.HealthzAnswer()
+		respond(wasmhost.CalloutResponse{Headers: h, Body: body})
 		return nil
 	}
 	d.mu.Lock()

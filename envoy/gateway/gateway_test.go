@@ -129,7 +129,9 @@ func answerCheck(w http.ResponseWriter, r *http.Request) {
 func sidecarHandler(check http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet && r.URL.Path == "/healthz" {
-			io.WriteString(w, "ok\n")
+			h, body := filtertest.HealthzAnswer()
+			writeAnswer(w, h)
+			w.Write(body)
 			return
 		}
 		check(w, r)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/filter/filtertest"
 	"github.com/edgelimit/edgelimit/filter/limiter"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 )
@@ -43,7 +44,9 @@ func TestGatewayWarmsItsSidecarConnections(t *testing.T) {
 		case <-together:
 		case <-time.After(30 * time.Second):
 		}
-		w.Write([]byte("ok\n"))
+		h, body := filtertest.HealthzAnswer()
+		writeAnswer(w, h)
+		w.Write(body)
 	}))
 	sidecar.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {

@@ -32,6 +32,23 @@ func SidecarAnswer(plan string, capacity, rate, tokens float64, cost int64) []He
 	return h
 }
 
+// HealthzAnswer is the sidecar's answer to GET /healthz as the proxy hands
+// it to the filter (the body is pinned by sidecar/server's TestEndpoints).
+// The filter's warm-up calls (WarmUpCall) get it.
+func HealthzAnswer() ([]Header, []byte) {
+	const body = "ok\n"
+	return []Header{{":status", "200"}, {"content-type", "text/plain; charset=utf-8"},
+		{"content-length", strconv.Itoa(len(body))}}, []byte(body)
+}
+
+// WarmUpCall reports whether a callout's headers are the filter's warm-up
+// call to the sidecar (GET /healthz) rather than a check.
+func WarmUpCall(headers []Header) bool {
+	method, _ := Get(headers, ":method")
+	path, _ := Get(headers, ":path")
+	return method == "GET" && path == "/healthz"
+}
+
 // scriptResult is what tokenbucket.lua replies, as lua.ParseReply reads it,
 // for a bucket holding tokens (already refilled to now).
 func scriptResult(capacity, rate, tokens float64, cost int64) lua.Result {

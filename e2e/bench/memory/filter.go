@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/envoy/wasmhost"
+	"github.com/edgelimit/edgelimit/filter/filtertest"
 )
 
 // filterTimeoutMs is the filter's callout timeout in the soak: the
@@ -57,7 +58,8 @@ type filterResult struct {
 }
 
 // scriptedSidecar answers each callout as its key's scenario says; the
-// held ones wait for the soak to answer or time out.
+// held ones wait for the soak to answer or time out. The filter's warm-up
+// calls get the sidecar's /healthz answer.
 type scriptedSidecar struct {
 	mu   sync.Mutex
 	held func(wasmhost.CalloutResponse)
@@ -74,6 +76,11 @@ var (
 )
 
 func (d *scriptedSidecar) Dispatch(_ context.Context, c wasmhost.Callout, respond func(wasmhost.CalloutResponse)) error {
+	if filtertest.WarmUpCall(c.Headers) {
+		h, body := filtertest.HealthzAnswer()
+		respond(wasmhost.CalloutResponse{Headers: h, Body: body})
+		return nil
+	}
 	var key string
 	for _, h := range c.Headers {
 		if h[0] == "x-api-key" {
