@@ -11,7 +11,8 @@ import (
 // The cases of warm_connections: each root context's first tick, which
 // comes at once after configuration, and every tick after make that many
 // calls to the sidecar's /healthz at once, so that the proxy opens its
-// connections to the sidecar before the traffic needs them. Their answers
+// connections to the sidecar before the traffic needs them. The ticks come
+// every 10 s once a round went well, every second until then. The answers
 // are nobody's decision.
 
 // warmCalls requires want warm-up calls pending on h, each to cluster with
@@ -24,63 +25,99 @@ func warmCalls(t *testing.T, h Host, want int, cluster, authority string) {
 	}
 	wantHeaders := []Header{{":method", "GET"}, {":path", "/healthz"}, {":authority", authority}}
 	for _, c := range calls {
-		if c.Cluster != cluster || !slices.Equal(c.Headers, wantHeaders) || len(c.Body) != 0 || c.TimeoutMs != 1000 {
-			t.Fatalf("warm-up call %+v, want GET /healthz to %s with :authority %s, no body, timeout 1000 ms", c, cluster, authority)
+		if c.Cluster != cluster || !slices.Equal(c.Headers, wantHeaders) || len(c.Body) != 0 || c.TimeoutMs != 500 {
+			t.Fatalf("warm-up call %+v, want GET /healthz to %s with :authority %s, no body, timeout 500 ms", c, cluster, authority)
 		}
 	}
 }
 
-func (r runner) warmConnections(t *testing.T) {
-	h := r.host(t, "")
-	if n := len(h.RootCallouts()); n != 0 {
-		t.Fatalf("%d calls before the first tick, want none", n)
+// tickEvery requires the root context's tick period to be want.
+func tickEvery(t *testing.T, h Host, want time.Duration, when string) {
+	t.Helper()
+	if got := h.TickPeriod(); got != want {
+		t.Errorf("%s: tick period %v, want %v", when, got, want)
 	}
-	if got := h.TickPeriod(); got != time.Millisecond {
-		t.Errorf("tick period after configuration %v, want 1ms: the warm-up goes out at once", got)
-	}
-	h.Tick()
-	if got := h.TickPeriod(); got != 10*time.Second {
-		t.Errorf("tick period after the first tick %v, want 10s", got)
-	}
-	warmCalls(t, h, limiter.DefaultWarmConnections, "ratelimit_sidecar", "ratelimit-sidecar")
+}
 
-	// Answers that would each be a failure for a check (a timeout, a
-	// reset): none fails a request open, counts, or opens the breaker
-	// (5 failures by default).
+// healthy is the sidecar's answer to a warm-up call.
+var healthy, _ = HealthzAnswer()
+
+func (r runner) warmConnections(t *testing.T) {
+	const n = limiter.DefaultWarmConnections
+	h := r.host(t, "")
+	if got := len(h.RootCallouts()); got != 0 {
+		t.Fatalf("%d calls before the first tick, want none", got)
+	}
+	tickEvery(t, h, time.Millisecond, "after configuration (the warm-up goes out at once)")
+	h.Tick()
+	warmCalls(t, h, n, "ratelimit_sidecar", "ratelimit-sidecar")
+	tickEvery(t, h, time.Second, "after the first round, its outcome unknown")
+
+	// Answers that would each be a failure for a check (timeouts, then
+	// resets): none fails a request open, counts, or opens the breaker
+	// (5 failures by default); the rounds come every second.
 	h.RespondRootCallouts(timeoutAnswer)
 	h.Tick()
-	warmCalls(t, h, limiter.DefaultWarmConnections, "ratelimit_sidecar", "ratelimit-sidecar")
+	tickEvery(t, h, time.Second, "after a round of timeouts")
+	warmCalls(t, h, n, "ratelimit_sidecar", "ratelimit-sidecar")
 	h.RespondRootCallouts(nil)
 	s, _ := waiting(t, h, get("key-1"))
 	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
 	wentOn(t, s)
 	s.Done()
 	counters(t, h, map[string]int64{limiter.MetricAllowed: 1})
-	if n := metric(t, h, limiter.MetricBreakerOpened); n != 0 {
-		t.Errorf("breaker opened %d times, want 0", n)
+	if got := metric(t, h, limiter.MetricBreakerOpened); got != 0 {
+		t.Errorf("breaker opened %d times, want 0", got)
 	}
-	if n := metric(t, h, limiter.MetricCalloutLatency); n != 1 {
-		t.Errorf("callout latency samples %d, want 1: the check's alone", n)
+	if got := metric(t, h, limiter.MetricCalloutLatency); got != 1 {
+		t.Errorf("callout latency samples %d, want 1: the check's alone", got)
 	}
+	h.Tick()
+	tickEvery(t, h, time.Second, "after a round of resets")
 
-	// A call the proxy refuses ends the round; the next tick tries again.
-	h.RespondRootCallouts([]Header{{":status", "200"}})
+	// A round answered 200 throughout: every 10 s from then on.
+	h.RespondRootCallouts(healthy)
+	h.Tick()
+	tickEvery(t, h, 10*time.Second, "after a round answered")
+	h.RespondRootCallouts(healthy)
+	h.Tick()
+	tickEvery(t, h, 10*time.Second, "after another")
+
+	// A round with calls still unanswered at the next tick went wrong: a
+	// second until the round after it. Its late answers change nothing.
+	h.Tick()
+	tickEvery(t, h, time.Second, "after a round left unanswered")
+	if got := len(h.RootCallouts()); got != 2*n {
+		t.Fatalf("%d calls pending, want two rounds' %d", got, 2*n)
+	}
+	h.RespondRootCallouts(healthy)
+	h.Tick()
+	tickEvery(t, h, 10*time.Second, "after the next round answered")
+	h.RespondRootCallouts(healthy)
+
+	// A call the proxy refuses ends the round, and the next comes a
+	// second later.
 	h.FailNextDispatch()
 	h.Tick()
 	warmCalls(t, h, 0, "", "")
+	tickEvery(t, h, time.Second, "after a refused call")
 	h.Tick()
-	warmCalls(t, h, limiter.DefaultWarmConnections, "ratelimit_sidecar", "ratelimit-sidecar")
-	h.RespondRootCallouts([]Header{{":status", "200"}})
+	warmCalls(t, h, n, "ratelimit_sidecar", "ratelimit-sidecar")
+	tickEvery(t, h, time.Second, "after the round that followed it")
+	h.RespondRootCallouts(healthy)
+	h.Tick()
+	tickEvery(t, h, 10*time.Second, "once answered")
+	h.RespondRootCallouts(healthy)
 
 	// The configured number, to the configured cluster and authority.
 	full := r.host(t, ValidConfig("full.json"))
 	full.Tick()
 	warmCalls(t, full, 4, "edge_ratelimit", "ratelimit.internal:8080")
-	full.RespondRootCallouts([]Header{{":status", "200"}})
+	full.RespondRootCallouts(healthy)
 }
 
 // warmConnectionsNone: no warm-up with warm_connections 0, nor in mode off,
-// which makes no callout at all; the ticks still come every 10 s.
+// which makes no callout at all; the ticks come every 10 s.
 func (r runner) warmConnectionsNone(t *testing.T) {
 	for _, config := range []string{"warm-connections-off.json", "off.json"} {
 		h := r.host(t, ValidConfig(config))
@@ -89,8 +126,6 @@ func (r runner) warmConnectionsNone(t *testing.T) {
 		if n := len(h.RootCallouts()); n != 0 {
 			t.Errorf("%s: %d warm-up calls, want none", config, n)
 		}
-		if got := h.TickPeriod(); got != 10*time.Second {
-			t.Errorf("%s: tick period %v, want 10s", config, got)
-		}
+		tickEvery(t, h, 10*time.Second, config)
 	}
 }

@@ -65,7 +65,9 @@ type root struct {
 	local   *localLimiter // nil unless on_failure is "local"
 	calls   streamTable   // pending callouts by token
 	fails   failLog
-	ticked  bool // the first tick since configuration has come
+	warm    warmRound
+	ticked  bool   // the first tick since configuration has come
+	tickMs  uint32 // the tick period last set
 }
 
 func newRoot() *root { return &root{} }
@@ -189,7 +191,7 @@ func (l *Limiter) OnConfigure(rootID uint32, size int) (ok bool) {
 	r.local = newLocalLimiter(cfg)
 	// The first tick comes at once, for the warm-up (warm.go); it sets the
 	// period to tickPeriodMs.
-	r.ticked = false
+	r.ticked, r.tickMs, r.warm = false, firstTickMs, warmRound{}
 	h.SetTickPeriod(firstTickMs)
 	h.Log(abi.LogInfo, "edgelimit: configured: "+cfg.Summary())
 	return true
@@ -382,7 +384,9 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	}
 	s := r.calls.remove(token)
 	if s == nil {
-		return // not ours, or the request already failed open
+		// A warm-up call's, or a request's that already failed open.
+		l.warmAnswer(r, token, numHeaders)
+		return
 	}
 	s.pending = false
 	defer func() {
@@ -592,11 +596,11 @@ func (l *Limiter) OnResponseHeaders(id uint32, _ int, _ bool) abi.Action {
 func (l *Limiter) OnTick(rootID uint32) {
 	defer l.recoverLog("proxy_on_tick")
 	if r := l.roots[rootID]; r != nil {
-		if !r.ticked {
-			r.ticked = true
-			l.host.SetTickPeriod(tickPeriodMs)
+		if p := l.warm(r, !r.ticked); p != r.tickMs {
+			r.tickMs = p
+			l.host.SetTickPeriod(p)
 		}
-		l.warm(r)
+		r.ticked = true
 		r.fails.flush(l.host, l.host.Now())
 		// Transitions set the gauge as they happen; VMs racing may leave
 		// it behind the shared state, so the tick sets it again.

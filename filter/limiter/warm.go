@@ -10,38 +10,83 @@ import "github.com/edgelimit/edgelimit/filter/abi"
 // check has. So each root context, on its first tick and on every tick
 // after, makes warm_connections calls at once to the sidecar's GET /healthz,
 // which needs neither Redis nor a key: the proxy opens as many connections
-// as it has no idle one for, and keeps them in its pool once answered. Their
-// answers are not the filter's concern: the tokens are in no table, so
-// OnHTTPCallResponse drops them.
+// as it has no idle one for, and keeps them in its pool once answered. A
+// round that went wrong (a call refused, failed or still unanswered at the
+// next tick: the sidecar is not up yet, or gone) is made again a second
+// later instead of ten. The answers decide nothing else: they reach neither
+// the breaker nor any counter.
 
 // warmPath is what a warm-up call asks the sidecar.
 const warmPath = "/healthz"
 
 // warmTimeoutMs bounds a warm-up call. Far above a check's timeout: a call
 // that times out resets its stream, and the proxy closes the HTTP/1.1
-// connection the call was to leave open; and below the tick period, so that
-// one round ends before the next.
-const warmTimeoutMs = 1000
+// connection the call was to leave open; and below warmRetryMs, so that a
+// round has ended by the next tick.
+const warmTimeoutMs = 500
 
 // firstTickMs is the first tick's delay after configuration: the warm-up
 // goes out as soon as the proxy runs the root context's timers.
 const firstTickMs = 1
 
-// warm makes the root context's warm-up calls; it stops at the first the
-// proxy refuses (no such cluster, or its circuit breaker full), and the next
-// tick tries again.
-func (l *Limiter) warm(r *root) {
+// warmRetryMs is the tick period after a round whose outcome is not known
+// good: the first one, and one that went wrong.
+const warmRetryMs = 1000
+
+// warmRound is a root context's last round of warm-up calls.
+type warmRound struct {
+	tokens []uint32 // its calls not answered yet
+	failed bool     // one was refused, or answered other than 200
+}
+
+// warm makes the root context's warm-up calls, and returns the tick period
+// to run at until the next tick: tickPeriodMs if the round before this one
+// went well, else warmRetryMs. A round stops at the first call the proxy
+// refuses (no such cluster, or its circuit breaker full).
+func (l *Limiter) warm(r *root, first bool) uint32 {
 	cfg := r.cfg
-	if cfg == nil || cfg.Mode == ModeOff {
-		return
+	if cfg == nil || cfg.Mode == ModeOff || cfg.WarmConnections == 0 {
+		return tickPeriodMs
 	}
+	period := uint32(tickPeriodMs)
+	if first || r.warm.failed || len(r.warm.tokens) > 0 {
+		period = warmRetryMs
+	}
+	r.warm.tokens, r.warm.failed = r.warm.tokens[:0], false
 	l.headers = append(l.headers[:0],
 		[2]string{":method", "GET"},
 		[2]string{":path", warmPath},
 		[2]string{":authority", cfg.SidecarAuthority})
 	for range cfg.WarmConnections {
-		if _, st := l.host.HTTPCall(cfg.SidecarCluster, l.headers, nil, nil, warmTimeoutMs); st != abi.StatusOK {
+		token, st := l.host.HTTPCall(cfg.SidecarCluster, l.headers, nil, nil, warmTimeoutMs)
+		if st != abi.StatusOK {
+			r.warm.failed = true
+			return warmRetryMs
+		}
+		r.warm.tokens = append(r.warm.tokens, token)
+	}
+	return period
+}
+
+// warmAnswer takes a warm-up call's answer off its round: anything but a
+// 200 marks the round failed. The answer of a call from an earlier round,
+// or no warm-up call at all, is ignored.
+func (l *Limiter) warmAnswer(r *root, token uint32, numHeaders int) {
+	defer l.recoverLog("proxy_on_http_call_response")
+	t := r.warm.tokens
+	for i := range t {
+		if t[i] != token {
+			continue
+		}
+		t[i] = t[len(t)-1]
+		r.warm.tokens = t[:len(t)-1]
+		if numHeaders == 0 {
+			r.warm.failed = true
 			return
 		}
+		if st, _ := l.host.GetHeader(abi.MapHTTPCallResponseHeaders, ":status"); st != "200" {
+			r.warm.failed = true
+		}
+		return
 	}
 }
