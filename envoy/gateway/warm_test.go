@@ -59,10 +59,13 @@ func TestGatewayWarmsItsSidecarConnections(t *testing.T) {
 		"-cluster", "orders="+orders.Listener.Addr().String(), "-cluster", "billing="+closedAddr(t),
 		"-cluster", "ratelimit_sidecar="+sidecar.Listener.Addr().String())
 
-	// Every worker's warm-up, answered: two workers, warm calls each.
+	// Two rounds of every worker's warm-up, answered: two workers, warm
+	// calls each. The second round, a second after the first, tells each
+	// worker the first went well, and the next comes 10 s later, so that
+	// the burst below has the connections to itself.
 	testkit.PollErr(t, 30*time.Second, "the warm-up calls", func() error {
-		if n := stat(t, g.admin, "cluster.ratelimit_sidecar.upstream_rq_2xx"); n < 2*warm {
-			return fmt.Errorf("%d answered, want %d", n, 2*warm)
+		if n := stat(t, g.admin, "cluster.ratelimit_sidecar.upstream_rq_2xx"); n < 4*warm {
+			return fmt.Errorf("%d answered, want two rounds' %d", n, 4*warm)
 		}
 		return nil
 	})

@@ -189,8 +189,9 @@ func (l *Limiter) OnConfigure(rootID uint32, size int) (ok bool) {
 	}
 	r.cfg, r.cache, r.breaker = cfg, newDenyCache(cfg.SidecarCluster), newBreaker(cfg)
 	r.local = newLocalLimiter(cfg)
-	// The first tick comes at once, for the warm-up (warm.go); it sets the
-	// period to tickPeriodMs.
+	// The first tick comes at once, for the warm-up (warm.go); the ticks
+	// after it come every second until a round of it went well, then every
+	// tickPeriodMs.
 	r.ticked, r.tickMs, r.warm = false, firstTickMs, warmRound{}
 	h.SetTickPeriod(firstTickMs)
 	h.Log(abi.LogInfo, "edgelimit: configured: "+cfg.Summary())
