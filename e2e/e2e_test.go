@@ -26,8 +26,8 @@ func TestBurstRetryAfterRefill(t *testing.T) {
 	// The stack's first callout is each process's first pass over the
 	// check path: on a loaded machine it can miss the 5 ms and fail open,
 	// as the design allows (RATIONALE.md, "What does a fresh stack's first
-	// burst cost?"). This test counts every decision
-	// of its client, so another client goes first until one is decided.
+	// burst cost?"). This test counts every decision of its client, so
+	// another client goes first until one is decided.
 	s.doDecided(0, "GET", "/orders/1", "x-api-key", "warm-up")
 	start := time.Now()
 	var admitted, denied int

@@ -260,9 +260,8 @@ func startProbe(t *testing.T, cfg, probe string, orders *httptest.Server) *runni
 // is each process's first pass over the check path: with the race detector
 // and other packages' tests on the machine it can miss the 5 ms and fail
 // open, as the design allows (RATIONALE.md, "What does a fresh stack's
-// first burst cost?"). A test that needs the decision
-// of its first request calls this before it; the one decided request
-// counts as allowed.
+// first burst cost?"). A test that needs the decision of its first request
+// calls this before it; the one decided request counts as allowed.
 func decidedFirst(t *testing.T, base string) {
 	t.Helper()
 	for attempt := 1; ; attempt++ {

@@ -39,27 +39,36 @@ func tickEvery(t *testing.T, h Host, want time.Duration, when string) {
 	}
 }
 
+// tick runs the root context's tick and requires the period it leaves.
+func tick(t *testing.T, h Host, want time.Duration, when string) {
+	t.Helper()
+	h.Tick()
+	tickEvery(t, h, want, when)
+}
+
 // healthy is the sidecar's answer to a warm-up call.
 var healthy, _ = HealthzAnswer()
 
 func (r runner) warmConnections(t *testing.T) {
 	const n = limiter.DefaultWarmConnections
 	h := r.host(t, "")
+	warmDefault := func(want int) {
+		t.Helper()
+		warmCalls(t, h, want, "ratelimit_sidecar", "ratelimit-sidecar")
+	}
 	if got := len(h.RootCallouts()); got != 0 {
 		t.Fatalf("%d calls before the first tick, want none", got)
 	}
 	tickEvery(t, h, time.Millisecond, "after configuration (the warm-up goes out at once)")
-	h.Tick()
-	warmCalls(t, h, n, "ratelimit_sidecar", "ratelimit-sidecar")
-	tickEvery(t, h, time.Second, "after the first round, its outcome unknown")
+	tick(t, h, time.Second, "after the first round, its outcome unknown")
+	warmDefault(n)
 
 	// Answers that would each be a failure for a check (timeouts, then
 	// resets): none fails a request open, counts, or opens the breaker
 	// (5 failures by default); the rounds come every second.
 	h.RespondRootCallouts(timeoutAnswer)
-	h.Tick()
-	tickEvery(t, h, time.Second, "after a round of timeouts")
-	warmCalls(t, h, n, "ratelimit_sidecar", "ratelimit-sidecar")
+	tick(t, h, time.Second, "after a round of timeouts")
+	warmDefault(n)
 	h.RespondRootCallouts(nil)
 	s, _ := waiting(t, h, get("key-1"))
 	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
@@ -72,41 +81,33 @@ func (r runner) warmConnections(t *testing.T) {
 	if got := metric(t, h, limiter.MetricCalloutLatency); got != 1 {
 		t.Errorf("callout latency samples %d, want 1: the check's alone", got)
 	}
-	h.Tick()
-	tickEvery(t, h, time.Second, "after a round of resets")
+	tick(t, h, time.Second, "after a round of resets")
 
 	// A round answered 200 throughout: every 10 s from then on.
 	h.RespondRootCallouts(healthy)
-	h.Tick()
-	tickEvery(t, h, 10*time.Second, "after a round answered")
+	tick(t, h, 10*time.Second, "after a round answered")
 	h.RespondRootCallouts(healthy)
-	h.Tick()
-	tickEvery(t, h, 10*time.Second, "after another")
+	tick(t, h, 10*time.Second, "after another")
 
 	// A round with calls still unanswered at the next tick went wrong: a
 	// second until the round after it. Its late answers change nothing.
-	h.Tick()
-	tickEvery(t, h, time.Second, "after a round left unanswered")
+	tick(t, h, time.Second, "after a round left unanswered")
 	if got := len(h.RootCallouts()); got != 2*n {
 		t.Fatalf("%d calls pending, want two rounds' %d", got, 2*n)
 	}
 	h.RespondRootCallouts(healthy)
-	h.Tick()
-	tickEvery(t, h, 10*time.Second, "after the next round answered")
+	tick(t, h, 10*time.Second, "after the next round answered")
 	h.RespondRootCallouts(healthy)
 
 	// A call the proxy refuses ends the round, and the next comes a
 	// second later.
 	h.FailNextDispatch()
-	h.Tick()
+	tick(t, h, time.Second, "after a refused call")
 	warmCalls(t, h, 0, "", "")
-	tickEvery(t, h, time.Second, "after a refused call")
-	h.Tick()
-	warmCalls(t, h, n, "ratelimit_sidecar", "ratelimit-sidecar")
-	tickEvery(t, h, time.Second, "after the round that followed it")
+	tick(t, h, time.Second, "after the round that followed it")
+	warmDefault(n)
 	h.RespondRootCallouts(healthy)
-	h.Tick()
-	tickEvery(t, h, 10*time.Second, "once answered")
+	tick(t, h, 10*time.Second, "once answered")
 	h.RespondRootCallouts(healthy)
 
 	// The configured number, to the configured cluster and authority.

@@ -66,8 +66,7 @@ type root struct {
 	calls   streamTable   // pending callouts by token
 	fails   failLog
 	warm    warmRound
-	ticked  bool   // the first tick since configuration has come
-	tickMs  uint32 // the tick period last set
+	tickMs  uint32 // the tick period last set; firstTickMs until the first tick
 }
 
 func newRoot() *root { return &root{} }
@@ -192,7 +191,7 @@ func (l *Limiter) OnConfigure(rootID uint32, size int) (ok bool) {
 	// The first tick comes at once, for the warm-up (warm.go); the ticks
 	// after it come every second until a round of it went well, then every
 	// tickPeriodMs.
-	r.ticked, r.tickMs, r.warm = false, firstTickMs, warmRound{}
+	r.tickMs, r.warm = firstTickMs, warmRound{}
 	h.SetTickPeriod(firstTickMs)
 	h.Log(abi.LogInfo, "edgelimit: configured: "+cfg.Summary())
 	return true
@@ -597,11 +596,10 @@ func (l *Limiter) OnResponseHeaders(id uint32, _ int, _ bool) abi.Action {
 func (l *Limiter) OnTick(rootID uint32) {
 	defer l.recoverLog("proxy_on_tick")
 	if r := l.roots[rootID]; r != nil {
-		if p := l.warm(r, !r.ticked); p != r.tickMs {
+		if p := l.warm(r, r.tickMs == firstTickMs); p != r.tickMs {
 			r.tickMs = p
 			l.host.SetTickPeriod(p)
 		}
-		r.ticked = true
 		r.fails.flush(l.host, l.host.Now())
 		// Transitions set the gauge as they happen; VMs racing may leave
 		// it behind the shared state, so the tick sets it again.

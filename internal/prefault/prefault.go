@@ -4,10 +4,9 @@
 // Until its next collection a heap grows into pages the process has not
 // touched yet, or that the scavenger gave back, and each costs a page fault
 // when it is first written: 11 µs or more on the 2-core VM this project is
-// measured on. A
-// server that starts with a large GOGC and allocates per request pays for
-// tens of megabytes of them, page by page, in its first seconds of
-// traffic. Heap pays them once, at start, where nothing waits (the JVM's
+// measured on. A server that starts with a large GOGC and allocates per
+// request pays for tens of megabytes of them, page by page, in its first
+// seconds of traffic. Heap pays them once, at start, where nothing waits (the JVM's
 // AlwaysPreTouch, for Go's heap). The root RATIONALE.md, "Why does the
 // stand-in fault its heap in at start?", has the measurements.
 package prefault
@@ -20,9 +19,9 @@ import (
 
 // Heap writes one byte in each page between the heap's resident size and
 // its goal, in allocations of one chunk each that it then drops and
-// collects. The page
-// allocator hands the pages out again as the heap grows, already resident,
-// and the scavenger keeps them, since they lie within the goal. It returns
+// collects. The page allocator hands the pages out again as the heap grows,
+// already resident, and the scavenger keeps them, since they lie within the
+// goal. It returns
 // the number of bytes it made resident (0 when the heap already reaches its
 // goal). It collects twice, so call it at start, before serving.
 func Heap() int {
