@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/filter/limiter"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
@@ -93,6 +94,16 @@ func TestOneLimitAcrossGateways(t *testing.T) {
 		plans:    "plans:\n  gold: {capacity: 20, rate: 20}\nclients:\n  \"spread-client\": gold\n",
 		sidecars: 2,
 		gateways: 3,
+	})
+	// Every gateway's filter warms its connections to the sidecar through
+	// the sidecar's own POST /v1/warm before the traffic: at least one
+	// worker's round of warm_connections calls each, answered 200.
+	testkit.Poll(t, 10*time.Second, "the gateways' warm-up calls answered by the sidecars", func() bool {
+		var n float64
+		for i := range s.scAddrs {
+			n += s.sidecarMetric(i, `sidecar_warm_ups_total{result="ok"}`)
+		}
+		return n >= float64(len(s.gateways)*limiter.DefaultWarmConnections)
 	})
 	const client = "spread-client"
 	var ok, tooMany, other atomic.Int64

@@ -24,8 +24,8 @@ type answerFunc func(conn net.Conn, req *http.Request) (keepAlive bool)
 // passes each check on to the real sidecar behind it and relays the answer;
 // a test swaps in another answer to play a sidecar gone wrong, and swaps
 // the relay back to recover. It also records the headers of every check
-// (POST /v1/check) it was sent; the filter's warm-up calls to /healthz get
-// the same answer as the checks, and are not recorded.
+// (POST /v1/check) it was sent; the filter's warm-up calls (POST /v1/warm)
+// get the same answer as the checks, and are not recorded.
 type fakeSidecar struct {
 	t      *testing.T
 	ln     net.Listener

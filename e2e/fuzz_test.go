@@ -19,7 +19,7 @@ import (
 // testdata/fuzz/<target>/.
 
 // recordingSidecar answers every check "allowed" at once and keeps the
-// headers of the last one; the filter's warm-up calls to /healthz it
+// headers of the last one; the filter's warm-up calls (POST /v1/warm) it
 // answers as the sidecar does, and does not count.
 type recordingSidecar struct {
 	mu   sync.Mutex
@@ -31,8 +31,7 @@ func (*recordingSidecar) Cluster(string) bool { return true }
 
 func (d *recordingSidecar) Dispatch(_ context.Context, c wasmhost.Callout, respond func(wasmhost.CalloutResponse)) error {
 	if filtertest.WarmUpCall(c.Headers) {
-		h, body := filtertest.HealthzAnswer()
-		respond(wasmhost.CalloutResponse{Headers: h, Body: body})
+		respond(wasmhost.CalloutResponse{Headers: filtertest.WarmAnswer()})
 		return nil
 	}
 	d.mu.Lock()

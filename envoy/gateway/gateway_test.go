@@ -124,14 +124,12 @@ func answerCheck(w http.ResponseWriter, r *http.Request) {
 	writeAnswer(w, filtertest.SidecarAnswer("free", 10, 0.32, min(tokens, 10), 1))
 }
 
-// sidecarHandler answers GET /healthz as the sidecar does (the filter's
+// sidecarHandler answers POST /v1/warm as the sidecar does (the filter's
 // warm-up calls), and hands everything else, the checks, to check.
 func sidecarHandler(check http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet && r.URL.Path == "/healthz" {
-			h, body := filtertest.HealthzAnswer()
-			writeAnswer(w, h)
-			w.Write(body)
+		if r.Method == http.MethodPost && r.URL.Path == "/v1/warm" {
+			writeAnswer(w, filtertest.WarmAnswer())
 			return
 		}
 		check(w, r)

@@ -17,7 +17,7 @@ import (
 
 // Before any request, the filter as envoy.yaml configures it has the
 // gateway open warm_connections connections to the sidecar at once (its
-// warm-up calls to /healthz), and a burst of that many requests together
+// warm-up calls, POST /v1/warm), and a burst of that many requests together
 // then finds them open: the sidecar accepts no new connection.
 func TestGatewayWarmsItsSidecarConnections(t *testing.T) {
 	filter, _ := modules(t)
@@ -27,26 +27,24 @@ func TestGatewayWarmsItsSidecarConnections(t *testing.T) {
 	// at once: the filter must make them together, not one after another,
 	// for the proxy to open that many connections. A check is answered at
 	// once.
-	var healthz atomic.Int64
+	var warmUps atomic.Int64
 	together := make(chan struct{})
 	var once sync.Once
 	var conns, checks atomic.Int64
 	sidecar := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/healthz" {
+		if r.URL.Path != "/v1/warm" {
 			checks.Add(1)
 			answerCheck(w, r)
 			return
 		}
-		if healthz.Add(1) >= warm {
+		if warmUps.Add(1) >= warm {
 			once.Do(func() { close(together) })
 		}
 		select {
 		case <-together:
 		case <-time.After(30 * time.Second):
 		}
-		h, body := filtertest.HealthzAnswer()
-		writeAnswer(w, h)
-		w.Write(body)
+		writeAnswer(w, filtertest.WarmAnswer())
 	}))
 	sidecar.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {

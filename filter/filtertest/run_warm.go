@@ -10,7 +10,7 @@ import (
 
 // The cases of warm_connections: each root context's first tick, which
 // comes at once after configuration, and every tick after make that many
-// calls to the sidecar's /healthz at once, so that the proxy opens its
+// calls to the sidecar's POST /v1/warm at once, so that the proxy opens its
 // connections to the sidecar before the traffic needs them. The ticks come
 // every 10 s once a round went well, every second until then. The answers
 // are nobody's decision.
@@ -23,10 +23,10 @@ func warmCalls(t *testing.T, h Host, want int, cluster, authority string) {
 	if len(calls) != want {
 		t.Fatalf("%d calls from the root context, want %d", len(calls), want)
 	}
-	wantHeaders := []Header{{":method", "GET"}, {":path", "/healthz"}, {":authority", authority}}
+	wantHeaders := []Header{{":method", "POST"}, {":path", "/v1/warm"}, {":authority", authority}}
 	for _, c := range calls {
 		if c.Cluster != cluster || !slices.Equal(c.Headers, wantHeaders) || len(c.Body) != 0 || c.TimeoutMs != 500 {
-			t.Fatalf("warm-up call %+v, want GET /healthz to %s with :authority %s, no body, timeout 500 ms", c, cluster, authority)
+			t.Fatalf("warm-up call %+v, want POST /v1/warm to %s with :authority %s, no body, timeout 500 ms", c, cluster, authority)
 		}
 	}
 }
@@ -46,8 +46,8 @@ func tick(t *testing.T, h Host, want time.Duration, when string) {
 	tickEvery(t, h, want, when)
 }
 
-// healthy is the sidecar's answer to a warm-up call.
-var healthy, _ = HealthzAnswer()
+// warmOK is the sidecar's answer to a warm-up call.
+var warmOK = WarmAnswer()
 
 func (r runner) warmConnections(t *testing.T) {
 	const n = limiter.DefaultWarmConnections
@@ -84,9 +84,9 @@ func (r runner) warmConnections(t *testing.T) {
 	tick(t, h, time.Second, "after a round of resets")
 
 	// A round answered 200 throughout: every 10 s from then on.
-	h.RespondRootCallouts(healthy)
+	h.RespondRootCallouts(warmOK)
 	tick(t, h, 10*time.Second, "after a round answered")
-	h.RespondRootCallouts(healthy)
+	h.RespondRootCallouts(warmOK)
 	tick(t, h, 10*time.Second, "after another")
 
 	// A round with calls still unanswered at the next tick went wrong: a
@@ -95,9 +95,9 @@ func (r runner) warmConnections(t *testing.T) {
 	if got := len(h.RootCallouts()); got != 2*n {
 		t.Fatalf("%d calls pending, want two rounds' %d", got, 2*n)
 	}
-	h.RespondRootCallouts(healthy)
+	h.RespondRootCallouts(warmOK)
 	tick(t, h, 10*time.Second, "after the next round answered")
-	h.RespondRootCallouts(healthy)
+	h.RespondRootCallouts(warmOK)
 
 	// A call the proxy refuses ends the round, and the next comes a
 	// second later.
@@ -106,15 +106,15 @@ func (r runner) warmConnections(t *testing.T) {
 	warmCalls(t, h, 0, "", "")
 	tick(t, h, time.Second, "after the round that followed it")
 	warmDefault(n)
-	h.RespondRootCallouts(healthy)
+	h.RespondRootCallouts(warmOK)
 	tick(t, h, 10*time.Second, "once answered")
-	h.RespondRootCallouts(healthy)
+	h.RespondRootCallouts(warmOK)
 
 	// The configured number, to the configured cluster and authority.
 	full := r.host(t, ValidConfig("full.json"))
 	full.Tick()
 	warmCalls(t, full, 4, "edge_ratelimit", "ratelimit.internal:8080")
-	full.RespondRootCallouts(healthy)
+	full.RespondRootCallouts(warmOK)
 }
 
 // warmConnectionsNone: no warm-up with warm_connections 0, nor in mode off,

@@ -20,8 +20,21 @@ import (
 // filtertest is test support; importing the sidecar here is what keeps the
 // two from drifting apart. The filter itself never imports it.
 func SidecarAnswer(plan string, capacity, rate, tokens float64, cost int64) []Header {
-	res := scriptResult(capacity, rate, tokens, cost)
 	p := &plans.Plan{Name: plan, Capacity: capacity, Rate: rate, LimitHeader: strconv.FormatFloat(capacity, 'f', -1, 64)}
+	return answerHeaders(scriptResult(capacity, rate, tokens, cost), p)
+}
+
+// WarmAnswer is the sidecar's answer to the filter's warm-up call
+// (WarmUpCall): a peek (cost 0) at a bucket nobody spent from, answered with
+// the sidecar's warm-up plan.
+func WarmAnswer() []Header {
+	l := server.WarmLimit
+	return answerHeaders(scriptResult(l.Capacity, l.Rate, l.Capacity, 0), &server.WarmPlan)
+}
+
+// answerHeaders are the headers of the sidecar's answer for res under p, as
+// the proxy hands them to the filter.
+func answerHeaders(res lua.Result, p *plans.Plan) []Header {
 	var a server.Answer
 	a.Fill(res, p)
 	h := []Header{{":status", strconv.Itoa(a.Status)}, {"content-length", "0"}}
@@ -32,21 +45,12 @@ func SidecarAnswer(plan string, capacity, rate, tokens float64, cost int64) []He
 	return h
 }
 
-// HealthzAnswer is the sidecar's answer to GET /healthz as the proxy hands
-// it to the filter (the body is pinned by sidecar/server's TestEndpoints).
-// The filter's warm-up calls (WarmUpCall) get it.
-func HealthzAnswer() ([]Header, []byte) {
-	const body = "ok\n"
-	return []Header{{":status", "200"}, {"content-type", "text/plain; charset=utf-8"},
-		{"content-length", strconv.Itoa(len(body))}}, []byte(body)
-}
-
 // WarmUpCall reports whether a callout's headers are the filter's warm-up
-// call to the sidecar (GET /healthz) rather than a check.
+// call to the sidecar (POST /v1/warm) rather than a check.
 func WarmUpCall(headers []Header) bool {
 	method, _ := Get(headers, ":method")
 	path, _ := Get(headers, ":path")
-	return method == "GET" && path == "/healthz"
+	return method == "POST" && path == "/v1/warm"
 }
 
 // scriptResult is what tokenbucket.lua replies, as lua.ParseReply reads it,

@@ -8,16 +8,20 @@ import "github.com/edgelimit/edgelimit/filter/abi"
 // one. The first burst after start would set up one connection per request
 // at once, in the proxy, the kernel and the sidecar, all inside the 5 ms the
 // check has. So each root context, on its first tick and on every tick
-// after, makes warm_connections calls at once to the sidecar's GET /healthz,
-// which needs neither Redis nor a key: the proxy opens as many connections
-// as it has no idle one for, and keeps them in its pool once answered. A
+// after, makes warm_connections calls at once to the sidecar's
+// POST /v1/warm, which takes a check's path through the sidecar and Redis
+// without a client (a peek that writes nothing) and answers as a check
+// does: the proxy opens as many connections as it has no idle one for,
+// keeps them in its pool once answered, and each has carried a check's
+// whole path once before a client's check needs it. A
 // round that went wrong (a call refused, failed or still unanswered at the
 // next tick: the sidecar is not up yet, or gone) is made again a second
 // later instead of ten. The answers decide nothing else: they reach neither
 // the breaker nor any counter.
 
-// warmPath is what a warm-up call asks the sidecar.
-const warmPath = "/healthz"
+// warmPath is what a warm-up call asks the sidecar, with a POST and no
+// body.
+const warmPath = "/v1/warm"
 
 // warmTimeoutMs bounds a warm-up call. Far above a check's timeout: a call
 // that times out resets its stream, and the proxy closes the HTTP/1.1
@@ -54,7 +58,7 @@ func (l *Limiter) warm(r *root, first bool) uint32 {
 	}
 	r.warm.tokens, r.warm.failed = r.warm.tokens[:0], false
 	l.headers = append(l.headers[:0],
-		[2]string{":method", "GET"},
+		[2]string{":method", "POST"},
 		[2]string{":path", warmPath},
 		[2]string{":authority", cfg.SidecarAuthority})
 	for range cfg.WarmConnections {

@@ -39,6 +39,9 @@ func TestAdminListener(t *testing.T) {
 	if r := s.doAt(t, admin, "POST", "/v1/check", "x-api-key", "client-key-123"); r.status != 404 {
 		t.Errorf("admin POST /v1/check: %d %q, want 404", r.status, r.body)
 	}
+	if r := s.doAt(t, admin, "POST", "/v1/warm"); r.status != 404 {
+		t.Errorf("admin POST /v1/warm: %d %q, want 404", r.status, r.body)
+	}
 	if r := s.doAt(t, admin, "POST", "/readyz"); r.status != 405 || r.h("allow") != "GET, HEAD" {
 		t.Errorf("admin POST /readyz: %d allow %q, want 405 GET, HEAD", r.status, r.h("allow"))
 	}

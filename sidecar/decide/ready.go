@@ -2,7 +2,6 @@ package decide
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"sync"
 	"time"
@@ -80,21 +79,17 @@ func (d *Decider) warm(ctx context.Context) error {
 	return nil
 }
 
-// warmBucket is a bucket no client has: the one of the all-zero digest.
-var warmBucket = keys.BucketKeyOf([sha256.Size]byte{})
-
 // warmPath makes one decision the way every check is made (the queue, a
 // batch, the connection's writer and reader, the reply's parsing, the
 // script in Redis), so that a client's first check does not pay for their
 // first run inside the gateway's 5 ms: on a fresh sidecar the first
 // decision took 0.8-1.4 ms where later ones took 0.4-0.7 (the repository's
 // RATIONALE.md, "What does a fresh stack's first burst cost?"). It is a
-// peek (cost 0) at a bucket no client has, which writes nothing. Its
-// result is of no use: Redis has just answered, and a failure here shows
-// in the checks.
+// peek (cost 0) at keys.WarmBucket, which writes nothing. Its result is of
+// no use: Redis has just answered, and a failure here shows in the checks.
 func (d *Decider) warmPath(ctx context.Context) {
 	deadline, _ := ctx.Deadline() // Ready's, which always has one
-	_, _ = d.Decide(deadline, warmBucket, lua.Limit{Capacity: 1, Rate: 1}, 0)
+	_, _ = d.Decide(deadline, keys.WarmBucket, lua.Limit{Capacity: 1, Rate: 1}, 0)
 }
 
 type readyCache struct {

@@ -87,6 +87,10 @@ func (d *Digester) Digest(apiKey []byte) string {
 // BucketKey returns the Redis key of apiKey's bucket: "rl:{" + 64 hex + "}".
 func (d *Digester) BucketKey(apiKey []byte) string { return BucketKeyOf(d.Sum(apiKey)) }
 
+// WarmBucket is a bucket no client has, the one of the all-zero digest:
+// the sidecar's warm-ups peek at it (cost 0), which writes nothing.
+var WarmBucket = BucketKeyOf([sha256.Size]byte{})
+
 // BucketKeyOf returns the bucket key of a digest from Sum.
 func BucketKeyOf(sum [sha256.Size]byte) string {
 	var b [BucketKeyLen]byte

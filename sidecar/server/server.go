@@ -1,7 +1,7 @@
-// Package server is the sidecar's HTTP face: POST /v1/check, GET /healthz,
-// GET /readyz and GET /metrics, on fasthttp. Handle serves all four (the
-// check listener); HandleAdmin serves the last three only (the admin
-// listener, for probes and Prometheus).
+// Package server is the sidecar's HTTP face: POST /v1/check, POST /v1/warm,
+// GET /healthz, GET /readyz and GET /metrics, on fasthttp. Handle serves
+// them all (the check listener); HandleAdmin serves the last three only (the
+// admin listener, for probes and Prometheus).
 //
 // POST /v1/check answers, for the API key in x-api-key:
 //
@@ -113,6 +113,12 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		s.check(ctx)
+	case "/v1/warm":
+		if !ctx.IsPost() {
+			methodNotAllowed(ctx, "POST")
+			return
+		}
+		s.warm(ctx)
 	default:
 		s.HandleAdmin(ctx)
 	}
@@ -197,6 +203,37 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 		s.o.Log.Debug("decision", "client", keys.LogID(bucket), "plan", plan.Name, "cost", req.Cost,
 			"allowed", res.Allowed, "tokens", res.Tokens, "retry_after", res.RetryAfter)
 	}
+}
+
+// WarmLimit and WarmPlan are what a warm-up peeks with and answers with
+// (exported for the filter's test support, which answers as the sidecar
+// does; nothing changes them).
+var (
+	WarmLimit = lua.Limit{Capacity: 1, Rate: 1}
+	WarmPlan  = plans.Plan{Name: "warm-up", Capacity: 1, Rate: 1, LimitHeader: "1"}
+)
+
+// warm answers a gateway's warm-up call (POST /v1/warm, the filter's
+// warm_connections): a peek (cost 0) at keys.WarmBucket, which writes
+// nothing, made and answered the way a check is (the decision queue, a
+// pipeline to Redis, the script, the answer's headers), on the connection
+// the call came on. A connection the gateway opened for its checks has then
+// carried a check's whole path once before a client's check needs it
+// within the 5 ms (filter/RATIONALE.md, "Why the filter opens its
+// connections before the traffic", has the measurements). No decision is
+// counted: sidecar_warm_ups_total is.
+func (s *Server) warm(ctx *fasthttp.RequestCtx) {
+	res, err := s.o.Decider.Decide(time.Now().Add(s.o.Timeout), keys.WarmBucket, WarmLimit, 0)
+	if err != nil {
+		s.o.Stats.WarmUpErrors.Inc()
+		text(ctx, fasthttp.StatusServiceUnavailable, "redis unavailable")
+		return
+	}
+	s.o.Stats.WarmUps.Inc()
+	var a Answer
+	a.Fill(res, &WarmPlan)
+	a.SetHeaders(&ctx.Response.Header)
+	ctx.SetStatusCode(fasthttp.StatusOK)
 }
 
 func (s *Server) readyz(ctx *fasthttp.RequestCtx) {

@@ -357,6 +357,7 @@ func TestEndpoints(t *testing.T) {
 		{"readyz", "GET", "/readyz", nil, 200, "ready\n"},
 		{"readyz down", "GET", "/readyz", errors.New("redis: connection refused"), 503, "not ready: redis: connection refused\n"},
 		{"check GET", "GET", "/v1/check", nil, 405, "method not allowed\n"},
+		{"warm GET", "GET", "/v1/warm", nil, 405, "method not allowed\n"},
 		{"healthz POST", "POST", "/healthz", nil, 405, "method not allowed\n"},
 		{"unknown path", "GET", "/nope", nil, 404, "not found\n"},
 	}
@@ -375,6 +376,35 @@ func TestEndpoints(t *testing.T) {
 	if !strings.Contains(string(r.Body()), `sidecar_decisions_total{result="allowed"} 1`) ||
 		!strings.HasPrefix(header(r, "Content-Type"), "text/plain; version=0.0.4") {
 		t.Fatalf("metrics: %q\n%s", header(r, "Content-Type"), r.Body())
+	}
+}
+
+// A warm-up (POST /v1/warm) is a peek (cost 0) at keys.WarmBucket under
+// WarmLimit, answered as a check with the warm-up plan, and counted as a
+// warm-up, not a decision.
+func TestWarm(t *testing.T) {
+	d := &fakeDecider{res: lua.Result{Allowed: true, Tokens: 1}}
+	s, st, _ := newTestServer(t, planYAML, d)
+	r := do(s, "POST", "/v1/warm")
+	if r.StatusCode() != 200 || header(r, HeaderPlan) != "warm-up" || header(r, HeaderLimit) != "1" ||
+		header(r, HeaderTokens) != "1" || header(r, HeaderRate) != "1" {
+		t.Fatalf("got %d %s", r.StatusCode(), r.Header.String())
+	}
+	if want := []fakeCall{{keys.WarmBucket, WarmLimit, 0}}; len(d.calls) != 1 || d.calls[0] != want[0] {
+		t.Fatalf("decider asked %+v, want %+v", d.calls, want)
+	}
+	if st.WarmUps.Get() != 1 || st.Allowed.Get()+st.Denied.Get()+st.Errors.Get() != 0 {
+		t.Fatalf("warm-ups %d, decisions %d/%d/%d: want one warm-up and no decision",
+			st.WarmUps.Get(), st.Allowed.Get(), st.Denied.Get(), st.Errors.Get())
+	}
+
+	s, st, _ = newTestServer(t, planYAML, &fakeDecider{err: errors.New("dial tcp: connection refused")})
+	if r := do(s, "POST", "/v1/warm"); r.StatusCode() != 503 || string(r.Body()) != "redis unavailable\n" {
+		t.Fatalf("Redis down: got %d %q, want 503", r.StatusCode(), r.Body())
+	}
+	if st.WarmUpErrors.Get() != 1 || st.Errors.Get() != 0 || st.RedisErrors.Get() != 0 {
+		t.Fatalf("Redis down: warm-up errors %d, decision errors %d, Redis errors %d: want 1, 0, 0",
+			st.WarmUpErrors.Get(), st.Errors.Get(), st.RedisErrors.Get())
 	}
 }
 

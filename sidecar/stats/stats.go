@@ -47,6 +47,9 @@ type Stats struct {
 	// sidecar_denied_cached_total: of the denied decisions, those the deny
 	// cache made without Redis (sidecar/denycache).
 	DeniedCached *metrics.Counter
+	// sidecar_warm_ups_total{result}: the gateways' warm-up calls
+	// (POST /v1/warm), answered ("ok") or not ("error"); no decision.
+	WarmUps, WarmUpErrors *metrics.Counter
 	// sidecar_decision_duration_seconds: from the request to its decision
 	// (queueing and the Redis round trip), errors included.
 	Latency *metrics.PrometheusHistogram
@@ -97,6 +100,8 @@ func New() *Stats {
 		RedisTimeouts: s.NewCounter(`sidecar_redis_timeouts_total`),
 		ScriptLoads:   s.NewCounter(`sidecar_redis_script_loads_total`),
 		DeniedCached:  s.NewCounter(`sidecar_denied_cached_total`),
+		WarmUps:       s.NewCounter(`sidecar_warm_ups_total{result="ok"}`),
+		WarmUpErrors:  s.NewCounter(`sidecar_warm_ups_total{result="error"}`),
 		Latency:       s.NewPrometheusHistogramExt(`sidecar_decision_duration_seconds`, LatencyBuckets),
 		Batch:         s.NewPrometheusHistogramExt(`sidecar_pipeline_batch_size`, BatchBuckets),
 		ReloadOK:      s.NewCounter(`sidecar_plans_reloads_total{result="ok"}`),

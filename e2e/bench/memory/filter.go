@@ -59,7 +59,7 @@ type filterResult struct {
 
 // scriptedSidecar answers each callout as its key's scenario says; the
 // held ones wait for the soak to answer or time out. The filter's warm-up
-// calls get the sidecar's /healthz answer.
+// calls get the sidecar's answer to them.
 type scriptedSidecar struct {
 	mu   sync.Mutex
 	held func(wasmhost.CalloutResponse)
@@ -77,8 +77,7 @@ var (
 
 func (d *scriptedSidecar) Dispatch(_ context.Context, c wasmhost.Callout, respond func(wasmhost.CalloutResponse)) error {
 	if filtertest.WarmUpCall(c.Headers) {
-		h, body := filtertest.HealthzAnswer()
-		respond(wasmhost.CalloutResponse{Headers: h, Body: body})
+		respond(wasmhost.CalloutResponse{Headers: filtertest.WarmAnswer()})
 		return nil
 	}
 	var key string
