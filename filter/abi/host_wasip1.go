@@ -34,8 +34,11 @@ var (
 var mem arena
 
 // pairsBuf is reused for every header map the module hands the host, which
-// copies it during the call.
-var pairsBuf []byte
+// copies it during the call. It is made at start with room for any map the
+// filter sends, a local reply's headers included: its first growth during
+// traffic made the runtime map more heap, a stall of the VM
+// (filter/RATIONALE.md, "Why the hot path does not allocate").
+var pairsBuf = make([]byte, 0, 4096)
 
 func strPtr(s string) unsafe.Pointer   { return unsafe.Pointer(unsafe.StringData(s)) }
 func bytesPtr(b []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(b)) }
