@@ -13,9 +13,9 @@ import "github.com/edgelimit/edgelimit/filter/abi"
 // without a client (a peek that writes nothing) and answers as a check
 // does: the proxy opens as many connections as it has no idle one for,
 // keeps them in its pool once answered, and each has carried a check's
-// whole path once before a client's check needs it. A
-// round that went wrong (a call refused, failed or still unanswered at the
-// next tick: the sidecar is not up yet, or gone) is made again a second
+// whole path once before a client's check needs it. A round that went
+// wrong (a call refused, failed or still unanswered at the next tick: the
+// sidecar is not up yet, or gone, or Redis down) is made again a second
 // later instead of ten. The answers decide nothing else: they reach neither
 // the breaker nor any counter.
 
