@@ -385,7 +385,7 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	s := r.calls.remove(token)
 	if s == nil {
 		// A warm-up call's, or a request's that already failed open.
-		l.warmAnswer(r, token, numHeaders)
+		l.warmAnswer(r, token)
 		return
 	}
 	s.pending = false

@@ -73,9 +73,10 @@ func (l *Limiter) warm(r *root, first bool) uint32 {
 }
 
 // warmAnswer takes a warm-up call's answer off its round: anything but a
-// 200 marks the round failed. The answer of a call from an earlier round,
-// or no warm-up call at all, is ignored.
-func (l *Limiter) warmAnswer(r *root, token uint32, numHeaders int) {
+// 200 marks the round failed, a call that got no answer at all (no
+// headers, so no :status) among them. The answer of a call from an earlier
+// round, or no warm-up call at all, is ignored.
+func (l *Limiter) warmAnswer(r *root, token uint32) {
 	defer l.recoverLog("proxy_on_http_call_response")
 	t := r.warm.tokens
 	for i := range t {
@@ -84,10 +85,6 @@ func (l *Limiter) warmAnswer(r *root, token uint32, numHeaders int) {
 		}
 		t[i] = t[len(t)-1]
 		r.warm.tokens = t[:len(t)-1]
-		if numHeaders == 0 {
-			r.warm.failed = true
-			return
-		}
 		if st, _ := l.host.GetHeader(abi.MapHTTPCallResponseHeaders, ":status"); st != "200" {
 			r.warm.failed = true
 		}

@@ -6,9 +6,9 @@
 // when it is first written: 11 µs or more on the 2-core VM this project is
 // measured on. A server that starts with a large GOGC and allocates per
 // request pays for tens of megabytes of them, page by page, in its first
-// seconds of traffic. Heap pays them once, at start, where nothing waits (the JVM's
-// AlwaysPreTouch, for Go's heap). The root RATIONALE.md, "Why does the
-// stand-in fault its heap in at start?", has the measurements.
+// seconds of traffic. Heap pays them once, at start, where nothing waits
+// (the JVM's AlwaysPreTouch, for Go's heap). The root RATIONALE.md, "Why
+// does the stand-in fault its heap in at start?", has the measurements.
 package prefault
 
 import (
@@ -21,9 +21,9 @@ import (
 // its goal, in allocations of one chunk each that it then drops and
 // collects. The page allocator hands the pages out again as the heap grows,
 // already resident, and the scavenger keeps them, since they lie within the
-// goal. It returns
-// the number of bytes it made resident (0 when the heap already reaches its
-// goal). It collects twice, so call it at start, before serving.
+// goal. It returns the number of bytes it made resident (0 when the heap
+// already reaches its goal). It collects twice, so call it at start, before
+// serving.
 func Heap() int {
 	runtime.GC()
 	n := shortfall()
