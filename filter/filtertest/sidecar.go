@@ -24,6 +24,41 @@ func SidecarAnswer(plan string, capacity, rate, tokens float64, cost int64) []He
 	return answerHeaders(scriptResult(capacity, rate, tokens, cost), p)
 }
 
+// SidecarBatchAnswer is the sidecar's answer to a check of count requests
+// of cost each (x-ratelimit-count) on a bucket holding tokens.
+func SidecarBatchAnswer(plan string, capacity, rate, tokens float64, cost, count int64) []Header {
+	p := &plans.Plan{Name: plan, Capacity: capacity, Rate: rate, LimitHeader: strconv.FormatFloat(capacity, 'f', -1, 64)}
+	res, admitted := batchResult(capacity, rate, tokens, cost, count)
+	h := answerHeaders(res, p)
+	return append(h, Header{"x-ratelimit-admitted", strconv.FormatInt(admitted, 10)})
+}
+
+// batchResult is the script's reply to count calls of cost.
+func batchResult(capacity, rate, tokens float64, cost, count int64) (lua.Result, int64) {
+	c := float64(cost)
+	k := int64(0)
+	if c <= capacity {
+		k = min(int64(math.Floor(tokens/c)), count)
+		if float64(k)*c > tokens {
+			k--
+		}
+	}
+	tokens -= float64(k) * c
+	var r lua.Result
+	switch {
+	case c > capacity:
+		r.Never = true
+	case k < count:
+		r.RetryMs = (c - tokens) / rate * 1000
+	default:
+		r.Allowed = true
+	}
+	r.Tokens = tokens
+	r.ResetMs = (capacity - tokens) / rate * 1000
+	r.RetryAfter, r.ResetAfter = ceilNs(r.RetryMs), ceilNs(r.ResetMs)
+	return r, k
+}
+
 // WarmAnswer is the sidecar's answer to the filter's warm-up call
 // (WarmUpCall): a peek (cost 0) at a bucket nobody spent from, answered with
 // the sidecar's warm-up plan.
