@@ -25,7 +25,7 @@ func ExampleTake() {
 	// 10 tokens, one back every 10,000 s: refill is invisible at 3 decimals.
 	plan := lua.Limit{Capacity: 10, Rate: 0.0001}
 	for _, cost := range []int64{4, 4, 4, 11} {
-		r, err := lua.Take(ctx, c, "bucket:client-digest", plan, cost)
+		r, err := lua.Take(ctx, c, "bucket:client-digest", plan, cost, 1)
 		if err != nil {
 			fmt.Println(err)
 			return

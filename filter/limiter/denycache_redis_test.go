@@ -84,7 +84,7 @@ func TestDenyCacheAgainstRedis(t *testing.T) {
 		key := "rl:{diff" + strconv.Itoa(timelines) + "}"
 		take := func(cost int64) lua.Result {
 			t.Helper()
-			r, err := lua.Take(ctx, c, key, l, cost)
+			r, err := lua.Take(ctx, c, key, l, cost, 1)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -216,7 +216,7 @@ func (d *Decider) args(l lua.Limit, cost int64) *argsEntry {
 	if v, ok := d.argsCache.Load(k); ok {
 		return v.(*argsEntry)
 	}
-	vals := lua.Args(l, cost)
+	vals := lua.Args(l, cost, 1)
 	a := &argsEntry{vals: vals, resp: respArgs(vals)}
 	// Past the bound (plans edited many times, unusual costs) start over
 	// rather than stop caching: the entries in use come back at once.
@@ -357,7 +357,7 @@ func (d *Decider) run(batch []*call) {
 	for i, c := range live {
 		v, err := cmds[i].Result()
 		if err == nil {
-			c.answer(lua.ParseReply(v))
+			c.answer(lua.ParseReply(v, 1))
 		} else {
 			c.answer(lua.Result{}, err)
 		}

@@ -400,7 +400,7 @@ func TestArgsCache(t *testing.T) {
 		cost int64
 	}{{slow, 1}, {slow, 2}, {lua.Limit{Capacity: 10, Rate: 0.5}, 1}, {slow, 1}}
 	for _, tt := range tests {
-		got, want := d.args(tt.l, tt.cost).vals, lua.Args(tt.l, tt.cost)
+		got, want := d.args(tt.l, tt.cost).vals, lua.Args(tt.l, tt.cost, 1)
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("args(%v, %d) = %v, want %v", tt.l, tt.cost, got, want)
 		}
@@ -411,7 +411,7 @@ func TestArgsCache(t *testing.T) {
 	// Past the bound the cache starts over: it never holds more than the
 	// bound, and answers stay right.
 	for i := range maxCachedArgs + 10 {
-		if got := d.args(slow, int64(i+100)).vals; fmt.Sprint(got) != fmt.Sprint(lua.Args(slow, int64(i+100))) {
+		if got := d.args(slow, int64(i+100)).vals; fmt.Sprint(got) != fmt.Sprint(lua.Args(slow, int64(i+100), 1)) {
 			t.Fatalf("args(slow, %d) = %v", i+100, got)
 		}
 	}

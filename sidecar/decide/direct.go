@@ -537,7 +537,7 @@ func readResult(rd *bufio.Reader) (res lua.Result, callErr, connErr error) {
 			return res, nil, err
 		}
 	}
-	res, callErr = lua.ParseFields(decision, fields[0], fields[1], fields[2])
+	res, callErr = lua.ParseFields(1, decision, fields[0], fields[1], fields[2])
 	return res, callErr, nil
 }
 

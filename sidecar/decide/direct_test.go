@@ -241,7 +241,7 @@ func TestReadResult(t *testing.T) {
 			"*4\r\n:0\r\n$1\r\n3\r\n$5\r\nnever\r\n$1\r\n0\r\n" +
 			"-NOSCRIPT No matching script.\r\n"))
 	for i, want := range []lua.Result{
-		{Allowed: true, Tokens: 2.5, ResetAfter: 1500 * time.Millisecond, ResetMs: 1500},
+		{Allowed: true, Admitted: 1, Tokens: 2.5, ResetAfter: 1500 * time.Millisecond, ResetMs: 1500},
 		{Tokens: 3, Never: true},
 	} {
 		got, callErr, connErr := readResult(rd)
