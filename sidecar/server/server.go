@@ -63,9 +63,10 @@ const DefaultTimeout = 4 * time.Millisecond
 
 // Decider makes decisions on Redis (decide.Decider in production).
 type Decider interface {
-	// Decide takes cost tokens from bucket key under limit l, or returns
-	// an error wrapping context.DeadlineExceeded at deadline.
-	Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error)
+	// Decide decides count calls of cost on bucket key under limit l, as
+	// count calls in a row would be (lua.Take), or returns an error
+	// wrapping context.DeadlineExceeded at deadline.
+	Decide(deadline time.Time, key string, l lua.Limit, cost, count int64) (lua.Result, error)
 	// Ready reports whether decisions can be made now.
 	Ready(ctx context.Context) error
 }
@@ -169,10 +170,10 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 	bucket := keys.BucketKeyOf(sum)
 	limit := lua.Limit{Capacity: plan.Capacity, Rate: plan.Rate}
 	if s.o.Hot != nil && hotClient != nil {
-		bucket, limit = s.o.Hot.Route(bucket, hotClient.Regions, req.Region, limit, req.Cost)
+		bucket, limit = s.o.Hot.Route(bucket, hotClient.Regions, req.Region, limit, req.Cost, 1)
 	}
 
-	res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), bucket, limit, req.Cost)
+	res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), bucket, limit, req.Cost, 1)
 	s.o.Stats.Latency.UpdateDuration(start)
 	if err != nil {
 		s.o.Stats.Errors.Inc()
@@ -223,7 +224,7 @@ var (
 // connections before the traffic", has the measurements). No decision is
 // counted: sidecar_warm_ups_total is.
 func (s *Server) warm(ctx *fasthttp.RequestCtx) {
-	res, err := s.o.Decider.Decide(time.Now().Add(s.o.Timeout), keys.WarmBucket, WarmLimit, 0)
+	res, err := s.o.Decider.Decide(time.Now().Add(s.o.Timeout), keys.WarmBucket, WarmLimit, 0, 1)
 	if err != nil {
 		s.o.Stats.WarmUpErrors.Inc()
 		text(ctx, fasthttp.StatusServiceUnavailable, "redis unavailable")

@@ -35,14 +35,14 @@ type fakeDecider struct {
 }
 
 type fakeCall struct {
-	key   string
-	limit lua.Limit
-	cost  int64
+	key         string
+	limit       lua.Limit
+	cost, count int64
 }
 
-func (f *fakeDecider) Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error) {
+func (f *fakeDecider) Decide(deadline time.Time, key string, l lua.Limit, cost, count int64) (lua.Result, error) {
 	f.mu.Lock()
-	f.calls = append(f.calls, fakeCall{key, l, cost})
+	f.calls = append(f.calls, fakeCall{key, l, cost, count})
 	res, err, block := f.res, f.err, f.block
 	f.mu.Unlock()
 	if block {
@@ -167,7 +167,7 @@ func TestCheckPassesPlanAndDigest(t *testing.T) {
 	if r.StatusCode() != 200 || header(r, HeaderPlan) != "pro" || header(r, HeaderLimit) != "200" {
 		t.Fatalf("status %d plan %q limit %q", r.StatusCode(), header(r, HeaderPlan), header(r, HeaderLimit))
 	}
-	want := fakeCall{key: keys.New(nil).BucketKey([]byte("client-key-123")), limit: lua.Limit{Capacity: 200, Rate: 100}, cost: 7}
+	want := fakeCall{key: keys.New(nil).BucketKey([]byte("client-key-123")), limit: lua.Limit{Capacity: 200, Rate: 100}, cost: 7, count: 1}
 	if len(d.calls) != 1 || d.calls[0] != want {
 		t.Fatalf("decider calls %+v, want [%+v]", d.calls, want)
 	}
@@ -390,7 +390,7 @@ func TestWarm(t *testing.T) {
 		header(r, HeaderTokens) != "1" || header(r, HeaderRate) != "1" {
 		t.Fatalf("got %d %s", r.StatusCode(), r.Header.String())
 	}
-	if want := []fakeCall{{keys.WarmBucket, WarmLimit, 0}}; len(d.calls) != 1 || d.calls[0] != want[0] {
+	if want := []fakeCall{{keys.WarmBucket, WarmLimit, 0, 1}}; len(d.calls) != 1 || d.calls[0] != want[0] {
 		t.Fatalf("decider asked %+v, want %+v", d.calls, want)
 	}
 	if st.WarmUps.Get() != 1 || st.Allowed.Get()+st.Denied.Get()+st.Errors.Get() != 0 {
