@@ -71,7 +71,7 @@ func WarmAnswer() []Header {
 // the proxy hands them to the filter.
 func answerHeaders(res lua.Result, p *plans.Plan) []Header {
 	var a server.Answer
-	a.Fill(res, p)
+	a.Fill(res, p, 1)
 	h := []Header{{":status", strconv.Itoa(a.Status)}, {"content-length", "0"}}
 	for i := range a.Len() {
 		name, v := a.Field(i)

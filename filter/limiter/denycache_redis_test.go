@@ -227,7 +227,7 @@ func TestDenyCacheAgainstRedis(t *testing.T) {
 // answerFrom is the sidecar's answer to res, as the filter reads it.
 func answerFrom(res lua.Result, plan *plans.Plan) Answer {
 	var a server.Answer
-	a.Fill(res, plan)
+	a.Fill(res, plan, 1)
 	h := [][2]string{{":status", strconv.Itoa(a.Status)}}
 	for i := range a.Len() {
 		name, v := a.Field(i)
