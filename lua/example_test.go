@@ -39,3 +39,31 @@ func ExampleTake() {
 	// cost  4: allowed=false never=false tokens=2.000 retry=5h33m0s
 	// cost 11: allowed=false never=true  tokens=2.000 retry=0s
 }
+
+// One run decides several calls of the same cost, as that many calls in a
+// row would be: the bucket pays the first ones it can.
+func ExampleTake_count() {
+	ctx := context.Background()
+	srv, err := redisproc.Start(ctx, redisproc.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer srv.Stop()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+
+	plan := lua.Limit{Capacity: 10, Rate: 0.0001}
+	for range 3 {
+		r, err := lua.Take(ctx, c, "bucket:client-digest", plan, 2, 3)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Printf("3 calls of cost 2: admitted=%d allowed=%-5v tokens=%.3f\n", r.Admitted, r.Allowed, r.Tokens)
+	}
+	// Output:
+	// 3 calls of cost 2: admitted=3 allowed=true  tokens=4.000
+	// 3 calls of cost 2: admitted=2 allowed=false tokens=0.000
+	// 3 calls of cost 2: admitted=0 allowed=false tokens=0.000
+}
