@@ -1095,15 +1095,10 @@ func (b *bucket) level(now time.Duration) float64 {
 // does, with how many it admitted.
 func (b *bucket) answer(now time.Duration, cost, count int64) ([]Header, int64) {
 	b.tokens, b.at = b.level(now), now
-	var h []Header
-	if count == 1 {
-		h = SidecarAnswer("model", b.capacity, b.rate, b.tokens, cost)
-	} else {
-		h = SidecarBatchAnswer("model", b.capacity, b.rate, b.tokens, cost, count)
-	}
-	_, k := batchResult(b.capacity, b.rate, b.tokens, cost, count)
-	b.tokens -= float64(k * cost)
-	return h, k
+	h := SidecarBatchAnswer("model", b.capacity, b.rate, b.tokens, cost, count)
+	res := scriptResult(b.capacity, b.rate, b.tokens, cost, count)
+	b.tokens = res.Tokens
+	return h, res.Admitted
 }
 
 // denyCacheBucketModel drives the filter with a random mix of clients,
