@@ -4,10 +4,8 @@
 // One bucket per key: it holds up to Limit.Capacity tokens, refills
 // continuously at Limit.Rate tokens per second on Redis's clock, starts full
 // for a key never seen, and a call takes its cost only if the bucket holds
-// that many tokens. One run of the script can decide count calls of the same
-// cost, exactly as count calls one after another at the same instant would
-// be decided: the first k the bucket can pay are allowed. tokenbucket.lua
-// documents the script's arguments, reply and guarantees.
+// that many tokens. tokenbucket.lua documents the script's arguments, reply
+// and guarantees.
 package lua
 
 import (
@@ -57,31 +55,22 @@ func (l Limit) Validate() error {
 	return nil
 }
 
-// MaxCount is the most calls one run of the script decides.
-const MaxCount = 1024
-
-// Result is the outcome of one Take of count calls.
+// Result is the outcome of one Take.
 type Result struct {
-	// Allowed says all count calls were allowed (Admitted == count): the
-	// cost was taken count times. With count 1: the call was allowed.
+	// Allowed says the cost was taken.
 	Allowed bool
-	// Admitted is how many of the calls were allowed, 0 to count: the
-	// first Admitted of them, each of which took the cost.
-	Admitted int64
-	// Tokens is what the bucket holds after the calls, exactly as Redis
+	// Tokens is what the bucket holds after this call, exactly as Redis
 	// computed it (fractional).
 	Tokens float64
-	// RetryAfter is, when not all calls were allowed, how long until the
-	// bucket will hold the cost once more (rounded up to the nanosecond).
-	// 0 when all were allowed or Never.
+	// RetryAfter is, for a denied call, how long until the bucket will hold
+	// the cost (rounded up to the nanosecond). 0 when allowed or Never.
 	RetryAfter time.Duration
 	// RetryMs is the same wait exactly as the script computed it, in
 	// milliseconds: (cost - tokens) / rate * 1000 in float64. Answers that
 	// must never point earlier than the wait are derived from it, not from
 	// a rounded figure.
 	RetryMs float64
-	// Never says the cost exceeds the capacity: no wait can make it
-	// succeed, and no call was allowed.
+	// Never says the cost exceeds the capacity: no wait can make it succeed.
 	Never bool
 	// ResetAfter is how long until the bucket is full again (rounded up to
 	// the nanosecond; durations beyond ~292 years saturate).
@@ -91,47 +80,36 @@ type Result struct {
 	ResetMs float64
 }
 
-// Args returns the script's ARGV for one run deciding count calls of cost:
-// capacity, rate and cost, as decimal strings that Lua parses back to the
-// same doubles, and count when it is not 1 (a single call sends three).
-func Args(l Limit, cost, count int64) []any {
-	args := []any{
+// Args returns the script's ARGV for one call: capacity, rate and cost, as
+// decimal strings that Lua parses back to the same doubles.
+func Args(l Limit, cost int64) []any {
+	return []any{
 		strconv.FormatFloat(l.Capacity, 'g', -1, 64),
 		strconv.FormatFloat(l.Rate, 'g', -1, 64),
 		strconv.FormatInt(cost, 10),
 	}
-	if count != 1 {
-		args = append(args, strconv.FormatInt(count, 10))
-	}
-	return args
 }
 
-// Take runs the script once to decide count calls of cost on the bucket at
-// key, in order: each takes cost tokens if the bucket still holds them, so
-// the first Result.Admitted are allowed. A cost of 0 only reports the
-// bucket. Invalid limits, a negative cost or a count outside 1 to MaxCount
-// are rejected before anything is sent.
-func Take(ctx context.Context, c redis.Scripter, key string, l Limit, cost, count int64) (Result, error) {
+// Take runs the script once: it takes cost tokens from the bucket at key if
+// the bucket holds them. A cost of 0 only reports the bucket. Invalid limits
+// or a negative cost are rejected before anything is sent.
+func Take(ctx context.Context, c redis.Scripter, key string, l Limit, cost int64) (Result, error) {
 	if err := l.Validate(); err != nil {
 		return Result{}, err
 	}
 	if cost < 0 {
 		return Result{}, fmt.Errorf("cost: must be >= 0, got %d", cost)
 	}
-	if count < 1 || count > MaxCount {
-		return Result{}, fmt.Errorf("count: must be from 1 to %d, got %d", MaxCount, count)
-	}
-	v, err := Script.Run(ctx, c, []string{key}, Args(l, cost, count)...).Result()
+	v, err := Script.Run(ctx, c, []string{key}, Args(l, cost)...).Result()
 	if err != nil {
 		return Result{}, fmt.Errorf("token bucket script: %w", err)
 	}
-	return ParseReply(v, count)
+	return ParseReply(v)
 }
 
-// ParseReply reads the script's reply to a run deciding count calls, as
-// go-redis returns it. Any reply of another shape, or with values the
-// script cannot produce, is an error.
-func ParseReply(v any, count int64) (Result, error) {
+// ParseReply reads the script's reply as go-redis returns it. Any reply of
+// another shape, or with values the script cannot produce, is an error.
+func ParseReply(v any) (Result, error) {
 	arr, ok := v.([]any)
 	if !ok {
 		return Result{}, fmt.Errorf("token bucket reply: want an array, got %T", v)
@@ -139,9 +117,9 @@ func ParseReply(v any, count int64) (Result, error) {
 	if len(arr) != 4 {
 		return Result{}, fmt.Errorf("token bucket reply: want 4 elements, got %d", len(arr))
 	}
-	admitted, ok := arr[0].(int64)
+	decision, ok := arr[0].(int64)
 	if !ok {
-		return Result{}, fmt.Errorf("token bucket reply: admitted: want an integer from 0 to %d, got %T %v", count, arr[0], arr[0])
+		return Result{}, fmt.Errorf("token bucket reply: decision: want integer 0 or 1, got %T %v", arr[0], arr[0])
 	}
 	var fields [3]string
 	for i, name := range [3]string{"tokens", "retry", "reset"} {
@@ -151,23 +129,22 @@ func ParseReply(v any, count int64) (Result, error) {
 		}
 		fields[i] = s
 	}
-	return ParseFields(count, admitted, fields[0], fields[1], fields[2])
+	return ParseFields(decision, fields[0], fields[1], fields[2])
 }
 
-// ParseFields reads the script's reply to a run deciding count calls from
-// its four elements: the calls admitted (an integer from 0 to count) and
-// the three decimal strings, tokens, retry and reset, for callers that
-// decode Redis's replies themselves. Values the script cannot produce are
-// an error: retry is "0" exactly when all count were admitted, and "never"
-// only when none was.
-func ParseFields(count, admitted int64, tokens, retry, reset string) (Result, error) {
-	if count < 1 {
-		return Result{}, fmt.Errorf("token bucket reply: count: want at least 1, got %d", count)
+// ParseFields reads the script's reply from its four elements: the
+// decision (integer 0 or 1) and the three decimal strings, tokens, retry
+// and reset, for callers that decode Redis's replies themselves. Values the
+// script cannot produce are an error.
+func ParseFields(decision int64, tokens, retry, reset string) (Result, error) {
+	var r Result
+	switch decision {
+	case 1:
+		r.Allowed = true
+	case 0:
+	default:
+		return Result{}, fmt.Errorf("token bucket reply: decision: want integer 0 or 1, got int64 %d", decision)
 	}
-	if admitted < 0 || admitted > count {
-		return Result{}, fmt.Errorf("token bucket reply: admitted: want an integer from 0 to %d, got %d", count, admitted)
-	}
-	r := Result{Admitted: admitted, Allowed: admitted == count}
 	var err error
 	if r.Tokens, err = replyNumber("tokens", tokens); err != nil {
 		return Result{}, err
@@ -175,9 +152,6 @@ func ParseFields(count, admitted int64, tokens, retry, reset string) (Result, er
 	if retry == "never" {
 		if r.Allowed {
 			return Result{}, errors.New(`token bucket reply: allowed with retry "never"`)
-		}
-		if admitted != 0 {
-			return Result{}, fmt.Errorf(`token bucket reply: %d admitted with retry "never"`, admitted)
 		}
 		r.Never = true
 	} else {
@@ -187,9 +161,6 @@ func ParseFields(count, admitted int64, tokens, retry, reset string) (Result, er
 		}
 		if r.Allowed && ms != 0 {
 			return Result{}, fmt.Errorf("token bucket reply: allowed with retry %v ms", ms)
-		}
-		if !r.Allowed && ms == 0 {
-			return Result{}, fmt.Errorf("token bucket reply: %d of %d admitted with retry 0 ms", admitted, count)
 		}
 		r.RetryAfter, r.RetryMs = millis(ms), ms
 	}
@@ -201,10 +172,9 @@ func ParseFields(count, admitted int64, tokens, retry, reset string) (Result, er
 	return r, nil
 }
 
-// Denial is the Result the script gives when it denies a cost, and so every
-// call of a run (Admitted 0): the bucket holds tokens, and retryMs and
-// resetMs are the waits in milliseconds, for callers that answer a denial
-// without running the script.
+// Denial is the Result the script gives when it denies a cost: the bucket
+// holds tokens, and retryMs and resetMs are the waits in milliseconds, for
+// callers that answer a denial without running the script.
 func Denial(tokens, retryMs, resetMs float64) Result {
 	return Result{Tokens: tokens, RetryMs: retryMs, RetryAfter: millis(retryMs), ResetMs: resetMs, ResetAfter: millis(resetMs)}
 }

@@ -19,14 +19,14 @@ func TestParseReply(t *testing.T) {
 		want  Result
 	}{
 		{"allowed", []any{int64(1), "2.5", "0", "1500"},
-			Result{Allowed: true, Admitted: 1, Tokens: 2.5, ResetAfter: 1500 * time.Millisecond, ResetMs: 1500}},
+			Result{Allowed: true, Tokens: 2.5, ResetAfter: 1500 * time.Millisecond, ResetMs: 1500}},
 		{"denied", []any{int64(0), "0.25", "750", "4750"},
 			Result{Tokens: 0.25, RetryAfter: 750 * time.Millisecond, RetryMs: 750, ResetAfter: 4750 * time.Millisecond, ResetMs: 4750}},
 		{"never", []any{int64(0), "3", "never", "0"},
 			Result{Tokens: 3, Never: true}},
 		// 17 significant digits come back as the same double.
 		{"exact fraction", []any{int64(1), "0.33333333333333331", "0", "0"},
-			Result{Allowed: true, Admitted: 1, Tokens: 1.0 / 3}},
+			Result{Allowed: true, Tokens: 1.0 / 3}},
 		// Fractions of a nanosecond round up in the durations: a client
 		// told to wait is never told too little. The ms stay exact.
 		{"ms rounded up to ns", []any{int64(0), "0", "0.0000001", "1.0000000001"},
@@ -35,66 +35,12 @@ func TestParseReply(t *testing.T) {
 			Result{RetryAfter: math.MaxInt64, RetryMs: 1e300, ResetAfter: math.MaxInt64, ResetMs: 1e300}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseReply(tc.reply, 1)
+			got, err := ParseReply(tc.reply)
 			if err != nil {
 				t.Fatalf("ParseReply(%#v): %v", tc.reply, err)
 			}
 			if got != tc.want {
 				t.Errorf("ParseReply(%#v) = %+v, want %+v", tc.reply, got, tc.want)
-			}
-		})
-	}
-}
-
-// A reply to a run deciding count calls: Allowed only when all were
-// admitted.
-func TestParseReplyCount(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		count int64
-		reply any
-		want  Result
-	}{
-		{"all admitted", 5, []any{int64(5), "2.5", "0", "1500"},
-			Result{Allowed: true, Admitted: 5, Tokens: 2.5, ResetAfter: 1500 * time.Millisecond, ResetMs: 1500}},
-		{"some admitted", 5, []any{int64(3), "0.25", "750", "4750"},
-			Result{Admitted: 3, Tokens: 0.25, RetryAfter: 750 * time.Millisecond, RetryMs: 750, ResetAfter: 4750 * time.Millisecond, ResetMs: 4750}},
-		{"none admitted", 5, []any{int64(0), "0.25", "750", "4750"},
-			Result{Tokens: 0.25, RetryAfter: 750 * time.Millisecond, RetryMs: 750, ResetAfter: 4750 * time.Millisecond, ResetMs: 4750}},
-		{"never", 1024, []any{int64(0), "3", "never", "0"},
-			Result{Tokens: 3, Never: true}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseReply(tc.reply, tc.count)
-			if err != nil {
-				t.Fatalf("ParseReply(%#v, %d): %v", tc.reply, tc.count, err)
-			}
-			if got != tc.want {
-				t.Errorf("ParseReply(%#v, %d) = %+v, want %+v", tc.reply, tc.count, got, tc.want)
-			}
-		})
-	}
-	for _, tc := range []struct {
-		name  string
-		count int64
-		reply any
-		want  string
-	}{
-		{"more than count", 3, []any{int64(4), "1", "0", "0"}, "admitted: want an integer from 0 to 3, got 4"},
-		{"negative", 3, []any{int64(-1), "1", "5", "0"}, "admitted: want an integer from 0 to 3, got -1"},
-		{"some admitted, no wait", 3, []any{int64(2), "1", "0", "0"}, "2 of 3 admitted with retry 0 ms"},
-		{"none admitted, no wait", 3, []any{int64(0), "1", "0", "0"}, "0 of 3 admitted with retry 0 ms"},
-		{"some admitted, never", 3, []any{int64(2), "1", "never", "0"}, `2 admitted with retry "never"`},
-		{"all admitted with wait", 3, []any{int64(3), "1", "5", "0"}, "allowed with retry 5 ms"},
-		{"count 0", 0, []any{int64(0), "1", "0", "0"}, "count: want at least 1, got 0"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseReply(tc.reply, tc.count)
-			if err == nil {
-				t.Fatalf("ParseReply(%#v, %d) = %+v, want an error", tc.reply, tc.count, got)
-			}
-			if !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("ParseReply(%#v, %d) error %q, want it to contain %q", tc.reply, tc.count, err, tc.want)
 			}
 		})
 	}
@@ -110,9 +56,8 @@ func TestParseReplyRejects(t *testing.T) {
 		{"string", "OK", "want an array, got string"},
 		{"short", []any{int64(1), "1", "0"}, "want 4 elements, got 3"},
 		{"long", []any{int64(1), "1", "0", "0", "0"}, "want 4 elements, got 5"},
-		{"admitted as string", []any{"1", "1", "0", "0"}, "admitted: want an integer from 0 to 1, got string 1"},
-		{"admitted 2", []any{int64(2), "1", "0", "0"}, "admitted: want an integer from 0 to 1, got 2"},
-		{"denied without a wait", []any{int64(0), "1", "0", "0"}, "0 of 1 admitted with retry 0 ms"},
+		{"decision as string", []any{"1", "1", "0", "0"}, "decision: want integer 0 or 1, got string 1"},
+		{"decision 2", []any{int64(2), "1", "0", "0"}, "decision: want integer 0 or 1, got int64 2"},
 		{"tokens as integer", []any{int64(1), int64(1), "0", "0"}, "tokens: want a string, got int64 1"},
 		{"tokens nil", []any{int64(1), nil, "0", "0"}, "tokens: want a string, got <nil>"},
 		{"tokens text", []any{int64(1), "many", "0", "0"}, `tokens: want a finite number >= 0, got "many"`},
@@ -122,11 +67,11 @@ func TestParseReplyRejects(t *testing.T) {
 		{"retry text", []any{int64(0), "1", "soon", "0"}, `retry: want a finite number >= 0, got "soon"`},
 		{"allowed never", []any{int64(1), "1", "never", "0"}, `allowed with retry "never"`},
 		{"allowed with wait", []any{int64(1), "1", "5", "0"}, "allowed with retry 5 ms"},
-		{"reset negative", []any{int64(0), "1", "5", "-3"}, `reset: want a finite number >= 0, got "-3"`},
+		{"reset negative", []any{int64(0), "1", "0", "-3"}, `reset: want a finite number >= 0, got "-3"`},
 		{"reset as slice", []any{int64(0), "1", "0", []any{}}, "reset: want a string, got []interface {}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseReply(tc.reply, 1)
+			got, err := ParseReply(tc.reply)
 			if err == nil {
 				t.Fatalf("ParseReply(%#v) = %+v, want an error", tc.reply, got)
 			}
@@ -138,23 +83,20 @@ func TestParseReplyRejects(t *testing.T) {
 }
 
 func FuzzParseReply(f *testing.F) {
-	f.Add(int64(1), int64(1), "2.5", "0", "1500")
-	f.Add(int64(1), int64(0), "3", "never", "0")
-	f.Add(int64(1), int64(0), "1e309", "NaN", "-0")
-	f.Add(int64(8), int64(3), "0.5", "50", "950")
-	f.Fuzz(func(t *testing.T, count, admitted int64, tokens, retry, reset string) {
-		r, err := ParseReply([]any{admitted, tokens, retry, reset}, count)
+	f.Add(int64(1), "2.5", "0", "1500")
+	f.Add(int64(0), "3", "never", "0")
+	f.Add(int64(0), "1e309", "NaN", "-0")
+	f.Fuzz(func(t *testing.T, decision int64, tokens, retry, reset string) {
+		r, err := ParseReply([]any{decision, tokens, retry, reset})
 		if err != nil {
 			return
 		}
 		// Whatever is accepted is a coherent result.
 		if r.Tokens < 0 || math.IsInf(r.Tokens, 0) || math.IsNaN(r.Tokens) ||
 			r.RetryAfter < 0 || r.ResetAfter < 0 ||
-			r.Admitted < 0 || r.Admitted > count || r.Allowed != (r.Admitted == count) ||
 			(r.Allowed && (r.Never || r.RetryAfter != 0)) ||
-			(!r.Allowed && !r.Never && r.RetryMs == 0) ||
-			(r.Never && (r.RetryAfter != 0 || r.Admitted != 0)) {
-			t.Errorf("ParseReply(%d of %d, %q, %q, %q) = %+v: incoherent", admitted, count, tokens, retry, reset, r)
+			(r.Never && r.RetryAfter != 0) {
+			t.Errorf("ParseReply(%d, %q, %q, %q) = %+v: incoherent", decision, tokens, retry, reset, r)
 		}
 	})
 }
@@ -181,26 +123,23 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-// Take rejects what Validate rejects, a negative cost and a count outside 1
-// to MaxCount, without a round trip: the client below has no server and
-// would fail any command.
+// Take rejects what Validate rejects, and a negative cost, without a round
+// trip: the client below has no server and would fail any command.
 func TestTakeRejectsBadInput(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	defer c.Close()
 	for _, tc := range []struct {
-		l           Limit
-		cost, count int64
-		want        string
+		l    Limit
+		cost int64
+		want string
 	}{
-		{Limit{Capacity: math.NaN(), Rate: 1}, 1, 1, "capacity: must be a finite number > 0, got NaN"},
-		{Limit{Capacity: 1, Rate: -2}, 1, 1, "rate: must be a finite number > 0, got -2"},
-		{Limit{Capacity: 1, Rate: 1}, -1, 1, "cost: must be >= 0, got -1"},
-		{Limit{Capacity: 1, Rate: 1}, 1, 0, "count: must be from 1 to 1024, got 0"},
-		{Limit{Capacity: 1, Rate: 1}, 1, 1025, "count: must be from 1 to 1024, got 1025"},
+		{Limit{Capacity: math.NaN(), Rate: 1}, 1, "capacity: must be a finite number > 0, got NaN"},
+		{Limit{Capacity: 1, Rate: -2}, 1, "rate: must be a finite number > 0, got -2"},
+		{Limit{Capacity: 1, Rate: 1}, -1, "cost: must be >= 0, got -1"},
 	} {
-		_, err := Take(context.Background(), c, "k", tc.l, tc.cost, tc.count)
+		_, err := Take(context.Background(), c, "k", tc.l, tc.cost)
 		if got := errString(err); got != tc.want {
-			t.Errorf("Take(%+v, %d, %d) error %q, want %q", tc.l, tc.cost, tc.count, got, tc.want)
+			t.Errorf("Take(%+v, %d) error %q, want %q", tc.l, tc.cost, got, tc.want)
 		}
 	}
 }
@@ -213,7 +152,7 @@ func TestArgsRoundTrip(t *testing.T) {
 		{Capacity: 123456.789, Rate: 1e-9},
 		{Capacity: math.MaxFloat64, Rate: math.SmallestNonzeroFloat64},
 	} {
-		args := Args(l, 7, 1)
+		args := Args(l, 7)
 		if len(args) != 3 {
 			t.Fatalf("Args(%+v) = %v, want 3", l, args)
 		}
@@ -226,14 +165,6 @@ func TestArgsRoundTrip(t *testing.T) {
 				t.Errorf("Args(%+v)[%d] = %q parses to %v, %v; want %v", l, i, s, got, err, want)
 			}
 		}
-	}
-	// count goes as a fourth argument, only when it is not 1.
-	l := Limit{Capacity: 10, Rate: 1}
-	if got := Args(l, 7, 1); len(got) != 3 {
-		t.Errorf("Args(%+v, 7, 1) = %q, want 3 arguments", l, got)
-	}
-	if got := Args(l, 7, 12); len(got) != 4 || got[3] != "12" {
-		t.Errorf("Args(%+v, 7, 12) = %q, want 4 arguments ending \"12\"", l, got)
 	}
 }
 

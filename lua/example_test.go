@@ -25,7 +25,7 @@ func ExampleTake() {
 	// 10 tokens, one back every 10,000 s: refill is invisible at 3 decimals.
 	plan := lua.Limit{Capacity: 10, Rate: 0.0001}
 	for _, cost := range []int64{4, 4, 4, 11} {
-		r, err := lua.Take(ctx, c, "bucket:client-digest", plan, cost, 1)
+		r, err := lua.Take(ctx, c, "bucket:client-digest", plan, cost)
 		if err != nil {
 			fmt.Println(err)
 			return
@@ -38,32 +38,4 @@ func ExampleTake() {
 	// cost  4: allowed=true  never=false tokens=2.000 retry=0s
 	// cost  4: allowed=false never=false tokens=2.000 retry=5h33m0s
 	// cost 11: allowed=false never=true  tokens=2.000 retry=0s
-}
-
-// One run decides several calls of the same cost, as that many calls in a
-// row would be: the bucket pays the first ones it can.
-func ExampleTake_count() {
-	ctx := context.Background()
-	srv, err := redisproc.Start(ctx, redisproc.Options{})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer srv.Stop()
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	defer c.Close()
-
-	plan := lua.Limit{Capacity: 10, Rate: 0.0001}
-	for range 3 {
-		r, err := lua.Take(ctx, c, "bucket:client-digest", plan, 2, 3)
-		if err != nil {
-			fmt.Println(err)
-			return
-		}
-		fmt.Printf("3 calls of cost 2: admitted=%d allowed=%-5v tokens=%.3f\n", r.Admitted, r.Allowed, r.Tokens)
-	}
-	// Output:
-	// 3 calls of cost 2: admitted=3 allowed=true  tokens=4.000
-	// 3 calls of cost 2: admitted=2 allowed=false tokens=0.000
-	// 3 calls of cost 2: admitted=0 allowed=false tokens=0.000
 }

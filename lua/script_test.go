@@ -72,7 +72,7 @@ func TestScriptOnCluster(t *testing.T) {
 		hit := map[string]int{}
 		for i := range 30 {
 			key := fmt.Sprintf("spread:%d", i)
-			if r, err := Take(ctx, cc, key, l, 4, 1); err != nil || !r.Allowed {
+			if r, err := Take(ctx, cc, key, l, 4); err != nil || !r.Allowed {
 				t.Fatalf("Take %s = %+v, %v", key, r, err)
 			}
 			m, err := cc.MasterForKey(ctx, key)
@@ -104,7 +104,6 @@ func runSuite(t *testing.T, b backend) {
 	t.Run("ttl", func(t *testing.T) { testTTL(t, b) })
 	t.Run("idle key expires", func(t *testing.T) { testExpiry(t, b) })
 	t.Run("hammer", func(t *testing.T) { testHammer(t, b) })
-	t.Run("count", func(t *testing.T) { testCount(t, b) })
 	t.Run("differential", func(t *testing.T) { testDifferential(t, b) })
 	t.Run("idle for days refills exactly", func(t *testing.T) { testIdleDays(t, b) })
 	t.Run("fractional refills do not drift", func(t *testing.T) { testNoDrift(t, b) })
@@ -203,7 +202,7 @@ func testSemantics(t *testing.T, b backend) {
 			}
 			for i, s := range tc.steps {
 				before := hgetall(t, b.c, key)
-				r, err := Take(ctx, b.c, key, tc.l, s.cost, 1)
+				r, err := Take(ctx, b.c, key, tc.l, s.cost)
 				if err != nil {
 					t.Fatalf("step %d (cost %d): %v", i, s.cost, err)
 				}
@@ -256,7 +255,7 @@ func testInvalidArgs(t *testing.T, b backend) {
 	ctx := context.Background()
 	key := "bucket:" + t.Name()
 	// A live bucket that no bad call may touch.
-	if _, err := Take(ctx, b.c, key, Limit{Capacity: 10, Rate: 1e-6}, 3, 1); err != nil {
+	if _, err := Take(ctx, b.c, key, Limit{Capacity: 10, Rate: 1e-6}, 3); err != nil {
 		t.Fatal(err)
 	}
 	want := hgetall(t, b.c, key)
@@ -265,9 +264,9 @@ func testInvalidArgs(t *testing.T, b backend) {
 		args []any
 		want string
 	}{
-		{[]any{"10", "1"}, "want 3 or 4 arguments (capacity, rate, cost[, count]), got 2"},
-		{[]any{}, "want 3 or 4 arguments (capacity, rate, cost[, count]), got 0"},
-		{[]any{"10", "1", "1", "1", "1"}, "want 3 or 4 arguments (capacity, rate, cost[, count]), got 5"},
+		{[]any{"10", "1"}, "want 3 arguments (capacity, rate, cost), got 2"},
+		{[]any{}, "want 3 arguments (capacity, rate, cost), got 0"},
+		{[]any{"10", "1", "1", "1"}, "want 3 arguments (capacity, rate, cost), got 4"},
 		{[]any{"ten", "1", "1"}, `capacity: must be a finite number, got "ten"`},
 		{[]any{"", "1", "1"}, `capacity: must be a finite number, got ""`},
 		{[]any{"0", "1", "1"}, `capacity: must be > 0, got "0"`},
@@ -289,14 +288,6 @@ func testInvalidArgs(t *testing.T, b backend) {
 		{[]any{"10", "1", "nan"}, `cost: must be a finite number, got "nan"`},
 		{[]any{"10", "1", "inf"}, `cost: must be a finite number, got "inf"`},
 		{[]any{"10", "1", "one"}, `cost: must be a finite number, got "one"`},
-		{[]any{"10", "1", "1", "0"}, `count: must be a whole number from 1 to 1024, got "0"`},
-		{[]any{"10", "1", "1", "-3"}, `count: must be a whole number from 1 to 1024, got "-3"`},
-		{[]any{"10", "1", "1", "1025"}, `count: must be a whole number from 1 to 1024, got "1025"`},
-		{[]any{"10", "1", "1", "2.5"}, `count: must be a whole number from 1 to 1024, got "2.5"`},
-		{[]any{"10", "1", "1", "1e999"}, `count: must be a finite number, got "1e999"`},
-		{[]any{"10", "1", "1", "nan"}, `count: must be a finite number, got "nan"`},
-		{[]any{"10", "1", "1", "many"}, `count: must be a finite number, got "many"`},
-		{[]any{"10", "1", "1", ""}, `count: must be a finite number, got ""`},
 	} {
 		_, err := Script.Run(ctx, b.c, []string{key}, tc.args...).Result()
 		if got, want := errString(err), "ERR tokenbucket: "+tc.want; got != want {
@@ -304,7 +295,7 @@ func testInvalidArgs(t *testing.T, b backend) {
 		}
 	}
 	for _, keys := range [][]string{{}, {"{" + key + "}a", "{" + key + "}b"}} {
-		_, err := Script.Run(ctx, b.c, keys, Args(Limit{Capacity: 1, Rate: 1}, 1, 1)...).Result()
+		_, err := Script.Run(ctx, b.c, keys, Args(Limit{Capacity: 1, Rate: 1}, 1)...).Result()
 		if got, want := errString(err), fmt.Sprintf("ERR tokenbucket: want exactly 1 key (the bucket), got %d", len(keys)); got != want {
 			t.Errorf("keys %q: error %q, want %q", keys, got, want)
 		}
@@ -321,7 +312,7 @@ func testInvalidArgs(t *testing.T, b backend) {
 	if err := b.c.HSet(ctx, bad, "tokens", "lots").Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Take(ctx, b.c, bad, Limit{Capacity: 1, Rate: 1}, 1, 1)
+	_, err := Take(ctx, b.c, bad, Limit{Capacity: 1, Rate: 1}, 1)
 	if got, want := errString(err), `token bucket script: ERR tokenbucket: bucket holds unreadable state (tokens="lots", ts=nothing)`; got != want {
 		t.Errorf("corrupt bucket: error %q, want %q", got, want)
 	}
@@ -341,7 +332,7 @@ func testTTL(t *testing.T, b backend) {
 		t.Run(fmt.Sprintf("%v/%v", tc.l.Capacity, tc.l.Rate), func(t *testing.T) {
 			key := "bucket:" + t.Name()
 			start := time.Now()
-			if _, err := Take(ctx, b.c, key, tc.l, 1, 1); err != nil {
+			if _, err := Take(ctx, b.c, key, tc.l, 1); err != nil {
 				t.Fatal(err)
 			}
 			got := pttl(t, b.c, key)
@@ -353,7 +344,7 @@ func testTTL(t *testing.T, b backend) {
 			}
 			// A denied call leaves the expiry as it was: the stored state,
 			// and so the time it takes to fill, did not change.
-			if _, err := Take(ctx, b.c, key, tc.l, int64(tc.l.Capacity)+1, 1); err != nil {
+			if _, err := Take(ctx, b.c, key, tc.l, int64(tc.l.Capacity)+1); err != nil {
 				t.Fatal(err)
 			}
 			if again := pttl(t, b.c, key); again > got {
@@ -370,7 +361,7 @@ func testExpiry(t *testing.T, b backend) {
 	l := Limit{Capacity: 1, Rate: 20}
 	const ttl = 1050 * time.Millisecond
 	start := time.Now()
-	if r, err := Take(ctx, b.c, key, l, 1, 1); err != nil || !r.Allowed {
+	if r, err := Take(ctx, b.c, key, l, 1); err != nil || !r.Allowed {
 		t.Fatalf("Take = %+v, %v", r, err)
 	}
 	// Redis removes an expired key on access, so EXISTS sees it gone as soon
@@ -395,7 +386,7 @@ func testExpiry(t *testing.T, b backend) {
 		t.Errorf("key gone after %v, before its TTL %v", gone, ttl)
 	}
 	// The client is then simply new: full.
-	if r, err := Take(ctx, b.c, key, l, 0, 1); err != nil || r.Tokens != l.Capacity {
+	if r, err := Take(ctx, b.c, key, l, 0); err != nil || r.Tokens != l.Capacity {
 		t.Errorf("after expiry: %+v, %v; want a full bucket", r, err)
 	}
 }
@@ -426,7 +417,7 @@ func testHammer(t *testing.T, b backend) {
 			for range workers {
 				wg.Go(func() {
 					for range calls {
-						r, err := Take(ctx, b.c, key, l, tc.cost, 1)
+						r, err := Take(ctx, b.c, key, l, tc.cost)
 						if err != nil {
 							t.Error(err)
 							return
@@ -446,7 +437,7 @@ func testHammer(t *testing.T, b backend) {
 			if got := admitted.Load() + denied.Load(); got != workers*calls {
 				t.Errorf("%d calls answered, want %d", got, workers*calls)
 			}
-			r, err := Take(ctx, b.c, key, l, 0, 1)
+			r, err := Take(ctx, b.c, key, l, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -456,184 +447,6 @@ func testHammer(t *testing.T, b backend) {
 			}
 		})
 	}
-}
-
-// testCount checks runs that decide count calls at once against count
-// calls one after another: the same calls admitted, the same tokens left
-// (to float rounding), the script's waits, the same writes.
-func testCount(t *testing.T, b backend) {
-	ctx := context.Background()
-	// Refill during the test is well below 1e-3 tokens: the buckets below
-	// hold what was written, and the calls one by one see the run's bucket.
-	const negligible = 1e-6
-	t.Run("a run equals count calls in a row", func(t *testing.T) {
-		rng := rand.New(rand.NewPCG(7, 11))
-		partial := 0
-		for i := range 120 {
-			l := Limit{Capacity: float64(1 + rng.IntN(50)), Rate: negligible}
-			cost := int64(1 + rng.IntN(4))
-			count := int64(1 + rng.IntN(20))
-			// Fractions stay clear of whole numbers, so refill during
-			// the test does not move a decision.
-			held := math.Min(l.Capacity, float64(rng.IntN(int(l.Capacity)+1))+0.05+0.9*rng.Float64())
-			if i%5 == 0 {
-				held = float64(rng.IntN(int(l.Capacity) + 1)) // whole numbers too
-			}
-			state := strconv.FormatFloat(held, 'g', 17, 64)
-			batchKey := fmt.Sprintf("bucket:%s:%d:batch", t.Name(), i)
-			seqKey := fmt.Sprintf("bucket:%s:%d:seq", t.Name(), i)
-			now := redisMicros(t, b.c)
-			writeState(t, b.c, batchKey, state, now)
-			writeState(t, b.c, seqKey, state, now)
-
-			r, err := Take(ctx, b.c, batchKey, l, cost, count)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var seq int64
-			var last Result
-			for range count {
-				if last, err = Take(ctx, b.c, seqKey, l, cost, 1); err != nil {
-					t.Fatal(err)
-				}
-				if last.Allowed {
-					seq++
-				}
-			}
-			what := fmt.Sprintf("%v tokens, %d calls of cost %d, %+v", held, count, cost, l)
-			if r.Admitted != seq || r.Allowed != (seq == count) {
-				t.Fatalf("%s: run admitted %d (allowed %v), one by one %d", what, r.Admitted, r.Allowed, seq)
-			}
-			if math.Abs(r.Tokens-last.Tokens) > 1e-6 {
-				t.Errorf("%s: run leaves %v tokens, one by one %v", what, r.Tokens, last.Tokens)
-			}
-			if want := float64(count) * float64(cost); held >= want && r.Admitted != count ||
-				held < want && r.Admitted != min(count, int64(math.Floor(held/float64(cost)))) {
-				t.Errorf("%s: admitted %d", what, r.Admitted)
-			}
-			if r.Admitted > 0 && r.Admitted < count {
-				partial++
-			}
-			wantRetry, never := time.Duration(0), float64(cost) > l.Capacity
-			if !r.Allowed && !never {
-				wantRetry = time.Duration(math.Ceil((float64(cost) - r.Tokens) / l.Rate * 1000 * 1e6))
-			}
-			if r.RetryAfter != wantRetry || r.Never != never {
-				t.Errorf("%s: retry %v never %v, want %v (tokens %v)", what, r.RetryAfter, r.Never, wantRetry, r.Tokens)
-			}
-			if want := time.Duration(math.Ceil((l.Capacity - r.Tokens) / l.Rate * 1000 * 1e6)); r.ResetAfter != want {
-				t.Errorf("%s: reset %v, want %v", what, r.ResetAfter, want)
-			}
-			// The stored balance is the reply's; a run that admitted
-			// nothing wrote nothing.
-			h := hgetall(t, b.c, batchKey)
-			if r.Admitted == 0 {
-				if h["tokens"] != state || h["ts"] != strconv.FormatInt(now, 10) {
-					t.Errorf("%s: a run that admitted nothing changed the bucket to %v", what, h)
-				}
-			} else if got, err := strconv.ParseFloat(h["tokens"], 64); err != nil || got != r.Tokens {
-				t.Errorf("%s: stored tokens %q, reply %v", what, h["tokens"], r.Tokens)
-			}
-		}
-		if partial < 10 {
-			t.Errorf("only %d runs admitted some but not all of their calls", partial)
-		}
-	})
-
-	t.Run("partial admissions", func(t *testing.T) {
-		key := "bucket:" + t.Name()
-		l := Limit{Capacity: 10, Rate: negligible}
-		for i, s := range []struct {
-			cost, count, admitted int64
-			tokens                float64
-		}{
-			{cost: 3, count: 2, admitted: 2, tokens: 4},
-			{cost: 1, count: 6, admitted: 4, tokens: 0},
-			{cost: 1, count: 1024, admitted: 0, tokens: 0},
-		} {
-			r, err := Take(ctx, b.c, key, l, s.cost, s.count)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.Admitted != s.admitted || r.Allowed != (s.admitted == s.count) || r.Never ||
-				r.Tokens < s.tokens || r.Tokens > s.tokens+1e-6 {
-				t.Errorf("step %d (%d of cost %d): %+v, want %d admitted and %v tokens", i, s.count, s.cost, r, s.admitted, s.tokens)
-			}
-		}
-	})
-
-	t.Run("peeks and costs above capacity", func(t *testing.T) {
-		key := "bucket:" + t.Name()
-		l := Limit{Capacity: 3, Rate: negligible}
-		r, err := Take(ctx, b.c, key, l, 0, 50)
-		if err != nil || !r.Allowed || r.Admitted != 50 || r.Tokens != 3 {
-			t.Errorf("peek of 50: %+v, %v; want all admitted, 3 tokens", r, err)
-		}
-		r, err = Take(ctx, b.c, key, l, 4, 2)
-		if err != nil || r.Allowed || r.Admitted != 0 || !r.Never || r.Tokens != 3 {
-			t.Errorf("2 of cost 4 above capacity 3: %+v, %v; want never", r, err)
-		}
-		if n, err := b.c.Exists(ctx, key).Result(); err != nil || n != 0 {
-			t.Errorf("a peek and a never created the key: EXISTS %d, %v", n, err)
-		}
-	})
-
-	// With count 1, sent or not, the reply is the single call's, to the
-	// byte: the buckets' ts lie ahead of Redis's clock, so no time passes
-	// for them and each pair of calls sees the same bucket.
-	t.Run("count 1 is one call", func(t *testing.T) {
-		l := Limit{Capacity: 5, Rate: 0.3}
-		for i, st := range []struct {
-			state string
-			cost  int64
-		}{{"5", 1}, {"2.75", 2}, {"1.5", 2}, {"0", 1}, {"4", 6}, {"3", 0}} {
-			three := fmt.Sprintf("bucket:%s:%d:three", t.Name(), i)
-			four := fmt.Sprintf("bucket:%s:%d:four", t.Name(), i)
-			ahead := redisMicros(t, b.c) + time.Hour.Microseconds()
-			writeState(t, b.c, three, st.state, ahead)
-			writeState(t, b.c, four, st.state, ahead)
-			want, err := Script.Run(ctx, b.c, []string{three}, Args(l, st.cost, 1)...).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := Script.Run(ctx, b.c, []string{four}, append(Args(l, st.cost, 1), "1")...).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if fmt.Sprintf("%#v", got) != fmt.Sprintf("%#v", want) {
-				t.Errorf("%s tokens, cost %d: count 1 replies %#v, without count %#v", st.state, st.cost, got, want)
-			}
-			if h3, h4 := hgetall(t, b.c, three), hgetall(t, b.c, four); h3["tokens"] != h4["tokens"] {
-				t.Errorf("%s tokens, cost %d: count 1 stores %v, without count %v", st.state, st.cost, h4, h3)
-			}
-		}
-	})
-
-	// Concurrent runs of several calls admit exactly what the bucket holds.
-	t.Run("hammer", func(t *testing.T) {
-		key := "bucket:" + t.Name()
-		l := Limit{Capacity: 100, Rate: negligible}
-		var admitted, calls atomic.Int64
-		var wg sync.WaitGroup
-		for w := range 32 {
-			wg.Go(func() {
-				for i := range 4 {
-					count := int64(1 + (w+i)%8)
-					r, err := Take(ctx, b.c, key, l, 1, count)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					admitted.Add(r.Admitted)
-					calls.Add(count)
-				}
-			})
-		}
-		wg.Wait()
-		if got := admitted.Load(); got != 100 {
-			t.Errorf("admitted %d of %d calls, want exactly 100", got, calls.Load())
-		}
-	})
 }
 
 // testDifferential runs one request timeline through the script and through
@@ -669,7 +482,7 @@ func testDifferential(t *testing.T, b backend) {
 	var allowed, denied, nearTies, tolerated int
 	for i := range n {
 		cost := int64(1 + rng.IntN(3))
-		r, err := Take(ctx, b.c, key, l, cost, 1)
+		r, err := Take(ctx, b.c, key, l, cost)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -752,7 +565,7 @@ func testIdleDays(t *testing.T, b backend) {
 		t.Run(fmt.Sprintf("%v", l.Capacity), func(t *testing.T) {
 			key := "bucket:" + t.Name()
 			writeState(t, b.c, key, "0", redisMicros(t, b.c)-(72*time.Hour).Microseconds())
-			r, err := Take(ctx, b.c, key, l, 0, 1)
+			r, err := Take(ctx, b.c, key, l, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -760,7 +573,7 @@ func testIdleDays(t *testing.T, b backend) {
 				t.Errorf("after 3 idle days: %v tokens, want exactly %v", r.Tokens, l.Capacity)
 			}
 			if l.Capacity >= 1 {
-				r, err = Take(ctx, b.c, key, l, 1, 1)
+				r, err = Take(ctx, b.c, key, l, 1)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -795,7 +608,7 @@ func testNoDrift(t *testing.T, b backend) {
 	t0 := redisMicros(t, b.c)
 	writeState(t, b.c, key, start, t0)
 	for i := range n {
-		r, err := Take(ctx, b.c, key, l, 1, 1)
+		r, err := Take(ctx, b.c, key, l, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -842,24 +655,24 @@ func testNoScript(t *testing.T, b backend) {
 		{"restart", func(t *testing.T) { b.restart(t, key) }, 8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := Take(ctx, b.c, key, l, 2, 1); err != nil {
+			if _, err := Take(ctx, b.c, key, l, 2); err != nil {
 				t.Fatal(err)
 			}
 			tc.empty(t)
 			// Redis answers a bare EVALSHA with NOSCRIPT now...
-			err := b.c.EvalSha(ctx, Script.Hash(), []string{key}, Args(l, 0, 1)...).Err()
+			err := b.c.EvalSha(ctx, Script.Hash(), []string{key}, Args(l, 0)...).Err()
 			if !IsNoScript(err) {
 				t.Fatalf("EVALSHA after %s: %v, want NOSCRIPT", tc.name, err)
 			}
 			// ...and Take loads the script again and succeeds.
-			r, err := Take(ctx, b.c, key, l, 2, 1)
+			r, err := Take(ctx, b.c, key, l, 2)
 			if err != nil {
 				t.Fatalf("Take after %s: %v", tc.name, err)
 			}
 			if !r.Allowed || r.Tokens < tc.left || r.Tokens > tc.left+1e-3 {
 				t.Errorf("Take after %s: %+v, want allowed with %v tokens", tc.name, r, tc.left)
 			}
-			if err := b.c.EvalSha(ctx, Script.Hash(), []string{key}, Args(l, 0, 1)...).Err(); err != nil {
+			if err := b.c.EvalSha(ctx, Script.Hash(), []string{key}, Args(l, 0)...).Err(); err != nil {
 				t.Errorf("EVALSHA after reload: %v", err)
 			}
 		})

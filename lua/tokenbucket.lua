@@ -7,23 +7,14 @@
 --   KEYS[1]  the bucket: a hash {tokens = "<%.17g>", ts = "<Redis time, us>"}
 --   ARGV[1]  capacity  tokens in a full bucket; a finite number > 0
 --   ARGV[2]  rate      tokens added per second; a finite number > 0
---   ARGV[3]  cost      tokens each call takes; a finite number >= 0
+--   ARGV[3]  cost      tokens this call takes; a finite number >= 0
 --                      (0 peeks: it reports the bucket and changes nothing)
---   ARGV[4]  count     optional: how many calls of `cost` this one decides,
---                      in order; a whole number from 1 to 1024; absent: 1
---
--- Deciding `count` calls is exactly `count` calls one after another at the
--- same instant: the first k that the bucket can pay are allowed, k being
--- the largest number <= count with k*cost <= tokens; the rest are denied
--- and spend nothing. With count 1 this is the single call's decision.
 --
 -- Reply, an array of four:
---   [1] how many of the calls were allowed, 0 to count (integer); with
---       count 1, 1 if the call was allowed (cost taken), 0 if denied
---   [2] tokens left after the calls, exact (string)
---   [3] ms until `cost` tokens will be there: "0" when all were allowed,
---       "never" when cost > capacity (no wait can help; none allowed), else
---       exact, for the bucket as the allowed calls left it (string)
+--   [1] 1 if the call was allowed (cost taken), 0 if denied (integer)
+--   [2] tokens left after the call, exact (string)
+--   [3] ms until `cost` tokens will be there: "0" when allowed, "never" when
+--       cost > capacity (no wait can help), else exact (string)
 --   [4] ms until the bucket is full again, exact (string)
 --
 -- Bad arguments get an error reply ("ERR tokenbucket: <field>: ...") and
@@ -72,9 +63,8 @@ end
 if #KEYS ~= 1 then
   return fail('want exactly 1 key (the bucket), got ' .. #KEYS)
 end
-local argc = #ARGV
-if argc ~= 3 and argc ~= 4 then
-  return fail('want 3 or 4 arguments (capacity, rate, cost[, count]), got ' .. argc)
+if #ARGV ~= 3 then
+  return fail('want 3 arguments (capacity, rate, cost), got ' .. #ARGV)
 end
 local capacity, rate, cost, err
 capacity, err = finite('capacity', 1)
@@ -97,14 +87,6 @@ cost, err = finite('cost', 3)
 if err then return err end
 if cost < 0 then
   return fail('cost: must be >= 0, got ' .. shown(ARGV[3]))
-end
-local count = 1
-if argc == 4 then
-  count, err = finite('count', 4)
-  if err then return err end
-  if count < 1 or count > 1024 or count ~= math.floor(count) then
-    return fail('count: must be a whole number from 1 to 1024, got ' .. shown(ARGV[4]))
-  end
 end
 
 local key = KEYS[1]
@@ -146,32 +128,19 @@ if cost > capacity then
   return {0, exact(tokens), 'never', exact((capacity - tokens) / rate * 1000)}
 end
 
--- k, the calls allowed: all of them when the bucket pays them all (a peek,
--- cost 0, always does), none when it cannot pay one, else as many as it
--- can pay (then 1 <= tokens/cost < count). tokens/cost may round
--- up to the next whole number; then k*cost exceeds tokens and k is one too
--- many. With cost a whole number below 2^53/1024 (every cost the sidecar
--- sends) k*cost is exact, so k is exactly floor(tokens/cost).
-local k = count
-if tokens < cost * count then
-  if tokens < cost then
-    k = 0
-  else
-    k = math.floor(tokens / cost)
-    if k * cost > tokens then
-      k = k - 1
-    end
-  end
+-- Denied: spend nothing and write nothing. The stored (tokens, ts) pair
+-- still describes the bucket exactly, since the next call refills from it
+-- with the same formula; not writing back avoids accumulating rounding and
+-- keeps denials (the bulk of an abusive client's traffic) free of writes.
+if tokens < cost then
+  return {0, exact(tokens), exact((cost - tokens) / rate * 1000),
+    exact((capacity - tokens) / rate * 1000)}
 end
 
--- A call denied spends nothing and writes nothing. When none is allowed the
--- stored (tokens, ts) pair still describes the bucket exactly, since the
--- next call refills from it with the same formula; not writing back avoids
--- accumulating rounding and keeps denials (the bulk of an abusive client's
--- traffic) free of writes. A peek (cost 0) changes nothing, so it writes
--- nothing either and never creates a key.
-if k > 0 and cost > 0 then
-  tokens = tokens - k * cost
+-- Allowed. A peek (cost 0) changes nothing, so it writes nothing either and
+-- never creates a key.
+if cost > 0 then
+  tokens = tokens - cost
   -- The balance is stored with 17 digits, so it is read back as the very
   -- same double; ts is an integer number of microseconds.
   redis.call('HSET', key, 'tokens', exact(tokens), 'ts', string.format('%d', now))
@@ -185,10 +154,4 @@ if k > 0 and cost > 0 then
   end
   redis.call('PEXPIRE', key, string.format('%d', ttl))
 end
-if k == count then
-  return {k, exact(tokens), '0', exact((capacity - tokens) / rate * 1000)}
-end
--- Some were denied: the bucket now holds less than cost (k was the most
--- it could pay), and the wait is for the next call's cost.
-return {k, exact(tokens), exact((cost - tokens) / rate * 1000),
-  exact((capacity - tokens) / rate * 1000)}
+return {1, exact(tokens), '0', exact((capacity - tokens) / rate * 1000)}

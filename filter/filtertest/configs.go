@@ -88,9 +88,6 @@ var InvalidConfigs = []ConfigCase{
 	{"warm-connections-too-many.json", "warm_connections: must be <= 64, got 65"},
 	{"warm-connections-string.json", `warm_connections: must be a number, got "16"`},
 	{"warm-connections-fraction.json", "warm_connections: must be an integer, got 1.5"},
-	{"max-batch-zero.json", "max_batch: must be > 0, got 0"},
-	{"max-batch-too-many.json", "max_batch: must be <= 1024, got 1025"},
-	{"max-batch-string.json", `max_batch: must be a number, got "8"`},
 }
 
 // ValidConfigs lists the valid configuration fixtures under
@@ -99,7 +96,6 @@ var ValidConfigs = []string{
 	"empty.json", "whitespace.json", "empty-object.json", "full.json", "shadow.json", "off.json", "escapes.json",
 	"breaker-off.json", "breaker-min-only.json", "on-failure-open.json", "on-failure-local.json",
 	"warm-connections-off.json",
-	"max-batch-off.json",
 }
 
 // InvalidConfig returns the content of an invalid configuration fixture.

@@ -75,15 +75,6 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"local/learns-only-the-plan", r.localLearnsOnlyThePlan},
 		{"local/not-for-shadow", r.localNotForShadow},
 		{"local/off-by-default", r.localOffByDefault},
-		{"batch/one-callout", r.batchOneCallout},
-		{"batch/all-admitted", r.batchAllAdmitted},
-		{"batch/deny-cache-first", r.batchDenyCacheFirst},
-		{"batch/shared-failure", r.batchSharedFailure},
-		{"batch/gone", r.batchGone},
-		{"batch/malformed", r.batchMalformed},
-		{"batch/limits", r.batchLimits},
-		{"batch/shadow", r.batchShadow},
-		{"batch/breaker-open", r.batchBreakerOpen},
 		{"warm/connections", r.warmConnections},
 		{"warm/none", r.warmConnectionsNone},
 	} {
@@ -413,7 +404,7 @@ func (r runner) configValid(t *testing.T) {
 	}
 	want := "edgelimit: configured: mode=enforce sidecar_cluster=edge_ratelimit sidecar_authority=ratelimit.internal:8080 " +
 		"timeout_ms=20 api_key_header=x-client-key on_missing_key=allow canary_clients=2 costs=3 region=eu-west-1 " +
-		"breaker_failures=3 breaker_open_ms=50-2000 warm_connections=4 max_batch=32 on_failure=local"
+		"breaker_failures=3 breaker_open_ms=50-2000 warm_connections=4 on_failure=local"
 	if !slices.Contains(h.Logs(), want) {
 		t.Errorf("logs %q\nwant the line %q", h.Logs(), want)
 	}
@@ -820,10 +811,7 @@ func (r runner) denyCacheCosts(t *testing.T) {
 // denied without a callout, and told the bucket as it is once those spend.
 // The steps stay within the callouts' 5 ms timeout.
 func (r runner) denyCacheInFlight(t *testing.T) {
-	// Every request its own callout (max_batch 1), so that one client has
-	// several on their way from one VM, as it also has with requests of
-	// different costs or from other workers (in-flight-workers).
-	h := r.host(t, oneByOne)
+	h := r.host(t, "")
 	const policy = `"basic";q=10;w=1;edgelimit-rate="1000"`
 	// 0.5 tokens left on a 10-token plan refilling 1 token/ms.
 	s, _ := waiting(t, h, get("key-1"))
@@ -903,9 +891,7 @@ func (r runner) denyCacheInFlight(t *testing.T) {
 // does not take its cost off the new one. Steps stay within the callouts'
 // 5 ms timeout; the 504s stand for callouts that timed out.
 func (r runner) denyCacheInFlightWorkers(t *testing.T) {
-	// max_batch 1: as in denyCacheInFlight, several callouts of one
-	// client from one VM.
-	const config = `{"sidecar_cluster": "rl", "max_batch": 1}`
+	const config = `{"sidecar_cluster": "rl"}`
 	h := r.host(t, config)
 	w := worker(t, h, config)
 	const policy = `"basic";q=10;w=1;edgelimit-rate="1000"`
@@ -967,9 +953,7 @@ func (r runner) denyCacheInFlightWorkers(t *testing.T) {
 // when what the client's other callouts brought back since shows the bucket
 // cannot hold it, failed open when the cache cannot tell.
 func (r runner) denyCacheFailedCallout(t *testing.T) {
-	// max_batch 1: a and b below are two callouts of one client on their
-	// way together (batch/failure-shared has a failure a batch shares).
-	h := r.host(t, oneByOne)
+	h := r.host(t, "")
 	const policy = `"basic";q=10;w=1;edgelimit-rate="1000"`
 	// A client the cache knows nothing of fails open.
 	s, _ := waiting(t, h, get("key-1"))
@@ -1010,7 +994,7 @@ func (r runner) denyCacheFailedCallout(t *testing.T) {
 // denyCacheFailedCalloutShadow: in shadow, a failed callout the cache
 // denies goes on marked "deny", not "unknown".
 func (r runner) denyCacheFailedCalloutShadow(t *testing.T) {
-	h := r.host(t, `{"mode": "shadow", "max_batch": 1}`) // as in denyCacheFailedCallout
+	h := r.host(t, `{"mode": "shadow"}`)
 	s, _ := waiting(t, h, get("key-1"))
 	s.RespondCallout(SidecarAnswer("basic", 10, 1000, 0.5, 1), nil)
 	wentOn(t, s)
@@ -1091,14 +1075,13 @@ func (b *bucket) level(now time.Duration) float64 {
 	return math.Min(b.capacity, b.tokens+b.rate*(now-b.at).Seconds())
 }
 
-// answer decides count requests of cost at now and answers as the sidecar
-// does, with how many it admitted.
-func (b *bucket) answer(now time.Duration, cost, count int64) ([]Header, int64) {
+// answer decides a request of cost at now and answers as the sidecar does.
+func (b *bucket) answer(now time.Duration, cost int64) []Header {
 	b.tokens, b.at = b.level(now), now
-	h := SidecarBatchAnswer("model", b.capacity, b.rate, b.tokens, cost, count)
-	res := scriptResult(b.capacity, b.rate, b.tokens, cost, count)
-	b.tokens = res.Tokens
-	return h, res.Admitted
+	if b.tokens >= float64(cost) {
+		defer func() { b.tokens -= float64(cost) }()
+	}
+	return SidecarAnswer("model", b.capacity, b.rate, b.tokens, cost)
 }
 
 // denyCacheBucketModel drives the filter with a random mix of clients,
@@ -1136,7 +1119,7 @@ func (r runner) denyCacheBucketModel(t *testing.T) {
 			}
 			// The sidecar decides up to 3 ms after the dispatch.
 			advance(time.Duration(rng.IntN(3000)) * time.Microsecond)
-			ans, _ := buckets[key].answer(now, costs[p], 1)
+			ans := buckets[key].answer(now, costs[p])
 			s.RespondCallout(ans, nil)
 			if v, _ := Get(ans, ":status"); v == "429" {
 				sidecarDenied++
@@ -1168,18 +1151,14 @@ func (r runner) denyCacheBucketModel(t *testing.T) {
 // denyCacheBucketModelBursts drives two workers of one proxy with bursts:
 // many callouts on their way at once, decided by a model of the sidecar's
 // bucket in random order and answered later in another, some never decided
-// and timing out. A client's requests that find its callout on their way
-// from the same worker, for the same cost, wait for it and go out together
-// in the next callout (batch.go); the model answers a batch as the script
-// does, the first it can pay admitted. A cached denial may count callouts
-// on their way as spent (filter/RATIONALE.md, "Callouts on their way"), so
-// each is checked once every callout that was out at its moment has ended:
-// the bucket then held less than its cost beside what those not yet decided
-// went on to spend, unless one that was out did not spend all it asked for
-// (the sidecar denied some of it, or it timed out), which is when such a
-// denial may be wrong. A callout that times out, decided or not, has its
-// requests, and those queued behind it, decided by the cache at that
-// moment, or failed open: a 429 then is checked as any cached denial.
+// and timing out. A cached denial may count callouts on their way as spent
+// (filter/RATIONALE.md, "Callouts on their way"), so each is checked once
+// every callout that was out at its moment has ended: the bucket then held
+// less than its cost beside what those not yet decided went on to spend,
+// unless one that was out spent nothing (the sidecar denied it, or it timed
+// out), which is when such a denial may be wrong. A callout that times out,
+// decided or not, has its request decided by the cache at that moment, or
+// failed open: a 429 then is checked as any cached denial.
 func (r runner) denyCacheBucketModelBursts(t *testing.T) {
 	const config = `{"costs": [{"path_prefix": "/c2", "cost": 2}, {"path_prefix": "/c3", "cost": 3}]}`
 	h := r.host(t, config)
@@ -1192,16 +1171,12 @@ func (r runner) denyCacheBucketModelBursts(t *testing.T) {
 		buckets[k] = &bucket{capacity: 10, rate: 200, tokens: 10}
 	}
 	type call struct {
-		members  []Stream // the requests it decides, the one that sent it first
-		queue    []Stream // the client's requests waiting for it
-		worker   int
-		key      string
-		cost     int64
-		sent     time.Duration
-		deadline time.Duration // sent + its timeout
-		ans      []Header      // the sidecar's decision, once made
-		admitted int64         // how many of members the sidecar allowed
-		decided  bool
+		s     Stream
+		key   string
+		cost  int64
+		sent  time.Duration
+		ans   []Header // the sidecar's decision, once made
+		spent bool     // the sidecar allowed it
 	}
 	type denial struct {
 		key       string
@@ -1214,7 +1189,7 @@ func (r runner) denyCacheBucketModelBursts(t *testing.T) {
 	var now time.Duration
 	var out []*call
 	var denials []*denial
-	var calls, batches, queuedReqs, spent, denied, timedOut, allowedAnswers, deniedAnswers, failedOpen, failedCached int
+	var calls, spent, denied, timedOut, allowedAnswers, deniedAnswers, failedOpen, failedCached int
 	// record notes a cached denial of cost for key at now, with the
 	// client's callouts on their way then.
 	record := func(key string, cost int64) {
@@ -1222,7 +1197,7 @@ func (r runner) denyCacheBucketModelBursts(t *testing.T) {
 		for _, c := range out {
 			if c.key == key {
 				d.out = append(d.out, c)
-				if !c.decided {
+				if c.ans == nil {
 					d.undecided = append(d.undecided, c)
 				}
 			}
@@ -1230,142 +1205,76 @@ func (r runner) denyCacheBucketModelBursts(t *testing.T) {
 		denials = append(denials, d)
 	}
 	decide := func(c *call) {
-		c.ans, c.admitted = buckets[c.key].answer(now, c.cost, int64(len(c.members)))
-		c.decided = true
-		spent += int(c.admitted)
-		denied += len(c.members) - int(c.admitted)
-	}
-	// sent registers the callout s just sent for members.
-	sent := func(s Stream, members []Stream, w int, key string, cost int64) {
-		co, ok := s.Callout()
-		if !ok {
-			t.Fatalf("the first of %d requests queued has no callout", len(members))
-		}
-		n, hasCount := Get(co.Headers, "x-ratelimit-count")
-		if len(members) > 1 && n != strconv.Itoa(len(members)) || len(members) == 1 && hasCount {
-			t.Fatalf("callout for %d requests with x-ratelimit-count %q", len(members), n)
-		}
-		calls++
-		if len(members) > 1 {
-			batches++
-		}
-		out = append(out, &call{members: members, worker: w, key: key, cost: cost, sent: now,
-			deadline: now + time.Duration(co.TimeoutMs)*time.Millisecond})
-	}
-	// settledByCache checks a request the sidecar did not decide: it went
-	// on (failed open) or was denied from the cache.
-	settledByCache := func(s Stream, c *call) {
-		if s.Continued() {
-			wentOn(t, s)
-			failedOpen++
+		c.ans = buckets[c.key].answer(now, c.cost)
+		if v, _ := Get(c.ans, ":status"); v == "429" {
+			denied++
 		} else {
-			reply(t, s, 429)
-			failedCached++
-			record(c.key, c.cost)
+			spent++
+			c.spent = true
 		}
-		s.Done()
 	}
 	// answer delivers out[i]'s answer: its decision, or for one in twenty a
 	// timeout (504), which an undecided callout never gets past and a
-	// decided one's answer comes after. Its requests then go on (failed
-	// open) or are denied from the cache, as ones arriving now, and so are
-	// those queued behind it. After a decision, those queued are denied
-	// from the cache or go out in one callout.
+	// decided one's answer comes after. Its request then goes on (failed
+	// open) or is denied from the cache, as one arriving now.
 	answer := func(i int) {
 		c := out[i]
 		out = append(out[:i], out[i+1:]...)
-		lead := c.members[0]
 		if rng.IntN(20) == 0 {
 			timedOut++
-			lead.RespondCallout(timeoutAnswer, nil)
-			for _, s := range c.members {
-				settledByCache(s, c)
+			c.s.RespondCallout(timeoutAnswer, nil)
+			if c.s.Continued() {
+				wentOn(t, c.s)
+				failedOpen++
+			} else {
+				reply(t, c.s, 429)
+				failedCached++
+				record(c.key, c.cost)
 			}
-			for _, s := range c.queue {
-				if _, ok := s.Callout(); ok {
-					t.Fatal("a batch went out after the callout it waited for timed out")
-				}
-				settledByCache(s, c)
-			}
+			c.s.Done()
 			return
 		}
-		if !c.decided {
+		if c.ans == nil {
 			decide(c)
 		}
-		lead.RespondCallout(c.ans, nil)
-		for j, s := range c.members {
-			if int64(j) < c.admitted {
-				wentOn(t, s)
-				allowedAnswers++
-			} else {
-				reply(t, s, 429)
-				deniedAnswers++
-			}
-			s.Done()
+		c.s.RespondCallout(c.ans, nil)
+		if c.spent {
+			wentOn(t, c.s)
+			allowedAnswers++
+		} else {
+			reply(t, c.s, 429)
+			deniedAnswers++
 		}
-		var next []Stream
-		for _, s := range c.queue {
-			if _, ok := s.LocalReply(); ok {
-				reply(t, s, 429)
-				s.Done()
-				record(c.key, c.cost)
-				continue
-			}
-			if s.Continued() {
-				t.Fatal("a request queued behind a decided callout went on without a decision")
-			}
-			next = append(next, s)
-		}
-		if len(next) > 0 {
-			sent(next[0], next, c.worker, c.key, c.cost)
-		}
+		c.s.Done()
 	}
 	for step := 0; step < 20000; step++ {
 		switch a := rng.IntN(10); {
 		case a < 5:
-			w, key, p := rng.IntN(2), keys[rng.IntN(len(keys))], rng.IntN(len(paths))
-			s, cont := send(workers[w], request("GET", paths[p], key))
+			key, p := keys[rng.IntN(len(keys))], rng.IntN(len(paths))
+			s, cont := send(workers[rng.IntN(2)], request("GET", paths[p], key))
 			if cont {
 				t.Fatalf("step %d: a request went on without a decision", step)
 			}
 			if _, ok := s.Callout(); ok {
-				sent(s, []Stream{s}, w, key, costs[p])
+				calls++
+				out = append(out, &call{s: s, key: key, cost: costs[p], sent: now})
 				continue
 			}
-			if _, ok := s.LocalReply(); ok {
-				reply(t, s, 429)
-				s.Done()
-				record(key, costs[p])
-				continue
-			}
-			// Queued behind the client's one callout on its way from
-			// this worker for this cost.
-			var behind []*call
-			for _, c := range out {
-				if c.worker == w && c.key == key && c.cost == costs[p] {
-					behind = append(behind, c)
-				}
-			}
-			if len(behind) != 1 {
-				t.Fatalf("step %d: a request waits without a callout, with %d of its client's on their way for its cost", step, len(behind))
-			}
-			behind[0].queue = append(behind[0].queue, s)
-			queuedReqs++
+			reply(t, s, 429)
+			s.Done()
+			record(key, costs[p])
 		case a < 7 && len(out) > 0:
-			if c := out[rng.IntN(len(out))]; !c.decided {
+			if c := out[rng.IntN(len(out))]; c.ans == nil {
 				decide(c)
 			}
 		case a < 9 && len(out) > 0:
 			answer(rng.IntN(len(out)))
 		default:
-			// Time passes; every callout is answered within its timeout.
+			// Time passes; every callout is answered within its 5 ms
+			// timeout.
 			d := time.Duration(rng.IntN(1500)) * time.Microsecond
-			for {
-				i := slices.IndexFunc(out, func(c *call) bool { return now+d >= c.deadline })
-				if i < 0 {
-					break
-				}
-				answer(i)
+			for len(out) > 0 && now+d-out[0].sent >= 5*time.Millisecond {
+				answer(0)
 			}
 			h.Advance(d)
 			now += d
@@ -1378,11 +1287,13 @@ func (r runner) denyCacheBucketModelBursts(t *testing.T) {
 	for i, d := range denials {
 		var theirs float64
 		for _, c := range d.undecided {
-			theirs += float64(c.admitted * c.cost)
+			if c.spent {
+				theirs += float64(c.cost)
+			}
 		}
 		excused := false
 		for _, c := range d.out {
-			excused = excused || c.admitted < int64(len(c.members))
+			excused = excused || !c.spent
 		}
 		if d.level-theirs >= float64(d.cost) && !excused {
 			t.Fatalf("cached denial %d of cost %d: the bucket held %.3f tokens, and %d callouts on their way not yet decided spent %.0f", i, d.cost, d.level, len(d.undecided), theirs)
@@ -1391,11 +1302,11 @@ func (r runner) denyCacheBucketModelBursts(t *testing.T) {
 			inFlight++
 		}
 	}
-	t.Logf("%d callouts (%d of batches; %d requests queued), %d requests allowed and %d denied by the sidecar, %d callouts timed out: %d requests failed open, %d denied from the cache; %d cached denials, %d of them for callouts on their way",
-		calls, batches, queuedReqs, spent, denied, timedOut, failedOpen, failedCached, len(denials), inFlight)
-	if inFlight == 0 || denied == 0 || failedOpen == 0 || failedCached == 0 || batches == 0 {
-		t.Errorf("the mix did not exercise batches, the count of callouts on their way and both ends of a timeout: %d batches, %d such denials, %d denied by the sidecar, %d failed open, %d timeouts denied from the cache",
-			batches, inFlight, denied, failedOpen, failedCached)
+	t.Logf("%d callouts (%d allowed, %d denied by the sidecar, %d timed out: %d failed open, %d denied from the cache), %d cached denials, %d of them for callouts on their way",
+		calls, spent, denied, timedOut, failedOpen, failedCached, len(denials), inFlight)
+	if inFlight == 0 || denied == 0 || failedOpen == 0 || failedCached == 0 {
+		t.Errorf("the mix did not exercise the count of callouts on their way and both ends of a timeout: %d such denials, %d denied by the sidecar, %d failed open, %d timeouts denied from the cache",
+			inFlight, denied, failedOpen, failedCached)
 	}
 	counters(t, h, map[string]int64{
 		limiter.MetricAllowed:                      int64(allowedAnswers),

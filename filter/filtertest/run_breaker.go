@@ -2,7 +2,6 @@ package filtertest
 
 import (
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -255,13 +254,12 @@ func (r runner) breakerAnswersAreSuccess(t *testing.T) {
 }
 
 // breakerLateAnswers: answers to callouts sent before the breaker opened
-// change nothing once it is open. The callouts are five clients' (one
-// client's requests together share one callout).
+// change nothing once it is open.
 func (r runner) breakerLateAnswers(t *testing.T) {
 	h := r.host(t, breakerConfig)
 	var out []Stream
-	for i := range 5 {
-		s, _ := waiting(t, h, get("key-"+strconv.Itoa(i+1)))
+	for range 5 {
+		s, _ := waiting(t, h, get("key-1"))
 		out = append(out, s)
 	}
 	for _, s := range out[:4] {
@@ -296,8 +294,7 @@ func (r runner) breakerWaveCountsOnce(t *testing.T) {
 	})
 }
 
-// sentTogether sends one request per answer, each of its own client (one
-// client's requests together share one callout), all waiting for their
+// sentTogether sends one request of key-1 per answer, all waiting for their
 // callouts at once; after elapsed (under the 5 ms timeout) it answers them in
 // order. Every request must go on and the breaker stay closed: the next
 // request is checked, not bypassed, and its answer ends any run of failures,
@@ -307,8 +304,8 @@ func (r runner) sentTogether(t *testing.T, elapsed time.Duration, answers [][]He
 	t.Helper()
 	h := r.host(t, breakerConfig)
 	var together []Stream
-	for i := range answers {
-		s, _ := waiting(t, h, get("burst-"+strconv.Itoa(i)))
+	for range answers {
+		s, _ := waiting(t, h, get("key-1"))
 		together = append(together, s)
 	}
 	h.Advance(elapsed)

@@ -20,14 +20,8 @@ import (
 // filtertest is test support; importing the sidecar here is what keeps the
 // two from drifting apart. The filter itself never imports it.
 func SidecarAnswer(plan string, capacity, rate, tokens float64, cost int64) []Header {
-	return SidecarBatchAnswer(plan, capacity, rate, tokens, cost, 1)
-}
-
-// SidecarBatchAnswer is the sidecar's answer to a check of count requests
-// of cost each (x-ratelimit-count) on a bucket holding tokens.
-func SidecarBatchAnswer(plan string, capacity, rate, tokens float64, cost, count int64) []Header {
 	p := &plans.Plan{Name: plan, Capacity: capacity, Rate: rate, LimitHeader: strconv.FormatFloat(capacity, 'f', -1, 64)}
-	return answerHeaders(scriptResult(capacity, rate, tokens, cost, count), p, count)
+	return answerHeaders(scriptResult(capacity, rate, tokens, cost), p)
 }
 
 // WarmAnswer is the sidecar's answer to the filter's warm-up call
@@ -35,14 +29,14 @@ func SidecarBatchAnswer(plan string, capacity, rate, tokens float64, cost, count
 // the sidecar's warm-up plan.
 func WarmAnswer() []Header {
 	l := server.WarmLimit
-	return answerHeaders(scriptResult(l.Capacity, l.Rate, l.Capacity, 0, 1), &server.WarmPlan, 1)
+	return answerHeaders(scriptResult(l.Capacity, l.Rate, l.Capacity, 0), &server.WarmPlan)
 }
 
-// answerHeaders are the headers of the sidecar's answer for res, a check
-// of count requests, under p, as the proxy hands them to the filter.
-func answerHeaders(res lua.Result, p *plans.Plan, count int64) []Header {
+// answerHeaders are the headers of the sidecar's answer for res under p, as
+// the proxy hands them to the filter.
+func answerHeaders(res lua.Result, p *plans.Plan) []Header {
 	var a server.Answer
-	a.Fill(res, p, count)
+	a.Fill(res, p)
 	h := []Header{{":status", strconv.Itoa(a.Status)}, {"content-length", "0"}}
 	for i := range a.Len() {
 		name, v := a.Field(i)
@@ -60,37 +54,20 @@ func WarmUpCall(headers []Header) bool {
 }
 
 // scriptResult is what tokenbucket.lua replies, as lua.ParseReply reads it,
-// to count calls of cost on a bucket holding tokens (already refilled to
-// now), with the script's arithmetic step for step.
-func scriptResult(capacity, rate, tokens float64, cost, count int64) lua.Result {
-	c, n := float64(cost), float64(count)
+// for a bucket holding tokens (already refilled to now).
+func scriptResult(capacity, rate, tokens float64, cost int64) lua.Result {
+	c := float64(cost)
 	var r lua.Result
-	if c > capacity {
+	switch {
+	case c > capacity:
 		r.Never = true
-		r.Tokens = tokens
-		r.ResetMs = (capacity - tokens) / rate * 1000
-		r.ResetAfter = ceilNs(r.ResetMs)
-		return r
-	}
-	k := n
-	if tokens < c*n {
-		if tokens < c {
-			k = 0
-		} else {
-			k = math.Floor(tokens / c)
-			if k*c > tokens {
-				k--
-			}
-		}
-	}
-	if k > 0 && cost > 0 {
-		tokens -= k * c
-	}
-	r.Admitted = int64(k)
-	if k == n {
-		r.Allowed = true
-	} else {
+	case tokens < c:
 		r.RetryMs = (c - tokens) / rate * 1000
+	default:
+		r.Allowed = true
+		if cost > 0 {
+			tokens -= c
+		}
 	}
 	r.Tokens = tokens
 	r.ResetMs = (capacity - tokens) / rate * 1000

@@ -87,11 +87,6 @@ type Answer struct {
 	// never a rate derived from a rounded wait.
 	Rate    float64
 	HasRate bool
-	// Admitted is x-ratelimit-admitted, how many of a batch's requests the
-	// sidecar admitted (batch.go); HasAdmitted says it was present and a
-	// valid count. The sidecar sends it only for a batch.
-	Admitted    int64
-	HasAdmitted bool
 }
 
 // ParseAnswer reads the headers of a callout response that arrived (a reset,
@@ -137,7 +132,6 @@ func ParseAnswer(headers [][2]string) Answer {
 		a.Rate, a.HasRate = parseDecimal(f.get(fRate))
 	}
 	a.HasRate = a.HasRate && a.Rate > 0
-	a.Admitted, a.HasAdmitted = count(f.get(fAdmitted))
 	if status == 200 {
 		a.Outcome = Allowed
 		return a
@@ -165,7 +159,6 @@ const (
 	fRate
 	fRetryAfter
 	fNever
-	fAdmitted
 	numAnswerFields
 )
 
@@ -210,8 +203,6 @@ func answerFieldsOf(headers [][2]string) answerFields {
 			i = answerWords.match(words{le64(name, 0), le64(name, 8), le64(name, n-8)}, fNever)
 		case len("x-ratelimit-tokens"):
 			i = answerWords.match(words{le64(name, 0), le64(name, 8), le64(name, n-8)}, fTokens)
-		case len("x-ratelimit-admitted"):
-			i = answerWords.match(words{le64(name, 0), le64(name, 8), le64(name, n-8)}, fAdmitted)
 		case len("ratelimit-remaining"):
 			i = answerWords.match(words{le64(name, 0), le64(name, 8), le64(name, n-8)}, fRemaining)
 		}
@@ -227,7 +218,6 @@ var answerNames = [numAnswerFields]string{
 	fStatus: ":status", fLimit: "ratelimit-limit", fRemaining: "ratelimit-remaining",
 	fReset: "ratelimit-reset", fPlan: "x-ratelimit-plan", fTokens: "x-ratelimit-tokens",
 	fRate: "x-ratelimit-rate", fRetryAfter: "retry-after", fNever: "x-ratelimit-never",
-	fAdmitted: "x-ratelimit-admitted",
 }
 
 // words are a name's bytes as little-endian words (nameWords).

@@ -79,12 +79,6 @@ type Config struct {
 	// context opens ahead of traffic, and keeps open (warm.go). Defaults to
 	// DefaultWarmConnections; 0 opens none.
 	WarmConnections uint32
-	// MaxBatch is the most requests of one client, of equal cost, that one
-	// callout decides (batch.go): a request that finds a callout for its
-	// client on its way waits for it and goes out with the others that
-	// waited, in one callout. Defaults to DefaultMaxBatch; 1 sends every
-	// request on its own.
-	MaxBatch uint32
 }
 
 // Limits on configuration values.
@@ -106,11 +100,6 @@ const (
 	// once over a proxy's workers without a connection set up within a
 	// check's 5 ms.
 	DefaultWarmConnections = 16
-	// MaxMaxBatch is the sidecar's largest x-ratelimit-count.
-	MaxMaxBatch = 1024
-	// DefaultMaxBatch holds a burst of a few hundred requests of one client
-	// at one worker in two callouts.
-	DefaultMaxBatch = 256
 )
 
 // DefaultConfig returns the configuration an empty plugin configuration
@@ -129,7 +118,6 @@ func DefaultConfig() *Config {
 			MaxOpenMs: DefaultBreakerMaxOpenMs,
 		},
 		WarmConnections: DefaultWarmConnections,
-		MaxBatch:        DefaultMaxBatch,
 	}
 }
 
@@ -165,7 +153,7 @@ func Parse(data []byte) (*Config, error) {
 }
 
 var topFields = []string{"sidecar_cluster", "sidecar_authority", "timeout_ms", "api_key_header",
-	"mode", "canary_clients", "on_missing_key", "costs", "region", "breaker", "on_failure", "warm_connections", "max_batch"}
+	"mode", "canary_clients", "on_missing_key", "costs", "region", "breaker", "on_failure", "warm_connections"}
 
 var ruleFields = []string{"method", "path_prefix", "cost"}
 
@@ -216,10 +204,6 @@ func (c *Config) set(name string, v jsonValue) error {
 	case "warm_connections":
 		n, err := integer(name, v, 0, MaxWarmConnections)
 		c.WarmConnections = uint32(n)
-		return err
-	case "max_batch":
-		n, err := integer(name, v, 1, MaxMaxBatch)
-		c.MaxBatch = uint32(n)
 		return err
 	case "api_key_header":
 		if v.kind != jsonString {

@@ -41,7 +41,7 @@ func TestParseDefaults(t *testing.T) {
 		d.APIKeyHeader != "x-api-key" || d.Mode != limiter.ModeEnforce || !d.RejectMissingKey ||
 		len(d.Costs) != 0 || len(d.CanaryClients) != 0 || d.Region != "" ||
 		d.Breaker != (limiter.BreakerConfig{Failures: 5, MinOpenMs: 100, MaxOpenMs: 5000}) || d.OnFailure != limiter.FailOpen ||
-		d.WarmConnections != 16 || d.MaxBatch != 256 {
+		d.WarmConnections != 16 {
 		t.Errorf("defaults differ from the documented ones: %+v", d)
 	}
 }
@@ -68,14 +68,13 @@ func TestParseFull(t *testing.T) {
 		Breaker:         limiter.BreakerConfig{Failures: 3, MinOpenMs: 50, MaxOpenMs: 2000},
 		OnFailure:       limiter.FailLocal,
 		WarmConnections: 4,
-		MaxBatch:        32,
 	}
 	if !equalConfig(cfg, want) {
 		t.Errorf("got %+v\nwant %+v", cfg, want)
 	}
 	if got := cfg.Summary(); got != "mode=enforce sidecar_cluster=edge_ratelimit sidecar_authority=ratelimit.internal:8080 "+
 		"timeout_ms=20 api_key_header=x-client-key on_missing_key=allow canary_clients=2 costs=3 region=eu-west-1 "+
-		"breaker_failures=3 breaker_open_ms=50-2000 warm_connections=4 max_batch=32 on_failure=local" {
+		"breaker_failures=3 breaker_open_ms=50-2000 warm_connections=4 on_failure=local" {
 		t.Errorf("summary %q", got)
 	}
 	esc, err := limiter.Parse([]byte(filtertest.ValidConfig("escapes.json")))
@@ -201,7 +200,7 @@ func equalConfig(a, b *limiter.Config) bool {
 		a.TimeoutMs == b.TimeoutMs && a.APIKeyHeader == b.APIKeyHeader && a.Mode == b.Mode &&
 		maps.Equal(a.CanaryClients, b.CanaryClients) && a.RejectMissingKey == b.RejectMissingKey &&
 		slices.Equal(a.Costs, b.Costs) && a.Region == b.Region && a.Breaker == b.Breaker && a.OnFailure == b.OnFailure &&
-		a.WarmConnections == b.WarmConnections && a.MaxBatch == b.MaxBatch
+		a.WarmConnections == b.WarmConnections
 }
 
 func TestParseOnFailure(t *testing.T) {

@@ -84,7 +84,7 @@ func TestDenyCacheAgainstRedis(t *testing.T) {
 		key := "rl:{diff" + strconv.Itoa(timelines) + "}"
 		take := func(cost int64) lua.Result {
 			t.Helper()
-			r, err := lua.Take(ctx, c, key, l, cost, 1)
+			r, err := lua.Take(ctx, c, key, l, cost)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -227,7 +227,7 @@ func TestDenyCacheAgainstRedis(t *testing.T) {
 // answerFrom is the sidecar's answer to res, as the filter reads it.
 func answerFrom(res lua.Result, plan *plans.Plan) Answer {
 	var a server.Answer
-	a.Fill(res, plan, 1)
+	a.Fill(res, plan)
 	h := [][2]string{{":status", strconv.Itoa(a.Status)}}
 	for i := range a.Len() {
 		name, v := a.Field(i)

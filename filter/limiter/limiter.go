@@ -91,18 +91,6 @@ type stream struct {
 	settled bool    // the filter has resumed or answered the request
 	gone    bool    // the proxy deleted the stream; only its answer is left
 	sentAt  int64   // when the callout was dispatched (host clock, ns)
-	arrived int64   // when the request reached the filter (host clock, ns)
-	// A batch (batch.go). n is how many requests the stream's callout
-	// decides: the stream first, then members in the order they came.
-	// queue to tail are the client's requests that came while the callout
-	// was on its way, queued of them, to go out together once it is
-	// answered. A member or a queued request is waiting, linked by next,
-	// with lead the stream whose callout it waits for.
-	n                    int64
-	members, queue, tail *stream
-	queued               int64
-	next, lead           *stream
-	waiting              bool
 	// The rate-limit headers set on the response once the request was
 	// allowed, kept as their parts: the quota, whose plan is a copy in
 	// planBuf (empty when too long to be a policy name, which names it
@@ -259,7 +247,6 @@ func (l *Limiter) check(s *stream) abi.Action {
 		s.cost = cfg.Cost(method, path)
 	}
 	now := h.Now()
-	s.arrived = now
 	if act, denied := l.fromCache(s, now); denied {
 		return act
 	}
@@ -278,17 +265,7 @@ func (l *Limiter) check(s *stream) abi.Action {
 			l.m.recordState(h, phaseHalfOpen)
 		}
 	}
-	if !s.probe && l.join(s) {
-		return abi.ActionPause
-	}
-	s.n = 1
-	if st := l.send(s, now); st != abi.StatusOK {
-		if l.failOpen(s, ReasonDispatch, "proxy_http_call failed: "+st.String(), now) {
-			return abi.ActionPause
-		}
-		return abi.ActionContinue
-	}
-	return abi.ActionPause
+	return l.dispatch(s, now)
 }
 
 func (l *Limiter) noKey(s *stream, ks KeyStatus) abi.Action {
@@ -315,7 +292,7 @@ func (r *root) inFlightCost(key string, after int64) int64 {
 	var c int64
 	for i := range r.calls.slots {
 		if s := r.calls.slots[i].s; s != nil && s.sentAt > after && s.key == key {
-			c += s.cost * s.n
+			c += s.cost
 		}
 	}
 	return c
@@ -359,15 +336,8 @@ func (l *Limiter) cachedDeny(s *stream, e *denyEntry, spent, now int64) abi.Acti
 	return abi.ActionPause
 }
 
-// send dispatches the callout that decides s and its members, s.n requests
-// of s.cost each. Its timeout is what is left of the oldest one's: the
-// configured timeout less the whole milliseconds since it came (a request
-// that waited for a batch has spent that much of it), at least 1 ms. A
-// status other than OK means no callout went out; the breaker has counted
-// the failure and the caller fails the requests open.
-func (l *Limiter) send(s *stream, now int64) abi.Status {
+func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 	cfg := s.root.cfg
-	timeout := uint32(max(int64(cfg.TimeoutMs)-(now-s.arrived)/1e6, 1))
 	l.text.reset()
 	headers := append(l.headers[:0],
 		[2]string{":method", "POST"},
@@ -375,24 +345,24 @@ func (l *Limiter) send(s *stream, now int64) abi.Status {
 		[2]string{":authority", cfg.SidecarAuthority},
 		[2]string{KeyHeader, s.key},
 		[2]string{"x-ratelimit-cost", l.text.int(s.cost)})
-	if s.n > 1 {
-		headers = append(headers, [2]string{"x-ratelimit-count", l.text.int(s.n)})
-	}
 	if cfg.Region != "" {
 		headers = append(headers, [2]string{"x-ratelimit-region", cfg.Region})
 	}
 	l.headers = headers
-	token, st := l.host.HTTPCall(cfg.SidecarCluster, headers, nil, nil, timeout)
+	token, st := l.host.HTTPCall(cfg.SidecarCluster, headers, nil, nil, cfg.TimeoutMs)
 	if st != abi.StatusOK {
 		l.breakerResult(s.root, true, s.probe, ReasonDispatch, now, now)
-		return st
+		if l.failOpen(s, ReasonDispatch, "proxy_http_call failed: "+st.String(), now) {
+			return abi.ActionPause
+		}
+		return abi.ActionContinue
 	}
 	s.token, s.pending, s.sentAt = token, true, now
 	s.root.calls.put(token, s)
 	if s.entry {
-		s.in, s.counted = s.root.cache.addPending(l.host, s.key, s.cost*s.n, now)
+		s.in, s.counted = s.root.cache.addPending(l.host, s.key, s.cost, now)
 	}
-	return abi.StatusOK
+	return abi.ActionPause
 }
 
 // uncount takes a callout's cost off what its entry counts as pending once
@@ -400,15 +370,13 @@ func (l *Limiter) send(s *stream, now int64) abi.Status {
 func (l *Limiter) uncount(s *stream) {
 	if s.counted {
 		s.counted = false
-		s.root.cache.subPending(l.host, s.key, s.cost*s.n, s.in)
+		s.root.cache.subPending(l.host, s.key, s.cost, s.in)
 	}
 }
 
-// OnHTTPCallResponse applies the sidecar's answer to the requests waiting
-// for it: the one whose callout it is and the members of its batch, then
-// sends the client's requests queued behind it (batch.go). It runs on the
-// root context: each stream becomes the effective context before it is
-// resumed or answered.
+// OnHTTPCallResponse applies the sidecar's answer to the request waiting for
+// it. It runs on the root context: the stream becomes the effective context
+// before it is resumed or answered.
 func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int) {
 	r := l.roots[rootID]
 	if r == nil {
@@ -424,15 +392,17 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	defer func() {
 		if p := recover(); p != nil {
 			l.logPanic("proxy_on_http_call_response", p)
-			l.abandon(s)
+			if !s.gone && !s.settled && l.host.SetEffectiveContext(s.id) == abi.StatusOK {
+				l.m.failedOpen(l.host, ReasonInternal)
+				l.resume(s)
+			}
 		}
 	}()
 	h := l.host
 	now := h.Now()
 	l.m.recordLatency(h, now-s.sentAt)
 	a := l.answer(numHeaders)
-	admitted := batchAdmitted(&a, s.n)
-	// The breaker learns from every answer, whether or not the clients are
+	// The breaker learns from every answer, whether or not the client is
 	// still there.
 	l.breakerResult(r, breakerFailure(&a), s.probe, a.Reason, s.sentAt, now)
 	r.local.learn(h, s, &a, now)
@@ -449,41 +419,18 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 		}
 	}
 	l.uncount(s)
-	// The first admitted of a batch are the first that came.
-	members, queue := s.members, s.queue
-	l.decide(s, &a, admitted > 0, now)
-	for i, m := int64(1), members; m != nil; i++ {
-		next := m.next
-		m.next, m.lead, m.pending, m.waiting = nil, nil, false, false
-		l.decide(m, &a, i < admitted, now)
-		m = next
-	}
-	l.flush(r, s, queue, &a, now)
-}
-
-// decide applies a's outcome to s, one of the requests a decided: admit
-// says whether its cost was among those the sidecar took.
-func (l *Limiter) decide(s *stream, a *Answer, admit bool, now int64) {
 	if s.gone {
 		l.release(s) // the answer was all that was left of it
 		return
 	}
-	h := l.host
-	if s.settled || h.SetEffectiveContext(s.id) != abi.StatusOK {
-		return // answered already, or nothing left to resume
+	if h.SetEffectiveContext(s.id) != abi.StatusOK {
+		return // nothing left to resume
 	}
-	outcome := a.Outcome
-	if outcome == Allowed || outcome == Denied {
-		outcome = Denied
-		if admit {
-			outcome = Allowed
-		}
-	}
-	switch outcome {
+	switch a.Outcome {
 	case Allowed:
 		if s.enforce {
 			l.m.inc(h, cAllowed)
-			s.limited, s.quota = true, quotaOf(a)
+			s.limited, s.quota = true, quotaOf(&a)
 			s.quota.plan = ""
 			if len(a.Plan) <= maxPlanLen {
 				s.quota.plan = owned(s.planBuf[:], a.Plan)
@@ -495,7 +442,7 @@ func (l *Limiter) decide(s *stream, a *Answer, admit bool, now int64) {
 	case Denied:
 		if s.enforce {
 			l.m.inc(h, cDenied)
-			q := quotaOf(a)
+			q := quotaOf(&a)
 			// Retry-After is never earlier than the sidecar's (the exact
 			// wait, rounded up) nor than t; a request that can never
 			// succeed gets none.
@@ -519,26 +466,21 @@ func (l *Limiter) decide(s *stream, a *Answer, admit bool, now int64) {
 		l.m.inc(h, cShadowWouldDeny)
 		h.ReplaceHeader(abi.MapRequestHeaders, ShadowHeader, "deny")
 	default:
-		l.undecided(s, a.Reason, a.Detail, now)
-		return
-	}
-	l.resume(s)
-}
-
-// undecided settles a request the sidecar did not decide. What the deny
-// cache has learned since the request came decides as it would for a
-// request arriving now: a client known to be past its bucket is not let
-// through because its own check was late (in a burst, answers to the
-// client's other callouts came meanwhile). The rest fails open.
-// filter/RATIONALE.md, "A failed callout meets the deny cache first".
-func (l *Limiter) undecided(s *stream, reason Reason, detail string, now int64) {
-	if act, denied := l.fromCache(s, now); denied {
-		l.m.inc(l.host, cFailedCached)
-		if act == abi.ActionPause {
-			return // answered 429
+		// The sidecar did not decide. What the deny cache has learned
+		// since the callout went out decides as it would for a request
+		// arriving now: a client known to be past its bucket is not let
+		// through because its own check was late (in a burst, answers to
+		// the client's other callouts came meanwhile). The rest fails
+		// open. filter/RATIONALE.md, "A failed callout meets the deny
+		// cache first".
+		if act, denied := l.fromCache(s, now); denied {
+			l.m.inc(h, cFailedCached)
+			if act == abi.ActionPause {
+				return // answered 429
+			}
+		} else if l.failOpen(s, a.Reason, a.Detail, now) {
+			return
 		}
-	} else if l.failOpen(s, reason, detail, now) {
-		return
 	}
 	l.resume(s)
 }
@@ -683,15 +625,9 @@ func (l *Limiter) OnDelete(id uint32) {
 	delete(l.roots, id)
 }
 
-// forget drops a stream's pending callout so that its answer is ignored, or
-// marks it settled in the batch it waits in: the request has already
-// failed open.
+// forget drops a stream's pending callout so that its answer is ignored: the
+// request has already failed open.
 func (l *Limiter) forget(s *stream) {
-	if s.waiting {
-		// In a batch's list until its answer comes, which skips it.
-		s.settled = true
-		return
-	}
 	if s.pending {
 		s.root.calls.remove(s.token)
 		s.pending = false
@@ -731,7 +667,6 @@ func (c *Config) Summary() string {
 		" breaker_open_ms=" + strconv.FormatUint(uint64(c.Breaker.MinOpenMs), 10) +
 		"-" + strconv.FormatUint(uint64(c.Breaker.MaxOpenMs), 10) +
 		" warm_connections=" + strconv.FormatUint(uint64(c.WarmConnections), 10) +
-		" max_batch=" + strconv.FormatUint(uint64(c.MaxBatch), 10) +
 		" on_failure=" + c.OnFailure.String()
 }
 

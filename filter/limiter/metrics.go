@@ -46,10 +46,6 @@ const (
 	// denied_cached (or shadow_would_deny) as well. With the
 	// failed_open.<reason> counters, it makes every failed callout.
 	MetricFailedCached = "edgelimit.callout.failed_cached"
-	// MetricBatched counts requests that waited for their client's
-	// callout on its way and went out in one callout with others: each
-	// is a callout not made (batch.go).
-	MetricBatched = "edgelimit.callout.batched"
 )
 
 type counter uint8
@@ -74,7 +70,6 @@ const (
 	cLocalAllowed
 	cLocalDenied
 	cFailedCached
-	cBatched
 	numCounters
 )
 
@@ -130,8 +125,6 @@ func counterName(c counter) string {
 		return MetricLocalDenied
 	case cFailedCached:
 		return MetricFailedCached
-	case cBatched:
-		return MetricBatched
 	}
 	return MetricFailedOpenPrefix + Reason(c-cFailedOpen).String()
 }
@@ -162,12 +155,6 @@ func (m *metrics) define(h abi.Host) (failed string) {
 func (m *metrics) inc(h abi.Host, c counter) {
 	if m.defined[c] {
 		h.IncrementMetric(m.counters[c], 1)
-	}
-}
-
-func (m *metrics) add(h abi.Host, c counter, n int64) {
-	if m.defined[c] {
-		h.IncrementMetric(m.counters[c], n)
 	}
 }
 

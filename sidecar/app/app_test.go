@@ -225,31 +225,6 @@ func TestContract(t *testing.T) {
 		}
 	})
 
-	t.Run("count", func(t *testing.T) {
-		// free: 10 tokens, 1/s. Four requests of cost 2 at once: all pass.
-		r := s.check(t, "batch-client", "x-ratelimit-cost", "2", "x-ratelimit-count", "4")
-		if r.status != 200 || r.h("x-ratelimit-admitted") != "4" || r.h("ratelimit-remaining") != "2" || r.has("retry-after") {
-			t.Fatalf("4 of cost 2 on 10 tokens: %d %v; want 200, 4 admitted, 2 left", r.status, r.headers)
-		}
-		// Three of cost 1 on 2 tokens: the first two pass, the answer is
-		// 429 with the wait for the third.
-		r = s.check(t, "batch-client", "x-ratelimit-count", "3")
-		if r.status != 429 || r.h("x-ratelimit-admitted") != "2" || r.h("ratelimit-remaining") != "0" || r.has("x-ratelimit-never") {
-			t.Fatalf("3 of cost 1 on 2 tokens: %d %v; want 429, 2 admitted", r.status, r.headers)
-		}
-		checkRetryHeaders(t, r, 1, 1)
-		r = s.check(t, "batch-client", "x-ratelimit-count", "2")
-		if r.status != 429 || r.h("x-ratelimit-admitted") != "0" {
-			t.Fatalf("2 on an empty bucket: %d %v; want 429, none admitted", r.status, r.headers)
-		}
-		checkRetryHeaders(t, r, 1, 1)
-		// One request, count given or not: no x-ratelimit-admitted.
-		r = s.check(t, "batch-client", "x-ratelimit-count", "1")
-		if r.status != 429 || r.has("x-ratelimit-admitted") {
-			t.Fatalf("1 on an empty bucket: %d %v; want 429 without x-ratelimit-admitted", r.status, r.headers)
-		}
-	})
-
 	t.Run("refill after the advertised wait", func(t *testing.T) {
 		// fast: 2 tokens, 20/s. After the burst, waiting the advertised
 		// x-ratelimit-retry-after-ms (measured on the same machine's clock as
@@ -308,7 +283,6 @@ func TestContract(t *testing.T) {
 			{[]string{"x-api-key", "a", "x-ratelimit-cost", "0"}, 400, "x-ratelimit-cost must be at least 1\n"},
 			{[]string{"x-api-key", "a", "x-ratelimit-cost", "-3"}, 400, "x-ratelimit-cost must be a positive whole number\n"},
 			{[]string{"x-api-key", "a", "x-ratelimit-cost", "1000000001"}, 400, "x-ratelimit-cost must be at most 1000000000\n"},
-			{[]string{"x-api-key", "a", "x-ratelimit-count", "1025"}, 400, "x-ratelimit-count must be at most 1024\n"},
 			{[]string{"x-api-key", "a", "x-padding", strings.Repeat("p", 9000)}, 431, "request headers too large\n"},
 		}
 		for _, tt := range tests {
@@ -329,8 +303,7 @@ func TestContract(t *testing.T) {
 		r := s.do(t, "GET", "/metrics")
 		for _, want := range []string{
 			`sidecar_decisions_total{result="denied"} `,
-			`sidecar_requests_rejected_total{reason="bad_request"} 8`,
-			`sidecar_batched_checks_total 3`,
+			`sidecar_requests_rejected_total{reason="bad_request"} 7`,
 			`sidecar_pipeline_batch_size_count `,
 			`sidecar_decision_duration_seconds_bucket{le="0.002"} `,
 		} {

@@ -160,21 +160,19 @@ func New(client redis.UniversalClient, opt Options) *Decider {
 	return d
 }
 
-// Decide decides count calls of cost on the bucket key with limit l, as
-// count calls in a row would be (lua.Take): each takes cost tokens if the
-// bucket still holds them. It returns when Redis has answered or at
-// deadline, whichever is first: at the deadline it returns ErrTimeout at
-// once, without waiting for Redis.
+// Decide takes cost tokens from the bucket key with limit l. It returns when
+// Redis has answered or at deadline, whichever is first: at the deadline it
+// returns ErrTimeout at once, without waiting for Redis.
 //
 // A deadline rather than a context keeps the hot path free of allocations:
 // the timer lives in a pooled call. It answers the call itself at the
 // deadline, so that waiting is one channel receive rather than a select.
-func (d *Decider) Decide(deadline time.Time, key string, l lua.Limit, cost, count int64) (lua.Result, error) {
+func (d *Decider) Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error) {
 	if d.closed.Load() {
 		return lua.Result{}, ErrClosed
 	}
 	c := d.calls.Get().(*call)
-	c.deadline, c.key, c.args = deadline, key, d.args(l, cost, count)
+	c.deadline, c.key, c.args = deadline, key, d.args(l, cost)
 	c.answered.Store(false)
 	c.timer.Reset(time.Until(deadline))
 	select {
@@ -200,32 +198,26 @@ func (d *Decider) Decide(deadline time.Time, key string, l lua.Limit, cost, coun
 }
 
 // maxCachedArgs bounds the argument cache: plans are few, and almost every
-// request costs 1 and decides one call or a few, so a handful of entries
-// serve nearly all calls.
+// request costs 1, so a handful of entries serve nearly all calls.
 const maxCachedArgs = 4096
 
-// argsEntry is one call's script arguments: lua.Args; the same as the RESP
-// bulk strings that end an EVALSHA, and the header of the command's array,
-// whose length depends on their number; and the number of calls the script
-// decides, which its reply is read against.
+// argsEntry is one call's script arguments: lua.Args, and the same as the
+// RESP bulk strings that end an EVALSHA.
 type argsEntry struct {
-	vals  []any
-	head  []byte
-	resp  []byte
-	count int64
+	vals []any
+	resp []byte
 }
 
-// args returns lua.Args(l, cost, count), cached: formatting two floats for
-// every decision is measurable work at tens of thousands of checks per
-// second. The entries are shared read-only; go-redis copies arguments into
-// each command.
-func (d *Decider) args(l lua.Limit, cost, count int64) *argsEntry {
-	k := argsKey{l, cost, count}
+// args returns lua.Args(l, cost), cached: formatting two floats for every
+// decision is measurable work at tens of thousands of checks per second. The
+// entries are shared read-only; go-redis copies arguments into each command.
+func (d *Decider) args(l lua.Limit, cost int64) *argsEntry {
+	k := argsKey{l, cost}
 	if v, ok := d.argsCache.Load(k); ok {
 		return v.(*argsEntry)
 	}
-	vals := lua.Args(l, cost, count)
-	a := &argsEntry{vals: vals, head: arrayHead(vals), resp: respArgs(vals), count: count}
+	vals := lua.Args(l, cost)
+	a := &argsEntry{vals: vals, resp: respArgs(vals)}
 	// Past the bound (plans edited many times, unusual costs) start over
 	// rather than stop caching: the entries in use come back at once.
 	if d.argsCount.Add(1) > maxCachedArgs {
@@ -237,8 +229,8 @@ func (d *Decider) args(l lua.Limit, cost, count int64) *argsEntry {
 }
 
 type argsKey struct {
-	l           lua.Limit
-	cost, count int64
+	l    lua.Limit
+	cost int64
 }
 
 // Close stops the loops after the decisions already queued are answered.
@@ -365,7 +357,7 @@ func (d *Decider) run(batch []*call) {
 	for i, c := range live {
 		v, err := cmds[i].Result()
 		if err == nil {
-			c.answer(lua.ParseReply(v, c.args.count))
+			c.answer(lua.ParseReply(v))
 		} else {
 			c.answer(lua.Result{}, err)
 		}

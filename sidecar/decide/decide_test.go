@@ -52,17 +52,17 @@ func TestDecideBurst(t *testing.T) {
 		_, c := standalone(t)
 		d := newDecider(t, c, Options{Direct: direct})
 		for i := range 5 {
-			r, err := d.Decide(far(), "rl:{burst}", slow, 1, 1)
+			r, err := d.Decide(far(), "rl:{burst}", slow, 1)
 			if err != nil || !r.Allowed {
 				t.Fatalf("call %d: %+v, %v; want allowed", i, r, err)
 			}
 		}
-		r, err := d.Decide(far(), "rl:{burst}", slow, 1, 1)
+		r, err := d.Decide(far(), "rl:{burst}", slow, 1)
 		if err != nil || r.Allowed || r.RetryAfter <= 0 {
 			t.Fatalf("call 6: %+v, %v; want denied with a retry time", r, err)
 		}
 		// Cost above capacity: never, not a retry.
-		r, err = d.Decide(far(), "rl:{big}", slow, 6, 1)
+		r, err = d.Decide(far(), "rl:{big}", slow, 6)
 		if err != nil || r.Allowed || !r.Never || r.RetryAfter != 0 {
 			t.Fatalf("cost 6 of 5: %+v, %v; want never", r, err)
 		}
@@ -91,7 +91,7 @@ func TestConcurrentExact(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for range 10 {
-					r, err := d.Decide(far(), "rl:{shared}", limit, 1, 1)
+					r, err := d.Decide(far(), "rl:{shared}", limit, 1)
 					if err != nil {
 						t.Error(err)
 						return
@@ -132,7 +132,7 @@ func TestBatching(t *testing.T) {
 		errs := make(chan error, queued+1)
 		decide := func(key string) {
 			defer wg.Done()
-			r, err := d.Decide(far(), key, slow, 1, 1)
+			r, err := d.Decide(far(), key, slow, 1)
 			if err == nil && !r.Allowed {
 				err = fmt.Errorf("%s denied", key)
 			}
@@ -187,12 +187,12 @@ func TestDeadline(t *testing.T) {
 		// The first call occupies the only loop until Redis is unpaused.
 		firstDone := make(chan error, 1)
 		go func() {
-			_, err := d.Decide(far(), "rl:{holder}", slow, 1, 1)
+			_, err := d.Decide(far(), "rl:{holder}", slow, 1)
 			firstDone <- err
 		}()
 		<-batches
 
-		_, err := d.Decide(time.Now().Add(20*time.Millisecond), "rl:{expired}", slow, 1, 1)
+		_, err := d.Decide(time.Now().Add(20*time.Millisecond), "rl:{expired}", slow, 1)
 		if !errors.Is(err, ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Decide = %v, want ErrTimeout wrapping context.DeadlineExceeded", err)
 		}
@@ -206,7 +206,7 @@ func TestDeadline(t *testing.T) {
 		}
 		// Flush the loop with one more call: the expired one sat before it in
 		// the queue, so by the time this returns it has been dropped.
-		if _, err := d.Decide(far(), "rl:{after}", slow, 1, 1); err != nil {
+		if _, err := d.Decide(far(), "rl:{after}", slow, 1); err != nil {
 			t.Fatal(err)
 		}
 		if n, err := ctl.Exists(bg, "rl:{expired}").Result(); err != nil || n != 0 {
@@ -225,7 +225,7 @@ func TestNoScriptAfterFlush(t *testing.T) {
 		d := newDecider(t, c, Options{Direct: direct, OnNoScript: func() { reloads.Add(1) }})
 		ctx := context.Background()
 		// The first call finds Redis without the script, too.
-		if _, err := d.Decide(far(), "rl:{a}", slow, 1, 1); err != nil {
+		if _, err := d.Decide(far(), "rl:{a}", slow, 1); err != nil {
 			t.Fatal(err)
 		}
 		if reloads.Load() != 1 {
@@ -234,7 +234,7 @@ func TestNoScriptAfterFlush(t *testing.T) {
 		if err := srv.Client(t).ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
-		r, err := d.Decide(far(), "rl:{a}", slow, 1, 1)
+		r, err := d.Decide(far(), "rl:{a}", slow, 1)
 		if err != nil || !r.Allowed || r.Tokens < 3 || r.Tokens > 3.01 {
 			t.Fatalf("after SCRIPT FLUSH: %+v, %v; want allowed with 3 tokens left", r, err)
 		}
@@ -249,7 +249,7 @@ func TestRedisRestart(t *testing.T) {
 		srv, c := standalone(t)
 		d := newDecider(t, c, Options{Direct: direct})
 		ctx := context.Background()
-		if _, err := d.Decide(far(), "rl:{a}", slow, 1, 1); err != nil {
+		if _, err := d.Decide(far(), "rl:{a}", slow, 1); err != nil {
 			t.Fatal(err)
 		}
 		if err := d.Ready(ctx); err != nil {
@@ -258,7 +258,7 @@ func TestRedisRestart(t *testing.T) {
 		if err := srv.Kill(); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := d.Decide(far(), "rl:{a}", slow, 1, 1); err == nil {
+		if _, err := d.Decide(far(), "rl:{a}", slow, 1); err == nil {
 			t.Fatal("Decide succeeded with Redis killed")
 		}
 		d.ready.mu.Lock()
@@ -275,7 +275,7 @@ func TestRedisRestart(t *testing.T) {
 		var r lua.Result
 		var err error
 		testkit.Poll(t, 30*time.Second, "decisions to resume", func() bool {
-			r, err = d.Decide(far(), "rl:{a}", slow, 1, 1)
+			r, err = d.Decide(far(), "rl:{a}", slow, 1)
 			return err == nil
 		})
 		if !r.Allowed || r.Tokens < 4 || r.Tokens > 4.01 {
@@ -330,12 +330,12 @@ func TestClose(t *testing.T) {
 	paths(t, func(t *testing.T, direct bool) {
 		_, c := standalone(t)
 		d := New(c, Options{Direct: direct})
-		if _, err := d.Decide(far(), "rl:{a}", slow, 1, 1); err != nil {
+		if _, err := d.Decide(far(), "rl:{a}", slow, 1); err != nil {
 			t.Fatal(err)
 		}
 		d.Close()
 		d.Close() // idempotent
-		if _, err := d.Decide(far(), "rl:{a}", slow, 1, 1); !errors.Is(err, ErrClosed) {
+		if _, err := d.Decide(far(), "rl:{a}", slow, 1); !errors.Is(err, ErrClosed) {
 			t.Fatalf("Decide after Close = %v, want ErrClosed", err)
 		}
 	})
@@ -358,7 +358,7 @@ func TestCluster(t *testing.T) {
 			defer wg.Done()
 			key := fmt.Sprintf("rl:{client-%d}", i)
 			for j := range 6 {
-				r, err := d.Decide(far(), key, slow, 1, 1)
+				r, err := d.Decide(far(), key, slow, 1)
 				if err != nil {
 					t.Errorf("%s call %d: %v", key, j, err)
 					return
@@ -390,75 +390,28 @@ func TestCluster(t *testing.T) {
 	}
 }
 
-// TestDecideCount: one decision of several calls admits what the bucket
-// can pay, on both paths; decisions of one call and of several travel in
-// the same pipelines and are each read against their own count.
-func TestDecideCount(t *testing.T) {
-	paths(t, func(t *testing.T, direct bool) {
-		_, c := standalone(t)
-		d := newDecider(t, c, Options{Direct: direct})
-		r, err := d.Decide(far(), "rl:{count}", slow, 2, 3)
-		if err != nil || r.Allowed || r.Admitted != 2 || r.Tokens > 1.001 || r.Tokens < 1 || r.RetryAfter <= 0 {
-			t.Fatalf("3 calls of cost 2 on 5 tokens: %+v, %v; want 2 admitted", r, err)
-		}
-		r, err = d.Decide(far(), "rl:{count}", slow, 1, 1)
-		if err != nil || !r.Allowed || r.Admitted != 1 {
-			t.Fatalf("cost 1 on 1 token: %+v, %v; want allowed", r, err)
-		}
-		r, err = d.Decide(far(), "rl:{count}", slow, 0, 1024)
-		if err != nil || !r.Allowed || r.Admitted != 1024 {
-			t.Fatalf("a peek of 1024: %+v, %v; want all admitted", r, err)
-		}
-
-		// 40 checks of 1 to 4 calls at once on a bucket of 50.
-		big := lua.Limit{Capacity: 50, Rate: 0.001}
-		var admitted, calls atomic.Int64
-		var wg sync.WaitGroup
-		for i := range 40 {
-			wg.Go(func() {
-				count := int64(1 + i%4)
-				r, err := d.Decide(far(), "rl:{mixed}", big, 1, count)
-				if err != nil || r.Admitted < 0 || r.Admitted > count || r.Allowed != (r.Admitted == count) {
-					t.Errorf("%d calls: %+v, %v", count, r, err)
-					return
-				}
-				admitted.Add(r.Admitted)
-				calls.Add(count)
-			})
-		}
-		wg.Wait()
-		if admitted.Load() != 50 {
-			t.Errorf("admitted %d of %d calls on a bucket of 50", admitted.Load(), calls.Load())
-		}
-	})
-}
-
 // far is a deadline no test reaches: these calls wait for Redis.
 func far() time.Time { return time.Now().Add(time.Minute) }
 
 func TestArgsCache(t *testing.T) {
 	d := &Decider{}
 	tests := []struct {
-		l           lua.Limit
-		cost, count int64
-	}{{slow, 1, 1}, {slow, 2, 1}, {lua.Limit{Capacity: 10, Rate: 0.5}, 1, 1}, {slow, 1, 1}, {slow, 1, 4}, {slow, 1, 4}}
+		l    lua.Limit
+		cost int64
+	}{{slow, 1}, {slow, 2}, {lua.Limit{Capacity: 10, Rate: 0.5}, 1}, {slow, 1}}
 	for _, tt := range tests {
-		a := d.args(tt.l, tt.cost, tt.count)
-		want := lua.Args(tt.l, tt.cost, tt.count)
-		if fmt.Sprint(a.vals) != fmt.Sprint(want) || a.count != tt.count {
-			t.Errorf("args(%v, %d, %d) = %v for %d calls, want %v", tt.l, tt.cost, tt.count, a.vals, a.count, want)
-		}
-		if head := fmt.Sprintf("*%d\r\n", 4+len(want)); string(a.head) != head {
-			t.Errorf("args(%v, %d, %d): array header %q, want %q", tt.l, tt.cost, tt.count, a.head, head)
+		got, want := d.args(tt.l, tt.cost).vals, lua.Args(tt.l, tt.cost)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("args(%v, %d) = %v, want %v", tt.l, tt.cost, got, want)
 		}
 	}
-	if n := d.argsCount.Load(); n != 4 {
-		t.Errorf("cache grew %d times for 4 distinct calls", n)
+	if n := d.argsCount.Load(); n != 3 {
+		t.Errorf("cache grew %d times for 3 distinct calls", n)
 	}
 	// Past the bound the cache starts over: it never holds more than the
 	// bound, and answers stay right.
 	for i := range maxCachedArgs + 10 {
-		if got := d.args(slow, int64(i+100), 1).vals; fmt.Sprint(got) != fmt.Sprint(lua.Args(slow, int64(i+100), 1)) {
+		if got := d.args(slow, int64(i+100)).vals; fmt.Sprint(got) != fmt.Sprint(lua.Args(slow, int64(i+100))) {
 			t.Fatalf("args(slow, %d) = %v", i+100, got)
 		}
 	}

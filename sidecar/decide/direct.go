@@ -88,25 +88,17 @@ func (e replyError) Error() string { return string(e) }
 func (replyError) RedisError()     {}
 
 // The heads of the script's EVALSHA and EVAL commands: the command, the
-// script (by hash or in full) and the number of keys, 1. The array's header
-// comes before them (arrayHead), the key and the arguments after.
+// script (by hash or in full) and the number of keys, 1. The key and the
+// three arguments follow.
 var (
 	evalShaHead = respHead("EVALSHA", lua.Script.Hash())
 	evalHead    = respHead("EVAL", lua.Source)
 )
 
 func respHead(cmd, script string) []byte {
-	b := bulk(cmd)
+	b := append([]byte("*7\r\n"), bulk(cmd)...)
 	b = append(b, bulk(script)...)
 	return append(b, bulk("1")...)
-}
-
-// arrayHead is the RESP array header of a script command ending in args
-// (three, or four with a count): the command, the script, the number of
-// keys and the key come before them.
-func arrayHead(args []any) []byte {
-	b := append([]byte{'*'}, strconv.Itoa(4+len(args))...)
-	return append(b, '\r', '\n')
 }
 
 func bulk(s string) []byte { return appendBulk(nil, s) }
@@ -325,7 +317,6 @@ func (c *conn) write(now time.Time, b *batch, eval bool) error {
 	}
 	buf := c.buf[:0]
 	for _, cl := range b.calls {
-		buf = append(buf, cl.args.head...)
 		buf = append(buf, head...)
 		buf = appendBulk(buf, cl.key)
 		buf = append(buf, cl.args.resp...)
@@ -430,7 +421,7 @@ func (c *conn) next() *batch {
 func (c *conn) readBatch(b *batch) (rest []*call, err error) {
 	n := 0 // the calls that got NOSCRIPT, moved to b.calls[:n]
 	for i, cl := range b.calls {
-		res, callErr, connErr := readResult(c.rd, cl.args.count)
+		res, callErr, connErr := readResult(c.rd)
 		if connErr != nil {
 			return append(b.calls[:n], b.calls[i:]...), fmt.Errorf("read: %w", connErr)
 		}
@@ -514,12 +505,11 @@ func readOK(rd *bufio.Reader) error {
 	return errProtocol
 }
 
-// readResult reads one reply of the script to a run deciding count calls:
-// an array of an integer (the calls admitted, 0 to count) and three bulk
-// strings. An error reply, or a reply of the right shape with values the
-// script cannot produce, is the call's error (callErr); connErr says the
-// stream itself failed or went out of step.
-func readResult(rd *bufio.Reader, count int64) (res lua.Result, callErr, connErr error) {
+// readResult reads one reply of the script: an array of an integer and
+// three bulk strings. An error reply, or a reply of the right shape with
+// values the script cannot produce, is the call's error (callErr); connErr
+// says the stream itself failed or went out of step.
+func readResult(rd *bufio.Reader) (res lua.Result, callErr, connErr error) {
 	line, err := readLine(rd)
 	if err != nil {
 		return res, nil, err
@@ -533,8 +523,12 @@ func readResult(rd *bufio.Reader, count int64) (res lua.Result, callErr, connErr
 	if line, err = readLine(rd); err != nil {
 		return res, nil, err
 	}
-	admitted, ok := readAdmitted(line, count)
-	if !ok {
+	var decision int64
+	switch string(line) {
+	case ":1":
+		decision = 1
+	case ":0":
+	default:
 		return res, nil, errProtocol
 	}
 	var fields [3]string
@@ -543,26 +537,8 @@ func readResult(rd *bufio.Reader, count int64) (res lua.Result, callErr, connErr
 			return res, nil, err
 		}
 	}
-	res, callErr = lua.ParseFields(count, admitted, fields[0], fields[1], fields[2])
+	res, callErr = lua.ParseFields(decision, fields[0], fields[1], fields[2])
 	return res, callErr, nil
-}
-
-// readAdmitted reads the reply's integer, ":0" to ":<count>" in decimal
-// without leading zeros, as Redis writes it.
-func readAdmitted(line []byte, count int64) (int64, bool) {
-	if len(line) < 2 || line[0] != ':' || (line[1] == '0' && len(line) > 2) {
-		return 0, false
-	}
-	var n int64
-	for _, ch := range line[1:] {
-		if ch < '0' || ch > '9' {
-			return 0, false
-		}
-		if n = n*10 + int64(ch-'0'); n > count {
-			return 0, false
-		}
-	}
-	return n, true
 }
 
 // maxBulk bounds a bulk string in the script's reply: its numbers are at

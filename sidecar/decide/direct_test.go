@@ -46,7 +46,7 @@ func TestDirectLateReplyKeepsConnection(t *testing.T) {
 	batches := make(chan int, 10)
 	d := newDecider(t, c, Options{Direct: true, OnBatch: func(n int) { batches <- n }})
 	bg := context.Background()
-	if _, err := d.Decide(far(), "rl:{warm}", slow, 1, 1); err != nil {
+	if _, err := d.Decide(far(), "rl:{warm}", slow, 1); err != nil {
 		t.Fatal(err)
 	}
 	<-batches
@@ -55,7 +55,7 @@ func TestDirectLateReplyKeepsConnection(t *testing.T) {
 	if err := ctl.Do(bg, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := d.Decide(time.Now().Add(50*time.Millisecond), "rl:{late}", slow, 1, 1)
+	_, err := d.Decide(time.Now().Add(50*time.Millisecond), "rl:{late}", slow, 1)
 	if !errors.Is(err, ErrTimeout) {
 		ctl.Do(bg, "CLIENT", "UNPAUSE")
 		t.Fatalf("Decide with Redis paused = %v, want ErrTimeout", err)
@@ -64,7 +64,7 @@ func TestDirectLateReplyKeepsConnection(t *testing.T) {
 	if err := ctl.Do(bg, "CLIENT", "UNPAUSE").Err(); err != nil {
 		t.Fatal(err)
 	}
-	r, err := d.Decide(far(), "rl:{late}", slow, 1, 1)
+	r, err := d.Decide(far(), "rl:{late}", slow, 1)
 	if err != nil || !r.Allowed {
 		t.Fatalf("after the pause: %+v, %v; want allowed", r, err)
 	}
@@ -84,7 +84,7 @@ func TestDirectLateReplyKeepsConnection(t *testing.T) {
 func TestDirectReconnects(t *testing.T) {
 	srv, c := standalone(t)
 	d := newDecider(t, c, Options{Direct: true})
-	if _, err := d.Decide(far(), "rl:{a}", slow, 1, 1); err != nil {
+	if _, err := d.Decide(far(), "rl:{a}", slow, 1); err != nil {
 		t.Fatal(err)
 	}
 	first := d.direct.cur
@@ -92,7 +92,7 @@ func TestDirectReconnects(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Poll(t, 10*time.Second, "the killed connection to be seen dead", first.dead.Load)
-	r, err := d.Decide(far(), "rl:{a}", slow, 1, 1)
+	r, err := d.Decide(far(), "rl:{a}", slow, 1)
 	if err != nil || !r.Allowed || r.Tokens < 3 || r.Tokens > 3.01 {
 		t.Fatalf("after CLIENT KILL: %+v, %v; want allowed with 3 left", r, err)
 	}
@@ -112,7 +112,7 @@ func TestDirectGivesUpOnSilentServer(t *testing.T) {
 	if err := ctl.Do(bg, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := d.Decide(far(), "rl:{silent}", slow, 1, 1)
+	_, err := d.Decide(far(), "rl:{silent}", slow, 1)
 	var ne net.Error
 	if !errors.As(err, &ne) || !ne.Timeout() {
 		ctl.Do(bg, "CLIENT", "UNPAUSE")
@@ -121,7 +121,7 @@ func TestDirectGivesUpOnSilentServer(t *testing.T) {
 	if err := ctl.Do(bg, "CLIENT", "UNPAUSE").Err(); err != nil {
 		t.Fatal(err)
 	}
-	r, err := d.Decide(far(), "rl:{after}", slow, 1, 1)
+	r, err := d.Decide(far(), "rl:{after}", slow, 1)
 	if err != nil || !r.Allowed {
 		t.Fatalf("after the pause: %+v, %v; want allowed", r, err)
 	}
@@ -141,7 +141,7 @@ func TestDirectAuthAndDatabase(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "limiter", Password: password, DB: 3})
 	t.Cleanup(func() { c.Close() })
 	d := newDecider(t, c, Options{Direct: true})
-	if r, err := d.Decide(far(), "rl:{db3}", slow, 1, 1); err != nil || !r.Allowed {
+	if r, err := d.Decide(far(), "rl:{db3}", slow, 1); err != nil || !r.Allowed {
 		t.Fatalf("Decide = %+v, %v; want allowed", r, err)
 	}
 	if n, err := c.Exists(bg, "rl:{db3}").Result(); err != nil || n != 1 {
@@ -158,7 +158,7 @@ func TestDirectAuthAndDatabase(t *testing.T) {
 	wrong := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "limiter", Password: "not-" + password})
 	t.Cleanup(func() { wrong.Close() })
 	dw := newDecider(t, wrong, Options{Direct: true})
-	_, err = dw.Decide(far(), "rl:{x}", slow, 1, 1)
+	_, err = dw.Decide(far(), "rl:{x}", slow, 1)
 	if err == nil || !strings.Contains(err.Error(), "WRONGPASS") || strings.Contains(err.Error(), password) {
 		t.Fatalf("Decide with a wrong password = %v, want WRONGPASS without the password", err)
 	}
@@ -218,12 +218,12 @@ func TestDirectOutOfStep(t *testing.T) {
 			c := redis.NewClient(&redis.Options{Addr: fakeRedis(t, tc.reply)})
 			t.Cleanup(func() { c.Close() })
 			d := newDecider(t, c, Options{Direct: true})
-			_, err := d.Decide(far(), "rl:{x}", slow, 1, 1)
+			_, err := d.Decide(far(), "rl:{x}", slow, 1)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Decide = %v, want an error with %q", err, tc.want)
 			}
 			first := d.direct.cur
-			_, err = d.Decide(far(), "rl:{x}", slow, 1, 1)
+			_, err = d.Decide(far(), "rl:{x}", slow, 1)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("second Decide = %v, want an error with %q", err, tc.want)
 			}
@@ -239,39 +239,18 @@ func TestReadResult(t *testing.T) {
 	rd := bufio.NewReader(strings.NewReader(
 		"*4\r\n:1\r\n$3\r\n2.5\r\n$1\r\n0\r\n$4\r\n1500\r\n" +
 			"*4\r\n:0\r\n$1\r\n3\r\n$5\r\nnever\r\n$1\r\n0\r\n" +
-			"*4\r\n:12\r\n$1\r\n3\r\n$1\r\n0\r\n$3\r\n700\r\n" +
-			"*4\r\n:7\r\n$3\r\n0.5\r\n$2\r\n50\r\n$3\r\n950\r\n" +
 			"-NOSCRIPT No matching script.\r\n"))
-	for i, tc := range []struct {
-		count int64
-		want  lua.Result
-	}{
-		{1, lua.Result{Allowed: true, Admitted: 1, Tokens: 2.5, ResetAfter: 1500 * time.Millisecond, ResetMs: 1500}},
-		{1, lua.Result{Tokens: 3, Never: true}},
-		{12, lua.Result{Allowed: true, Admitted: 12, Tokens: 3, ResetAfter: 700 * time.Millisecond, ResetMs: 700}},
-		{12, lua.Result{Admitted: 7, Tokens: 0.5, RetryAfter: 50 * time.Millisecond, RetryMs: 50, ResetAfter: 950 * time.Millisecond, ResetMs: 950}},
+	for i, want := range []lua.Result{
+		{Allowed: true, Tokens: 2.5, ResetAfter: 1500 * time.Millisecond, ResetMs: 1500},
+		{Tokens: 3, Never: true},
 	} {
-		got, callErr, connErr := readResult(rd, tc.count)
-		if callErr != nil || connErr != nil || got != tc.want {
-			t.Errorf("reply %d: %+v, %v, %v; want %+v", i, got, callErr, connErr, tc.want)
+		got, callErr, connErr := readResult(rd)
+		if callErr != nil || connErr != nil || got != want {
+			t.Errorf("reply %d: %+v, %v, %v; want %+v", i, got, callErr, connErr, want)
 		}
 	}
-	_, callErr, connErr := readResult(rd, 1)
+	_, callErr, connErr := readResult(rd)
 	if connErr != nil || !lua.IsNoScript(callErr) {
 		t.Errorf("NOSCRIPT reply: %v, %v; want a NOSCRIPT error of the call", callErr, connErr)
-	}
-}
-
-// A reply's count of calls admitted outside 0 to count, or not as Redis
-// writes an integer, puts the connection out of step.
-func TestReadResultRejectsAdmitted(t *testing.T) {
-	for _, tc := range []struct {
-		line  string
-		count int64
-	}{{":2", 1}, {":13", 12}, {":-1", 12}, {":01", 12}, {":", 12}, {":1a", 12}, {"$1", 1}, {":99999999999999999999", 1024}} {
-		rd := bufio.NewReader(strings.NewReader("*4\r\n" + tc.line + "\r\n$1\r\n3\r\n$1\r\n0\r\n$1\r\n0\r\n"))
-		if _, _, connErr := readResult(rd, tc.count); connErr != errProtocol {
-			t.Errorf("%q of %d: %v, want %v", tc.line, tc.count, connErr, errProtocol)
-		}
 	}
 }

@@ -89,7 +89,7 @@ func (d *Decider) warm(ctx context.Context) error {
 // no use: Redis has just answered, and a failure here shows in the checks.
 func (d *Decider) warmPath(ctx context.Context) {
 	deadline, _ := ctx.Deadline() // Ready's, which always has one
-	_, _ = d.Decide(deadline, keys.WarmBucket, lua.Limit{Capacity: 1, Rate: 1}, 0, 1)
+	_, _ = d.Decide(deadline, keys.WarmBucket, lua.Limit{Capacity: 1, Rate: 1}, 0)
 }
 
 type readyCache struct {

@@ -8,10 +8,6 @@
 // and every sidecar spends, so no such denial is one Redis would have
 // admitted.
 //
-// A check may decide count calls of the same cost at once (decide.Decider);
-// it is then denied here when the bucket cannot pay even one of them, which
-// is how Redis would answer it, and counted as count calls on its way.
-//
 // A burst adds the checks on their way. While a bucket has an entry, the
 // cache counts the cost of its checks that were passed on to Redis after
 // the entry's answer came back and are unanswered (pending): Redis decides
@@ -50,7 +46,7 @@ import (
 
 // Decider is what the cache wraps: decide.Decider, as server.Decider has it.
 type Decider interface {
-	Decide(deadline time.Time, key string, l lua.Limit, cost, count int64) (lua.Result, error)
+	Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error)
 	Ready(ctx context.Context) error
 }
 
@@ -85,8 +81,7 @@ type entry struct {
 	tokens float64 // τ, the bucket's tokens after the decision
 	sent   int64   // the clock when the check was passed on: no later than the decision
 	// pending is the cost of the bucket's checks passed on since the entry
-	// was made, when its answer came, and still unanswered: cost times
-	// count for each.
+	// was made, when its answer came, and still unanswered.
 	pending int64
 }
 
@@ -110,11 +105,10 @@ func (c *Cache) shard(key string) *shard {
 	return &c.shards[maphash.String(c.seed, key)%shards]
 }
 
-// Decide answers a check of count calls of cost on the bucket key with
-// limit l: denied here, all count calls (Admitted 0), when the bucket's
-// entry shows it cannot hold one cost beside the checks on their way,
-// otherwise by next.
-func (c *Cache) Decide(deadline time.Time, key string, l lua.Limit, cost, count int64) (lua.Result, error) {
+// Decide answers a check of cost on the bucket key with limit l: denied
+// here when the bucket's entry shows it cannot hold the cost beside the
+// checks on their way, otherwise by next.
+func (c *Cache) Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error) {
 	sh := c.shard(key)
 	sent := c.clock()
 	sh.mu.Lock()
@@ -124,7 +118,6 @@ func (c *Cache) Decide(deadline time.Time, key string, l lua.Limit, cost, count 
 		e = nil
 	}
 	var counted *entry // the entry this check's cost was added to
-	spend := cost * count
 	if e != nil && cost > 0 && float64(cost) <= l.Capacity {
 		if res, ok := e.deny(cost, sent); ok {
 			sh.mu.Unlock()
@@ -133,12 +126,12 @@ func (c *Cache) Decide(deadline time.Time, key string, l lua.Limit, cost, count 
 			}
 			return res, nil
 		}
-		e.pending += spend
+		e.pending += cost
 		counted = e
 	}
 	sh.mu.Unlock()
 
-	res, err := c.next.Decide(deadline, key, l, cost, count)
+	res, err := c.next.Decide(deadline, key, l, cost)
 	if counted == nil && (err != nil || res.Allowed) {
 		// Nothing to take off, and no entry to make: an admission only
 		// renews an entry, and one made while this check was out bounds
@@ -152,14 +145,13 @@ func (c *Cache) Decide(deadline time.Time, key string, l lua.Limit, cost, count 
 	defer sh.mu.Unlock()
 	cur := sh.entries[key]
 	if counted != nil && cur == counted {
-		cur.pending -= spend
+		cur.pending -= cost
 	}
 	if err != nil || res.Never || float64(cost) > l.Capacity || res.Tokens < 0 || res.Tokens > l.Capacity {
 		return res, err
 	}
-	// A denial (fewer than count admitted: the bucket could not pay the
-	// next cost) makes an entry; an admission of all replaces one, so that
-	// the entry does not go on counting what this check spent as pending.
+	// A denial makes an entry; an admission replaces one, so that the
+	// entry does not go on counting what this check spent as pending.
 	if res.Allowed && cur == nil {
 		return res, err
 	}
@@ -190,8 +182,7 @@ func (e *entry) stale(now int64) bool {
 }
 
 // deny decides a check of cost at now from the entry, counting the checks
-// on their way as spent, and reports whether it is denied: the bucket
-// cannot pay one cost, so none of a check's count calls is admitted.
+// on their way as spent, and reports whether it is denied.
 func (e *entry) deny(cost, now int64) (lua.Result, bool) {
 	need := cost + e.pending
 	if float64(need) <= e.limit.Capacity && !bucketbound.Denies(float64(need), e.tokens, e.limit.Rate, e.sent, now) {

@@ -31,7 +31,7 @@ type gate struct {
 
 var errFailed = errors.New("failed on purpose")
 
-func (g *gate) Decide(deadline time.Time, key string, l lua.Limit, cost, count int64) (lua.Result, error) {
+func (g *gate) Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error) {
 	g.mu.Lock()
 	g.calls++
 	hold, fail := g.hold, g.fail
@@ -43,7 +43,7 @@ func (g *gate) Decide(deadline time.Time, key string, l lua.Limit, cost, count i
 			return lua.Result{}, errFailed
 		}
 	}
-	return g.next.Decide(deadline, key, l, cost, count)
+	return g.next.Decide(deadline, key, l, cost)
 }
 
 func (g *gate) Ready(ctx context.Context) error { return g.next.Ready(ctx) }
@@ -76,7 +76,7 @@ func far() time.Time { return time.Now().Add(time.Minute) }
 
 func decide1(t *testing.T, c Decider, key string, l lua.Limit, cost int64) lua.Result {
 	t.Helper()
-	r, err := c.Decide(far(), key, l, cost, 1)
+	r, err := c.Decide(far(), key, l, cost)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestChecksOnTheirWay(t *testing.T) {
 	results := make(chan out, 2)
 	for range 2 {
 		go func() {
-			r, err := c.Decide(far(), key, slow, 1, 1)
+			r, err := c.Decide(far(), key, slow, 1)
 			results <- out{r, err}
 		}()
 	}
@@ -190,7 +190,7 @@ func TestChecksOnTheirWay(t *testing.T) {
 		t.Fatalf("failed call: %+v", o)
 	}
 	go func() {
-		r, err := c.Decide(far(), key, slow, 1, 1)
+		r, err := c.Decide(far(), key, slow, 1)
 		results <- out{r, err}
 	}()
 	waitCalls(t, g, 5)
@@ -224,70 +224,6 @@ func TestChecksOnTheirWay(t *testing.T) {
 	sh.mu.Unlock()
 	if e.pending != 0 || e.tokens > 1e-3 {
 		t.Errorf("entry after the answers: %+v", e)
-	}
-}
-
-// TestBatches: a check of count calls is denied here as a whole when the
-// bucket cannot pay one cost; one that Redis admitted in part makes an
-// entry; one on its way counts cost times count as spent.
-func TestBatches(t *testing.T) {
-	c, g, _ := stack(t)
-	denied := 0
-	c.OnDenied = func() { denied++ }
-
-	// Redis admits 5 of 7: the bucket is empty, and the entry says so.
-	r, err := c.Decide(far(), "rl:{batch}", slow, 1, 7)
-	if err != nil || r.Allowed || r.Admitted != 5 || r.Tokens > 1e-3 || g.count() != 1 {
-		t.Fatalf("7 calls on 5 tokens: %+v, %v, %d calls to Redis; want 5 admitted", r, err, g.count())
-	}
-	r, err = c.Decide(far(), "rl:{batch}", slow, 1, 3)
-	if err != nil || r.Allowed || r.Admitted != 0 || r.Never || g.count() != 1 || denied != 1 ||
-		r.RetryMs != (1-r.Tokens)/slow.Rate*1000 {
-		t.Fatalf("3 calls on an empty bucket: %+v, %v, %d calls to Redis; want all denied here", r, err, g.count())
-	}
-
-	// 2 tokens left, known from Redis's denial of cost 3.
-	const key = "rl:{pending}"
-	decide1(t, c, key, slow, 3)
-	if den := decide1(t, c, key, slow, 3); den.Allowed || g.count() != 3 {
-		t.Fatalf("cost 3 on 2 tokens: %+v", den)
-	}
-	// Two calls of cost 1 go out as one check and wait: they fit.
-	g.mu.Lock()
-	g.hold = make(chan struct{})
-	g.mu.Unlock()
-	done := make(chan lua.Result, 1)
-	go func() {
-		r, err := c.Decide(far(), key, slow, 1, 2)
-		if err != nil {
-			t.Error(err)
-		}
-		done <- r
-	}()
-	waitCalls(t, g, 4)
-	sh := c.shard(key)
-	sh.mu.Lock()
-	pending := sh.entries[key].pending
-	sh.mu.Unlock()
-	if pending != 2 {
-		t.Errorf("pending %d with 2 calls of cost 1 on their way, want 2", pending)
-	}
-	// Beside them, one more cost does not fit: denied here.
-	if r := decide1(t, c, key, slow, 1); r.Allowed || r.Admitted != 0 || g.count() != 4 {
-		t.Fatalf("a check beside 2 calls on their way: %+v, %d calls, want denied here", r, g.count())
-	}
-	close(g.hold)
-	if r := <-done; !r.Allowed || r.Admitted != 2 {
-		t.Fatalf("2 calls on 2 tokens: %+v, want both admitted", r)
-	}
-	g.mu.Lock()
-	g.hold = nil
-	g.mu.Unlock()
-	sh.mu.Lock()
-	e := *sh.entries[key]
-	sh.mu.Unlock()
-	if e.pending != 0 || e.tokens > 1e-3 {
-		t.Errorf("entry after the answer: %+v", e)
 	}
 }
 
@@ -381,7 +317,7 @@ func TestCachedDenialsAgainstRedis(t *testing.T) {
 			}
 			if rng.IntN(8) == 0 {
 				// Another gateway's sidecar spends.
-				if _, err := direct.Decide(far(), key, l, 1, 1); err != nil {
+				if _, err := direct.Decide(far(), key, l, 1); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -405,7 +341,7 @@ func TestCachedDenialsAgainstRedis(t *testing.T) {
 				time.Sleep(time.Duration(rng.IntN(1500)) * time.Microsecond)
 			}
 			before := g.count()
-			r, err := c.Decide(far(), key, l, cost, 1)
+			r, err := c.Decide(far(), key, l, cost)
 			if err != nil {
 				t.Fatal(err)
 			}

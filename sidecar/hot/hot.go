@@ -85,11 +85,10 @@ type state struct {
 	lastUsed atomic.Int64   // unix nanoseconds
 }
 
-// Route returns the bucket key and limit for a check of count calls of
-// cost by the hot client whose plain bucket key is base, arriving from
-// region, and counts cost*count tokens of demand for the region. A region
-// not in regions (or empty) counts as the first. It never touches Redis.
-func (s *Sharder) Route(base string, regions []string, region []byte, l lua.Limit, cost, count int64) (string, lua.Limit) {
+// Route returns the bucket key and limit for a check of cost by the hot
+// client whose plain bucket key is base, arriving from region. A region not
+// in regions (or empty) counts as the first. It never touches Redis.
+func (s *Sharder) Route(base string, regions []string, region []byte, l lua.Limit, cost int64) (string, lua.Limit) {
 	st := s.state(base, regions)
 	i := 0
 	for j, r := range st.regions {
@@ -98,7 +97,7 @@ func (s *Sharder) Route(base string, regions []string, region []byte, l lua.Limi
 			break
 		}
 	}
-	st.demand[i].Add(cost * count)
+	st.demand[i].Add(cost)
 	st.lastUsed.Store(time.Now().UnixNano())
 	share := (*st.shares.Load())[i]
 	return st.keys[i], lua.Limit{Capacity: l.Capacity * share, Rate: l.Rate * share}

@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"strings"
 	"testing"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
-	"github.com/edgelimit/edgelimit/lua"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
 
@@ -119,24 +117,5 @@ func TestParseShares(t *testing.T) {
 		if ok && math.Abs(got[0]+got[1]-1) > 1e-12 {
 			t.Errorf("%s: shares %v do not sum to 1", tt.name, got)
 		}
-	}
-}
-
-// TestRouteDemand: a check counts the tokens it asks for, cost times the
-// calls it decides, as its region's demand, and gets the region's share.
-func TestRouteDemand(t *testing.T) {
-	s := New(nil, nil)
-	base := "rl:{" + strings.Repeat("ab", 32) + "}"
-	regions := []string{"eu", "us"}
-	l := lua.Limit{Capacity: 100, Rate: 10}
-	key, got := s.Route(base, regions, []byte("us"), l, 3, 5)
-	if want := Keys(base, regions)[1]; key != want || got != (lua.Limit{Capacity: 50, Rate: 5}) {
-		t.Errorf("Route to us = %s %+v, want %s and half the plan", key, got, want)
-	}
-	s.Route(base, regions, nil, l, 2, 1)
-	v, _ := s.states.Load(base)
-	st := v.(*state)
-	if eu, us := st.demand[0].Load(), st.demand[1].Load(); eu != 2 || us != 15 {
-		t.Errorf("demand eu %d, us %d; want 2 and 15", eu, us)
 	}
 }

@@ -18,7 +18,7 @@ import (
 // instantDecider allows every check at once.
 type instantDecider struct{}
 
-func (instantDecider) Decide(time.Time, string, lua.Limit, int64, int64) (lua.Result, error) {
+func (instantDecider) Decide(time.Time, string, lua.Limit, int64) (lua.Result, error) {
 	return lua.Result{Allowed: true, Tokens: 199.5, ResetMs: 5}, nil
 }
 

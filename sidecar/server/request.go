@@ -6,7 +6,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/edgelimit/edgelimit/lua"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 	"github.com/edgelimit/edgelimit/sidecar/plans"
 )
@@ -15,7 +14,6 @@ import (
 const (
 	HeaderKey    = "x-api-key"
 	HeaderCost   = "x-ratelimit-cost"
-	HeaderCount  = "x-ratelimit-count"
 	HeaderRegion = "x-ratelimit-region"
 )
 
@@ -23,41 +21,30 @@ const (
 // plan may have, so every accepted cost fits some plan.
 const MaxCost = plans.MaxCapacity
 
-// MaxCount is the largest x-ratelimit-count accepted: the most requests one
-// check decides (lua.MaxCount, what one run of the script decides).
-const MaxCount = lua.MaxCount
-
 // MaxRegionLen bounds x-ratelimit-region.
 const MaxRegionLen = 64
 
 // Check is one parsed /v1/check request.
 type Check struct {
-	Key  []byte // the API key, valid per keys.Check; aliases the request
-	Cost int64  // 1 to MaxCost; 1 when the header is absent
-	// Count is how many requests of Cost each the check decides, in
-	// order: 1 to MaxCount; 1 when the header is absent.
-	Count  int64
+	Key    []byte // the API key, valid per keys.Check; aliases the request
+	Cost   int64  // 1 to MaxCost; 1 when the header is absent
 	Region []byte // optional, may be empty; aliases the request
 }
 
 // Reasons a check is malformed. The text is the 400 response body.
 var (
-	ErrNoKey         = errors.New("missing x-api-key header")
-	ErrManyKeys      = errors.New("more than one x-api-key header")
-	ErrManyCosts     = errors.New("more than one x-ratelimit-cost header")
-	ErrCostSyntax    = errors.New("x-ratelimit-cost must be a positive whole number")
-	ErrCostZero      = errors.New("x-ratelimit-cost must be at least 1")
-	ErrCostTooLarge  = fmt.Errorf("x-ratelimit-cost must be at most %d", MaxCost)
-	ErrManyCounts    = errors.New("more than one x-ratelimit-count header")
-	ErrCountSyntax   = errors.New("x-ratelimit-count must be a positive whole number")
-	ErrCountZero     = errors.New("x-ratelimit-count must be at least 1")
-	ErrCountTooLarge = fmt.Errorf("x-ratelimit-count must be at most %d", MaxCount)
-	ErrRegion        = fmt.Errorf("x-ratelimit-region must be at most %d characters of A-Z a-z 0-9 . _ -", MaxRegionLen)
+	ErrNoKey        = errors.New("missing x-api-key header")
+	ErrManyKeys     = errors.New("more than one x-api-key header")
+	ErrManyCosts    = errors.New("more than one x-ratelimit-cost header")
+	ErrCostSyntax   = errors.New("x-ratelimit-cost must be a positive whole number")
+	ErrCostZero     = errors.New("x-ratelimit-cost must be at least 1")
+	ErrCostTooLarge = fmt.Errorf("x-ratelimit-cost must be at most %d", MaxCost)
+	ErrRegion       = fmt.Errorf("x-ratelimit-region must be at most %d characters of A-Z a-z 0-9 . _ -", MaxRegionLen)
 )
 
 // ParseCheck reads and validates the check headers. A header sent twice is
 // an error rather than "first one wins": the filter and the sidecar must not
-// be able to read different keys, costs or counts from the same request.
+// be able to read different keys or costs from the same request.
 func ParseCheck(h *fasthttp.RequestHeader) (Check, error) {
 	var c Check
 	switch vals := h.PeekAll(HeaderKey); len(vals) {
@@ -82,18 +69,6 @@ func ParseCheck(h *fasthttp.RequestHeader) (Check, error) {
 		c.Cost = cost
 	default:
 		return c, ErrManyCosts
-	}
-	switch vals := h.PeekAll(HeaderCount); len(vals) {
-	case 0:
-		c.Count = 1
-	case 1:
-		count, err := ParseCount(vals[0])
-		if err != nil {
-			return c, err
-		}
-		c.Count = count
-	default:
-		return c, ErrManyCounts
 	}
 	c.Region = h.Peek(HeaderRegion)
 	if !validRegion(c.Region) {
@@ -121,28 +96,6 @@ func ParseCost(b []byte) (int64, error) {
 	}
 	if n == 0 {
 		return 0, ErrCostZero
-	}
-	return n, nil
-}
-
-// ParseCount parses a count as ParseCost parses a cost: ASCII digits only,
-// value 1 to MaxCount; an empty value is a syntax error.
-func ParseCount(b []byte) (int64, error) {
-	if len(b) == 0 {
-		return 0, ErrCountSyntax
-	}
-	var n int64
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			return 0, ErrCountSyntax
-		}
-		n = n*10 + int64(c-'0')
-		if n > MaxCount {
-			return 0, ErrCountTooLarge
-		}
-	}
-	if n == 0 {
-		return 0, ErrCountZero
 	}
 	return n, nil
 }

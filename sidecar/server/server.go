@@ -3,11 +3,9 @@
 // them all (the check listener); HandleAdmin serves the last three only (the
 // admin listener, for probes and Prometheus).
 //
-// POST /v1/check answers, for the API key in x-api-key, x-ratelimit-count
-// requests (1 when absent) of x-ratelimit-cost tokens each (1 when absent),
-// decided in order as one after another at one instant:
+// POST /v1/check answers, for the API key in x-api-key:
 //
-//	200 all allowed, 429 not all     with the ratelimit headers below
+//	200 allowed, 429 denied          with the ratelimit headers below
 //	400 malformed request            plain-text reason
 //	403 unknown key, no default_plan
 //	503 cannot decide now            Redis failed, or no answer within the deadline
@@ -18,10 +16,7 @@
 // x-ratelimit-plan, x-ratelimit-rate (the plan's refill rate in tokens per
 // second, formatted so that it parses back to the same float64). On 429 also
 // x-ratelimit-retry-after-ms (the exact wait in milliseconds, unrounded) and
-// retry-after (whole seconds no earlier than it, at least 1), the wait for
-// the next request of the cost. When the check decides more than one
-// request, x-ratelimit-admitted on 200 and 429 alike says how many of them,
-// the first ones, were allowed; for one request it is never sent. Nothing a
+// retry-after (whole seconds no earlier than it, at least 1). Nothing a
 // gateway needs is sent only rounded: it can rebuild the bucket from the
 // exact tokens and rate. A cost larger than the plan's capacity can never
 // succeed: it gets 429 with x-ratelimit-never: true, no
@@ -61,7 +56,6 @@ const (
 	HeaderRetryAfter   = "retry-after"
 	HeaderRetryAfterMs = "x-ratelimit-retry-after-ms"
 	HeaderNever        = "x-ratelimit-never"
-	HeaderAdmitted     = "x-ratelimit-admitted"
 )
 
 // DefaultTimeout is the default deadline for one decision.
@@ -69,10 +63,9 @@ const DefaultTimeout = 4 * time.Millisecond
 
 // Decider makes decisions on Redis (decide.Decider in production).
 type Decider interface {
-	// Decide decides count calls of cost on bucket key under limit l, as
-	// count calls in a row would be (lua.Take), or returns an error
-	// wrapping context.DeadlineExceeded at deadline.
-	Decide(deadline time.Time, key string, l lua.Limit, cost, count int64) (lua.Result, error)
+	// Decide takes cost tokens from bucket key under limit l, or returns
+	// an error wrapping context.DeadlineExceeded at deadline.
+	Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error)
 	// Ready reports whether decisions can be made now.
 	Ready(ctx context.Context) error
 }
@@ -176,13 +169,13 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 	bucket := keys.BucketKeyOf(sum)
 	limit := lua.Limit{Capacity: plan.Capacity, Rate: plan.Rate}
 	if s.o.Hot != nil && hotClient != nil {
-		bucket, limit = s.o.Hot.Route(bucket, hotClient.Regions, req.Region, limit, req.Cost, req.Count)
+		bucket, limit = s.o.Hot.Route(bucket, hotClient.Regions, req.Region, limit, req.Cost)
 	}
 
-	res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), bucket, limit, req.Cost, req.Count)
+	res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), bucket, limit, req.Cost)
 	s.o.Stats.Latency.UpdateDuration(start)
 	if err != nil {
-		s.o.Stats.Errors.Add(int(req.Count))
+		s.o.Stats.Errors.Inc()
 		reason := "redis unavailable"
 		if errors.Is(err, context.DeadlineExceeded) {
 			s.o.Stats.RedisTimeouts.Inc()
@@ -198,24 +191,17 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 	}
 
 	var a Answer
-	a.Fill(res, plan, req.Count)
+	a.Fill(res, plan)
 	a.SetHeaders(&ctx.Response.Header)
 	ctx.SetStatusCode(a.Status)
-	// The decision counters count requests: a check of several adds each.
-	admitted := admittedOf(res, req.Count)
-	if admitted > 0 {
-		s.o.Stats.Allowed.Add(int(admitted))
-	}
-	if denied := req.Count - admitted; denied > 0 {
-		s.o.Stats.Denied.Add(int(denied))
-	}
-	if req.Count > 1 {
-		s.o.Stats.BatchedChecks.Inc()
+	if res.Allowed {
+		s.o.Stats.Allowed.Inc()
+	} else {
+		s.o.Stats.Denied.Inc()
 	}
 	if s.o.Log.Enabled(context.Background(), slog.LevelDebug) {
 		s.o.Log.Debug("decision", "client", keys.LogID(bucket), "plan", plan.Name, "cost", req.Cost,
-			"count", req.Count, "admitted", admitted, "allowed", res.Allowed, "tokens", res.Tokens,
-			"retry_after", res.RetryAfter)
+			"allowed", res.Allowed, "tokens", res.Tokens, "retry_after", res.RetryAfter)
 	}
 }
 
@@ -237,7 +223,7 @@ var (
 // connections before the traffic", has the measurements). No decision is
 // counted: sidecar_warm_ups_total is.
 func (s *Server) warm(ctx *fasthttp.RequestCtx) {
-	res, err := s.o.Decider.Decide(time.Now().Add(s.o.Timeout), keys.WarmBucket, WarmLimit, 0, 1)
+	res, err := s.o.Decider.Decide(time.Now().Add(s.o.Timeout), keys.WarmBucket, WarmLimit, 0)
 	if err != nil {
 		s.o.Stats.WarmUpErrors.Inc()
 		text(ctx, fasthttp.StatusServiceUnavailable, "redis unavailable")
@@ -245,7 +231,7 @@ func (s *Server) warm(ctx *fasthttp.RequestCtx) {
 	}
 	s.o.Stats.WarmUps.Inc()
 	var a Answer
-	a.Fill(res, &WarmPlan, 1)
+	a.Fill(res, &WarmPlan)
 	a.SetHeaders(&ctx.Response.Header)
 	ctx.SetStatusCode(fasthttp.StatusOK)
 }
@@ -312,7 +298,6 @@ var (
 	nameRetryAfter   = newHeaderName(HeaderRetryAfter)
 	nameRetryAfterMs = newHeaderName(HeaderRetryAfterMs)
 	nameNever        = newHeaderName(HeaderNever)
-	nameAdmitted     = newHeaderName(HeaderAdmitted)
 )
 
 // Len is the number of headers Fill wrote.
@@ -346,9 +331,7 @@ func (a *Answer) putString(name *headerName, v string) {
 	a.n++
 }
 
-// Fill formats the answer to a check of count requests under plan that
-// the script decided as res: 200 when all were allowed (res.Allowed), else
-// 429.
+// Fill formats the answer to a check of plan that the script decided as res.
 //
 //   - ratelimit-limit: the capacity; ratelimit-remaining: whole tokens left
 //     (floor); ratelimit-reset: seconds until full (ceiling of the exact ms);
@@ -364,10 +347,7 @@ func (a *Answer) putString(name *headerName, v string) {
 //     contract, which read a 429 without retry-after as malformed and would
 //     let the request through; current gateways tell the client no
 //     Retry-After.
-//   - count > 1, on 200 and 429: x-ratelimit-admitted, how many of the
-//     requests (the first ones) were allowed. Never sent for count 1, whose
-//     answer is the one above alone.
-func (a *Answer) Fill(res lua.Result, plan *plans.Plan, count int64) {
+func (a *Answer) Fill(res lua.Result, plan *plans.Plan) {
 	a.n, a.end = 0, 0
 	var num [32]byte
 	a.putString(nameLimit, plan.LimitHeader)
@@ -391,21 +371,6 @@ func (a *Answer) Fill(res lua.Result, plan *plans.Plan, count int64) {
 		a.put(nameRetryAfterMs, strconv.AppendFloat(num[:0], res.RetryMs, 'f', -1, 64))
 		a.put(nameRetryAfter, strconv.AppendInt(num[:0], max(1, seconds.Ceil(res.RetryMs)), 10))
 	}
-	if count > 1 {
-		a.put(nameAdmitted, strconv.AppendInt(num[:0], admittedOf(res, count), 10))
-	}
-}
-
-// admittedOf is how many of count requests res allowed: all of them when
-// res.Allowed, else res.Admitted (0 for count 1).
-func admittedOf(res lua.Result, count int64) int64 {
-	if res.Allowed {
-		return count
-	}
-	if count == 1 {
-		return 0
-	}
-	return min(max(res.Admitted, 0), count-1)
 }
 
 func text(ctx *fasthttp.RequestCtx, code int, body string) {

@@ -35,14 +35,14 @@ type fakeDecider struct {
 }
 
 type fakeCall struct {
-	key         string
-	limit       lua.Limit
-	cost, count int64
+	key   string
+	limit lua.Limit
+	cost  int64
 }
 
-func (f *fakeDecider) Decide(deadline time.Time, key string, l lua.Limit, cost, count int64) (lua.Result, error) {
+func (f *fakeDecider) Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error) {
 	f.mu.Lock()
-	f.calls = append(f.calls, fakeCall{key, l, cost, count})
+	f.calls = append(f.calls, fakeCall{key, l, cost})
 	res, err, block := f.res, f.err, f.block
 	f.mu.Unlock()
 	if block {
@@ -167,7 +167,7 @@ func TestCheckPassesPlanAndDigest(t *testing.T) {
 	if r.StatusCode() != 200 || header(r, HeaderPlan) != "pro" || header(r, HeaderLimit) != "200" {
 		t.Fatalf("status %d plan %q limit %q", r.StatusCode(), header(r, HeaderPlan), header(r, HeaderLimit))
 	}
-	want := fakeCall{key: keys.New(nil).BucketKey([]byte("client-key-123")), limit: lua.Limit{Capacity: 200, Rate: 100}, cost: 7, count: 1}
+	want := fakeCall{key: keys.New(nil).BucketKey([]byte("client-key-123")), limit: lua.Limit{Capacity: 200, Rate: 100}, cost: 7}
 	if len(d.calls) != 1 || d.calls[0] != want {
 		t.Fatalf("decider calls %+v, want [%+v]", d.calls, want)
 	}
@@ -270,15 +270,6 @@ func TestBadInput(t *testing.T) {
 		{"cost huge", []string{HeaderKey, "a", HeaderCost, "1000000001"}, "x-ratelimit-cost must be at most 1000000000"},
 		{"cost overflow", []string{HeaderKey, "a", HeaderCost, "99999999999999999999999"}, "x-ratelimit-cost must be at most 1000000000"},
 		{"two costs", []string{HeaderKey, "a", HeaderCost, "1", HeaderCost, "2"}, "more than one x-ratelimit-cost header"},
-		{"count empty", []string{HeaderKey, "a", HeaderCount, ""}, "x-ratelimit-count must be a positive whole number"},
-		{"count word", []string{HeaderKey, "a", HeaderCount, "many"}, "x-ratelimit-count must be a positive whole number"},
-		{"count zero", []string{HeaderKey, "a", HeaderCount, "0"}, "x-ratelimit-count must be at least 1"},
-		{"count negative", []string{HeaderKey, "a", HeaderCount, "-2"}, "x-ratelimit-count must be a positive whole number"},
-		{"count fraction", []string{HeaderKey, "a", HeaderCount, "2.0"}, "x-ratelimit-count must be a positive whole number"},
-		{"count with space", []string{HeaderKey, "a", HeaderCount, "2 "}, "x-ratelimit-count must be a positive whole number"},
-		{"count too large", []string{HeaderKey, "a", HeaderCount, "1025"}, "x-ratelimit-count must be at most 1024"},
-		{"count overflow", []string{HeaderKey, "a", HeaderCount, "99999999999999999999999"}, "x-ratelimit-count must be at most 1024"},
-		{"two counts", []string{HeaderKey, "a", HeaderCount, "2", HeaderCount, "2"}, "more than one x-ratelimit-count header"},
 		{"region with space", []string{HeaderKey, "a", HeaderRegion, "eu west"}, "x-ratelimit-region must be at most 64 characters of A-Z a-z 0-9 . _ -"},
 		{"region too long", []string{HeaderKey, "a", HeaderRegion, strings.Repeat("r", 65)}, "x-ratelimit-region must be at most 64 characters of A-Z a-z 0-9 . _ -"},
 	}
@@ -302,27 +293,24 @@ func TestBadInput(t *testing.T) {
 
 func TestGoodInputEdges(t *testing.T) {
 	tests := []struct {
-		name        string
-		headers     []string
-		cost, count int64
+		name    string
+		headers []string
+		cost    int64
 	}{
-		{"default cost", []string{HeaderKey, "a"}, 1, 1},
-		{"max cost", []string{HeaderKey, "a", HeaderCost, "1000000000"}, 1_000_000_000, 1},
-		{"leading zeros", []string{HeaderKey, "a", HeaderCost, "007"}, 7, 1},
-		{"256-byte key", []string{HeaderKey, strings.Repeat("k", 256)}, 1, 1},
-		{"empty region", []string{HeaderKey, "a", HeaderRegion, ""}, 1, 1},
-		{"unicode key", []string{HeaderKey, "clé-ünïcødé"}, 1, 1},
-		{"count 1", []string{HeaderKey, "a", HeaderCount, "1"}, 1, 1},
-		{"max count", []string{HeaderKey, "a", HeaderCount, "1024"}, 1, 1024},
-		{"count with leading zeros", []string{HeaderKey, "a", HeaderCost, "3", HeaderCount, "0012"}, 3, 12},
+		{"default cost", []string{HeaderKey, "a"}, 1},
+		{"max cost", []string{HeaderKey, "a", HeaderCost, "1000000000"}, 1_000_000_000},
+		{"leading zeros", []string{HeaderKey, "a", HeaderCost, "007"}, 7},
+		{"256-byte key", []string{HeaderKey, strings.Repeat("k", 256)}, 1},
+		{"empty region", []string{HeaderKey, "a", HeaderRegion, ""}, 1},
+		{"unicode key", []string{HeaderKey, "clé-ünïcødé"}, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d := &fakeDecider{res: lua.Result{Allowed: true}}
 			s, _, _ := newTestServer(t, planYAML, d)
 			r := do(s, "POST", "/v1/check", tt.headers...)
-			if r.StatusCode() != 200 || len(d.calls) != 1 || d.calls[0].cost != tt.cost || d.calls[0].count != tt.count {
-				t.Fatalf("got %d %q, calls %+v; want 200 with cost %d, count %d", r.StatusCode(), r.Body(), d.calls, tt.cost, tt.count)
+			if r.StatusCode() != 200 || len(d.calls) != 1 || d.calls[0].cost != tt.cost {
+				t.Fatalf("got %d %q, calls %+v; want 200 with cost %d", r.StatusCode(), r.Body(), d.calls, tt.cost)
 			}
 		})
 	}
@@ -402,7 +390,7 @@ func TestWarm(t *testing.T) {
 		header(r, HeaderTokens) != "1" || header(r, HeaderRate) != "1" {
 		t.Fatalf("got %d %s", r.StatusCode(), r.Header.String())
 	}
-	if want := []fakeCall{{keys.WarmBucket, WarmLimit, 0, 1}}; len(d.calls) != 1 || d.calls[0] != want[0] {
+	if want := []fakeCall{{keys.WarmBucket, WarmLimit, 0}}; len(d.calls) != 1 || d.calls[0] != want[0] {
 		t.Fatalf("decider asked %+v, want %+v", d.calls, want)
 	}
 	if st.WarmUps.Get() != 1 || st.Allowed.Get()+st.Denied.Get()+st.Errors.Get() != 0 {
@@ -482,102 +470,15 @@ func TestAnswerDoesNotAllocate(t *testing.T) {
 	p := &plans.Plan{Name: "pro", Capacity: 200, Rate: 100, LimitHeader: "200"}
 	res := lua.Result{Tokens: 0.999, RetryMs: 0.01, ResetMs: 1990.01}
 	var sink int
-	for _, count := range []int64{1, MaxCount} {
-		if n := testing.AllocsPerRun(100, func() {
-			var a Answer
-			a.Fill(res, p, count)
-			for i := range a.Len() {
-				_, v := a.Field(i)
-				sink += len(v)
-			}
-		}); n != 0 {
-			t.Errorf("Fill for %d allocates %v times, want 0", count, n)
+	if n := testing.AllocsPerRun(100, func() {
+		var a Answer
+		a.Fill(res, p)
+		for i := range a.Len() {
+			_, v := a.Field(i)
+			sink += len(v)
 		}
-	}
-}
-
-// TestCheckCount: a check of several requests is one decision of count
-// calls; it is answered 200 only when all were allowed, carries how many
-// were, and counts each request.
-func TestCheckCount(t *testing.T) {
-	tests := []struct {
-		name        string
-		res         lua.Result
-		status      int
-		want        map[string]string // "" means the header must be absent
-		allow, deny uint64
-	}{
-		{"all admitted", lua.Result{Allowed: true, Admitted: 12, Tokens: 2, ResetMs: 8000}, 200, map[string]string{
-			HeaderAdmitted: "12", HeaderRemaining: "2", HeaderTokens: "2", HeaderReset: "8",
-			HeaderRetryAfter: "", HeaderRetryAfterMs: "", HeaderNever: "",
-		}, 12, 0},
-		{"some admitted", lua.Result{Admitted: 7, Tokens: 0.5, RetryMs: 500, ResetMs: 9500}, 429, map[string]string{
-			HeaderAdmitted: "7", HeaderRemaining: "0", HeaderTokens: "0.5", HeaderReset: "10",
-			HeaderRetryAfter: "1", HeaderRetryAfterMs: "500", HeaderNever: "", HeaderPlan: "free", HeaderLimit: "10",
-		}, 7, 5},
-		{"none admitted", lua.Result{Tokens: 0.25, RetryMs: 750, ResetMs: 9750}, 429, map[string]string{
-			HeaderAdmitted: "0", HeaderRetryAfter: "1", HeaderRetryAfterMs: "750",
-		}, 0, 12},
-		{"never", lua.Result{Never: true, Tokens: 10}, 429, map[string]string{
-			HeaderAdmitted: "0", HeaderNever: "true", HeaderRetryAfter: "1", HeaderRetryAfterMs: "",
-		}, 0, 12},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			d := &fakeDecider{res: tt.res}
-			s, st, logs := newTestServer(t, planYAML, d)
-			r := do(s, "POST", "/v1/check", HeaderKey, "someone", HeaderCost, "2", HeaderCount, "12")
-			if r.StatusCode() != tt.status {
-				t.Fatalf("status %d, want %d", r.StatusCode(), tt.status)
-			}
-			if len(d.calls) != 1 || d.calls[0].cost != 2 || d.calls[0].count != 12 {
-				t.Fatalf("decider calls %+v, want one of 12 calls of cost 2", d.calls)
-			}
-			for name, want := range tt.want {
-				if got := header(r, name); got != want {
-					t.Errorf("%s = %q, want %q", name, got, want)
-				}
-				if want == "" && r.Header.Peek(name) != nil {
-					t.Errorf("%s present, want absent", name)
-				}
-			}
-			if st.Allowed.Get() != tt.allow || st.Denied.Get() != tt.deny || st.BatchedChecks.Get() != 1 {
-				t.Errorf("allowed %d denied %d batched %d, want %d, %d and 1",
-					st.Allowed.Get(), st.Denied.Get(), st.BatchedChecks.Get(), tt.allow, tt.deny)
-			}
-			if !strings.Contains(logs.String(), "count=12 admitted="+strconv.FormatUint(tt.allow, 10)) {
-				t.Errorf("debug log without count and admitted:\n%s", logs)
-			}
-		})
-	}
-}
-
-// TestCountOneAnswersAsBefore: a check of one request, with or without
-// x-ratelimit-count: 1, gets the same answer, byte for byte, and never
-// x-ratelimit-admitted; it counts one request and no batched check.
-func TestCountOneAnswersAsBefore(t *testing.T) {
-	for _, res := range []lua.Result{
-		{Allowed: true, Admitted: 1, Tokens: 9, ResetMs: 1000},
-		{Tokens: 0.25, RetryMs: 750, ResetMs: 9750},
-		{Never: true, Tokens: 10},
-	} {
-		var answers []string
-		for _, extra := range [][]string{nil, {HeaderCount, "1"}} {
-			d := &fakeDecider{res: res}
-			s, st, _ := newTestServer(t, planYAML, d)
-			r := do(s, "POST", "/v1/check", append([]string{HeaderKey, "someone"}, extra...)...)
-			if r.Header.Peek(HeaderAdmitted) != nil {
-				t.Errorf("%+v, %q: %s sent for one request", res, extra, HeaderAdmitted)
-			}
-			if st.Allowed.Get()+st.Denied.Get() != 1 || st.BatchedChecks.Get() != 0 {
-				t.Errorf("%+v, %q: allowed %d denied %d batched %d", res, extra, st.Allowed.Get(), st.Denied.Get(), st.BatchedChecks.Get())
-			}
-			r.Header.Del("Date")
-			answers = append(answers, r.String())
-		}
-		if answers[0] != answers[1] {
-			t.Errorf("%+v: without count\n%s\nwith count 1\n%s", res, answers[0], answers[1])
-		}
+	}); n != 0 {
+		t.Errorf("Fill allocates %v times, want 0", n)
 	}
 }
 
@@ -586,18 +487,13 @@ func TestCountOneAnswersAsBefore(t *testing.T) {
 // wire is byte for byte what setting them by name writes.
 func TestSetHeadersAsFasthttpNames(t *testing.T) {
 	p := &plans.Plan{Name: "pro", Capacity: 200, Rate: 100, LimitHeader: "200"}
-	for _, tc := range []struct {
-		res   lua.Result
-		count int64
-	}{
-		{lua.Result{Allowed: true, Tokens: 11.4, ResetMs: 1886}, 1},
-		{lua.Result{Tokens: 0.999, RetryMs: 0.01, ResetMs: 1990.01}, 1},
-		{lua.Result{Tokens: 200, Never: true}, 1},
-		{lua.Result{Admitted: 3, Tokens: 0.999, RetryMs: 0.01, ResetMs: 1990.01}, 4},
+	for _, res := range []lua.Result{
+		{Allowed: true, Tokens: 11.4, ResetMs: 1886},
+		{Tokens: 0.999, RetryMs: 0.01, ResetMs: 1990.01},
+		{Tokens: 200, Never: true},
 	} {
-		res := tc.res
 		var a Answer
-		a.Fill(res, p, tc.count)
+		a.Fill(res, p)
 		var got, want fasthttp.ResponseHeader
 		a.SetHeaders(&got)
 		for i := range a.Len() {

@@ -32,13 +32,9 @@ var BatchBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256}
 type Stats struct {
 	set *metrics.Set
 
-	// sidecar_decisions_total{result}: the requests /v1/check decided or
-	// failed trying ("error": Redis errors and timeouts); a check deciding
-	// several requests adds each of them.
+	// sidecar_decisions_total{result}: every /v1/check that reached a
+	// decision or failed trying. "error" covers Redis errors and timeouts.
 	Allowed, Denied, Errors *metrics.Counter
-	// sidecar_batched_checks_total: the checks that decided more than one
-	// request (x-ratelimit-count above 1).
-	BatchedChecks *metrics.Counter
 	// sidecar_requests_rejected_total{reason}: checks answered without a
 	// decision: malformed (400) or an unknown key without default plan (403).
 	BadRequests, UnknownKeys *metrics.Counter
@@ -98,7 +94,6 @@ func New() *Stats {
 		Allowed:       s.NewCounter(`sidecar_decisions_total{result="allowed"}`),
 		Denied:        s.NewCounter(`sidecar_decisions_total{result="denied"}`),
 		Errors:        s.NewCounter(`sidecar_decisions_total{result="error"}`),
-		BatchedChecks: s.NewCounter(`sidecar_batched_checks_total`),
 		BadRequests:   s.NewCounter(`sidecar_requests_rejected_total{reason="bad_request"}`),
 		UnknownKeys:   s.NewCounter(`sidecar_requests_rejected_total{reason="unknown_key"}`),
 		RedisErrors:   s.NewCounter(`sidecar_redis_errors_total`),

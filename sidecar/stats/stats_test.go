@@ -13,7 +13,6 @@ func TestWritePrometheus(t *testing.T) {
 	s := New()
 	s.Allowed.Add(3)
 	s.Denied.Inc()
-	s.BatchedChecks.Inc()
 	s.Reload(true)
 	s.Reload(false)
 	s.Reload(false)
@@ -26,7 +25,6 @@ func TestWritePrometheus(t *testing.T) {
 		`sidecar_decisions_total{result="allowed"} 3`,
 		`sidecar_decisions_total{result="denied"} 1`,
 		`sidecar_decisions_total{result="error"} 0`,
-		`sidecar_batched_checks_total 1`,
 		`sidecar_plans_reloads_total{result="ok"} 1`,
 		`sidecar_plans_reloads_total{result="error"} 2`,
 		`sidecar_pipeline_batch_size_bucket{le="4"} 0`,

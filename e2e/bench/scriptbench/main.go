@@ -203,7 +203,7 @@ func runGoRedis(ctx context.Context, c *redis.Client, cfg config) (goResult, err
 			for time.Now().Before(deadline) {
 				key := fmt.Sprintf("key:%012d", rng.IntN(cfg.keys))
 				t0 := time.Now()
-				_, err := lua.Take(ctx, c, key, cfg.limit, cfg.cost, 1)
+				_, err := lua.Take(ctx, c, key, cfg.limit, cfg.cost)
 				lat[i] = append(lat[i], time.Since(t0))
 				if err != nil {
 					errs[i] = err
@@ -245,7 +245,7 @@ func runRedisBenchmark(ctx context.Context, c *redis.Client, addr, sha string, n
 		"EVALSHA", sha, "1", "key:__rand_int__",
 	}
 	// The same ARGV strings lua.Take sends.
-	for _, a := range lua.Args(cfg.limit, cfg.cost, 1) {
+	for _, a := range lua.Args(cfg.limit, cfg.cost) {
 		args = append(args, fmt.Sprint(a))
 	}
 	out, err := exec.CommandContext(ctx, "redis-benchmark", args...).Output()

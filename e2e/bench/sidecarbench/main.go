@@ -474,7 +474,7 @@ func redisBenchmark(ctx context.Context, srv *redisproc.Server, clients, nkeys, 
 	host, port, _ := strings.Cut(srv.Addr, ":")
 	args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(clients), "-P", "1", "-n", strconv.Itoa(n),
 		"-r", strconv.Itoa(nkeys), "--csv", "EVALSHA", sha, "1", "rl:{__rand_int__}"}
-	for _, a := range lua.Args(benchLimit, 1, 1) {
+	for _, a := range lua.Args(benchLimit, 1) {
 		args = append(args, fmt.Sprint(a))
 	}
 	out, err := exec.CommandContext(ctx, "redis-benchmark", args...).Output()
