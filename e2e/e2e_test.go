@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/http"
 	"sync"
@@ -298,25 +299,43 @@ func TestStatsListener(t *testing.T) {
 		plans:  "default_plan: tiny\nplans:\n  tiny: {capacity: 2, rate: 0.001}\n",
 		filter: filterConfig{Mode: "shadow"},
 	})
-	for i := 0; i < 5; i++ {
-		s.do(0, "GET", "/orders/1", "x-api-key", "scraped")
-	}
 	stats := s.gateways[0].Listeners["stats"]
 	if stats == "" {
 		t.Fatalf("no stats listener: %v", s.gateways[0].Listeners)
 	}
-	m, err := testkit.GetMetrics("http://" + stats + "/stats/prometheus")
-	if err != nil {
-		t.Fatal(err)
+	scrape := func() map[string]float64 {
+		m, err := testkit.GetMetrics("http://" + stats + "/stats/prometheus")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
 	}
 	// envoy.yaml's stats_tags make the request counters one family.
-	allowed, wouldDeny := m[`edgelimit_requests{decision="shadow_allowed"}`], m[`edgelimit_requests{decision="shadow_would_deny"}`]
-	if allowed != 2 || wouldDeny != 3 {
-		t.Errorf("scraped shadow_allowed %v, shadow_would_deny %v; want 2 and 3", allowed, wouldDeny)
+	const allowedName, wouldDenyName = `edgelimit_requests{decision="shadow_allowed"}`, `edgelimit_requests{decision="shadow_would_deny"}`
+	const calloutsName, infName = "edgelimit_callout_latency_us_count", `edgelimit_callout_latency_us_bucket{le="+Inf"}`
+	var m map[string]float64
+	s.decidedRun(t, "five requests of a client of capacity 2", func(run int) error {
+		before := scrape()
+		for range 5 {
+			s.do(0, "GET", "/orders/1", "x-api-key", fmt.Sprintf("scraped-%d", run))
+		}
+		m = scrape()
+		allowed, wouldDeny := m[allowedName]-before[allowedName], m[wouldDenyName]-before[wouldDenyName]
+		if allowed != 2 || wouldDeny != 3 {
+			return fmt.Errorf("scraped shadow_allowed %v, shadow_would_deny %v; want 2 and 3", allowed, wouldDeny)
+		}
+		// The deny cache answers some requests without a callout.
+		if n := m[calloutsName] - before[calloutsName]; n < 1 || n > 5 {
+			return fmt.Errorf("scraped callout latency count rose by %v; want 1 to 5", n)
+		}
+		return nil
+	})
+	if m[calloutsName] != m[infName] {
+		t.Errorf("scraped callout latency count %v, +Inf bucket %v; want the same", m[calloutsName], m[infName])
 	}
-	// The deny cache answers some requests without a callout.
-	if n := m["edgelimit_callout_latency_us_count"]; n < 1 || n > 5 || m[`edgelimit_callout_latency_us_bucket{le="+Inf"}`] != n {
-		t.Errorf("scraped callout latency count %v, +Inf bucket %v; want the same, 1 to 5", n, m[`edgelimit_callout_latency_us_bucket{le="+Inf"}`])
+	// What the stats listener serves is the admin's own counters.
+	if got, want := m[allowedName], float64(s.stat(counter("shadow_allowed"))); got != want {
+		t.Errorf("scraped shadow_allowed %v, the admin's %v", got, want)
 	}
 	for path, want := range map[string]int{"/ready": 200, "/stats": 404, "/config_dump": 404} {
 		resp, _ := testkit.Get(t, "http://"+stats+path)

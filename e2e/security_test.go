@@ -522,19 +522,22 @@ func TestKeyNormalisationCollisions(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			k := fresh("norm")
-			for i, want := range []int{200, 200, 429} {
-				if got := send(c.a(k)); got != want {
-					t.Fatalf("spending a (%q): request %d status %d, want %d", c.a(k), i, got, want)
+			s.decidedRun(t, c.name, func(int) error {
+				k := fresh("norm")
+				for i, want := range []int{200, 200, 429} {
+					if got := send(c.a(k)); got != want {
+						return fmt.Errorf("spending a (%q): request %d status %d, want %d", c.a(k), i, got, want)
+					}
 				}
-			}
-			got := send(c.b(k))
-			switch {
-			case c.same && got != 429:
-				t.Fatalf("b (%q) after a spent the bucket: %d, want 429 (the same key)", c.b(k), got)
-			case !c.same && got != 200:
-				t.Fatalf("b (%q) after a spent its bucket: %d, want 200 (a different key)", c.b(k), got)
-			}
+				got := send(c.b(k))
+				switch {
+				case c.same && got != 429:
+					return fmt.Errorf("b (%q) after a spent the bucket: %d, want 429 (the same key)", c.b(k), got)
+				case !c.same && got != 200:
+					return fmt.Errorf("b (%q) after a spent its bucket: %d, want 200 (a different key)", c.b(k), got)
+				}
+				return nil
+			})
 		})
 	}
 
@@ -547,11 +550,15 @@ func TestKeyNormalisationCollisions(t *testing.T) {
 				t.Errorf("key %q: status %d, want 401", k, got)
 			}
 		}
-		for i, want := range []int{200, 200, 429} {
-			if got := send("x-api-key: cafe-key"); got != want {
-				t.Fatalf("ASCII cafe-key request %d: %d, want %d", i, got, want)
+		s.decidedRun(t, "ASCII look-alike", func(run int) error {
+			k := fmt.Sprintf("cafe-key-%d", run)
+			for i, want := range []int{200, 200, 429} {
+				if got := send("x-api-key: " + k); got != want {
+					return fmt.Errorf("ASCII %s request %d: %d, want %d", k, i, got, want)
+				}
 			}
-		}
+			return nil
+		})
 	})
 
 	t.Run("same deny-cache shard", func(t *testing.T) {
@@ -565,21 +572,24 @@ func TestKeyNormalisationCollisions(t *testing.T) {
 			}
 			return h % 64
 		}
-		a := fresh("shard")
-		var b string
-		for i := 0; ; i++ {
-			if b = fmt.Sprintf("shardmate-%d", i); shard(b) == shard(a) {
-				break
+		s.decidedRun(t, "same deny-cache shard", func(run int) error {
+			a := fresh("shard")
+			var b string
+			for i := 0; ; i++ {
+				if b = fmt.Sprintf("shardmate-%d-%d", run, i); shard(b) == shard(a) {
+					break
+				}
 			}
-		}
-		for i, want := range []int{200, 200, 429, 429} {
-			if got := send("x-api-key: " + a); got != want {
-				t.Fatalf("%s request %d: %d, want %d", a, i, got, want)
+			for i, want := range []int{200, 200, 429, 429} {
+				if got := send("x-api-key: " + a); got != want {
+					return fmt.Errorf("%s request %d: %d, want %d", a, i, got, want)
+				}
 			}
-		}
-		if got := send("x-api-key: " + b); got != 200 {
-			t.Fatalf("%s, in the same shard as the denied %s: %d, want 200", b, a, got)
-		}
+			if got := send("x-api-key: " + b); got != 200 {
+				return fmt.Errorf("%s, in the same shard as the denied %s: %d, want 200", b, a, got)
+			}
+			return nil
+		})
 	})
 }
 
@@ -775,25 +785,27 @@ func TestCostRulesSeeNormalizedPaths(t *testing.T) {
 	})
 	for i, path := range []string{"/billing/1", "/orders/../billing/1", "//billing//1", "/./billing/./1",
 		"/orders/%2e%2e/billing/1", "/orders/1"} {
-		key := fmt.Sprintf("path-spelling-%d", i)
-		st, body := rawRequest(t, s.gateways[0].Addr, "GET "+path+" HTTP/1.1\r\nhost: shop\r\nconnection: close\r\nx-api-key: "+key+"\r\n")
-		if st != 200 {
-			t.Errorf("%s: status %d (%q)", path, st, body)
-			continue
-		}
-		// The bucket holds 2: after billing's price it is empty, after
-		// orders' one token is left.
-		next := s.do(0, "GET", "/orders/1", "x-api-key", key).status
-		switch billing, orders := s.billing.Stats().Client(key).Received, s.orders.Stats().Client(key).Received; {
-		case billing == 1 && next != http.StatusTooManyRequests:
-			t.Errorf("%s reached billing but was charged less than 2 (the next request got %d)", path, next)
-		case billing == 0 && orders == 2 && next != http.StatusOK:
-			t.Errorf("%s reached orders but was charged more than 1 (the next request got %d)", path, next)
-		case billing+orders == 0:
-			t.Errorf("%s: 200 but no service received it", path)
-		}
-		if (path == "/orders/../billing/1" || path == "/orders/%2e%2e/billing/1") && s.billing.Stats().Client(key).Received != 1 {
-			t.Errorf("%s did not reach billing", path)
-		}
+		s.decidedRun(t, path, func(run int) error {
+			key := fmt.Sprintf("path-spelling-%d-%d", i, run)
+			st, body := rawRequest(t, s.gateways[0].Addr, "GET "+path+" HTTP/1.1\r\nhost: shop\r\nconnection: close\r\nx-api-key: "+key+"\r\n")
+			if st != 200 {
+				return fmt.Errorf("%s: status %d (%q)", path, st, body)
+			}
+			// The bucket holds 2: after billing's price it is empty, after
+			// orders' one token is left.
+			next := s.do(0, "GET", "/orders/1", "x-api-key", key).status
+			switch billing, orders := s.billing.Stats().Client(key).Received, s.orders.Stats().Client(key).Received; {
+			case billing == 1 && next != http.StatusTooManyRequests:
+				return fmt.Errorf("%s reached billing but was charged less than 2 (the next request got %d)", path, next)
+			case billing == 0 && orders == 2 && next != http.StatusOK:
+				return fmt.Errorf("%s reached orders but was charged more than 1 (the next request got %d)", path, next)
+			case billing+orders == 0:
+				return fmt.Errorf("%s: 200 but no service received it", path)
+			}
+			if (path == "/orders/../billing/1" || path == "/orders/%2e%2e/billing/1") && s.billing.Stats().Client(key).Received != 1 {
+				return fmt.Errorf("%s did not reach billing", path)
+			}
+			return nil
+		})
 	}
 }

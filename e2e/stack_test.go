@@ -269,6 +269,32 @@ func (s *stack) doDecided(g int, method, path string, headers ...string) reply {
 	}
 }
 
+// decidedRun runs fn, a sequence of requests whose decisions a test
+// checks, again when one of its requests failed open (the gateways'
+// fail-open counters moved): that request went through undecided, and its
+// client's bucket may or may not have paid for it (Redis may still decide
+// a check the gateway stopped waiting for), so the run tested nothing. fn
+// gets the run's number, to make its clients fresh, and reports what it
+// found wrong. A run with no fail-open that found something fails t, and
+// so do decidedAttempts runs in a row that each had one.
+func (s *stack) decidedRun(t *testing.T, what string, fn func(run int) error) {
+	t.Helper()
+	for run := 1; ; run++ {
+		before := s.failedOpen()
+		err := fn(run)
+		if s.failedOpen() == before {
+			if err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		if run == decidedAttempts {
+			t.Fatalf("%s: a request failed open in each of %d runs in a row (the last found: %v)", what, run, err)
+		}
+		t.Logf("%s: a request failed open (run %d of %d; it found: %v): nothing tested, run again with fresh clients", what, run, decidedAttempts, err)
+	}
+}
+
 // received is what reached both services from client.
 func (s *stack) received(client string) int64 {
 	return s.orders.Stats().Client(client).Received + s.billing.Stats().Client(client).Received
