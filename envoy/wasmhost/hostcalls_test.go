@@ -478,25 +478,86 @@ func TestLegacyWASISet(t *testing.T) {
 	mod.Close(context.Background())
 }
 
+// TestModuleChecks loads modules that lack what Envoy requires before it
+// starts one. They are written here byte by byte (exportsOnly): a Go module
+// without an export would be compiled for seconds, under the race
+// detector for half a minute, to test a check of its export names.
 func TestModuleChecks(t *testing.T) {
 	cases := []struct {
-		tags string
-		want error
+		name    string
+		exports []string
+		want    error
 	}{
-		{"noabi", ErrNoABIVersion},
-		{"noalloc", ErrNoMalloc},
+		{"no ABI marker", []string{"proxy_on_memory_allocate", "proxy_on_context_create"}, ErrNoABIVersion},
+		{"no allocator", []string{"proxy_abi_version_0_2_1", "proxy_on_context_create"}, ErrNoMalloc},
 	}
 	for _, c := range cases {
-		t.Run(c.tags, func(t *testing.T) {
-			_, err := Load(context.Background(), probe(t, c.tags), ModuleOptions{})
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Load(context.Background(), exportsOnly(c.exports...), ModuleOptions{})
 			if !errors.Is(err, c.want) {
 				t.Errorf("Load = %v, want %v", err, c.want)
 			}
 		})
 	}
+	// The same modules with both exports load: what the cases above lack
+	// is all that fails them.
+	m, err := Load(context.Background(), exportsOnly("proxy_abi_version_0_2_1", "proxy_on_memory_allocate", "proxy_on_context_create"), ModuleOptions{})
+	if err != nil {
+		t.Fatalf("a module with the ABI marker and the allocator: %v", err)
+	}
+	m.Close(context.Background())
 	if _, err := Load(context.Background(), []byte("not wasm"), ModuleOptions{}); err == nil {
 		t.Error("Load accepted garbage")
 	}
+}
+
+// exportsOnly is a wasm module that exports a memory named "memory" and one
+// function for each name, with the signature exportSignatures gives it
+// (none, one i32 in and one out, or two i32 in, which are all it needs
+// here); each function returns its first parameter or nothing.
+func exportsOnly(names ...string) []byte {
+	types := map[string]byte{"->": 0, "i->i": 1, "ii->": 2}
+	section := func(id byte, items [][]byte) []byte {
+		body := uleb(nil, uint32(len(items)))
+		for _, it := range items {
+			body = append(body, it...)
+		}
+		return append(uleb([]byte{id}, uint32(len(body))), body...)
+	}
+	var funcs, exports, code [][]byte
+	for i, name := range names {
+		sig := exportSignatures[name]
+		if sig == "" {
+			sig = "->"
+		}
+		ty, ok := types[sig]
+		if !ok {
+			panic("exportsOnly: no type for " + name + " " + sig)
+		}
+		funcs = append(funcs, []byte{ty})
+		exports = append(exports, append(append(uleb(nil, uint32(len(name))), name...), 0x00, byte(i)))
+		body := []byte{0x00, 0x0b} // no locals; end
+		if sig == "i->i" {
+			body = []byte{0x00, 0x20, 0x00, 0x0b} // no locals; local.get 0; end
+		}
+		code = append(code, append(uleb(nil, uint32(len(body))), body...))
+	}
+	exports = append(exports, append([]byte{6}, "memory\x02\x00"...))
+	m := []byte("\x00asm\x01\x00\x00\x00")
+	m = append(m, section(1, [][]byte{{0x60, 0, 0}, {0x60, 1, 0x7f, 1, 0x7f}, {0x60, 2, 0x7f, 0x7f, 0}})...)
+	m = append(m, section(3, funcs)...)
+	m = append(m, section(5, [][]byte{{0x00, 0x01}})...) // one memory, at least one page
+	m = append(m, section(7, exports)...)
+	return append(m, section(10, code)...)
+}
+
+// uleb appends v in unsigned LEB128, as wasm writes counts and sizes.
+func uleb(b []byte, v uint32) []byte {
+	for v >= 0x80 {
+		b = append(b, byte(v)|0x80)
+		v >>= 7
+	}
+	return append(b, byte(v))
 }
 
 func TestConfigureRejected(t *testing.T) {

@@ -1,4 +1,4 @@
-//go:build wasip1 && !noabi
+//go:build wasip1
 
 package main
 

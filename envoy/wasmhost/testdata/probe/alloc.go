@@ -1,4 +1,4 @@
-//go:build wasip1 && !noalloc
+//go:build wasip1
 
 package main
 
