@@ -30,6 +30,16 @@ var module struct {
 	err  error
 }
 
+// compileCache holds the module's compiled code for every runtime of the
+// package's tests, so that it is compiled once: under the race detector
+// wazero's compiler takes some twenty seconds over it.
+var compileCache = wazero.NewCompilationCache()
+
+// newRuntime is a runtime with the package's compilation cache.
+func newRuntime(ctx context.Context) wazero.Runtime {
+	return wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCompilationCache(compileCache))
+}
+
 // buildModule builds filter.wasm once for all the tests of the package.
 func buildModule(t *testing.T) []byte {
 	t.Helper()
@@ -121,7 +131,7 @@ var allowedProxyImports = map[string]signature{
 func TestModuleExportsAndImports(t *testing.T) {
 	wasm := buildModule(t)
 	ctx := context.Background()
-	r := wazero.NewRuntime(ctx)
+	r := newRuntime(ctx)
 	defer r.Close(ctx)
 	mod, err := r.CompileModule(ctx, wasm)
 	if err != nil {
@@ -229,7 +239,7 @@ func (h *stubHost) call(ctx context.Context, t *testing.T, m api.Module, name st
 func TestModuleStartsAndConfigures(t *testing.T) {
 	wasm := buildModule(t)
 	ctx := context.Background()
-	r := wazero.NewRuntime(ctx)
+	r := newRuntime(ctx)
 	defer r.Close(ctx)
 	wasi_snapshot_preview1.MustInstantiate(ctx, r)
 	compiled, err := r.CompileModule(ctx, wasm)
