@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -273,22 +274,26 @@ func TestShadowMode(t *testing.T) {
 		plans:  "default_plan: tiny\nplans:\n  tiny: {capacity: 3, rate: 0.001}\n",
 		filter: filterConfig{Mode: "shadow"},
 	})
-	const client = "shadowed"
-	for i := 0; i < 10; i++ {
-		// A request that failed open carries no shadow decision to the
-		// service: sent again (doDecided).
-		if r := s.doDecided(0, "GET", "/billing/1", "x-api-key", client); r.status != http.StatusOK {
-			t.Fatalf("shadow mode rejected request %d: %d", i, r.status)
+	// A request that failed open carries no shadow decision to the service,
+	// and its check may or may not have been charged: such a run tested
+	// nothing and runs again with a fresh client (decidedRun).
+	s.decidedRun(t, "ten shadowed requests", func(run int) error {
+		client := "shadowed-" + strconv.Itoa(run)
+		wouldDeny := s.stat(counter("shadow_would_deny"))
+		for i := 0; i < 10; i++ {
+			if r := s.do(0, "GET", "/billing/1", "x-api-key", client); r.status != http.StatusOK {
+				return fmt.Errorf("shadow mode rejected request %d: %d", i, r.status)
+			}
 		}
-	}
-	c := s.billing.Stats().Client(client)
-	allow, deny := c.ShadowAllow, c.ShadowDeny
-	if allow != 3 || deny != 7 {
-		t.Fatalf("service saw shadow allow=%d deny=%d, want 3 and 7", allow, deny)
-	}
-	if got := s.stat(counter("shadow_would_deny")); got != 7 {
-		t.Fatalf("shadow_would_deny = %d, want 7", got)
-	}
+		c := s.billing.Stats().Client(client)
+		if c.ShadowAllow != 3 || c.ShadowDeny != 7 {
+			return fmt.Errorf("service saw shadow allow=%d deny=%d, want 3 and 7", c.ShadowAllow, c.ShadowDeny)
+		}
+		if got := s.stat(counter("shadow_would_deny")) - wouldDeny; got != 7 {
+			return fmt.Errorf("shadow_would_deny went up by %d, want 7", got)
+		}
+		return nil
+	})
 }
 
 // Prometheus scrapes the gateway through envoy.yaml's stats listener, which

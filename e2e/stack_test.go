@@ -252,8 +252,11 @@ const decidedAttempts = 3
 // doDecided is do for a sequential test that needs the limiter's decision
 // on the request: one that failed open (the gateways' fail-open counters
 // moved; the callout missed its 5 ms, which the shipped timeout allows on a
-// loaded machine, and the request was charged nothing) is sent again and
-// logged; a third failing open in a row fails the test.
+// loaded machine) is sent again and logged; a third failing open in a row
+// fails the test. The request that failed open may still have been charged
+// (Redis can decide a check the gateway stopped waiting for), so a caller
+// that counts its client's tokens exactly uses decidedRun instead, or
+// allows for one more charge.
 func (s *stack) doDecided(g int, method, path string, headers ...string) reply {
 	s.t.Helper()
 	for attempt := 1; ; attempt++ {
