@@ -53,10 +53,11 @@ func benchmarkFilter(b *testing.B, sidecar wasmhost.Dispatcher, want wasmhost.St
 	for i := range keys {
 		keys[i] = "key-" + strconv.Itoa(i)
 	}
-	// Each request is driven as build/gateway drives one: a handoff to
-	// the VM's goroutine for the request headers (and the callout's answer
-	// delivered there), one for the response headers, and the end of the
-	// stream queued behind them.
+	// Each request is driven as build/gateway drives one: the request
+	// headers, the response headers and the end of the stream run on the
+	// benchmark's goroutine, the VM being idle then; the callout's answer,
+	// given inside the request headers' call, is queued for the VM's
+	// goroutine, a handoff there and one back.
 	request := func(i int) {
 		s := vm.OpenStream(wasmhost.StreamInfo{SourceAddr: "127.0.0.1:1", DestinationAddr: "127.0.0.1:2"})
 		st, err := s.RequestHeadersWait(ctx, []wasmhost.Header{{":method", "GET"}, {":path", "/orders/1"},

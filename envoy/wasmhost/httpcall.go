@@ -17,7 +17,9 @@ type Dispatcher interface {
 	// Dispatch starts call and returns at once. It must call respond
 	// exactly once, from any goroutine (also before returning), unless it
 	// returns an error: then the call fails with INTERNAL_FAILURE and no
-	// callback comes. ctx ends when the host stops waiting (the timeout
+	// callback comes. respond may run the plugin's callback before it
+	// returns (when the VM is idle), so it must not be called with a lock
+	// held that Dispatch takes. ctx ends when the host stops waiting (the timeout
 	// passed, or the VM closed); a response after that is dropped.
 	// Transport failures are answered the way an Envoy cluster answers
 	// them: a local reply (ConnectFailure), or Reset once a response had
@@ -201,9 +203,14 @@ func (vm *VM) httpCall(s []uint64) Status {
 		p.root = caller.plugin.root
 	}
 	vm.calls[token] = p
+	// The answer is delivered at once by the goroutine that has it (the
+	// connection's reader) when the VM is idle, as Envoy's worker handles
+	// the read event it was woken for; else after what is queued (exec).
+	// A dispatcher answering inside the call, from the VM's own task,
+	// finds it busy and queues.
 	respond := func(r CalloutResponse) {
 		if p.receive(r) {
-			vm.post(func() { vm.deliverReceived(token) })
+			vm.exec(func() { vm.deliverReceived(token) })
 		}
 	}
 	var err error

@@ -24,7 +24,7 @@ type Plugin struct {
 	rootID string
 	id     uint32 // the root context's id, fixed when the plugin is made
 
-	// Touched only on the VM's goroutine.
+	// Touched only by the VM's tasks.
 	root        *vmContext
 	config      string
 	configured  bool // proxy_on_configure accepted a configuration

@@ -65,7 +65,7 @@ type Stream struct {
 	c      *vmContext
 	info   StreamInfo
 
-	// Touched only on the VM's goroutine.
+	// Touched only by the VM's tasks.
 	reqHeaders  []Header
 	respHeaders []Header
 	reqActive   bool // the plugin may read and change the request headers
@@ -123,7 +123,7 @@ func (s *Stream) open() error {
 }
 
 // OpenStream returns a stream whose context is made by its first call
-// (RequestHeadersWait, or any other), on the VM's goroutine, without a
+// (RequestHeadersWait, or any other), in that call's task, without a
 // round trip of its own. ID is valid once that call returned.
 func (vm *VM) OpenStream(info StreamInfo) *Stream {
 	return &Stream{vm: vm, info: info, wake: make(chan struct{}, 1)}
@@ -213,14 +213,15 @@ func (s *Stream) await(ctx context.Context, seq uint64) (State, error) {
 	}
 }
 
-// start posts f for the stream to the VM's goroutine without waiting and
-// returns its number for await. A VM that is shutting down when f's turn
-// comes resets a stream that has no context yet, as Close resets the
-// waiting ones; so does a plugin that was removed.
+// start runs f for the stream at once if the VM is idle, else queues it
+// for the VM's goroutine without waiting (exec), and returns its number
+// for await. A VM that is shutting down when f's turn comes resets a
+// stream that has no context yet, as Close resets the waiting ones; so
+// does a plugin that was removed.
 func (s *Stream) start(f func()) (uint64, error) {
 	s.posted++
 	seq := s.posted
-	ok := s.vm.post(func() {
+	ok := s.vm.exec(func() {
 		defer func() {
 			s.mu.Lock()
 			s.ran = seq
@@ -277,9 +278,10 @@ func (s *Stream) RequestHeaders(headers []Header, endOfStream bool) (State, erro
 	return st, err
 }
 
-// RequestHeadersWait is RequestHeaders, then Wait while Paused, in one
-// handoff to the VM's goroutine and one back: what a proxy needs, which
-// waits either way. headers must not change afterwards.
+// RequestHeadersWait is RequestHeaders, then Wait while Paused, run on the
+// caller's goroutine if the VM is idle, else in one handoff to the VM's
+// goroutine and one back: what a proxy needs, which waits either way.
+// headers must not change afterwards.
 func (s *Stream) RequestHeadersWait(ctx context.Context, headers []Header, endOfStream bool) (State, error) {
 	seq, err := s.start(func() { s.requestHeaders(headers, endOfStream) })
 	if err != nil {
@@ -458,8 +460,8 @@ func (s *Stream) ResponseHeaders(headers []Header, endOfStream bool) (State, []H
 }
 
 // ResponseHeadersWait is ResponseHeaders, then Wait while Paused and
-// ResponseHeadersOut, in one handoff to the VM's goroutine and one back.
-// headers must not change afterwards.
+// ResponseHeadersOut, run as RequestHeadersWait's phase is. headers must
+// not change afterwards.
 func (s *Stream) ResponseHeadersWait(ctx context.Context, headers []Header, endOfStream bool) (State, []Header, error) {
 	seq, err := s.start(func() { s.responseHeaders(headers, endOfStream) })
 	if err != nil {
@@ -523,10 +525,11 @@ func (s *Stream) responseHeaders(headers []Header, eos bool) State {
 // proxy_on_done and proxy_on_delete.
 func (s *Stream) Done() { s.vm.do(s.end) }
 
-// DoneAsync is Done without waiting for it: the callbacks run on the VM's
-// goroutine after everything queued before them, which is all a proxy
-// that has answered its client needs.
-func (s *Stream) DoneAsync() { s.vm.post(s.end) }
+// DoneAsync is Done without waiting for a busy VM: the callbacks run at
+// once if the VM is idle, else on the VM's goroutine after everything
+// queued before them, which is all a proxy that has answered its client
+// needs.
+func (s *Stream) DoneAsync() { s.vm.exec(s.end) }
 
 func (s *Stream) end() {
 	if s.done {

@@ -62,7 +62,8 @@ var ErrClosed = errors.New("wasm VM closed")
 var ErrConfigRejected = errors.New("plugin rejected its configuration")
 
 // VM is one instance of a module, as Envoy runs one per worker thread. Every
-// call into it runs on its own goroutine, one at a time.
+// call into it runs one at a time: on the caller's goroutine when the VM is
+// idle, else on the VM's own goroutine in the order the calls came.
 type VM struct {
 	mod  *Module
 	o    Options
@@ -71,20 +72,23 @@ type VM struct {
 	stop context.CancelFunc
 	id   int64
 
-	// The executor: tasks run in order on the VM's goroutine.
+	// The executor: tasks run one at a time, in order; busy while one
+	// runs, on the VM's goroutine or inline on its caller's (runNow).
 	qmu    sync.Mutex
 	qcond  *sync.Cond
 	queue  []task
+	busy   bool
 	closed bool
 	exited chan struct{}
 
-	closing   bool // Close's task has run; on the VM's goroutine
+	closing   bool // Close's task has run; read and written by tasks
 	failed    atomic.Bool
 	failMu    sync.Mutex
 	failErr   error
 	pollCalls atomic.Int64
 
-	// State below is touched only on the VM's goroutine.
+	// State below is touched only by the task running (busy), one at a
+	// time; qmu orders one task's writes before the next task's reads.
 	mem         api.Memory
 	fns         map[string]api.Function
 	allowed     map[string]bool // non-nil: only these host calls may run
@@ -484,12 +488,14 @@ func (vm *VM) Close() {
 	}
 }
 
-// loop is the VM's goroutine: it runs tasks one at a time, in order.
+// loop is the VM's goroutine: it runs the queued tasks one at a time, in
+// order, each once no task runs inline (runNow); it ends once the VM is
+// closed, idle and nothing is queued.
 func (vm *VM) loop() {
 	defer close(vm.exited)
 	for {
 		vm.qmu.Lock()
-		for len(vm.queue) == 0 && !vm.closed {
+		for vm.busy || (len(vm.queue) == 0 && !vm.closed) {
 			vm.qcond.Wait()
 		}
 		if len(vm.queue) == 0 {
@@ -499,13 +505,51 @@ func (vm *VM) loop() {
 		t := vm.queue[0]
 		vm.queue[0] = task{}
 		vm.queue = vm.queue[1:]
+		vm.busy = true
 		vm.qmu.Unlock()
 		vm.run(t.f)
+		vm.qmu.Lock()
+		vm.busy = false
+		vm.qmu.Unlock()
 		if t.done != nil {
 			t.done <- struct{}{}
 		}
 	}
 }
+
+// runNow runs f at once on the calling goroutine if the VM is idle: no
+// task running and none queued, so f is next in order anyway. What is
+// queued while f runs waits for it, and the VM's goroutine runs it after.
+// It reports false, having run nothing, when the VM is busy or closed.
+//
+// Envoy runs a worker's VM on the thread that has the event in hand; here
+// an idle VM costs the caller no handoff to the VM's goroutine and back,
+// each of which can wake a thread on another CPU (RATIONALE.md, "What a
+// request costs the host"). It must not be called from a task, nor by a
+// caller holding a lock that a task takes.
+func (vm *VM) runNow(f func()) bool {
+	vm.qmu.Lock()
+	idle := !vm.busy && len(vm.queue) == 0 && !vm.closed
+	if idle {
+		vm.busy = true
+	}
+	vm.qmu.Unlock()
+	if !idle {
+		return false
+	}
+	vm.run(f)
+	vm.qmu.Lock()
+	vm.busy = false
+	if len(vm.queue) > 0 || vm.closed {
+		vm.qcond.Signal()
+	}
+	vm.qmu.Unlock()
+	return true
+}
+
+// exec runs f at once if the VM is idle (runNow), else queues it as post
+// does; it reports false if the VM is closed.
+func (vm *VM) exec(f func()) bool { return vm.runNow(f) || vm.post(f) }
 
 // task is one entry of the VM's queue; done, if not nil, gets a token once
 // f has run (do's wait).
@@ -559,9 +603,13 @@ func (vm *VM) enqueue(t task) bool {
 	return true
 }
 
-// do runs f on the VM's goroutine and waits for it. It must not be called
-// from that goroutine.
+// do runs f, at once if the VM is idle (runNow), else on the VM's
+// goroutine after what is queued, and waits for it. It must not be called
+// from a task.
 func (vm *VM) do(f func()) error {
+	if vm.runNow(f) {
+		return nil
+	}
 	done := doneChans.Get().(chan struct{})
 	if !vm.enqueue(task{f: f, done: done}) {
 		doneChans.Put(done)
