@@ -19,8 +19,8 @@ type Dispatcher interface {
 	// returns an error: then the call fails with INTERNAL_FAILURE and no
 	// callback comes. respond may run the plugin's callback before it
 	// returns (when the VM is idle), so it must not be called with a lock
-	// held that Dispatch takes. ctx ends when the host stops waiting (the timeout
-	// passed, or the VM closed); a response after that is dropped.
+	// held that Dispatch takes. ctx ends when the host stops waiting (the
+	// timeout passed, or the VM closed); a response after that is dropped.
 	// Transport failures are answered the way an Envoy cluster answers
 	// them: a local reply (ConnectFailure), or Reset once a response had
 	// begun.
