@@ -3,10 +3,12 @@ package e2e_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,61 +27,69 @@ func TestBurstRetryAfterRefill(t *testing.T) {
 	s := startStack(t, stackConfig{
 		plans: "default_plan: free\nplans:\n  free: {capacity: 5, rate: 0.5}\n",
 	})
-	const client = "burst-client"
 	// The stack's first callout is each process's first pass over the
 	// check path: on a loaded machine it can miss the 5 ms and fail open,
 	// as the design allows (RATIONALE.md, "What does a fresh stack's first
 	// burst cost?"). This test counts every decision of its client, so
-	// another client goes first until one is decided.
+	// another client goes first until one is decided, and a run in which
+	// one of its client's requests failed open (undecided, its bucket
+	// charged or not) runs again with a fresh client (decidedRun).
 	s.doDecided(0, "GET", "/orders/1", "x-api-key", "warm-up")
-	start := time.Now()
-	var admitted, denied int
-	var last reply
-	for i := 0; i < 12; i++ {
-		r := s.do(0, "GET", "/orders/1", "x-api-key", client)
-		switch r.status {
-		case http.StatusOK:
-			admitted++
-			if got := r.header.Get("ratelimit-limit"); got != "5" {
-				t.Errorf("ratelimit-limit on 200 = %q, want 5", got)
+	s.decidedRun(t, "a burst, then a request after its Retry-After", func(run int) error {
+		client := "burst-client-" + strconv.Itoa(run)
+		deniedBefore := s.stat(counter("denied")) + s.stat(counter("denied_cached"))
+		start := time.Now()
+		var admitted, denied int
+		var last reply
+		for i := 0; i < 12; i++ {
+			r := s.do(0, "GET", "/orders/1", "x-api-key", client)
+			switch r.status {
+			case http.StatusOK:
+				admitted++
+				if got := r.header.Get("ratelimit-limit"); got != "5" {
+					return fmt.Errorf("ratelimit-limit on 200 = %q, want 5", got)
+				}
+			case http.StatusTooManyRequests:
+				denied++
+				last = r
+				// The wait for one token is at most 1/rate = 2 s and more
+				// than 0; Retry-After is its ceiling, at least 1.
+				if r.retryAfter < 1 || r.retryAfter > int(math.Ceil(1/rate)) {
+					return fmt.Errorf("retry-after = %d, want 1..%d", r.retryAfter, int(math.Ceil(1/rate)))
+				}
+				if ct := r.header.Get("content-type"); !strings.Contains(ct, "json") {
+					return fmt.Errorf("429 content-type %q, want json", ct)
+				}
+			default:
+				return fmt.Errorf("request %d: status %d, body %q", i, r.status, r.body)
 			}
-		case http.StatusTooManyRequests:
-			denied++
-			last = r
-			// The wait for one token is at most 1/rate = 2 s and more
-			// than 0; Retry-After is its ceiling, at least 1.
-			if r.retryAfter < 1 || r.retryAfter > int(math.Ceil(1/rate)) {
-				t.Errorf("retry-after = %d, want 1..%d", r.retryAfter, int(math.Ceil(1/rate)))
-			}
-			mustContain(t, "429 content-type", r.header.Get("content-type"), "json")
-		default:
-			t.Fatalf("request %d: status %d, body %q", i, r.status, r.body)
 		}
-	}
-	elapsed := time.Since(start).Seconds()
-	// The bucket starts full and refills rate×elapsed tokens meanwhile.
-	maxAdmitted := capacity + int(math.Floor(rate*elapsed))
-	if admitted < capacity || admitted > maxAdmitted {
-		t.Fatalf("admitted %d of 12 in %.2fs, want %d..%d", admitted, elapsed, capacity, maxAdmitted)
-	}
-	if got := s.received(client); got != int64(admitted) {
-		t.Fatalf("services received %d requests, %d were admitted", got, admitted)
-	}
-	if denied == 0 {
-		t.Fatal("no request was denied")
-	}
-	if got := s.stat(counter("denied")) + s.stat(counter("denied_cached")); got != int64(denied) {
-		t.Errorf("gateway counted %d denials, clients saw %d", got, denied)
-	}
+		elapsed := time.Since(start).Seconds()
+		// The bucket starts full and refills rate×elapsed tokens meanwhile.
+		maxAdmitted := capacity + int(math.Floor(rate*elapsed))
+		if admitted < capacity || admitted > maxAdmitted {
+			return fmt.Errorf("admitted %d of 12 in %.2fs, want %d..%d", admitted, elapsed, capacity, maxAdmitted)
+		}
+		if got := s.received(client); got != int64(admitted) {
+			return fmt.Errorf("services received %d requests, %d were admitted", got, admitted)
+		}
+		if denied == 0 {
+			return errors.New("no request was denied")
+		}
+		if got := s.stat(counter("denied")) + s.stat(counter("denied_cached")) - deniedBefore; got != int64(denied) {
+			return fmt.Errorf("gateway counted %d denials, clients saw %d", got, denied)
+		}
 
-	// The Retry-After is a promise: after it, one token is back.
-	time.Sleep(time.Duration(last.retryAfter) * time.Second)
-	if r := s.do(0, "GET", "/billing/1", "x-api-key", client); r.status != http.StatusOK {
-		t.Fatalf("after waiting retry-after %d s: status %d", last.retryAfter, r.status)
-	}
-	if got := s.received(client); got != int64(admitted+1) {
-		t.Fatalf("services received %d, want %d", got, admitted+1)
-	}
+		// The Retry-After is a promise: after it, one token is back.
+		time.Sleep(time.Duration(last.retryAfter) * time.Second)
+		if r := s.do(0, "GET", "/billing/1", "x-api-key", client); r.status != http.StatusOK {
+			return fmt.Errorf("after waiting retry-after %d s: status %d", last.retryAfter, r.status)
+		}
+		if got := s.received(client); got != int64(admitted+1) {
+			return fmt.Errorf("services received %d, want %d", got, admitted+1)
+		}
+		return nil
+	})
 }
 
 // Three gateways with two sidecars share one Redis; one client sends five
@@ -353,9 +363,16 @@ func TestStatsListener(t *testing.T) {
 // With a canary list, only the listed clients are enforced; the others run
 // in shadow.
 func TestCanaryClients(t *testing.T) {
+	// One canary client per run of decidedRun: a run in which a request
+	// failed open (undecided, its bucket charged or not, no shadow header)
+	// runs again with fresh clients.
+	var canaries []string
+	for run := 1; run <= decidedAttempts; run++ {
+		canaries = append(canaries, "canary-"+strconv.Itoa(run))
+	}
 	s := startStack(t, stackConfig{
 		plans:  "default_plan: tiny\nplans:\n  tiny: {capacity: 2, rate: 0.001}\n",
-		filter: filterConfig{CanaryClients: []string{"canary"}},
+		filter: filterConfig{CanaryClients: canaries},
 	})
 	statuses := func(client string) (ok, denied int) {
 		for i := 0; i < 5; i++ {
@@ -368,15 +385,19 @@ func TestCanaryClients(t *testing.T) {
 		}
 		return
 	}
-	if ok, denied := statuses("canary"); ok != 2 || denied != 3 {
-		t.Errorf("canary client: %d admitted, %d denied; want 2 and 3", ok, denied)
-	}
-	if ok, denied := statuses("everyone-else"); ok != 5 || denied != 0 {
-		t.Errorf("non-canary client: %d admitted, %d denied; want 5 and 0", ok, denied)
-	}
-	if got := s.orders.Stats().Client("everyone-else").ShadowDeny; got != 3 {
-		t.Errorf("non-canary would-deny seen by the service = %d, want 3", got)
-	}
+	s.decidedRun(t, "a canary and a client outside the canary", func(run int) error {
+		canary, other := canaries[run-1], "everyone-else-"+strconv.Itoa(run)
+		if ok, denied := statuses(canary); ok != 2 || denied != 3 {
+			return fmt.Errorf("canary client: %d admitted, %d denied; want 2 and 3", ok, denied)
+		}
+		if ok, denied := statuses(other); ok != 5 || denied != 0 {
+			return fmt.Errorf("non-canary client: %d admitted, %d denied; want 5 and 0", ok, denied)
+		}
+		if got := s.orders.Stats().Client(other).ShadowDeny; got != 3 {
+			return fmt.Errorf("non-canary would-deny seen by the service = %d, want 3", got)
+		}
+		return nil
+	})
 }
 
 // A missing key is rejected by the filter; a Bearer key is the same client
@@ -401,22 +422,28 @@ func TestKeysAndCosts(t *testing.T) {
 	}
 
 	// 10 tokens: two POSTs to /orders cost 8, then a third (4) is denied,
-	// a GET (1) by Bearer is admitted from the same bucket, leaving 1.
-	for i, want := range []int{200, 200, 429} {
-		if got := s.do(0, "POST", "/orders/new", "x-api-key", "payer").status; got != want {
-			t.Fatalf("POST %d: status %d, want %d", i, got, want)
+	// a GET (1) by Bearer is admitted from the same bucket, leaving 1. A
+	// request that failed open went through undecided, and its bucket may
+	// or may not have paid: such a run tests nothing and runs again with a
+	// fresh client (decidedRun).
+	s.decidedRun(t, "a client's costs", func(run int) error {
+		payer := "payer-" + strconv.Itoa(run)
+		for i, want := range []int{200, 200, 429} {
+			if got := s.do(0, "POST", "/orders/new", "x-api-key", payer).status; got != want {
+				return fmt.Errorf("POST %d: status %d, want %d", i, got, want)
+			}
 		}
-	}
-	if got := s.do(0, "GET", "/billing/1", "authorization", "Bearer payer").status; got != 200 {
-		t.Fatalf("GET with bearer: status %d, want 200", got)
-	}
-	r = s.do(0, "GET", "/billing/1", "authorization", "Bearer payer")
-	if r.status != 200 {
-		t.Fatalf("second GET with bearer: status %d, want 200 (1 token left)", r.status)
-	}
-	if r := s.do(0, "GET", "/billing/1", "x-api-key", "payer"); r.status != 429 {
-		t.Fatalf("GET with the bucket empty: status %d, want 429", r.status)
-	}
+		if got := s.do(0, "GET", "/billing/1", "authorization", "Bearer "+payer).status; got != 200 {
+			return fmt.Errorf("GET with bearer: status %d, want 200", got)
+		}
+		if got := s.do(0, "GET", "/billing/1", "authorization", "Bearer "+payer).status; got != 200 {
+			return fmt.Errorf("second GET with bearer: status %d, want 200 (1 token left)", got)
+		}
+		if got := s.do(0, "GET", "/billing/1", "x-api-key", payer).status; got != 429 {
+			return fmt.Errorf("GET with the bucket empty: status %d, want 429", got)
+		}
+		return nil
+	})
 }
 
 // A bad filter configuration stops the gateway at start, naming the field,
