@@ -73,7 +73,7 @@ type VM struct {
 	id   int64
 
 	// The executor: tasks run one at a time, in order; busy while one
-	// runs, on the VM's goroutine or inline on its caller's (runNow).
+	// runs, on the VM's goroutine or inline on its caller's (submit).
 	qmu    sync.Mutex
 	qcond  *sync.Cond
 	queue  []task
@@ -489,7 +489,7 @@ func (vm *VM) Close() {
 }
 
 // loop is the VM's goroutine: it runs the queued tasks one at a time, in
-// order, each once no task runs inline (runNow); it ends once the VM is
+// order, each once no task runs inline (submit); it ends once the VM is
 // closed, idle and nothing is queued.
 func (vm *VM) loop() {
 	defer close(vm.exited)
@@ -517,26 +517,35 @@ func (vm *VM) loop() {
 	}
 }
 
-// runNow runs f at once on the calling goroutine if the VM is idle: no
-// task running and none queued, so f is next in order anyway. What is
-// queued while f runs waits for it, and the VM's goroutine runs it after.
-// It reports false, having run nothing, when the VM is busy or closed.
+// submit takes t for the VM under one lock: with inline set and the VM
+// idle (no task running and none queued, so t is next in order anyway) it
+// marks the VM busy and reports runNow, and the caller runs t itself
+// (runClaimed); else t is queued for the VM's goroutine. ok is false, and
+// nothing done, if the VM is closed.
 //
 // Envoy runs a worker's VM on the thread that has the event in hand; here
 // an idle VM costs the caller no handoff to the VM's goroutine and back,
 // each of which can wake a thread on another CPU (RATIONALE.md, "What a
-// request costs the host"). It must not be called from a task, nor by a
-// caller holding a lock that a task takes.
-func (vm *VM) runNow(f func()) bool {
+// request costs the host"). An inline submit must not come from a task,
+// nor from a caller holding a lock that a task takes.
+func (vm *VM) submit(t task, inline bool) (runNow, ok bool) {
 	vm.qmu.Lock()
-	idle := !vm.busy && len(vm.queue) == 0 && !vm.closed
-	if idle {
+	defer vm.qmu.Unlock()
+	if vm.closed {
+		return false, false
+	}
+	if inline && !vm.busy && len(vm.queue) == 0 {
 		vm.busy = true
+		return true, true
 	}
-	vm.qmu.Unlock()
-	if !idle {
-		return false
-	}
+	vm.queue = append(vm.queue, t)
+	vm.qcond.Signal()
+	return false, true
+}
+
+// runClaimed runs f, which submit let the caller run, and hands what was
+// queued meanwhile to the VM's goroutine.
+func (vm *VM) runClaimed(f func()) {
 	vm.run(f)
 	vm.qmu.Lock()
 	vm.busy = false
@@ -544,12 +553,17 @@ func (vm *VM) runNow(f func()) bool {
 		vm.qcond.Signal()
 	}
 	vm.qmu.Unlock()
-	return true
 }
 
-// exec runs f at once if the VM is idle (runNow), else queues it as post
-// does; it reports false if the VM is closed.
-func (vm *VM) exec(f func()) bool { return vm.runNow(f) || vm.post(f) }
+// exec runs f at once if the VM is idle, else queues it as post does
+// (submit); it reports false if the VM is closed.
+func (vm *VM) exec(f func()) bool {
+	runNow, ok := vm.submit(task{f: f}, true)
+	if runNow {
+		vm.runClaimed(f)
+	}
+	return ok
+}
 
 // task is one entry of the VM's queue; done, if not nil, gets a token once
 // f has run (do's wait).
@@ -590,30 +604,24 @@ func (vm *VM) drainQuietly() {
 
 // post queues f to run on the VM's goroutine and returns at once; it
 // reports false if the VM is closed.
-func (vm *VM) post(f func()) bool { return vm.enqueue(task{f: f}) }
-
-func (vm *VM) enqueue(t task) bool {
-	vm.qmu.Lock()
-	defer vm.qmu.Unlock()
-	if vm.closed {
-		return false
-	}
-	vm.queue = append(vm.queue, t)
-	vm.qcond.Signal()
-	return true
+func (vm *VM) post(f func()) bool {
+	_, ok := vm.submit(task{f: f}, false)
+	return ok
 }
 
-// do runs f, at once if the VM is idle (runNow), else on the VM's
-// goroutine after what is queued, and waits for it. It must not be called
-// from a task.
+// do runs f, at once if the VM is idle, else on the VM's goroutine after
+// what is queued (submit), and waits for it. It must not be called from a
+// task.
 func (vm *VM) do(f func()) error {
-	if vm.runNow(f) {
-		return nil
-	}
 	done := doneChans.Get().(chan struct{})
-	if !vm.enqueue(task{f: f, done: done}) {
+	runNow, ok := vm.submit(task{f: f, done: done}, true)
+	if !ok || runNow {
 		doneChans.Put(done)
-		return ErrClosed
+		if !ok {
+			return ErrClosed
+		}
+		vm.runClaimed(f)
+		return nil
 	}
 	select {
 	case <-done:
