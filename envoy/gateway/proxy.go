@@ -56,8 +56,8 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The stream's context is made by its first call, and it ends
 	// without the handler waiting for a busy VM's proxy_on_log and
 	// proxy_on_done: each phase runs on this goroutine when the VM is
-	// idle, else in one handoff to the VM and one back (wasmhost's
-	// RATIONALE.md, what a request costs the host).
+	// idle, else on the goroutine that holds the VM, which wakes this one
+	// (wasmhost's RATIONALE.md, what a request costs the host).
 	s := vm.OpenStream(wasmhost.StreamInfo{SourceAddr: r.RemoteAddr, DestinationAddr: localAddr(r), Protocol: r.Proto})
 	defer s.DoneAsync()
 

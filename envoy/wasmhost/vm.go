@@ -488,9 +488,10 @@ func (vm *VM) Close() {
 	}
 }
 
-// loop is the VM's goroutine: it runs the queued tasks one at a time, in
-// order, each once no task runs inline (submit); it ends once the VM is
-// closed, idle and nothing is queued.
+// loop is the VM's goroutine: it runs the queued tasks that no caller
+// running inline went on to (runClaimed), one at a time, in order, each
+// once no task runs inline (submit); it ends once the VM is closed, idle
+// and nothing is queued.
 func (vm *VM) loop() {
 	defer close(vm.exited)
 	for {
@@ -539,21 +540,43 @@ func (vm *VM) submit(t task, inline bool) (runNow, ok bool) {
 		return true, true
 	}
 	vm.queue = append(vm.queue, t)
-	vm.qcond.Signal()
+	if !vm.busy {
+		// A busy VM's runner looks at the queue when its task ends
+		// (loop, runClaimed): waking the VM's goroutine now would only
+		// have it wait again.
+		vm.qcond.Signal()
+	}
 	return false, true
 }
 
-// runClaimed runs f, which submit let the caller run, and hands what was
-// queued meanwhile to the VM's goroutine.
+// runClaimed runs f, which submit let the caller run, then what was queued
+// meanwhile, in order, up to maxDrain tasks, as an Envoy worker goes on to
+// the events that came while it was busy; what is left, and everything
+// once the VM is closed, goes to the VM's goroutine.
 func (vm *VM) runClaimed(f func()) {
 	vm.run(f)
 	vm.qmu.Lock()
+	for n := 0; n < maxDrain && len(vm.queue) > 0 && !vm.closed; n++ {
+		t := vm.queue[0]
+		vm.queue[0] = task{}
+		vm.queue = vm.queue[1:]
+		vm.qmu.Unlock()
+		vm.run(t.f)
+		if t.done != nil {
+			t.done <- struct{}{}
+		}
+		vm.qmu.Lock()
+	}
 	vm.busy = false
 	if len(vm.queue) > 0 || vm.closed {
 		vm.qcond.Signal()
 	}
 	vm.qmu.Unlock()
 }
+
+// maxDrain bounds the queued tasks a caller runs after its own (runClaimed),
+// so that a caller under sustained load gets back to its own work.
+const maxDrain = 16
 
 // exec runs f at once if the VM is idle, else queues it as post does
 // (submit); it reports false if the VM is closed.
