@@ -503,9 +503,7 @@ func (vm *VM) loop() {
 			vm.qmu.Unlock()
 			return
 		}
-		t := vm.queue[0]
-		vm.queue[0] = task{}
-		vm.queue = vm.queue[1:]
+		t := vm.next()
 		vm.busy = true
 		vm.qmu.Unlock()
 		vm.run(t.f)
@@ -557,9 +555,7 @@ func (vm *VM) runClaimed(f func()) {
 	vm.run(f)
 	vm.qmu.Lock()
 	for n := 0; n < maxDrain && len(vm.queue) > 0 && !vm.closed; n++ {
-		t := vm.queue[0]
-		vm.queue[0] = task{}
-		vm.queue = vm.queue[1:]
+		t := vm.next()
 		vm.qmu.Unlock()
 		vm.run(t.f)
 		if t.done != nil {
@@ -572,6 +568,15 @@ func (vm *VM) runClaimed(f func()) {
 		vm.qcond.Signal()
 	}
 	vm.qmu.Unlock()
+}
+
+// next takes the first queued task off the queue, which is not empty;
+// vm.qmu is held.
+func (vm *VM) next() task {
+	t := vm.queue[0]
+	vm.queue[0] = task{}
+	vm.queue = vm.queue[1:]
+	return t
 }
 
 // maxDrain bounds the queued tasks a caller runs after its own (runClaimed),
