@@ -204,13 +204,14 @@ func (vm *VM) httpCall(s []uint64) Status {
 	}
 	vm.calls[token] = p
 	// The answer is delivered at once by the goroutine that has it (the
-	// connection's reader) when the VM is idle, as Envoy's worker handles
-	// the read event it was woken for; else after what is queued (exec).
-	// A dispatcher answering inside the call, from the VM's own task,
-	// finds it busy and queues.
+	// connection's reader, which then has nothing to do but wait for the
+	// next) when the VM is idle, as Envoy's worker handles the read event
+	// it was woken for; else after what is queued (exec). A dispatcher
+	// answering inside the call, from the VM's own task, finds it busy and
+	// queues.
 	respond := func(r CalloutResponse) {
 		if p.receive(r) {
-			vm.exec(func() { vm.deliverReceived(token) })
+			vm.exec(func() { vm.deliverReceived(token) }, always)
 		}
 	}
 	var err error

@@ -213,8 +213,9 @@ func (s *Stream) await(ctx context.Context, seq uint64) (State, error) {
 	}
 }
 
-// start runs f for the stream at once if the VM is idle, else queues it
-// for the VM's goroutine without waiting (exec), and returns its number
+// start runs f for the stream at once if the VM is idle (and goes on to
+// what queued meanwhile while the stream is paused), else queues it for
+// the VM's goroutine without waiting (exec), and returns its number
 // for await. A VM that is shutting down when f's turn comes resets a
 // stream that has no context yet, as Close resets the waiting ones; so
 // does a plugin that was removed.
@@ -233,12 +234,16 @@ func (s *Stream) start(f func()) (uint64, error) {
 			return
 		}
 		f()
-	})
+	}, s.paused)
 	if !ok {
 		return 0, ErrClosed
 	}
 	return seq, nil
 }
+
+// paused reports whether the stream waits (for a callout, or the plugin):
+// its caller has nothing to do but wait then (runClaimed).
+func (s *Stream) paused() bool { return s.State() == Paused }
 
 // UpstreamHeaders returns the request headers as they go on to the
 // upstream, once the request Continued.
@@ -530,7 +535,7 @@ func (s *Stream) Done() { s.vm.do(s.end) }
 // once if the VM is idle, else on the VM's goroutine after everything
 // queued before them, which is all a proxy that has answered its client
 // needs.
-func (s *Stream) DoneAsync() { s.vm.exec(s.end) }
+func (s *Stream) DoneAsync() { s.vm.exec(s.end, always) }
 
 func (s *Stream) end() {
 	if s.done {

@@ -547,22 +547,30 @@ func (vm *VM) submit(t task, inline bool) (runNow, ok bool) {
 	return false, true
 }
 
-// runClaimed runs f, which submit let the caller run, then what was queued
-// meanwhile, in order, up to maxDrain tasks, as an Envoy worker goes on to
-// the events that came while it was busy; what is left, and everything
-// once the VM is closed, goes to the VM's goroutine.
-func (vm *VM) runClaimed(f func()) {
+// runClaimed runs f, which submit let the caller run. Then, while idle
+// (nil: never) reports that the caller has nothing to do but wait (its
+// stream paused, its request answered), the caller goes on to what was
+// queued meanwhile, in order, up to maxDrain tasks, as an Envoy worker
+// goes on to the events that came while it was busy. What is left, and
+// everything once the VM is closed, goes to the VM's goroutine: a caller
+// with work of its own hands it over at once, and the VM's goroutine runs
+// it beside that work.
+func (vm *VM) runClaimed(f func(), idle func() bool) {
 	vm.run(f)
-	vm.qmu.Lock()
-	for n := 0; n < maxDrain && len(vm.queue) > 0 && !vm.closed; n++ {
+	for n := 0; n < maxDrain && idle != nil && idle(); n++ {
+		vm.qmu.Lock()
+		if len(vm.queue) == 0 || vm.closed {
+			vm.qmu.Unlock()
+			break
+		}
 		t := vm.next()
 		vm.qmu.Unlock()
 		vm.run(t.f)
 		if t.done != nil {
 			t.done <- struct{}{}
 		}
-		vm.qmu.Lock()
 	}
+	vm.qmu.Lock()
 	vm.busy = false
 	if len(vm.queue) > 0 || vm.closed {
 		vm.qcond.Signal()
@@ -584,14 +592,17 @@ func (vm *VM) next() task {
 const maxDrain = 16
 
 // exec runs f at once if the VM is idle, else queues it as post does
-// (submit); it reports false if the VM is closed.
-func (vm *VM) exec(f func()) bool {
+// (submit); it reports false if the VM is closed. idle is runClaimed's.
+func (vm *VM) exec(f func(), idle func() bool) bool {
 	runNow, ok := vm.submit(task{f: f}, true)
 	if runNow {
-		vm.runClaimed(f)
+		vm.runClaimed(f, idle)
 	}
 	return ok
 }
+
+// always is an idle for a caller that only waits after its task.
+func always() bool { return true }
 
 // task is one entry of the VM's queue; done, if not nil, gets a token once
 // f has run (do's wait).
@@ -648,7 +659,7 @@ func (vm *VM) do(f func()) error {
 		if !ok {
 			return ErrClosed
 		}
-		vm.runClaimed(f)
+		vm.runClaimed(f, nil)
 		return nil
 	}
 	select {

@@ -39,7 +39,7 @@ func TestQueuedTasksKeepTheirOrder(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond) // polling for the other goroutine's enqueue
 		}
-	}) {
+	}, always) {
 		t.Fatal("exec on an open VM reported it closed")
 	}
 	mu.Lock()
