@@ -587,8 +587,9 @@ func (vm *VM) next() task {
 	return t
 }
 
-// maxDrain bounds the queued tasks a caller runs after its own (runClaimed),
-// so that a caller under sustained load gets back to its own work.
+// maxDrain bounds the queued tasks a caller runs after its own (runClaimed):
+// under sustained load a handler whose stream has ended, or a connection's
+// reader, gets back to its connection.
 const maxDrain = 16
 
 // exec runs f at once if the VM is idle, else queues it as post does
