@@ -286,8 +286,7 @@ func (s *Stream) RequestHeaders(headers []Header, endOfStream bool) (State, erro
 // RequestHeadersWait is RequestHeaders, then Wait while Paused, run on the
 // caller's goroutine if the VM is idle, else by the goroutine that holds
 // the VM, which wakes the caller: what a proxy needs, which waits either
-// way.
-// headers must not change afterwards.
+// way. headers must not change afterwards.
 func (s *Stream) RequestHeadersWait(ctx context.Context, headers []Header, endOfStream bool) (State, error) {
 	seq, err := s.start(func() { s.requestHeaders(headers, endOfStream) })
 	if err != nil {

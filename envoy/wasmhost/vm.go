@@ -510,9 +510,7 @@ func (vm *VM) loop() {
 		vm.qmu.Lock()
 		vm.busy = false
 		vm.qmu.Unlock()
-		if t.done != nil {
-			t.done <- struct{}{}
-		}
+		t.ran()
 	}
 }
 
@@ -566,9 +564,7 @@ func (vm *VM) runClaimed(f func(), idle func() bool) {
 		t := vm.next()
 		vm.qmu.Unlock()
 		vm.run(t.f)
-		if t.done != nil {
-			t.done <- struct{}{}
-		}
+		t.ran()
 	}
 	vm.qmu.Lock()
 	vm.busy = false
@@ -610,6 +606,13 @@ func always() bool { return true }
 type task struct {
 	f    func()
 	done chan struct{}
+}
+
+// ran tells the task's waiter, if any (do), that it has run.
+func (t task) ran() {
+	if t.done != nil {
+		t.done <- struct{}{}
+	}
 }
 
 // doneChans are do's reusable channels, one buffered slot each: a task
