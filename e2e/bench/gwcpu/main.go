@@ -2,7 +2,7 @@
 // the gateway process used (utime + stime) over bursts of 30 simultaneous
 // keep-alive requests through the whole stack (a real Redis, the sidecar, a
 // service), and how many of the filter's callouts missed their timeout
-// (requests.failed_open). Several gateway binaries run side by side on the
+// (requests.failed_open, by reason). Several gateway binaries run side by side on the
 // same stack and take turns, so a before/after comparison alternates on a
 // shared, noisy machine; it prints each round and the medians.
 //
@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/edgelimit/edgelimit/e2e/bench/stat"
 	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/e2e/services"
+	"github.com/edgelimit/edgelimit/filter/limiter"
 )
 
 // plans admit everything: every request is a callout that the sidecar
@@ -125,16 +127,19 @@ func run(binDir string, bins []string, rounds int, rate float64, window time.Dur
 				return fmt.Errorf("%s: %d answers neither 200 nor 429", g.bin, res.Other)
 			}
 			var fo int64
+			var reasons []string
 			for name, v := range s1 {
-				if strings.HasPrefix(name, "wasmcustom.edgelimit.requests.failed_open") {
+				if reason, ok := strings.CutPrefix(name, failedOpen); ok && v > s0[name] {
 					fo += v - s0[name]
+					reasons = append(reasons, fmt.Sprintf("%s %d", reason, v-s0[name]))
 				}
 			}
+			sort.Strings(reasons)
 			us := float64((after - before).Microseconds()) / float64(res.Sent)
 			share := float64(fo) / float64(res.Sent)
 			g.cpu, g.fo = append(g.cpu, us), append(g.fo, share)
-			fmt.Printf("round %d %-28s %6d requests  %6.1f µs CPU/request  failed open %5.2f%%  load %s\n",
-				r+1, g.bin, res.Sent, us, 100*share, loadavg())
+			fmt.Printf("round %d %-28s %6d requests  %6.1f µs CPU/request  failed open %5.2f%%  load %s  %s\n",
+				r+1, g.bin, res.Sent, us, 100*share, loadavg(), strings.Join(reasons, ", "))
 		}
 	}
 	fmt.Println()
@@ -143,6 +148,11 @@ func run(binDir string, bins []string, rounds int, rate float64, window time.Dur
 	}
 	return nil
 }
+
+// failedOpen prefixes the gateway's counter of each reason a callout
+// failed open (filter/limiter's MetricFailedOpenPrefix, as the host names
+// a custom metric).
+const failedOpen = "wasmcustom." + limiter.MetricFailedOpenPrefix
 
 func loadavg() string {
 	b, err := os.ReadFile("/proc/loadavg")
