@@ -19,8 +19,8 @@ func TestBenchmarksFromSavedResults(t *testing.T) {
 	shadow := report.Table{Title: shadowTitle + ": the edge against the services",
 		Header: []string{"requests compared", "agree", "disagreement", "exit criterion"}}
 	shadow.Add(563, 562, "0.178%", "< 0.1%: not met")
-	saved := &report.Scenario{Name: "noisy", Title: "Noisy", Claim: "an old claim", Command: "go run ./e2e/bench -runs 1",
-		Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Took: 90 * time.Second,
+	saved := &report.Scenario{Name: "noisy", Title: "Noisy", Claim: "an old claim",
+		Run:    report.Run{Command: "go run ./e2e/bench -runs 1", Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Took: 90 * time.Second},
 		Tables: []report.Table{shadow},
 		Checks: []report.Check{{Claim: "p99 falls", Target: "< 0.5", Measured: "0.1x", Holds: true}}}
 	if err := saved.Save(out); err != nil {

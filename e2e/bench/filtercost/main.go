@@ -119,7 +119,11 @@ func run(rounds int, benchtime, out string) error {
 		{Claim: "the filter in a minimal wazero host against the native path", Target: fmt.Sprintf("<= %dx", targetRatio),
 			Measured: fmt.Sprintf("%.0fx (%.1f µs / %.2f µs)", dratio, d/1000, n/1000), Holds: dratio <= targetRatio},
 	}
-	return report.SaveChecks(strings.TrimSuffix(out, ".txt")+".checks.json", checks)
+	run := report.Run{
+		Command: strings.TrimSpace("go run ./e2e/bench/filtercost " + strings.Join(os.Args[1:], " ")),
+		Started: started, Took: time.Since(started), Load: [2]float64{load0, report.LoadAverage()}, Steal: report.ReadCPUTime().StealSince(cpu0),
+	}
+	return report.SaveChecks(strings.TrimSuffix(out, ".txt")+".checks.json", report.Checked{Run: run, Checks: checks})
 }
 
 // runBench runs one benchmark once and returns its ns/op.

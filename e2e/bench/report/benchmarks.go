@@ -78,9 +78,25 @@ func (bm Benchmarks) Markdown() string {
 		bm.Command, bm.Generated.UTC().Format("2006-01-02 15:04 UTC"))
 
 	b.WriteString("## Summary: every target, met or not\n\n")
-	var all []Check
+	// Each target with the section that measured it; then, for each
+	// section, its command and how busy the machine was while it ran.
+	sum := Table{Header: []string{"claim", "target", "measured", "holds", "measured in"}, TextColumns: 5}
+	runs := Table{Header: []string{"section", "command", "started", "took", "load average (start, end)", "steal"}, TextColumns: 6}
+	add := func(title string, r Run, checks []Check) {
+		for _, c := range checks {
+			sum.Add(c.Claim, c.Target, c.Measured, c.holds(), title)
+		}
+		steal := "not measured"
+		if r.Steal != nil {
+			steal = fmt.Sprintf("%.1f%%", 100**r.Steal)
+		}
+		runs.Add(title, "`"+r.Command+"`", r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Took.Round(time.Second).String(),
+			fmt.Sprintf("%.1f, %.1f", r.Load[0], r.Load[1]), steal)
+	}
 	for _, s := range bm.Scenarios {
-		all = append(all, s.Checks...)
+		if len(s.Checks) > 0 {
+			add(s.Title, s.Run, s.Checks)
+		}
 	}
 	for _, a := range bm.Attachments {
 		if a.Checks == "" {
@@ -90,11 +106,13 @@ func (bm Benchmarks) Markdown() string {
 			continue
 		}
 		if c, err := LoadChecks(a.Checks); err == nil {
-			all = append(all, c...)
+			add(a.Title, c.Run, c.Checks)
 		}
 	}
-	if len(all) > 0 {
-		b.WriteString(checksTable(all).Markdown())
+	if len(sum.Rows) > 0 {
+		b.WriteString(sum.Markdown())
+		b.WriteString("\nWhere each was measured: the section's command, and how busy the machine was besides while it ran (the 1-minute load average, and the CPU time the hypervisor gave to other machines).\n\n")
+		b.WriteString(runs.Markdown())
 		b.WriteString("\n")
 	}
 

@@ -46,8 +46,9 @@ func TestScenarioSaveLoad(t *testing.T) {
 	dir := t.TempDir()
 	steal := 0.125
 	s := &Scenario{
-		Name: "incident", Title: "Incident replay", Claim: "9x", Command: "go run ./e2e/bench incident",
-		Started: time.Date(2025, 9, 1, 12, 0, 0, 0, time.UTC), Took: 42 * time.Second, Load: [2]float64{1.5, 2.5}, Steal: &steal,
+		Name: "incident", Title: "Incident replay", Claim: "9x",
+		Run: Run{Command: "go run ./e2e/bench incident", Started: time.Date(2025, 9, 1, 12, 0, 0, 0, time.UTC), Took: 42 * time.Second,
+			Load: [2]float64{1.5, 2.5}, Steal: &steal},
 		Tables: []Table{sample()},
 		Charts: []Chart{{File: "incident.png", Alt: "admitted per design"}},
 		Checks: []Check{{Claim: "edge admits 1.0x", Target: "within 5%", Measured: "1.01x", Holds: true}},
@@ -108,22 +109,31 @@ func TestBenchmarksMarkdown(t *testing.T) {
 	att := filepath.Join(dir, "scriptbench.txt")
 	os.WriteFile(att, []byte("script 100000/s\n"), 0o644)
 	checks := filepath.Join(dir, "scriptbench.checks.json")
-	if err := SaveChecks(checks, []Check{{Claim: "beside", Target: "none", Measured: "1.5x", Info: true}}); err != nil {
+	lowSteal, highSteal := 0.02, 0.165
+	scriptRun := Run{Command: "go run ./scriptbench", Started: time.Date(2025, 8, 31, 23, 0, 0, 0, time.UTC), Took: 61 * time.Second,
+		Load: [2]float64{0.5, 1.25}}
+	if err := SaveChecks(checks, Checked{Run: scriptRun, Checks: []Check{{Claim: "beside", Target: "none", Measured: "1.5x", Info: true}}}); err != nil {
 		t.Fatal(err)
 	}
 	orphan := filepath.Join(dir, "none.checks.json")
-	if err := SaveChecks(orphan, []Check{{Claim: "orphan", Target: "t", Measured: "m"}}); err != nil {
+	if err := SaveChecks(orphan, Checked{Run: scriptRun, Checks: []Check{{Claim: "orphan", Target: "t", Measured: "m"}}}); err != nil {
 		t.Fatal(err)
 	}
-	lowSteal, highSteal := 0.02, 0.165
+	old := filepath.Join(dir, "old.checks.json")
+	os.WriteFile(old, []byte(`[{"claim": "c", "target": "t", "measured": "m"}]`), 0o644)
+	if _, err := LoadChecks(old); err == nil {
+		t.Error("checks saved without their run were read")
+	}
 	bm := Benchmarks{
 		Command:   "make bench",
 		Method:    []string{"side by side"},
 		Machine:   Machine{CPU: "cpu", Cores: 2, OS: "linux/amd64", Kernel: "6", Go: "go1.26", Redis: "7.0"},
 		Generated: time.Date(2025, 9, 1, 0, 0, 0, 0, time.UTC),
 		Scenarios: []*Scenario{{Name: "incident", Title: "Incident replay", Charts: []Chart{{"incident.png", "chart"}},
-			Checks: []Check{{Claim: "c", Target: "t", Measured: "m"}}, Steal: &lowSteal},
-			{Name: "noisy", Title: "Canary", Steal: &highSteal}, {Name: "old", Title: "Saved before steal was measured"}},
+			Checks: []Check{{Claim: "c", Target: "t", Measured: "m"}},
+			Run: Run{Command: "go run ./bench", Started: time.Date(2025, 8, 31, 23, 30, 0, 0, time.UTC), Took: 30 * time.Second,
+				Load: [2]float64{1.5, 2}, Steal: &lowSteal}},
+			{Name: "noisy", Title: "Canary", Run: Run{Steal: &highSteal}}, {Name: "old", Title: "Saved before steal was measured"}},
 		ResultsDir: "e2e/bench/results",
 		Attachments: []Attachment{{Title: "Script throughput", Path: att, Shown: "bench/results/scriptbench.txt", Checks: checks},
 			{Title: "Missing", Path: filepath.Join(dir, "none.txt"), Checks: orphan}},
@@ -131,7 +141,10 @@ func TestBenchmarksMarkdown(t *testing.T) {
 	md := bm.Markdown()
 	for _, want := range []string{
 		"# Benchmarks", "Written by `make bench` on 2025-09-01 00:00 UTC",
-		"| c | t | m | no |\n| beside | none | 1.5x | - |", "- side by side", "| cores | 2 |", "## Incident replay",
+		"| c | t | m | no | Incident replay |\n| beside | none | 1.5x | - | Script throughput |",
+		"| Incident replay | `go run ./bench` | 2025-08-31 23:30 UTC | 30s | 1.5, 2.0 | 2.0% |\n| Script throughput | `go run ./scriptbench` | 2025-08-31 23:00 UTC | 1m1s | 0.5, 1.2 | not measured |",
+		"*Command:* `go run ./bench` (took 30s, 2025-08-31 23:30 UTC; load average 1.5 at the start, 2.0 at the end; the hypervisor took 2.0% of the CPU time (steal))",
+		"- side by side", "| cores | 2 |", "## Incident replay",
 		"![chart](e2e/bench/results/incident.png)", "## Script throughput",
 		"| CPU time taken by the hypervisor (steal) | 2.0% to 16.5% over the scenarios below", "From `bench/results/scriptbench.txt`", "script 100000/s",
 	} {

@@ -13,23 +13,36 @@ import (
 // its charts so that BENCHMARKS.md can be assembled from the latest run of
 // each scenario.
 type Scenario struct {
-	Name    string        `json:"name"`  // file stem, e.g. "incident"
-	Title   string        `json:"title"` // section heading
-	Claim   string        `json:"claim"` // what the scenario tests
-	Method  string        `json:"method"`
+	Name   string `json:"name"`  // file stem, e.g. "incident"
+	Title  string `json:"title"` // section heading
+	Claim  string `json:"claim"` // what the scenario tests
+	Method string `json:"method"`
+	Run
+	Tables []Table `json:"tables"`
+	Charts []Chart `json:"charts"`
+	Checks []Check `json:"checks"` // the claims, measured
+}
+
+// Run is how and when a benchmark ran: its command, and how busy the
+// machine was besides.
+type Run struct {
 	Command string        `json:"command"`
 	Started time.Time     `json:"started"`
 	Took    time.Duration `json:"took_ns"`
 	// Load is the machine's 1-minute load average at the start and the end
-	// of the scenario: how busy the machine was besides.
+	// of the run.
 	Load [2]float64 `json:"load"`
-	// Steal is the share of the machine's CPU time over the scenario that
-	// the hypervisor gave to others (/proc/stat's steal): on a shared VM,
-	// what the load average cannot show. Nil where it was not measured.
-	Steal  *float64 `json:"steal,omitempty"`
-	Tables []Table  `json:"tables"`
-	Charts []Chart  `json:"charts"`
-	Checks []Check  `json:"checks"` // the claims, measured
+	// Steal is the share of the machine's CPU time over the run that the
+	// hypervisor gave to others (/proc/stat's steal): on a shared VM, what
+	// the load average cannot show. Nil where it was not measured.
+	Steal *float64 `json:"steal,omitempty"`
+}
+
+// Note is the run's command, when, and the machine's load, as one line's
+// text.
+func (r Run) Note() string {
+	return fmt.Sprintf("`%s` (took %s, %s; load average %.1f at the start, %.1f at the end%s)",
+		r.Command, r.Took.Round(time.Second), r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Load[0], r.Load[1], StealNote(r.Steal))
 }
 
 // Chart is a PNG written beside the scenario's JSON.
@@ -49,10 +62,16 @@ type Check struct {
 	Info bool `json:"info,omitempty"`
 }
 
-// SaveChecks writes checks as JSON to path, for a benchmark that is not a
-// Scenario (its report is an Attachment) to put lines in the summary.
-func SaveChecks(path string, checks []Check) error {
-	b, err := json.MarshalIndent(checks, "", "  ")
+// Checked is what a benchmark that is not a Scenario (its report is an
+// Attachment) puts in the summary: its lines, and how and when it ran.
+type Checked struct {
+	Run    Run     `json:"run"`
+	Checks []Check `json:"checks"`
+}
+
+// SaveChecks writes c as JSON to path.
+func SaveChecks(path string, c Checked) error {
+	b, err := json.MarshalIndent(c, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -60,14 +79,17 @@ func SaveChecks(path string, checks []Check) error {
 }
 
 // LoadChecks reads what SaveChecks wrote.
-func LoadChecks(path string) ([]Check, error) {
+func LoadChecks(path string) (Checked, error) {
+	var c Checked
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return c, err
 	}
-	var c []Check
 	if err := json.Unmarshal(b, &c); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return c, fmt.Errorf("%s: %w", path, err)
+	}
+	if c.Run.Command == "" {
+		return c, fmt.Errorf("%s: no command: a file written before the run was recorded; run the benchmark again", path)
 	}
 	return c, nil
 }
@@ -100,8 +122,7 @@ func (s *Scenario) Markdown(chartDir string, level int) string {
 	if s.Method != "" {
 		fmt.Fprintf(&b, "*Method:* %s\n\n", s.Method)
 	}
-	fmt.Fprintf(&b, "*Command:* `%s` (took %s, %s; load average %.1f at the start, %.1f at the end%s)\n\n",
-		s.Command, s.Took.Round(time.Second), s.Started.UTC().Format("2006-01-02 15:04 UTC"), s.Load[0], s.Load[1], StealNote(s.Steal))
+	fmt.Fprintf(&b, "*Command:* %s\n\n", s.Run.Note())
 	for _, t := range s.Tables {
 		b.WriteString(t.Markdown())
 		b.WriteString("\n")
@@ -119,16 +140,20 @@ func (s *Scenario) Markdown(chartDir string, level int) string {
 func checksTable(checks []Check) Table {
 	t := Table{Header: []string{"claim", "target", "measured", "holds"}, TextColumns: 4}
 	for _, c := range checks {
-		holds := "no"
-		switch {
-		case c.Info:
-			holds = "-"
-		case c.Holds:
-			holds = "yes"
-		}
-		t.Add(c.Claim, c.Target, c.Measured, holds)
+		t.Add(c.Claim, c.Target, c.Measured, c.holds())
 	}
 	return t
+}
+
+// holds is the check's "holds" cell.
+func (c Check) holds() string {
+	switch {
+	case c.Info:
+		return "-"
+	case c.Holds:
+		return "yes"
+	}
+	return "no"
 }
 
 // Load reads one saved scenario.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/bench/report"
 )
@@ -31,7 +32,35 @@ func writeChecks(path string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	return report.SaveChecks(checksPath(path), checks)
+	run, err := reportRun(string(text))
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return report.SaveChecks(checksPath(path), report.Checked{Run: run, Checks: checks})
+}
+
+// reportRun reads the report's command, when it ran and how busy the
+// machine was besides.
+func reportRun(text string) (report.Run, error) {
+	var r report.Run
+	m := runRE.FindStringSubmatch(text)
+	if m == nil {
+		return r, fmt.Errorf("no run line (a report written before it was added: run the benchmark again)")
+	}
+	var err error
+	if r.Started, err = time.Parse(time.RFC3339, m[1]); err != nil {
+		return r, err
+	}
+	if r.Took, err = time.ParseDuration(m[2]); err != nil {
+		return r, err
+	}
+	num := func(s string) float64 { f, _ := strconv.ParseFloat(s, 64); return f }
+	r.Load, r.Command = [2]float64{num(m[3]), num(m[4])}, m[5]
+	if s := stealRE.FindStringSubmatch(text); s != nil {
+		share := num(s[1]) / 100
+		r.Steal = &share
+	}
+	return r, nil
 }
 
 var (
@@ -43,6 +72,8 @@ var (
 	halfOwnRE = regexp.MustCompile(`(?m)^  the sidecar's own decision latency \(its histogram\), p99 (.+); the load generator's lateness in sending, p99 ([0-9.]+)ms$`)
 	rlsRpsRE  = regexp.MustCompile(`(?m)^ratio sidecar / envoyproxy/ratelimit, checks/s: median ([0-9.]+) over (\d+) rounds`)
 	rlsCPURE  = regexp.MustCompile(`(?m)^  service ([0-9.]+) \([^)]*\), Redis ([0-9.]+) \(`)
+	runRE     = regexp.MustCompile(`(?m)^run: started (\S+), took (\S+), load average ([0-9.]+) at the start, ([0-9.]+) at the end: (.+)$`)
+	stealRE   = regexp.MustCompile(`(?m)^over the run, the hypervisor took ([0-9.]+)% of the machine's CPU time`)
 	redisRE   = regexp.MustCompile(`(?m)^Redis's CPU per check, median of the rounds: ([0-9.]+) µs under the sidecar's pipelines, ([0-9.]+) µs under redis-benchmark -P 1$`)
 )
 

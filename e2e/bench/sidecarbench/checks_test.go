@@ -3,6 +3,7 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 // sampleReport is the part of a report (as run writes it) that
@@ -30,7 +31,23 @@ ratio sidecar / envoyproxy/ratelimit, CPU per check (medians of the rounds' rati
 at half the raw Redis rate, 25474 checks/s offered (open loop, timed from when each was due):
   answered 25400/s; p50 0.277ms, p99 1.500ms, p99.9 5.569ms; not decided 0; target p99 < 2 ms
   the sidecar's own decision latency (its histogram), p99 <= 1.000ms; the load generator's lateness in sending, p99 0.326ms
+over the run, the hypervisor took 1.6% of the machine's CPU time (steal): time none of the processes above had
+run: started 2026-12-03T08:06:37Z, took 1m34s, load average 1.39 at the start, 1.81 at the end: go run ./e2e/bench/sidecarbench -out e2e/bench/results/sidecarbench.txt
 `
+
+func TestReportRun(t *testing.T) {
+	r, err := reportRun(sampleReport)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Command != "go run ./e2e/bench/sidecarbench -out e2e/bench/results/sidecarbench.txt" || r.Took != 94*time.Second ||
+		r.Started != time.Date(2026, 12, 3, 8, 6, 37, 0, time.UTC) || r.Load != [2]float64{1.39, 1.81} || r.Steal == nil || *r.Steal != 0.016 {
+		t.Errorf("run %+v (steal %v)", r, r.Steal)
+	}
+	if _, err := reportRun(strings.Split(sampleReport, "run: ")[0]); err == nil {
+		t.Error("a report without its run line gave a run")
+	}
+}
 
 func TestReportChecks(t *testing.T) {
 	checks, err := reportChecks(sampleReport)

@@ -173,7 +173,7 @@ func run(cfg config) error {
 		defer rls.stop()
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
-	cpu0 := report.ReadCPUTime()
+	cpu0, load0, started := report.ReadCPUTime(), report.LoadAverage(), time.Now()
 	fmt.Fprintf(out, "sidecar %s on redis-server %s; %d clients, %d API keys; %d CPUs, load average %s\n",
 		cfg.sidecarBin, srv.Addr, cfg.concurrency, cfg.keys, runtime.NumCPU(), strings.Join(strings.Fields(string(load))[:3], " "))
 	if rls != nil {
@@ -348,6 +348,9 @@ func run(cfg config) error {
 	if share := report.ReadCPUTime().StealSince(cpu0); share != nil {
 		fmt.Fprintf(out, "over the run, the hypervisor took %.1f%% of the machine's CPU time (steal): time none of the processes above had\n", 100**share)
 	}
+	fmt.Fprintf(out, "run: started %s, took %s, load average %.2f at the start, %.2f at the end: %s\n",
+		started.UTC().Format(time.RFC3339), time.Since(started).Round(time.Second), load0, report.LoadAverage(),
+		strings.TrimSpace("go run ./e2e/bench/sidecarbench "+strings.Join(os.Args[1:], " ")))
 	if rls != nil {
 		fmt.Fprintf(out, "\n%s\n", rlsNote(cfg))
 	}
