@@ -82,7 +82,11 @@ func (bm Benchmarks) Markdown() string {
 	// section, its command and how busy the machine was while it ran.
 	sum := Table{Header: []string{"claim", "target", "measured", "holds", "measured in"}, TextColumns: 5}
 	runs := Table{Header: []string{"section", "command", "started", "took", "load average (start, end)", "steal"}, TextColumns: 6}
+	var lo, hi float64 = 1, 0 // the least and the most steal over the runs
 	add := func(title string, r Run, checks []Check) {
+		if r.Steal != nil {
+			lo, hi = min(lo, *r.Steal), max(hi, *r.Steal)
+		}
 		for _, c := range checks {
 			sum.Add(c.Claim, c.Target, c.Measured, c.holds(), title)
 		}
@@ -94,9 +98,7 @@ func (bm Benchmarks) Markdown() string {
 			fmt.Sprintf("%.1f, %.1f", r.Load[0], r.Load[1]), steal)
 	}
 	for _, s := range bm.Scenarios {
-		if len(s.Checks) > 0 {
-			add(s.Title, s.Run, s.Checks)
-		}
+		add(s.Title, s.Run, s.Checks)
 	}
 	for _, a := range bm.Attachments {
 		if a.Checks == "" {
@@ -129,14 +131,8 @@ func (bm Benchmarks) Markdown() string {
 	mt.Add("Redis", bm.Machine.Redis)
 	if len(bm.Scenarios) > 0 {
 		mt.Add("load average", fmt.Sprintf("%.1f when the first scenario started: the machine is shared, and each scenario below gives its own", bm.Scenarios[0].Load[0]))
-		var lo, hi float64 = 1, 0
-		for _, s := range bm.Scenarios {
-			if s.Steal != nil {
-				lo, hi = min(lo, *s.Steal), max(hi, *s.Steal)
-			}
-		}
 		if lo <= hi {
-			mt.Add("CPU time taken by the hypervisor (steal)", fmt.Sprintf("%.1f%% to %.1f%% over the scenarios below: a virtual machine's CPUs are shared with others the load average does not show", 100*lo, 100*hi))
+			mt.Add("CPU time taken by the hypervisor (steal)", fmt.Sprintf("%.1f%% to %.1f%% over the sections below: a virtual machine's CPUs are shared with others the load average does not show", 100*lo, 100*hi))
 		}
 	}
 	b.WriteString(mt.Markdown())
