@@ -30,6 +30,7 @@ func StartProcessEnv(name string, env []string, bin string, args ...string) (*Pr
 	// Its own process group, so a signal to the harness's terminal does
 	// not reach it twice and Kill takes any children with it.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	testkit.DieWithParent(p.cmd)
 	if err := p.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s (%s): %w", name, bin, err)
 	}

@@ -1,12 +1,16 @@
 package harness
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"regexp"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -94,4 +98,64 @@ func TestProcessInfo(t *testing.T) {
 	}
 	// Stop (at cleanup) must end a paused process without waiting out
 	// its grace period.
+}
+
+// TestHelperOwner is not a test: run by TestProcessDiesWithOwner as a
+// child process (HARNESS_HELPER=owner), it starts a listener of its own
+// through StartProcessEnv, prints the listener's pid once it listens and
+// waits to be killed.
+func TestHelperOwner(t *testing.T) {
+	if os.Getenv("HARNESS_HELPER") != "owner" {
+		t.Skip("helper process for TestProcessDiesWithOwner")
+	}
+	p, err := StartProcessEnv("listener", []string{"HARNESS_HELPER=listen"}, os.Args[0], "-test.run=^TestHelperListener$")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Once it has written its line, the listener writes nothing more: it
+	// cannot die of a write to the dead owner's pipe, only of the signal.
+	if !testkit.Until(30*time.Second, func() bool { return strings.Contains(p.Output(), "listening on") }) {
+		t.Fatalf("the listener did not start:\n%s", p.Output())
+	}
+	fmt.Println("started", p.Pid())
+	time.Sleep(time.Minute)
+}
+
+// A process the harness started does not outlive the process that started
+// it, even when that one is killed and can run no cleanup (a test binary
+// killed by -timeout): the kernel kills it too.
+func TestProcessDiesWithOwner(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the parent-death signal is Linux's")
+	}
+	owner, err := StartProcessEnv("owner", []string{"HARNESS_HELPER=owner"}, os.Args[0], "-test.run=^TestHelperOwner$")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(owner.Kill)
+	started := regexp.MustCompile(`started (\d+)\n`)
+	var pid int
+	testkit.PollErr(t, 30*time.Second, "the owner to start its listener", func() error {
+		if m := started.FindStringSubmatch(owner.Output()); m != nil {
+			pid, _ = strconv.Atoi(m[1])
+			return nil
+		}
+		if exited, err := owner.Exited(); exited {
+			t.Fatalf("owner exited (%v):\n%s", err, owner.Output())
+		}
+		return fmt.Errorf("output so far:\n%s", owner.Output())
+	})
+	// The listener is in a process group of its own: the owner's SIGKILL
+	// (Kill signals the owner's group) does not reach it.
+	if err := syscall.Kill(pid, 0); err != nil {
+		t.Fatalf("the listener %d is not running: %v", pid, err)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	owner.Kill()
+	testkit.PollErr(t, 30*time.Second, "the listener to die with its owner", func() error {
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			return nil
+		}
+		return fmt.Errorf("listener %d still runs", pid)
+	})
 }

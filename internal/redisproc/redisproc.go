@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // Bounds on waiting for a process. They are generous because the machines
@@ -333,7 +335,7 @@ func (s *Server) launch(ctx context.Context) (*process, error) {
 	cmd := exec.Command("redis-server", args...)
 	cmd.Dir = s.dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	setProcAttr(cmd)
+	testkit.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
 		return nil, fmt.Errorf("redis-server: start: %w", err)

@@ -516,6 +516,7 @@ func startSidecar(bin, dir, redisURL string, pipelines int) (*sidecar, error) {
 		args = append(args, "-redis-pipelines", strconv.Itoa(pipelines))
 	}
 	cmd := exec.Command(bin, args...)
+	testkit.DieWithParent(cmd)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err

@@ -125,6 +125,7 @@ func startRLS(bin, dir, name, redisAddr string, extra []string) (*rlsService, er
 	}
 	cmd := exec.Command(bin)
 	cmd.Env, cmd.Stdout, cmd.Stderr = env, logf, logf
+	testkit.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, err
