@@ -1,10 +1,11 @@
 // Command gwcpu measures what build/gateway costs per request: the CPU time
 // the gateway process used (utime + stime) over bursts of 30 simultaneous
 // keep-alive requests through the whole stack (a real Redis, the sidecar, a
-// service), and how many of the filter's callouts missed their timeout
-// (requests.failed_open, by reason). Several gateway binaries run side by side on the
-// same stack and take turns, so a before/after comparison alternates on a
-// shared, noisy machine; it prints each round and the medians.
+// service), and how many of the filter's callouts failed open, by reason
+// (requests.failed_open.<reason>). Several gateway binaries run side by
+// side on the same stack and take turns, so a before/after comparison
+// alternates on a shared, noisy machine; it prints each round and the
+// medians.
 //
 //	go run ./e2e/bench/gwcpu -gateways build/gateway.before,build/gateway -rounds 7
 package main

@@ -90,6 +90,10 @@ func (bm Benchmarks) Markdown() string {
 		for _, c := range checks {
 			sum.Add(c.Claim, c.Target, c.Measured, c.holds(), title)
 		}
+		if r.Command == "" { // saved by a version that did not record its run
+			runs.Add(title, "not recorded", "-", "-", "-", "-")
+			return
+		}
 		steal := "not measured"
 		if r.Steal != nil {
 			steal = fmt.Sprintf("%.1f%%", 100**r.Steal)
