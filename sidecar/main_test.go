@@ -36,7 +36,7 @@ func TestParseOptions(t *testing.T) {
 		{"defaults", []string{"-plans", "p.yaml"}, nil, func(t *testing.T, o *options) {
 			if o.cfg.Listen != "127.0.0.1:8081" || o.cfg.RedisTimeout != 4*time.Millisecond ||
 				o.cfg.Redis.Redacted != "redis://127.0.0.1:6379/0" || o.cfg.PlansPath != "p.yaml" ||
-				o.cfg.Pipelines != 8 || o.cfg.MaxBatch != 128 || o.cfg.PlansPoll != time.Second || o.cfg.NoDenyCache || o.check {
+				o.cfg.Pipelines != 4 || o.cfg.MaxBatch != 128 || o.cfg.PlansPoll != time.Second || o.cfg.NoDenyCache || o.check {
 				t.Errorf("defaults: %+v", o.cfg)
 			}
 		}},

@@ -30,7 +30,7 @@ import (
 
 // Defaults for Options.
 const (
-	DefaultPipelines   = 8
+	DefaultPipelines   = 4
 	DefaultMaxBatch    = 128
 	DefaultQueue       = 4096
 	DefaultExecTimeout = time.Second
@@ -46,11 +46,12 @@ var ErrTimeout = fmt.Errorf("no answer from redis in time: %w", context.Deadline
 // Options tune a Decider. The zero value uses the defaults.
 type Options struct {
 	// Pipelines is how many batches may be in flight to Redis at once, each
-	// on its own connection (with Direct, all on the one). Defaults to 8:
+	// on its own connection (with Direct, all on the one). Defaults to 4:
 	// Redis has the next batch waiting while the replies of those before
 	// are read and parsed, however late a busy host runs the reader. Fewer
 	// leave Redis idle until the reader frees a slot; more make batches
-	// smaller (sidecar/RATIONALE.md has the measurement).
+	// smaller, and an idle sidecar's first answers in a burst later
+	// (sidecar/RATIONALE.md has the measurements).
 	Pipelines int
 	// MaxBatch caps the decisions sent in one pipeline. Defaults to 128.
 	MaxBatch int
