@@ -237,12 +237,12 @@ func TestFaultRedisRestartedEmpty(t *testing.T) {
 	// source within the request, so it answers no error and loads the
 	// script once. A check that misses its deadline (the callout's 5 ms,
 	// the sidecar's 4 ms) fails open whatever the script did, and on a
-	// shared 2-core VM a lone check after a pause now and then does (in 2
-	// of 17 runs of this test with a single round, one check of the three
-	// failed open, once on the callout's timeout, once on the sidecar's
-	// deadline). So a round in which a check failed open on a deadline is run again
-	// with a new client, up to three rounds; any other failure fails the
-	// test at once.
+	// shared 2-core VM a lone check after a pause now and then does: in 2
+	// of 17 runs of this test with a single round, checks failed open
+	// here, two on the callout's timeout in one, one on the sidecar's
+	// deadline in the other. So a round in which a check failed open on a
+	// deadline is run again with a new client, up to three rounds; any
+	// other failure fails the test at once.
 	rc := s.redis.Client(t)
 	for round := 1; ; round++ {
 		client := "flushed-" + strconv.Itoa(round)
