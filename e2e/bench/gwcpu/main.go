@@ -28,10 +28,6 @@ import (
 	"github.com/edgelimit/edgelimit/filter/limiter"
 )
 
-// plans admit everything: every request is a callout that the sidecar
-// allows, the path whose cost is measured.
-const plans = "default_plan: open\nplans:\n  open: {capacity: 1000000000, rate: 1000000000}\n"
-
 func main() {
 	bin := flag.String("bin", "build", "directory with filter.wasm and sidecar (built there if missing)")
 	gateways := flag.String("gateways", "build/gateway", "comma-separated gateway binaries, measured in turn")
@@ -64,7 +60,7 @@ func run(binDir string, bins []string, rounds int, rate float64, window time.Dur
 	if err != nil {
 		return err
 	}
-	backend, err := rig.StartBackend(ctx, b, plans)
+	backend, err := rig.StartBackend(ctx, b, rig.OpenPlans) // every request a callout the sidecar allows: the path whose cost is measured
 	if err != nil {
 		return err
 	}

@@ -39,6 +39,10 @@ type Backend struct {
 	fronts    []*Front
 }
 
+// OpenPlans is a plans file that admits everything: every check is a
+// callout the sidecar allows, the script's writing path.
+const OpenPlans = "default_plan: open\nplans:\n  open: {capacity: 1000000000, rate: 1000000000}\n"
+
 // StartBackend starts redis-server and the sidecar with plans (the plans
 // file's YAML). sidecarArgs are extra sidecar flags.
 func StartBackend(ctx context.Context, bin harness.Binaries, plans string, sidecarArgs ...string) (b *Backend, err error) {

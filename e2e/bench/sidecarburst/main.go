@@ -31,9 +31,6 @@ import (
 	"github.com/edgelimit/edgelimit/e2e/harness"
 )
 
-// plans admit everything: every check runs the script's writing path.
-const plans = "default_plan: open\nplans:\n  open: {capacity: 1000000000, rate: 1000000000}\n"
-
 func main() {
 	bin := flag.String("bin", "build", "directory with the sidecar (built there if missing)")
 	senders := flag.Int("senders", 30, "checks written together in each burst, one per connection")
@@ -55,7 +52,7 @@ func run(binDir string, senders int, every time.Duration, bursts int, sidecarArg
 	if err != nil {
 		return err
 	}
-	backend, err := rig.StartBackend(ctx, b, plans, sidecarArgs...)
+	backend, err := rig.StartBackend(ctx, b, rig.OpenPlans, sidecarArgs...)
 	if err != nil {
 		return err
 	}
