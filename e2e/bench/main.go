@@ -135,7 +135,7 @@ func run(ctx context.Context, args []string) error {
 	}
 
 	e := &env{out: *out, runs: *runs, scale: *scale, prog: newProgress(os.Stderr),
-		command: "go run ./e2e/bench " + strings.Join(args, " ")}
+		command: report.Command("./e2e/bench", args)}
 	if len(chosen) > 0 {
 		if err := os.MkdirAll(e.out, 0o755); err != nil {
 			return err
@@ -154,7 +154,7 @@ func run(ctx context.Context, args []string) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
-		res.Name, res.Command, res.Started, res.Took = s.name, strings.TrimSpace(e.command), start, time.Since(start)
+		res.Name, res.Command, res.Started, res.Took = s.name, e.command, start, time.Since(start)
 		res.Load = [2]float64{load0, report.LoadAverage()}
 		res.Steal = report.ReadCPUTime().StealSince(cpu0)
 		s.complete(res)

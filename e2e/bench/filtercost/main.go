@@ -120,7 +120,7 @@ func run(rounds int, benchtime, out string) error {
 			Measured: fmt.Sprintf("%.0fx (%.1f µs / %.2f µs)", dratio, d/1000, n/1000), Holds: dratio <= targetRatio},
 	}
 	run := report.Run{
-		Command: strings.TrimSpace("go run ./e2e/bench/filtercost " + strings.Join(os.Args[1:], " ")),
+		Command: report.Command("./e2e/bench/filtercost", os.Args[1:]),
 		Started: started, Took: time.Since(started), Load: [2]float64{load0, report.LoadAverage()}, Steal: report.ReadCPUTime().StealSince(cpu0),
 	}
 	return report.SaveChecks(strings.TrimSuffix(out, ".txt")+".checks.json", report.Checked{Run: run, Checks: checks})

@@ -38,6 +38,12 @@ type Run struct {
 	Steal *float64 `json:"steal,omitempty"`
 }
 
+// Command is the command line that runs the program of package pkg (as
+// "./e2e/bench/sidecarbench") with args, as a Run records it.
+func Command(pkg string, args []string) string {
+	return strings.TrimSpace("go run " + pkg + " " + strings.Join(args, " "))
+}
+
 // Note is the run's command, when, and the machine's load, as one line's
 // text.
 func (r Run) Note() string {

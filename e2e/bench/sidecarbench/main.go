@@ -350,7 +350,7 @@ func run(cfg config) error {
 	}
 	fmt.Fprintf(out, "run: started %s, took %s, load average %.2f at the start, %.2f at the end: %s\n",
 		started.UTC().Format(time.RFC3339), time.Since(started).Round(time.Second), load0, report.LoadAverage(),
-		strings.TrimSpace("go run ./e2e/bench/sidecarbench "+strings.Join(os.Args[1:], " ")))
+		report.Command("./e2e/bench/sidecarbench", os.Args[1:]))
 	if rls != nil {
 		fmt.Fprintf(out, "\n%s\n", rlsNote(cfg))
 	}
