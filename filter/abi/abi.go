@@ -170,10 +170,12 @@ type Host interface {
 	// defers it until the running callback returns and then stops the
 	// stream's filter chain.
 	SendLocalResponse(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32) Status
-	// HTTPCall dispatches an HTTP request to cluster. The answer comes to
-	// the root context's Plugin.OnHTTPCallResponse with the returned token;
-	// when the status is not OK no answer will ever come.
-	HTTPCall(cluster string, headers [][2]string, body []byte, trailers [][2]string, timeoutMs uint32) (token uint32, s Status)
+	// HTTPCall dispatches an HTTP request to cluster. headers is the
+	// request's header map encoded as the ABI hands maps over (AppendPairs,
+	// PairsTemplate), which the caller can keep and reuse. The answer comes
+	// to the root context's Plugin.OnHTTPCallResponse with the returned
+	// token; when the status is not OK no answer will ever come.
+	HTTPCall(cluster string, headers []byte, body []byte, trailers [][2]string, timeoutMs uint32) (token uint32, s Status)
 	// ContinueStream resumes a paused stream (deferred in Envoy until the
 	// running callback returns).
 	ContinueStream(t StreamType) Status

@@ -122,11 +122,9 @@ func (*wasmHost) SendLocalResponse(status uint32, details string, body []byte, h
 		bytesPtr(body), uint32(len(body)), bytesPtr(h), uint32(len(h)), grpcStatus))
 }
 
-func (*wasmHost) HTTPCall(cluster string, headers [][2]string, body []byte, trailers [][2]string, timeoutMs uint32) (uint32, Status) {
-	h := encodePairs(0, headers)
-	// Should t move the buffer, h still holds its bytes in the old one.
-	t := encodePairs(len(h), trailers)
-	s := Status(proxyHTTPCall(strPtr(cluster), uint32(len(cluster)), bytesPtr(h), uint32(len(h)),
+func (*wasmHost) HTTPCall(cluster string, headers []byte, body []byte, trailers [][2]string, timeoutMs uint32) (uint32, Status) {
+	t := encodePairs(0, trailers)
+	s := Status(proxyHTTPCall(strPtr(cluster), uint32(len(cluster)), bytesPtr(headers), uint32(len(headers)),
 		bytesPtr(body), uint32(len(body)), bytesPtr(t), uint32(len(t)), timeoutMs, &retID))
 	if s != StatusOK {
 		return 0, s

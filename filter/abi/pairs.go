@@ -58,6 +58,77 @@ func AppendPairs(dst []byte, pairs [][2]string) []byte {
 	return dst
 }
 
+// PairsTemplate encodes header maps that all begin with the same pairs and
+// end with pairs of the same names, their values changing from one map to
+// the next (a callout's: its method, path and authority, then the client's
+// key). The encoding puts every size before any byte, so AppendPairs
+// writes each pair in two places; the template has the parts that do not
+// change encoded once, and a map is then a copy of each part, its values'
+// sizes and its values. Inside wasm each copy is a call out of the module,
+// so this is a few calls where AppendPairs makes two per pair.
+type PairsTemplate struct {
+	head  []byte   // the count and the fixed pairs' sizes
+	body  []byte   // the fixed pairs' bytes and the first name, with its NUL
+	names []string // the names whose values Append takes
+}
+
+// NewPairsTemplate returns the template of the maps that begin with fixed
+// and end with one pair for each of names, in order.
+func NewPairsTemplate(fixed [][2]string, names ...string) PairsTemplate {
+	enc := AppendPairs(nil, fixed)
+	if len(enc) == 0 {
+		enc = make([]byte, 4) // no fixed pair: a count of 0 and nothing else
+	}
+	sizes := 4 + 8*len(fixed)
+	head := append([]byte(nil), enc[:sizes]...)
+	putU32(head, uint32(len(fixed)+len(names)))
+	body := append([]byte(nil), enc[sizes:]...)
+	if len(names) > 0 {
+		body = append(append(body, names[0]...), 0)
+	}
+	return PairsTemplate{head: head, body: body, names: slices.Clone(names)}
+}
+
+// Append appends to dst the encoding of the template's fixed pairs
+// followed by (names[i], values[i]) for each of its names, the same bytes
+// as AppendPairs makes of those pairs. values must have one value per
+// name.
+func (t *PairsTemplate) Append(dst []byte, values ...string) []byte {
+	if len(values) != len(t.names) {
+		panic("abi: PairsTemplate.Append: want one value per name")
+	}
+	if len(t.head) == 4 && len(values) == 0 {
+		return dst // an empty map is no bytes, as AppendPairs has it
+	}
+	size := len(t.head) + 8*len(values) + len(t.body)
+	for i, v := range values {
+		size += len(v) + 1
+		if i > 0 {
+			size += len(t.names[i]) + 1
+		}
+	}
+	at := len(dst)
+	dst = slices.Grow(dst, size)[:at+size]
+	w := at + copy(dst[at:], t.head)
+	for i, v := range values {
+		putU32(dst[w:], uint32(len(t.names[i])))
+		putU32(dst[w+4:], uint32(len(v)))
+		w += 8
+	}
+	w += copy(dst[w:], t.body)
+	for i, v := range values {
+		if i > 0 {
+			w += copy(dst[w:], t.names[i])
+			dst[w] = 0
+			w++
+		}
+		w += copy(dst[w:], v)
+		dst[w] = 0
+		w++
+	}
+	return dst
+}
+
 // DecodePairs decodes a header-map buffer. Empty input is an empty map.
 // Anything that is not exactly one well-formed map (short, lengths past the
 // end, a missing NUL, bytes left over) is an error; it never panics and

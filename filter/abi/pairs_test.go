@@ -3,6 +3,7 @@ package abi
 import (
 	"bytes"
 	"errors"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"unsafe"
@@ -41,6 +42,42 @@ func TestPairsRoundTrip(t *testing.T) {
 		got, err := DecodePairs(empty)
 		if err != nil || len(got) != 0 {
 			t.Errorf("DecodePairs(%v) = %q, %v; want an empty map", empty, got, err)
+		}
+	}
+}
+
+// TestPairsTemplateMatchesAppendPairs: a template's map is byte for byte
+// the one AppendPairs makes of the same pairs, appended after what dst
+// held, for fixed pairs and names of every count from none up, empty
+// strings and NULs inside included.
+func TestPairsTemplateMatchesAppendPairs(t *testing.T) {
+	words := []string{"", "a", ":method", "POST", "x-ratelimit-cost", "12", "nul\x00inside", "a-longer-value-than-most"}
+	rng := rand.New(rand.NewPCG(5, 6))
+	pick := func() string { return words[rng.IntN(len(words))] }
+	for range 2000 {
+		fixed := make([][2]string, rng.IntN(4))
+		for i := range fixed {
+			fixed[i] = [2]string{pick(), pick()}
+		}
+		names, values := make([]string, rng.IntN(4)), make([]string, 0, 3)
+		for i := range names {
+			names[i] = pick()
+		}
+		tmpl := NewPairsTemplate(fixed, names...)
+		for range 3 {
+			values = values[:0]
+			all := slices.Clone(fixed)
+			for _, name := range names {
+				v := pick()
+				values = append(values, v)
+				all = append(all, [2]string{name, v})
+			}
+			prefix := []byte("held")
+			got := tmpl.Append(slices.Clone(prefix), values...)
+			want := AppendPairs(slices.Clone(prefix), all)
+			if !bytes.Equal(got, want) {
+				t.Fatalf("template of %q and names %q with values %q:\n got %v\nwant %v", fixed, names, values, got, want)
+			}
 		}
 	}
 }

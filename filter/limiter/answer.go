@@ -283,23 +283,26 @@ func count(s string) (int64, bool) {
 }
 
 // pow10 are the powers of ten a float64 holds exactly.
-var pow10 = [...]float64{1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15}
+var pow10 = [...]float64{1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+	1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22}
 
 // plainDecimal is the fast path of ParseAnswer's decimals, for what the
-// sidecar sends almost always: digits, optionally a point and more digits,
-// 15 digits at most. The digits then form an integer m < 2^53 and the
-// value is m / 10^k for some k <= 15, a quotient of two float64s that hold
-// their values exactly; IEEE division rounds it correctly, so the result
-// is ParseFloat's to the bit (FuzzDecimal checks this). ok is false for anything else, which
-// parseDecimal reads. Inside wasm ParseFloat was the largest part of
-// reading an answer (filter/RATIONALE.md, "Why the stream tables are not
-// maps").
+// sidecar sends: digits, optionally a point and more digits, 15 digits at
+// most, optionally an exponent ("1e+09", "2.5e-05": the shortest form Go
+// and Lua give a large or small rate, an unlimited plan's among them). The
+// digits then form an integer m < 2^53 and the value is m × 10^k or
+// m / 10^k for some k <= 22, a product or quotient of two float64s that
+// hold their values exactly; IEEE arithmetic rounds it correctly, so the
+// result is ParseFloat's to the bit (FuzzDecimal checks this). ok is false
+// for anything else, which parseDecimal reads. Inside wasm ParseFloat was
+// the largest part of reading an answer (filter/RATIONALE.md, "Why the
+// stream tables are not maps").
 func plainDecimal(s string) (float64, bool) {
-	if s == "" || len(s) > 16 {
+	if s == "" || len(s) > 24 {
 		return 0, false
 	}
 	var m uint64
-	digits, frac, point := 0, 0, false
+	digits, frac, point, exp := 0, 0, false, 0
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
@@ -311,6 +314,12 @@ func plainDecimal(s string) (float64, bool) {
 			}
 		case c == '.' && !point && digits > 0 && i < len(s)-1:
 			point = true
+		case (c == 'e' || c == 'E') && digits > 0 && s[i-1] != '.':
+			var ok bool
+			if exp, ok = exponent(s[i+1:]); !ok {
+				return 0, false
+			}
+			i = len(s)
 		default:
 			return 0, false
 		}
@@ -318,7 +327,36 @@ func plainDecimal(s string) (float64, bool) {
 	if digits > 15 {
 		return 0, false
 	}
-	return float64(m) / pow10[frac], true
+	switch k := exp - frac; {
+	case k >= 0 && k < len(pow10):
+		return float64(m) * pow10[k], true
+	case k < 0 && -k < len(pow10):
+		return float64(m) / pow10[-k], true
+	}
+	return 0, false
+}
+
+// exponent reads the exponent of plainDecimal: an optional sign and one to
+// three digits.
+func exponent(s string) (int, bool) {
+	neg := false
+	if s != "" && (s[0] == '+' || s[0] == '-') {
+		neg, s = s[0] == '-', s[1:]
+	}
+	if s == "" || len(s) > 3 {
+		return 0, false
+	}
+	e := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+		e = e*10 + int(s[i]-'0')
+	}
+	if neg {
+		e = -e
+	}
+	return e, true
 }
 
 // parseDecimal reads ParseAnswer's decimals in every form the sidecar may

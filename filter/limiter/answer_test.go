@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -195,7 +196,8 @@ func FuzzParseAnswer(f *testing.F) {
 // the bit, for any input it takes.
 func FuzzDecimal(f *testing.F) {
 	for _, s := range []string{"0", "99.5", "0.1", "123456789012345", "1.23456789012345", "0.000000000000001",
-		"999999999999999", "1e-05", "5.", ".5", "00012.5000", "1234567890123456", "1.2.3", "-1", ""} {
+		"999999999999999", "1e-05", "5.", ".5", "00012.5000", "1234567890123456", "1.2.3", "-1", "",
+		"1e+09", "2.5e-05", "1.234567e+06", "9.87654321012345e+22", "1e+23", "5e-324", "1e308", "1.e5", "1e", "1e+", "1e+0001", "7E3"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -208,6 +210,22 @@ func FuzzDecimal(f *testing.F) {
 			t.Fatalf("plainDecimal(%q) = %v, the full parse %v (%v)", s, fast, want, wantOK)
 		}
 	})
+}
+
+// TestPlainDecimalTakesTheSidecarsForms: the forms the sidecar sends
+// (strconv 'f' -1 for tokens, 'g' -1 for a rate) are read on the fast
+// path when they have at most 15 digits, exponents included (longer ones
+// are parseDecimal's); FuzzDecimal checks that what it reads is
+// ParseFloat's value.
+func TestPlainDecimalTakesTheSidecarsForms(t *testing.T) {
+	for _, v := range []float64{0, 1, 0.5, 99.5, 100, 16.5, 1e6, 2.5e6, 1.234567e6, 1e9, 1e-5, 2.5e-5} {
+		for _, s := range []string{strconv.FormatFloat(v, 'f', -1, 64), strconv.FormatFloat(v, 'g', -1, 64)} {
+			got, ok := plainDecimal(s)
+			if !ok || got != v {
+				t.Errorf("plainDecimal(%q) = %v, %v; want %v on the fast path", s, got, ok, v)
+			}
+		}
+	}
 }
 
 // TestPolicyMemoMatchesFormatting: the headers made with the memo are the

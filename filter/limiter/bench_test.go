@@ -69,7 +69,7 @@ func BenchmarkAllowedPath(b *testing.B) {
 // module a value.
 func BenchmarkAllowedPathAfterOutage(b *testing.B) {
 	l, h := benchLimiter(b, "")
-	h.SetSharedData(l.roots[1].breaker.key, encodeBreaker(breakerState{}), 0)
+	h.SetSharedData(l.roots.get(1).breaker.key, encodeBreaker(breakerState{}), 0)
 	allowedLoop(b, l, h, allowedAnswer)
 }
 
@@ -118,7 +118,7 @@ func TestAllowedPathDoesNotAllocate(t *testing.T) {
 	for _, outage := range []bool{false, true} {
 		l, h := benchLimiter(t, `{"region": "eu-west-1", "costs": [{"method": "POST", "cost": 3}]}`)
 		if outage {
-			h.SetSharedData(l.roots[1].breaker.key, encodeBreaker(breakerState{}), 0)
+			h.SetSharedData(l.roots.get(1).breaker.key, encodeBreaker(breakerState{}), 0)
 		}
 		h.request = [][2]string{{":method", "POST"}, {":path", "/v1/items"}, {"x-api-key", "client-1"}}
 		h.response = allowedAnswer
@@ -140,7 +140,7 @@ func TestAllowedPathDoesNotAllocate(t *testing.T) {
 func BenchmarkBreakerOpenPath(b *testing.B) {
 	l, h := benchLimiter(b, "")
 	open := breakerState{phase: phaseOpen, interval: maxBreakerInterval, until: anchor + maxBreakerInterval, since: anchor}
-	h.SetSharedData(l.roots[1].breaker.key, encodeBreaker(open), 0)
+	h.SetSharedData(l.roots.get(1).breaker.key, encodeBreaker(open), 0)
 	decidedLoop(b, l, h, abi.ActionContinue, MetricFailedOpenPrefix+"circuit_open")
 }
 
@@ -149,6 +149,6 @@ func BenchmarkBreakerOpenPath(b *testing.B) {
 func BenchmarkCachedDenyPath(b *testing.B) {
 	l, h := benchLimiter(b, "")
 	e, _ := newDenyEntry("client-1", 1, anchor, anchor, deniedAnswer(100, 0, 1.0/3600))
-	l.roots[1].cache.store(h, e, anchor)
+	l.roots.get(1).cache.store(h, e, anchor)
 	decidedLoop(b, l, h, abi.ActionPause, MetricDeniedCached)
 }

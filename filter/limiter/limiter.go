@@ -9,6 +9,7 @@
 package limiter
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/edgelimit/edgelimit/filter/abi"
@@ -41,7 +42,7 @@ const tickPeriodMs = 10000
 // shared data.
 type Limiter struct {
 	host    abi.Host
-	roots   map[uint32]*root
+	roots   rootSet
 	streams streamTable
 	m       metrics
 	defined bool
@@ -53,6 +54,7 @@ type Limiter struct {
 	free     []*stream
 	pairs    [][2]string
 	headers  [][2]string
+	encoded  []byte // a callout's header map, as the host takes it
 	text     text
 	policies policyMemo
 }
@@ -60,6 +62,7 @@ type Limiter struct {
 // root is one plugin configuration.
 type root struct {
 	cfg     *Config
+	check   abi.PairsTemplate // the headers of a check's callout
 	cache   denyCache
 	breaker breaker
 	local   *localLimiter // nil unless on_failure is "local"
@@ -70,6 +73,48 @@ type root struct {
 }
 
 func newRoot() *root { return &root{} }
+
+// rootSet is the VM's root contexts by id: one per plugin configuration
+// the VM runs, a few at most, so a slice looked through in order, which
+// inside wasm costs a fraction of a map lookup (filter/RATIONALE.md, "Why
+// the stream tables are not maps"); two lookups a request.
+type rootSet []rootEntry
+
+type rootEntry struct {
+	id uint32
+	r  *root
+}
+
+// get returns id's root, nil if there is none.
+func (rs rootSet) get(id uint32) *root {
+	for i := range rs {
+		if rs[i].id == id {
+			return rs[i].r
+		}
+	}
+	return nil
+}
+
+// put makes r id's root.
+func (rs *rootSet) put(id uint32, r *root) {
+	for i := range *rs {
+		if (*rs)[i].id == id {
+			(*rs)[i].r = r
+			return
+		}
+	}
+	*rs = append(*rs, rootEntry{id, r})
+}
+
+// remove forgets id's root, if any.
+func (rs *rootSet) remove(id uint32) {
+	for i := range *rs {
+		if (*rs)[i].id == id {
+			*rs = slices.Delete(*rs, i, i+1)
+			return
+		}
+	}
+}
 
 // stream is one HTTP request.
 type stream struct {
@@ -130,7 +175,7 @@ func (l *Limiter) release(s *stream) {
 // New returns the filter for one VM. It makes no host call, so it may run
 // from an init function.
 func New(h abi.Host) *Limiter {
-	return &Limiter{host: h, roots: map[uint32]*root{}}
+	return &Limiter{host: h, encoded: make([]byte, 0, calloutMapBytes)}
 }
 
 var _ abi.Plugin = (*Limiter)(nil)
@@ -139,10 +184,10 @@ var _ abi.Plugin = (*Limiter)(nil)
 func (l *Limiter) OnContextCreate(id, parent uint32) {
 	defer l.recoverLog("proxy_on_context_create")
 	if parent == 0 {
-		l.roots[id] = newRoot()
+		l.roots.put(id, newRoot())
 		return
 	}
-	if r := l.roots[parent]; r != nil {
+	if r := l.roots.get(parent); r != nil {
 		l.streams.put(id, l.newStream(id, r))
 	}
 }
@@ -161,10 +206,10 @@ func (l *Limiter) OnConfigure(rootID uint32, size int) (ok bool) {
 		}
 	}()
 	h := l.host
-	r := l.roots[rootID]
+	r := l.roots.get(rootID)
 	if r == nil {
 		r = newRoot()
-		l.roots[rootID] = r
+		l.roots.put(rootID, r)
 	}
 	var data []byte
 	if size > 0 {
@@ -187,6 +232,7 @@ func (l *Limiter) OnConfigure(rootID uint32, size int) (ok bool) {
 		l.defined = true
 	}
 	r.cfg, r.cache, r.breaker = cfg, newDenyCache(cfg.SidecarCluster), newBreaker(cfg)
+	r.check = checkHeaders(cfg)
 	r.local = newLocalLimiter(cfg)
 	// The first tick comes at once, for the warm-up (warm.go); the ticks
 	// after it come every second until a round of it went well, then every
@@ -339,17 +385,8 @@ func (l *Limiter) cachedDeny(s *stream, e *denyEntry, spent, now int64) abi.Acti
 func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 	cfg := s.root.cfg
 	l.text.reset()
-	headers := append(l.headers[:0],
-		[2]string{":method", "POST"},
-		[2]string{":path", CheckPath},
-		[2]string{":authority", cfg.SidecarAuthority},
-		[2]string{KeyHeader, s.key},
-		[2]string{"x-ratelimit-cost", l.text.int(s.cost)})
-	if cfg.Region != "" {
-		headers = append(headers, [2]string{"x-ratelimit-region", cfg.Region})
-	}
-	l.headers = headers
-	token, st := l.host.HTTPCall(cfg.SidecarCluster, headers, nil, nil, cfg.TimeoutMs)
+	l.encoded = s.root.check.Append(l.encoded[:0], s.key, l.text.int(s.cost))
+	token, st := l.host.HTTPCall(cfg.SidecarCluster, l.encoded, nil, nil, cfg.TimeoutMs)
 	if st != abi.StatusOK {
 		l.breakerResult(s.root, true, s.probe, ReasonDispatch, now, now)
 		if l.failOpen(s, ReasonDispatch, "proxy_http_call failed: "+st.String(), now) {
@@ -365,6 +402,25 @@ func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 	return abi.ActionPause
 }
 
+// calloutMapBytes is room for the largest header map of a callout, made at
+// start so that it never grows under traffic (RATIONALE.md, "Why the hot
+// path does not allocate"): with a 255-byte authority, a 64-byte region, a
+// 256-byte key and a 7-digit cost a check's map comes to under 750 bytes,
+// and a warm-up call's to less.
+const calloutMapBytes = 1024
+
+// checkHeaders is the template of a check's callout headers under cfg:
+// what is the same in every callout (method, path, authority, region)
+// encoded once per configuration, the client's key and the request's cost
+// filled in per callout (dispatch).
+func checkHeaders(cfg *Config) abi.PairsTemplate {
+	fixed := [][2]string{{":method", "POST"}, {":path", CheckPath}, {":authority", cfg.SidecarAuthority}}
+	if cfg.Region != "" {
+		fixed = append(fixed, [2]string{"x-ratelimit-region", cfg.Region})
+	}
+	return abi.NewPairsTemplate(fixed, KeyHeader, "x-ratelimit-cost")
+}
+
 // uncount takes a callout's cost off what its entry counts as pending once
 // the callout is answered and the answer replaced no entry.
 func (l *Limiter) uncount(s *stream) {
@@ -378,7 +434,7 @@ func (l *Limiter) uncount(s *stream) {
 // it. It runs on the root context: the stream becomes the effective context
 // before it is resumed or answered.
 func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int) {
-	r := l.roots[rootID]
+	r := l.roots.get(rootID)
 	if r == nil {
 		return
 	}
@@ -595,7 +651,7 @@ func (l *Limiter) OnResponseHeaders(id uint32, _ int, _ bool) abi.Action {
 // fail-open log lines held back since the last report.
 func (l *Limiter) OnTick(rootID uint32) {
 	defer l.recoverLog("proxy_on_tick")
-	if r := l.roots[rootID]; r != nil {
+	if r := l.roots.get(rootID); r != nil {
 		if p := l.warm(r, r.tickMs == firstTickMs); p != r.tickMs {
 			r.tickMs = p
 			l.host.SetTickPeriod(p)
@@ -622,7 +678,7 @@ func (l *Limiter) OnDelete(id uint32) {
 		}
 		return
 	}
-	delete(l.roots, id)
+	l.roots.remove(id)
 }
 
 // forget drops a stream's pending callout so that its answer is ignored: the

@@ -80,7 +80,7 @@ func (h *panicHost) SendLocalResponse(status uint32, details string, body []byte
 	return abi.StatusOK
 }
 
-func (h *panicHost) HTTPCall(cluster string, headers [][2]string, body []byte, trailers [][2]string, timeoutMs uint32) (uint32, abi.Status) {
+func (h *panicHost) HTTPCall(cluster string, headers []byte, body []byte, trailers [][2]string, timeoutMs uint32) (uint32, abi.Status) {
 	h.call("HTTPCall")
 	return 4, abi.StatusOK
 }

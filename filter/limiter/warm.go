@@ -61,8 +61,9 @@ func (l *Limiter) warm(r *root, first bool) uint32 {
 		[2]string{":method", "POST"},
 		[2]string{":path", warmPath},
 		[2]string{":authority", cfg.SidecarAuthority})
+	l.encoded = abi.AppendPairs(l.encoded[:0], l.headers)
 	for range cfg.WarmConnections {
-		token, st := l.host.HTTPCall(cfg.SidecarCluster, l.headers, nil, nil, warmTimeoutMs)
+		token, st := l.host.HTTPCall(cfg.SidecarCluster, l.encoded, nil, nil, warmTimeoutMs)
 		if st != abi.StatusOK {
 			r.warm.failed = true
 			return warmRetryMs

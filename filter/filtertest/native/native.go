@@ -503,8 +503,15 @@ func (v *vm) SendLocalResponse(status uint32, details string, body []byte, heade
 	return abi.StatusOK
 }
 
-func (v *vm) HTTPCall(cluster string, headers [][2]string, body []byte, trailers [][2]string, timeoutMs uint32) (uint32, abi.Status) {
+func (v *vm) HTTPCall(cluster string, encoded []byte, body []byte, trailers [][2]string, timeoutMs uint32) (uint32, abi.Status) {
 	v.refuse("proxy_http_call")
+	// Envoy reads the map the module handed over; one that does not
+	// decode is a bug of the filter's, which a test must see.
+	headers, err := abi.DecodePairs(encoded)
+	if err != nil {
+		v.t.Errorf("native host: callout headers: %v", err)
+		return 0, abi.StatusBadArgument
+	}
 	if cluster == "" {
 		return 0, abi.StatusBadArgument
 	}

@@ -101,7 +101,7 @@ func TestNativeLocalReplyIsDeferredAndWins(t *testing.T) {
 func TestNativeCalloutBelongsToTheRoot(t *testing.T) {
 	s := &script{}
 	s.request = func(h abi.Host, id uint32) abi.Action {
-		token, st := h.HTTPCall("sidecar", calloutHeaders, nil, nil, 5)
+		token, st := h.HTTPCall("sidecar", abi.EncodePairs(calloutHeaders), nil, nil, 5)
 		want(t, "dispatch", st, abi.StatusOK)
 		if token != 4 {
 			t.Errorf("first token %d, want 4", token)
@@ -175,7 +175,7 @@ func TestNativeHTTPCallChecks(t *testing.T) {
 			{"sidecar", calloutHeaders},
 			{"sidecar", calloutHeaders},
 		} {
-			tok, st := h.HTTPCall(c.cluster, c.headers, nil, nil, 0)
+			tok, st := h.HTTPCall(c.cluster, abi.EncodePairs(c.headers), nil, nil, 0)
 			got = append(got, st)
 			tokens = append(tokens, tok)
 		}
