@@ -76,7 +76,7 @@ func newRoot() *root { return &root{} }
 
 // rootSet is the VM's root contexts by id: one per plugin configuration
 // the VM runs, a few at most, so a slice looked through in order, which
-// inside wasm costs a fraction of a map lookup (filter/RATIONALE.md, "Why
+// inside wasm costs a fraction of a map lookup (RATIONALE.md, "Why
 // the stream tables are not maps"); two lookups a request.
 type rootSet []rootEntry
 
