@@ -65,8 +65,9 @@ func BenchmarkAllowedPath(b *testing.B) {
 }
 
 // BenchmarkAllowedPathAfterOutage: the same once the circuit breaker's
-// shared state exists (closed again), so that each read of it hands the
-// module a value.
+// shared state exists (closed again): each read of it finds the empty
+// value of the zero state (encodeBreaker), where before the key was set
+// it found nothing.
 func BenchmarkAllowedPathAfterOutage(b *testing.B) {
 	l, h := benchLimiter(b, "")
 	h.SetSharedData(l.roots.get(1).breaker.key, encodeBreaker(breakerState{}), 0)

@@ -294,9 +294,19 @@ func (b *breaker) record(h abi.Host, failed, probe, timedOut bool, sentAt, now i
 }
 
 // Shared value: format byte, phase byte, failures (u32), interval, until,
-// since (i64), little-endian.
-
+// since (i64), little-endian. The zero state (closed, no streak), where a
+// healthy breaker spends its life once it has been used, is the empty
+// value: each request reads the state twice, and a proxy hands over an
+// empty value without calling into the module for memory (Envoy's
+// copyToPointerSize allocates nothing for it), where a value costs a
+// proxy_on_memory_allocate call and a decode. A filter of the same format
+// from before that change read the empty value as unreadable, which is the
+// same closed breaker, and the 30 bytes it wrote for the zero state still
+// decode.
 func encodeBreaker(st breakerState) []byte {
+	if st == (breakerState{}) {
+		return nil
+	}
 	b := make([]byte, 0, breakerSize)
 	b = append(b, breakerFormat, byte(st.phase),
 		byte(st.failures), byte(st.failures>>8), byte(st.failures>>16), byte(st.failures>>24))
@@ -308,6 +318,9 @@ func encodeBreaker(st breakerState) []byte {
 // decodeBreaker reads a shared value; false for one it does not understand
 // or whose numbers it cannot use.
 func decodeBreaker(b []byte) (breakerState, bool) {
+	if len(b) == 0 {
+		return breakerState{}, true
+	}
 	if len(b) != breakerSize || b[0] != breakerFormat || b[1] >= byte(numPhases) {
 		return breakerState{}, false
 	}

@@ -162,8 +162,18 @@ func TestBreakerEncoding(t *testing.T) {
 	if got, ok := decodeBreaker(b); !ok || got != st {
 		t.Fatalf("decoded %+v, %v; want %+v", got, ok, st)
 	}
+	// The zero state is the empty value; the 30 bytes of the zero state an
+	// earlier filter wrote still read as it.
+	if z := encodeBreaker(breakerState{}); len(z) != 0 {
+		t.Errorf("the zero state encodes as %v, want the empty value", z)
+	}
+	legacyZero := append([]byte{breakerFormat}, make([]byte, breakerSize-1)...)
+	for _, z := range [][]byte{nil, {}, legacyZero} {
+		if got, ok := decodeBreaker(z); !ok || got != (breakerState{}) {
+			t.Errorf("decoded %v as %+v, %v; want the zero state", z, got, ok)
+		}
+	}
 	bad := map[string][]byte{
-		"empty":        nil,
 		"short":        b[:breakerSize-1],
 		"long":         append(slices.Clone(b), 0),
 		"format":       append([]byte{2}, b[1:]...),
@@ -192,7 +202,9 @@ func FuzzDecodeBreaker(f *testing.F) {
 		if !ok {
 			return
 		}
-		if re := encodeBreaker(st); !slices.Equal(re, b) {
+		// The zero state re-encodes as the empty value, whatever form of
+		// it was read (TestBreakerEncoding).
+		if re := encodeBreaker(st); !slices.Equal(re, b) && !(st == breakerState{} && len(re) == 0) {
 			t.Fatalf("re-encoded %v from %v", re, b)
 		}
 		now := anchor + offset
@@ -259,6 +271,11 @@ func TestBreakerShared(t *testing.T) {
 	}
 	if _, ev := a.record(h, false, true, false, anchor+101*ms, anchor+101*ms); ev != evClosed {
 		t.Fatalf("probe success: event %d, want closed", ev)
+	}
+	// Closed again with no streak: the empty value, which costs a read no
+	// allocation in the module (encodeBreaker).
+	if v, ok := h.data[a.key]; !ok || len(v) != 0 {
+		t.Fatalf("closed again: shared value %v (set %v), want the empty value", v, ok)
 	}
 	if allow, _ := b.allow(h, anchor+102*ms); !allow {
 		t.Fatal("closed, yet the other VM refuses")
