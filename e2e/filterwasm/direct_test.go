@@ -307,15 +307,20 @@ func (h *directHost) str(p, n uint64) (string, bool) {
 
 // out hands b to the module as Envoy does: memory from
 // proxy_on_memory_allocate, its address and size written to the two
-// output parameters.
+// output parameters; empty data gets no memory, address 0 and size 0.
 func (h *directHost) out(b []byte, ptr, size uint64) abi.Status {
-	h.exports++
-	h.stack[0] = uint64(len(b))
-	if err := h.alloc.CallWithStack(context.Background(), h.stack[:]); err != nil {
-		return abi.StatusInvalidMemoryAccess
+	var at uint32
+	if len(b) > 0 {
+		h.exports++
+		h.stack[0] = uint64(len(b))
+		if err := h.alloc.CallWithStack(context.Background(), h.stack[:]); err != nil {
+			return abi.StatusInvalidMemoryAccess
+		}
+		if at = uint32(h.stack[0]); at == 0 || !h.mem.Write(at, b) {
+			return abi.StatusInvalidMemoryAccess
+		}
 	}
-	at := uint32(h.stack[0])
-	if at == 0 || !h.mem.Write(at, b) || !h.mem.WriteUint32Le(uint32(ptr), at) || !h.mem.WriteUint32Le(uint32(size), uint32(len(b))) {
+	if !h.mem.WriteUint32Le(uint32(ptr), at) || !h.mem.WriteUint32Le(uint32(size), uint32(len(b))) {
 		return abi.StatusInvalidMemoryAccess
 	}
 	return abi.StatusOK

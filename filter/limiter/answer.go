@@ -337,26 +337,20 @@ func plainDecimal(s string) (float64, bool) {
 }
 
 // exponent reads the exponent of plainDecimal: an optional sign and one to
-// three digits.
+// three digits (count's).
 func exponent(s string) (int, bool) {
 	neg := false
 	if s != "" && (s[0] == '+' || s[0] == '-') {
 		neg, s = s[0] == '-', s[1:]
 	}
-	if s == "" || len(s) > 3 {
+	e, ok := count(s)
+	if !ok || len(s) > 3 {
 		return 0, false
-	}
-	e := 0
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return 0, false
-		}
-		e = e*10 + int(s[i]-'0')
 	}
 	if neg {
 		e = -e
 	}
-	return e, true
+	return int(e), true
 }
 
 // parseDecimal reads ParseAnswer's decimals in every form the sidecar may
