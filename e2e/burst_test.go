@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"sync"
 	"testing"
@@ -66,6 +67,69 @@ func TestBurstHoldsTheLimit(t *testing.T) {
 				burstHolds(s, load.Burst{Senders: senders, Rate: 5 * rate, Window: 8 * time.Second}, capacity, rate)
 			})
 		}
+	}
+}
+
+// A bucket admits whole tokens. Over a window W a client sending past a
+// small plan is admitted capacity + ⌊rate × W⌋ requests of cost 1, not
+// capacity + rate × W: for a plan of 1 + 1/s over 5.5 s that is 6, not
+// 6.5, and a 5% tolerance around capacity + rate × W, which covers a plan
+// of tens of tokens, no longer covers the half token. The exact count is
+// what this test asks for. Its windows put rate × W about half-way
+// between two whole numbers (5.5 and 2.5 as set, a request's spacing less
+// as sent), so that what separates the client's clock from Redis's (the
+// first and the last request's trip to Redis, milliseconds; slack below
+// allows 100 ms at each end) cannot change the count: that would take
+// nearly half a token's refill time, 480 ms at 1/s.
+func TestSmallPlansAdmitWholeTokens(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for about 15 s")
+	}
+	const slack = 100 * time.Millisecond
+	for _, c := range []struct {
+		capacity, rate float64
+		window         time.Duration
+		gateways       int
+	}{
+		{1, 1, 5500 * time.Millisecond, 1}, // 1 + ⌊5.5⌋ = 6
+		{5, 0.5, 5 * time.Second, 3},       // 5 + ⌊2.5⌋ = 7, through three gateways in turn
+	} {
+		name := fmt.Sprintf("%g+%g per s over %v through %d gateways", c.capacity, c.rate, c.window, c.gateways)
+		t.Run(name, func(t *testing.T) {
+			plans := fmt.Sprintf("default_plan: small\nplans:\n  small: {capacity: %g, rate: %g}\n", c.capacity, c.rate)
+			s := startStack(t, stackConfig{plans: plans, gateways: c.gateways})
+			var targets []string
+			for _, g := range s.gateways {
+				targets = append(targets, g.Addr)
+			}
+			// Another client goes first: a stack's first check is each
+			// process's first pass over the path (e2e_test.go,
+			// TestBurstRetryAfterRefill).
+			s.doDecided(0, "GET", "/orders/1", "x-api-key", "warm-up")
+			s.decidedRun(t, name, func(run int) error {
+				client := fmt.Sprintf("small-plan-%d", run)
+				// An open loop of 50 requests a second: a token that
+				// comes back is taken within 20 ms, far inside the slack.
+				r, err := load.RunBurst(context.Background(), load.Burst{Targets: targets, Client: client,
+					Path: "/orders/small", Rate: 50, Window: c.window})
+				if err != nil {
+					return err
+				}
+				lo := c.capacity + math.Floor(c.rate*(r.Window-slack).Seconds())
+				hi := c.capacity + math.Floor(c.rate*(r.Window+slack).Seconds())
+				t.Logf("sent %d over %.3fs: admitted %d, denied %d, other %d; whole tokens allow %.0f..%.0f", r.Sent, r.Window.Seconds(), r.OK, r.Denied, r.Other, lo, hi)
+				if r.Other != 0 {
+					return fmt.Errorf("%d requests got neither 200 nor 429", r.Other)
+				}
+				if got := float64(r.OK); got < lo || got > hi {
+					return fmt.Errorf("admitted %d over %.3fs, want %.0f..%.0f (capacity + whole tokens refilled)", r.OK, r.Window.Seconds(), lo, hi)
+				}
+				if got := s.received(client); got != r.OK {
+					return fmt.Errorf("services received %d requests, %d were admitted", got, r.OK)
+				}
+				return nil
+			})
+		})
 	}
 }
 
