@@ -79,8 +79,9 @@ func TestBurstHoldsTheLimit(t *testing.T) {
 // between two whole numbers (5.5 and 2.5 as set, a request's spacing less
 // as sent), so that what separates the client's clock from Redis's (the
 // first and the last request's trip to Redis, milliseconds; slack below
-// allows 100 ms at each end) cannot change the count: that would take
-// nearly half a token's refill time, 480 ms at 1/s.
+// lets the window Redis sees be 100 ms shorter or longer) cannot change
+// the count: that would take nearly half a token's refill time, 480 ms at
+// 1/s.
 func TestSmallPlansAdmitWholeTokens(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs for about 15 s")
@@ -94,7 +95,7 @@ func TestSmallPlansAdmitWholeTokens(t *testing.T) {
 		{1, 1, 5500 * time.Millisecond, 1}, // 1 + ⌊5.5⌋ = 6
 		{5, 0.5, 5 * time.Second, 3},       // 5 + ⌊2.5⌋ = 7, through three gateways in turn
 	} {
-		name := fmt.Sprintf("%g+%g per s over %v through %d gateways", c.capacity, c.rate, c.window, c.gateways)
+		name := fmt.Sprintf("%g+%g per s over %v, %d gateway(s)", c.capacity, c.rate, c.window, c.gateways)
 		t.Run(name, func(t *testing.T) {
 			plans := fmt.Sprintf("default_plan: small\nplans:\n  small: {capacity: %g, rate: %g}\n", c.capacity, c.rate)
 			s := startStack(t, stackConfig{plans: plans, gateways: c.gateways})
