@@ -63,6 +63,7 @@ type Limiter struct {
 type root struct {
 	cfg     *Config
 	check   abi.PairsTemplate // the headers of a check's callout
+	warmMap []byte            // a warm-up call's header map (warm.go)
 	cache   denyCache
 	breaker breaker
 	local   *localLimiter // nil unless on_failure is "local"
@@ -232,7 +233,7 @@ func (l *Limiter) OnConfigure(rootID uint32, size int) (ok bool) {
 		l.defined = true
 	}
 	r.cfg, r.cache, r.breaker = cfg, newDenyCache(cfg.SidecarCluster), newBreaker(cfg)
-	r.check = checkHeaders(cfg)
+	r.check, r.warmMap = checkHeaders(cfg), warmHeaders(cfg)
 	r.local = newLocalLimiter(cfg)
 	// The first tick comes at once, for the warm-up (warm.go); the ticks
 	// after it come every second until a round of it went well, then every
@@ -402,11 +403,11 @@ func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 	return abi.ActionPause
 }
 
-// calloutMapBytes is room for the largest header map of a callout, made at
-// start so that it never grows under traffic (RATIONALE.md, "Why the hot
-// path does not allocate"): with a 255-byte authority, a 64-byte region, a
-// 256-byte key and a 7-digit cost a check's map comes to under 750 bytes,
-// and a warm-up call's to less.
+// calloutMapBytes is room for the largest header map of a check's
+// callout, made at start so that it never grows under traffic
+// (RATIONALE.md, "Why the hot path does not allocate"): with a 255-byte
+// authority, a 64-byte region, a 256-byte key and a 7-digit cost it comes
+// to under 750 bytes.
 const calloutMapBytes = 1024
 
 // checkHeaders is the template of a check's callout headers under cfg:

@@ -57,13 +57,8 @@ func (l *Limiter) warm(r *root, first bool) uint32 {
 		period = warmRetryMs
 	}
 	r.warm.tokens, r.warm.failed = r.warm.tokens[:0], false
-	l.headers = append(l.headers[:0],
-		[2]string{":method", "POST"},
-		[2]string{":path", warmPath},
-		[2]string{":authority", cfg.SidecarAuthority})
-	l.encoded = abi.AppendPairs(l.encoded[:0], l.headers)
 	for range cfg.WarmConnections {
-		token, st := l.host.HTTPCall(cfg.SidecarCluster, l.encoded, nil, nil, warmTimeoutMs)
+		token, st := l.host.HTTPCall(cfg.SidecarCluster, r.warmMap, nil, nil, warmTimeoutMs)
 		if st != abi.StatusOK {
 			r.warm.failed = true
 			return warmRetryMs
@@ -71,6 +66,12 @@ func (l *Limiter) warm(r *root, first bool) uint32 {
 		r.warm.tokens = append(r.warm.tokens, token)
 	}
 	return period
+}
+
+// warmHeaders is the header map of a warm-up call under cfg, the same for
+// every call of every round, encoded once per configuration.
+func warmHeaders(cfg *Config) []byte {
+	return abi.AppendPairs(nil, [][2]string{{":method", "POST"}, {":path", warmPath}, {":authority", cfg.SidecarAuthority}})
 }
 
 // warmAnswer takes a warm-up call's answer off its round: anything but a
