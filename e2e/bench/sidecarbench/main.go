@@ -17,7 +17,11 @@
 //  3. loads RLS the same way over gRPC (rlsload, from e2e/bench/rls): 50
 //     requests in flight over 10,000 descriptor values, with the same
 //     figures. The sidecar and RLS take turns going first from round to
-//     round.
+//     round;
+//  4. loads the sidecar's two floors the same way (floor.go): its own
+//     server and handler deciding at once without Redis, and the same
+//     fasthttp server sending one fixed answer, so that the sidecar's CPU
+//     per check is read beside what answering costs with nothing decided.
 //
 // The ratios are printed per round and as the median (the machine is
 // shared; rounds expose its noise), with a note on what differs between
@@ -157,11 +161,20 @@ func run(cfg config) error {
 		return err
 	}
 	defer srv.Stop()
-	sc, err := startSidecar(cfg.sidecarBin, tmp, srv.URL(), cfg.pipelines)
+	plansFile, err := writePlans(tmp)
+	if err != nil {
+		return err
+	}
+	sc, err := startSidecar(cfg.sidecarBin, plansFile, srv.URL(), cfg.pipelines)
 	if err != nil {
 		return err
 	}
 	defer sc.stop()
+	floors, err := startFloors(tmp, plansFile)
+	if err != nil {
+		return err
+	}
+	defer floors.stop()
 	var rls *rlsService
 	if cfg.rlsBin != "off" {
 		if cfg.rlsBin, cfg.rlsLoadBin, err = locateRLS(cfg.rlsBin, cfg.rlsLoadBin, tmp); err != nil {
@@ -187,12 +200,20 @@ func run(cfg config) error {
 		keys[i] = []byte(fmt.Sprintf("bench-key-%06d", i))
 	}
 	lg := &loadgen{addr: sc.addr, keys: keys, concurrency: cfg.concurrency}
-	fullLoad := lg.closed
-	if cfg.loader == "wrk" {
-		fullLoad = func(d time.Duration) (figures, error) { return wrk(tmp, sc.addr, cfg.concurrency, cfg.keys, d) }
+	// fullLoadOn loads the server at addr as fast as it answers.
+	fullLoadOn := func(addr string) func(time.Duration) (figures, error) {
+		if cfg.loader == "wrk" {
+			return func(d time.Duration) (figures, error) { return wrk(tmp, addr, cfg.concurrency, cfg.keys, d) }
+		}
+		l := *lg
+		l.addr = addr
+		return l.closed
 	}
-	if _, err := fullLoad(cfg.warmup); err != nil {
-		return err
+	fullLoad := fullLoadOn(sc.addr)
+	for _, addr := range []string{sc.addr, floors.decided.addr, floors.fixed.addr} {
+		if _, err := fullLoadOn(addr)(cfg.warmup); err != nil {
+			return err
+		}
 	}
 	var rlsFull func(time.Duration) (figures, error)
 	if rls != nil {
@@ -229,6 +250,7 @@ func run(cfg config) error {
 			f.rps, ms(f.p50), ms(f.p99), ms(f.p999), f.errors, batch, pc.redisCmds, pc.service, pc.redis, pc.loadgen)
 	}
 	var ratios, rawRates, rawRedisCPU, sidecarRedisCPU []float64
+	var beside floorFigures
 	var vsRLS rlsRatios
 	var lastFull, lastRLS figures
 	n := cfg.redisN
@@ -294,6 +316,19 @@ func run(cfg config) error {
 				return err
 			}
 		}
+		// The floors after both, in the same order every round: they are
+		// read against the sidecar's CPU per check, not its throughput.
+		dec, decCPU, err := measure(floors.decided.cmd.Process.Pid, fullLoadOn(floors.decided.addr))
+		if err != nil {
+			return err
+		}
+		row(r, fmt.Sprintf("sidecar deciding at once, no Redis (%s)", cfg.loader), dec, "-", decCPU)
+		fix, fixCPU, err := measure(floors.fixed.cmd.Process.Pid, fullLoadOn(floors.fixed.addr))
+		if err != nil {
+			return err
+		}
+		row(r, fmt.Sprintf("fasthttp, one fixed answer (%s)", cfg.loader), fix, "-", fixCPU)
+		beside.add(fullCPU.service, dec, decCPU, fix, fixCPU)
 		ratios = append(ratios, full.rps/raw.rps)
 		rawRates = append(rawRates, raw.rps)
 		sidecarRedisCPU = append(sidecarRedisCPU, fullCPU.redis)
@@ -329,6 +364,7 @@ func run(cfg config) error {
 		median(ratios), len(ratios), joinRatios(ratios), targetRatio)
 	fmt.Fprintf(out, "Redis's CPU per check, median of the rounds: %.1f µs under the sidecar's pipelines, %.1f µs under redis-benchmark -P 1\n",
 		median(sidecarRedisCPU), median(rawRedisCPU))
+	beside.print(out)
 	if rls != nil {
 		vsRLS.print(out)
 	}
@@ -504,17 +540,26 @@ type sidecar struct {
 	done chan error
 }
 
-func startSidecar(bin, dir, redisURL string, pipelines int) (*sidecar, error) {
+// writePlans writes the plans file every benchmark key is in (benchLimit,
+// as the default plan) to dir.
+func writePlans(dir string) (string, error) {
 	plans := filepath.Join(dir, "plans.yaml")
 	content := fmt.Sprintf("default_plan: bench\nplans:\n  bench: {capacity: %d, rate: %d}\n", int64(benchLimit.Capacity), int64(benchLimit.Rate))
-	if err := os.WriteFile(plans, []byte(content), 0o600); err != nil {
-		return nil, err
-	}
-	// The listening address (port 0: a free one) is in the start-up log line.
+	return plans, os.WriteFile(plans, []byte(content), 0o600)
+}
+
+func startSidecar(bin, plans, redisURL string, pipelines int) (*sidecar, error) {
 	args := []string{"-listen", "127.0.0.1:0", "-redis", redisURL, "-plans", plans}
 	if pipelines > 0 {
 		args = append(args, "-redis-pipelines", strconv.Itoa(pipelines))
 	}
+	return startServer("sidecar", bin, args...)
+}
+
+// startServer starts bin, a sidecar or a floor, with args, and waits for
+// the start-up log line that gives its address (it listens on port 0: a
+// free one); what names it in its messages.
+func startServer(what, bin string, args ...string) (*sidecar, error) {
 	cmd := exec.Command(bin, args...)
 	testkit.DieWithParent(cmd)
 	stderr, err := cmd.StderrPipe()
@@ -525,7 +570,7 @@ func startSidecar(bin, dir, redisURL string, pipelines int) (*sidecar, error) {
 		return nil, err
 	}
 	s := &sidecar{cmd: cmd, done: make(chan error, 1)}
-	addrRE := regexp.MustCompile(`msg="sidecar listening" addr=([0-9.:]+)`)
+	addrRE := regexp.MustCompile(`msg="` + what + ` listening" addr=([0-9.:]+)`)
 	found := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -533,7 +578,7 @@ func startSidecar(bin, dir, redisURL string, pipelines int) (*sidecar, error) {
 			if m := addrRE.FindStringSubmatch(sc.Text()); m != nil {
 				found <- m[1]
 			} else if strings.Contains(sc.Text(), "level=ERROR") || strings.Contains(sc.Text(), "level=WARN") {
-				fmt.Fprintln(os.Stderr, "sidecar:", sc.Text())
+				fmt.Fprintln(os.Stderr, what+":", sc.Text())
 			}
 		}
 		s.done <- cmd.Wait()
@@ -541,10 +586,10 @@ func startSidecar(bin, dir, redisURL string, pipelines int) (*sidecar, error) {
 	select {
 	case s.addr = <-found:
 	case err := <-s.done:
-		return nil, fmt.Errorf("sidecar exited at start: %v", err)
+		return nil, fmt.Errorf("%s exited at start: %v", what, err)
 	case <-time.After(30 * time.Second):
 		cmd.Process.Kill()
-		return nil, errors.New("sidecar did not start in 30s")
+		return nil, fmt.Errorf("%s did not start in 30s", what)
 	}
 	return s, nil
 }
