@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"os/exec"
 	"path/filepath"
 )
 
@@ -20,8 +19,8 @@ type floors struct{ decided, fixed *sidecar }
 // plans file.
 func startFloors(dir, plans string) (*floors, error) {
 	bin := filepath.Join(dir, "floor")
-	if b, err := exec.Command("go", "build", "-o", bin, "./e2e/bench/sidecarbench/floor").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("go build ./e2e/bench/sidecarbench/floor (run from the repository root): %v\n%s", err, b)
+	if err := goBuild(bin, "", "./e2e/bench/sidecarbench/floor"); err != nil {
+		return nil, err
 	}
 	decided, err := startServer("floor", bin, "-plans", plans, "-answer", "decided")
 	if err != nil {

@@ -150,9 +150,8 @@ func run(cfg config) error {
 	}
 	if cfg.sidecarBin == "" {
 		cfg.sidecarBin = filepath.Join(tmp, "sidecar")
-		b, err := exec.Command("go", "build", "-o", cfg.sidecarBin, "./sidecar").CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("go build ./sidecar (run from the repository root): %v\n%s", err, b)
+		if err := goBuild(cfg.sidecarBin, "", "./sidecar"); err != nil {
+			return err
 		}
 	}
 
@@ -538,6 +537,21 @@ type sidecar struct {
 	cmd  *exec.Cmd
 	addr string
 	done chan error
+}
+
+// goBuild builds pkg into bin with the go command, in the module at dir
+// ("" for the repository's own, the current directory).
+func goBuild(bin, dir, pkg string) error {
+	args := []string{"build", "-trimpath", "-o", bin, pkg}
+	where := ""
+	if dir != "" {
+		args = append([]string{"build", "-C", dir}, args[1:]...)
+		where = " in " + dir
+	}
+	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s%s (run from the repository root): %v\n%s", pkg, where, err, out)
+	}
+	return nil
 }
 
 // writePlans writes the plans file every benchmark key is in (benchLimit,

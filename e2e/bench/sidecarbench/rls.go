@@ -67,9 +67,8 @@ func locateRLS(rlsBin, loadBin, dir string) (string, string, error) {
 			}
 		}
 		*b.path = filepath.Join(dir, b.name)
-		out, err := exec.Command("go", "build", "-C", rlsModuleDir, "-trimpath", "-o", *b.path, b.pkg).CombinedOutput()
-		if err != nil {
-			return "", "", fmt.Errorf("go build %s in %s (run from the repository root): %v\n%s", b.pkg, rlsModuleDir, err, out)
+		if err := goBuild(*b.path, rlsModuleDir, b.pkg); err != nil {
+			return "", "", err
 		}
 	}
 	return rlsBin, loadBin, nil
