@@ -542,12 +542,11 @@ type sidecar struct {
 // goBuild builds pkg into bin with the go command, in the module at dir
 // ("" for the repository's own, the current directory).
 func goBuild(bin, dir, pkg string) error {
-	args := []string{"build", "-trimpath", "-o", bin, pkg}
-	where := ""
+	args, where := []string{"build"}, ""
 	if dir != "" {
-		args = append([]string{"build", "-C", dir}, args[1:]...)
-		where = " in " + dir
+		args, where = append(args, "-C", dir), " in "+dir
 	}
+	args = append(args, "-trimpath", "-o", bin, pkg)
 	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
 		return fmt.Errorf("go build %s%s (run from the repository root): %v\n%s", pkg, where, err, out)
 	}

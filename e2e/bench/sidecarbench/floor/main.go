@@ -70,13 +70,9 @@ func run(log *slog.Logger, listen, plansFile, answer string) error {
 
 // newServer returns the server for -answer, on the plans in plansFile.
 func newServer(plansFile, answer string) (*fasthttp.Server, error) {
-	data, err := os.ReadFile(plansFile)
+	p, err := plans.Load(plansFile)
 	if err != nil {
 		return nil, fmt.Errorf("-plans: %w", err)
-	}
-	p, err := plans.Parse(plansFile, data)
-	if err != nil {
-		return nil, err
 	}
 	s := server.New(server.Options{
 		Plans:   func() *plans.Plans { return p },
