@@ -50,10 +50,11 @@ func StartBackend(ctx context.Context, bin harness.Binaries, plans string, sidec
 	if err != nil {
 		return nil, err
 	}
-	b = &Backend{Bin: bin, Dir: dir}
+	started := &Backend{Bin: bin, Dir: dir}
+	b = started
 	defer func() {
 		if err != nil {
-			b.Close()
+			started.Close() // b is nil by then
 		}
 	}()
 	if b.envoyYAML, err = shippedEnvoyYAML(); err != nil {
@@ -176,13 +177,14 @@ func (b *Backend) StartFront(ctx context.Context, o FrontOptions) (f *Front, err
 	if err != nil {
 		return nil, fmt.Errorf("front %s: %w", o.Name, err)
 	}
-	f = &Front{Name: o.Name, Config: filepath.Join(b.Dir, "envoy-"+o.Name+".yaml")}
+	started := &Front{Name: o.Name, Config: filepath.Join(b.Dir, "envoy-"+o.Name+".yaml")}
+	f = started
 	if err := os.WriteFile(f.Config, conf, 0o600); err != nil {
 		return nil, err
 	}
 	defer func() {
 		if err != nil {
-			f.close()
+			started.close() // f is nil by then
 		}
 	}()
 	if f.Fleet, err = services.StartFleet(o.Services, o.Fleet); err != nil {

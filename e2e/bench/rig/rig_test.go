@@ -1,7 +1,10 @@
 package rig
 
 import (
+	"context"
+
 	"encoding/json"
+	"github.com/edgelimit/edgelimit/e2e/harness"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -160,4 +163,24 @@ func withoutEdits(t *testing.T, b []byte) map[string]any {
 	at(hcm, "http_filters", 0, "typed_config", "config", "configuration")["value"] = nil
 	static["clusters"] = nil
 	return doc
+}
+
+// TestStartFailuresCleanUp: a backend or front that fails to start returns
+// its error, having stopped what it had started, rather than closing the
+// nil it returns.
+func TestStartFailuresCleanUp(t *testing.T) {
+	ctx := context.Background()
+	missing := filepath.Join(t.TempDir(), "no-such-binary")
+	if b, err := StartBackend(ctx, harness.Binaries{Sidecar: missing}, OpenPlans); err == nil || b != nil {
+		t.Fatalf("backend with no sidecar binary: %v, %v", b, err)
+	}
+	src, err := shippedEnvoyYAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fleet starts, then the gateway cannot.
+	b := &Backend{Bin: harness.Binaries{Gateway: missing, Filter: missing}, Dir: t.TempDir(), envoyYAML: src}
+	if f, err := b.StartFront(ctx, FrontOptions{Name: "x"}); err == nil || f != nil || len(b.fronts) != 0 {
+		t.Fatalf("front with no gateway binary: %v, %v, fronts %d", f, err, len(b.fronts))
+	}
 }
