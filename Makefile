@@ -99,7 +99,8 @@ check: deps
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/...
 	$(GO) mod tidy -diff
 
-## bench: the benchmark harness. The script and the sidecar beside
+## bench: the benchmark harness. What a system call and a hop between
+## processes cost on this machine; the script and the sidecar beside
 ## redis-benchmark, the sidecar beside envoyproxy/ratelimit, the filter in
 ## wazero beside its native path, the memory of the filter, the sidecar and
 ## Redis, then the scenarios (incident, noisy neighbour, latency budget,
@@ -113,6 +114,7 @@ bench: deps build
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 	$(GO) build -C e2e/bench/rls -trimpath -o $(EDGELIMIT_BIN_DIR)/ratelimit github.com/envoyproxy/ratelimit/src/service_cmd
 	$(GO) build -C e2e/bench/rls -trimpath -o $(EDGELIMIT_BIN_DIR)/rlsload ./rlsload
+	$(GO) run ./e2e/bench/machinecost -out e2e/bench/results/machinecost.txt
 	$(GO) run ./e2e/bench/scriptbench -out e2e/bench/results/scriptbench.txt
 	$(GO) run ./e2e/bench/sidecarbench -out e2e/bench/results/sidecarbench.txt
 	$(GO) run ./e2e/bench/filtercost -out e2e/bench/results/filtercost.txt

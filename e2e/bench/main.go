@@ -240,6 +240,7 @@ func writeBenchmarks(root, path string, e *env) error {
 	}
 	var atts []report.Attachment
 	for _, a := range []report.Attachment{
+		{Title: "This machine: what a system call and a hop between processes cost", Path: filepath.Join(e.out, "machinecost.txt")},
 		{Title: "Throughput: the script through go-redis vs redis-benchmark", Path: filepath.Join(e.out, "scriptbench.txt")},
 		{Title: "Throughput: the sidecar vs redis-benchmark, and beside envoyproxy/ratelimit", Path: filepath.Join(e.out, "sidecarbench.txt"),
 			Checks: filepath.Join(e.out, "sidecarbench.checks.json")},
