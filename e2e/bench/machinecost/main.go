@@ -27,6 +27,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 	"unsafe"
@@ -120,14 +121,11 @@ func run(w io.Writer, calls, trips, runs int) error {
 }
 
 func list(v []float64) string {
-	s := ""
+	s := make([]string, len(v))
 	for i, x := range v {
-		if i > 0 {
-			s += ", "
-		}
-		s += strconv.FormatFloat(x, 'f', 2, 64)
+		s[i] = strconv.FormatFloat(x, 'f', 2, 64)
 	}
-	return s
+	return strings.Join(s, ", ")
 }
 
 // syscallCost is the time of one getppid, over calls of them on one
