@@ -2,14 +2,13 @@ package rig
 
 import (
 	"context"
-
 	"encoding/json"
-	"github.com/edgelimit/edgelimit/e2e/harness"
 	"os"
 	"path/filepath"
 	"reflect"
 	"testing"
 
+	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
 	"sigs.k8s.io/yaml"
 )
@@ -165,9 +164,9 @@ func withoutEdits(t *testing.T, b []byte) map[string]any {
 	return doc
 }
 
-// TestStartFailuresCleanUp: a backend or front that fails to start returns
-// its error, having stopped what it had started, rather than closing the
-// nil it returns.
+// TestStartFailuresCleanUp: a backend or front that fails part way (Redis
+// or the fleet already started) returns its error and nothing else; its
+// clean-up closes what it started, not the nil it returns, which panicked.
 func TestStartFailuresCleanUp(t *testing.T) {
 	ctx := context.Background()
 	missing := filepath.Join(t.TempDir(), "no-such-binary")
