@@ -50,17 +50,12 @@ func RepoRoot() (string, error) {
 // Build builds the filter, the sidecar and the gateway into dir with the go
 // tool (its build cache makes a second call cheap).
 func Build(ctx context.Context, dir string) (Binaries, error) {
-	root, err := RepoRoot()
-	if err != nil {
-		return Binaries{}, err
-	}
 	b := Binaries{
 		Dir:     dir,
 		Filter:  filepath.Join(dir, "filter.wasm"),
 		Sidecar: filepath.Join(dir, "sidecar"),
 		Gateway: filepath.Join(dir, "gateway"),
 	}
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	steps := []struct {
 		env  []string
 		args []string
@@ -70,14 +65,28 @@ func Build(ctx context.Context, dir string) (Binaries, error) {
 		{nil, []string{"build", "-o", b.Gateway, "./envoy/gateway"}},
 	}
 	for _, s := range steps {
-		cmd := exec.CommandContext(ctx, goBin, s.args...)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), s.env...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return Binaries{}, fmt.Errorf("go %s: %v\n%s", strings.Join(s.args, " "), err, out)
+		if err := GoCommand(ctx, s.env, s.args...); err != nil {
+			return Binaries{}, err
 		}
 	}
 	return b, nil
+}
+
+// GoCommand runs the go tool of this program's toolchain with args in the
+// repository's root, env added to the environment; a failure carries the
+// command's output.
+func GoCommand(ctx context.Context, env []string, args ...string) error {
+	root, err := RepoRoot()
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(runtime.GOROOT(), "bin", "go"), args...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), env...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
 }
 
 // Locate returns the binaries in dir if all exist (as `make build` leaves

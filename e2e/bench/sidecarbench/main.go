@@ -539,18 +539,14 @@ type sidecar struct {
 	done chan error
 }
 
-// goBuild builds pkg into bin with the go command, in the module at dir
-// ("" for the repository's own, the current directory).
+// goBuild builds pkg into bin, in the module at dir ("" for the
+// repository's own; a dir is relative to the repository's root).
 func goBuild(bin, dir, pkg string) error {
-	args, where := []string{"build"}, ""
+	args := []string{"build"}
 	if dir != "" {
-		args, where = append(args, "-C", dir), " in "+dir
+		args = append(args, "-C", dir)
 	}
-	args = append(args, "-trimpath", "-o", bin, pkg)
-	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("go build %s%s (run from the repository root): %v\n%s", pkg, where, err, out)
-	}
-	return nil
+	return harness.GoCommand(context.Background(), nil, append(args, "-trimpath", "-o", bin, pkg)...)
 }
 
 // writePlans writes the plans file every benchmark key is in (benchLimit,
