@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"time"
 
 	"sigs.k8s.io/yaml"
 )
@@ -245,23 +246,42 @@ func (b *Bootstrap) SetAdminAddress(hostport string) error {
 // named name. The endpoint keeps the shape of the cluster's first one
 // (its other fields stay as the file gives them).
 func (b *Bootstrap) SetClusterEndpoint(name, hostport string) error {
+	cm, err := b.cluster(name)
+	if err != nil {
+		return err
+	}
+	s, err := oneEndpoint(cm)
+	if err != nil {
+		return fmt.Errorf("%s: cluster %q: %w", b.src, name, err)
+	}
+	return setHostPort(s, hostport)
+}
+
+// SetClusterConnectTimeout sets the connect_timeout of the cluster named
+// name.
+func (b *Bootstrap) SetClusterConnectTimeout(name string, d time.Duration) error {
+	cm, err := b.cluster(name)
+	if err != nil {
+		return err
+	}
+	cm["connect_timeout"] = strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + "s"
+	return nil
+}
+
+// cluster is the static cluster named name.
+func (b *Bootstrap) cluster(name string) (map[string]any, error) {
 	static, _ := b.doc["static_resources"].(map[string]any)
 	clusters, _ := static["clusters"].([]any)
 	var names []string
 	for _, c := range clusters {
 		cm, _ := c.(map[string]any)
 		n, _ := cm["name"].(string)
-		if n != name {
-			names = append(names, n)
-			continue
+		if n == name {
+			return cm, nil
 		}
-		s, err := oneEndpoint(cm)
-		if err != nil {
-			return fmt.Errorf("%s: cluster %q: %w", b.src, name, err)
-		}
-		return setHostPort(s, hostport)
+		names = append(names, n)
 	}
-	return fmt.Errorf("%s: no cluster %q (clusters: %v)", b.src, name, names)
+	return nil, fmt.Errorf("%s: no cluster %q (clusters: %v)", b.src, name, names)
 }
 
 // SetWasmFilename makes path the module of the one proxy-wasm filter

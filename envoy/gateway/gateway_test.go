@@ -252,18 +252,18 @@ func startProbe(t *testing.T, cfg, probe string, orders *httptest.Server) *runni
 		"-cluster", "billing="+closedAddr(t), "-cluster", "ratelimit_sidecar="+closedAddr(t))
 }
 
-// decidedFirst sends requests of a client of its own through the gateway
-// at base until the filter decides one (the fake sidecar's rate-limit
+// decidedFirst sends requests of a client of its own to url, through the
+// gateway, until the filter decides one (the fake sidecar's rate-limit
 // headers on the answer), three at most. A fresh gateway's first callout
 // is each process's first pass over the check path: with the race detector
 // and other packages' tests on the machine it can miss the 5 ms and fail
 // open, as the design allows (RATIONALE.md, "What does a fresh stack's
 // first burst cost?"). A test that needs the decision of its first request
 // calls this before it; the one decided request counts as allowed.
-func decidedFirst(t *testing.T, base string) {
+func decidedFirst(t *testing.T, url string) {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
-		resp, _ := testkit.Get(t, base+"/orders/0", "x-api-key", "warm-up")
+		resp, _ := testkit.Get(t, url, "x-api-key", "warm-up")
 		if resp.Header.Get("ratelimit-limit") != "" {
 			return
 		}
@@ -283,7 +283,7 @@ func TestGatewayWithTheFilter(t *testing.T) {
 		"-cluster", "ratelimit_sidecar="+sidecar.Listener.Addr().String())
 	base := "http://" + g.addr
 	// The cases below need decisions from the first on.
-	decidedFirst(t, base)
+	decidedFirst(t, base+"/orders/0")
 
 	cases := []struct {
 		name       string

@@ -109,7 +109,7 @@ func (g *gateway) forward(r *http.Request, gen *generation, routes []envoyconfig
 		x.details = "direct_response"
 		return forwarded{status: rt.Direct.Status, body: rt.Direct.Body}
 	}
-	u := gen.upstreams[rt.Cluster]
+	u := gen.clusters[rt.Cluster].up
 	x.cluster = rt.Cluster
 	u.stats.total.inc()
 	ctx, cancel := context.WithTimeout(r.Context(), routeTimeout)

@@ -26,7 +26,7 @@ func TestStatsListener(t *testing.T) {
 	if g.stats == "" || g.stats == g.admin || g.stats == g.addr {
 		t.Fatalf("stats listener %q (listener %s, admin %s)", g.stats, g.addr, g.admin)
 	}
-	decidedFirst(t, "http://"+g.addr) // one allowed
+	decidedFirst(t, "http://"+g.addr+"/orders/0") // one allowed
 	if resp, _ := testkit.Get(t, "http://"+g.addr+"/orders/1", "x-api-key", "alice"); resp.StatusCode != 200 {
 		t.Fatalf("through the filter: %d", resp.StatusCode)
 	}
@@ -96,7 +96,7 @@ func TestDirectResponseThroughTheFilter(t *testing.T) {
 		"-cluster", "orders="+orders.Listener.Addr().String(),
 		"-cluster", "billing="+closedAddr(t),
 		"-cluster", "ratelimit_sidecar="+sidecar.Listener.Addr().String())
-	decidedFirst(t, "http://"+g.addr)
+	decidedFirst(t, "http://"+g.addr+"/orders/0")
 	resp, body := testkit.Get(t, "http://"+g.addr+"/hello?x=1", "x-api-key", "alice")
 	if resp.StatusCode != 200 || body != "hello\n" || resp.Header.Get("content-type") != "text/plain" {
 		t.Errorf("GET /hello: %d %q %v", resp.StatusCode, body, resp.Header)

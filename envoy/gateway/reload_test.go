@@ -2,12 +2,14 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -227,18 +229,20 @@ func TestReloadInFlightRequestsFinish(t *testing.T) {
 		w.Write([]byte("orders"))
 	}))
 	t.Cleanup(slow.Close)
-	t.Cleanup(func() {
-		select {
-		case <-release:
-		default:
-			close(release)
-		}
-	})
 	billing := newService(t, "billing", 0)
 	sidecar, _ := longDenySidecar(t)
 	g := startReloadable(t, `{}`,
 		"orders="+slow.Listener.Addr().String(), "billing="+billing.Listener.Addr().String(),
 		"ratelimit_sidecar="+sidecar.Listener.Addr().String())
+	// Registered after the gateway's stop, so run before it: a test that
+	// fails while the service holds its requests lets them go, and the
+	// gateway's drain does not wait for them.
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce)
+	// The in-flight requests below must be decided (enforced, with the
+	// plan's headers): their client's first check must not be the fresh
+	// gateway's first.
+	decidedFirst(t, "http://"+g.addr+"/billing/0")
 
 	const inflight = 4
 	type result struct {
@@ -276,7 +280,7 @@ func TestReloadInFlightRequestsFinish(t *testing.T) {
 		t.Fatalf("new request after the reload: %d, shadow %q", resp.StatusCode, billing.header(limiter.ShadowHeader))
 	}
 
-	close(release)
+	releaseOnce()
 	for i := 0; i < inflight; i++ {
 		r := <-done
 		// The old VM still ran the response path: it set the rate-limit
@@ -334,5 +338,77 @@ func TestReloadKeepsListener(t *testing.T) {
 	}
 	if resp, _ := testkit.Get(t, "http://"+listen+"/orders/1", "x-api-key", "alice"); resp.StatusCode != 200 {
 		t.Errorf("old listener after reload: %d", resp.StatusCode)
+	}
+}
+
+// A reload keeps the clusters it leaves as they were, with their open
+// connections: the sidecar sees none of them closed, and the new VMs'
+// calls go out on them. A cluster whose definition changed is new: its old
+// connections close once the old VMs have drained.
+func TestReloadKeepsUnchangedClusters(t *testing.T) {
+	var sidecarClosed atomic.Int64
+	sidecar := httptest.NewUnstartedServer(sidecarHandler(answerCheck))
+	sidecar.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateClosed {
+			sidecarClosed.Add(1)
+		}
+	}
+	sidecar.Start()
+	t.Cleanup(sidecar.Close)
+	var ordersOpened, ordersClosed atomic.Int64
+	orders := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	orders.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			ordersOpened.Add(1)
+		case http.StateClosed:
+			ordersClosed.Add(1)
+		}
+	}
+	orders.Start()
+	t.Cleanup(orders.Close)
+	g := startReloadable(t, `{}`,
+		"orders="+orders.Listener.Addr().String(), "billing="+closedAddr(t),
+		"ratelimit_sidecar="+sidecar.Listener.Addr().String())
+	base := "http://" + g.addr
+	decidedFirst(t, base+"/orders/0")
+	if n := ordersOpened.Load(); n != 1 {
+		t.Fatalf("orders saw %d connections for one request, want 1", n)
+	}
+
+	// The filter's mode changes, and so does the orders cluster's connect
+	// timeout; the sidecar's cluster stays as it was.
+	g.rewrite(t, `{"mode": "shadow"}`)
+	b, err := harness.ReadBootstrap(g.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetClusterConnectTimeout("orders", 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	yaml, err := b.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(g.config, yaml, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := g.trigger(t, "admin"); code != 200 {
+		t.Fatalf("POST /reload: %d", code)
+	}
+	testkit.Poll(t, 30*time.Second, "the replaced VMs closed", func() bool {
+		return strings.Contains(g.stderr.String(), `previous configuration drained and closed" generation=1`)
+	})
+	testkit.Poll(t, 30*time.Second, "the changed cluster's old connection closed", func() bool {
+		return ordersClosed.Load() == 1
+	})
+	if n := sidecarClosed.Load(); n != 0 {
+		t.Errorf("the reload closed %d connections to the sidecar, whose cluster did not change; want none", n)
+	}
+	if resp, _ := testkit.Get(t, base+"/orders/1", "x-api-key", "alice"); resp.StatusCode != 200 {
+		t.Errorf("after the reload: %d, want 200", resp.StatusCode)
+	}
+	if n := ordersOpened.Load(); n != 2 {
+		t.Errorf("orders saw %d connections in all, want 2 (one per cluster definition)", n)
 	}
 }

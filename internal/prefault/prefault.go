@@ -22,8 +22,9 @@ import (
 // collects. The page allocator hands the pages out again as the heap grows,
 // already resident, and the scavenger keeps them, since they lie within the
 // goal. It returns the number of bytes it made resident (0 when the heap
-// already reaches its goal). It collects twice, so call it at start, before
-// serving.
+// already reaches its goal). It collects twice, so call it where nothing
+// waits on the collections: at start, before serving, or after a reload
+// has built what will serve, before it takes requests.
 func Heap() int {
 	runtime.GC()
 	n := shortfall()
