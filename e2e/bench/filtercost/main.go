@@ -96,7 +96,7 @@ func run(rounds int, benchtime, out string) error {
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "benchmark\tpackage\tns/op per round\tmedian ns/op\t")
 	for i, b := range benches {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t\n", b.name, b.pkg, joinNs(ns[i]), stat.Median(ns[i]))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t\n", b.name, b.pkg, stat.Join(ns[i], 0, " "), stat.Median(ns[i]))
 	}
 	tw.Flush()
 	fmt.Fprintf(&buf, "\nratio wasm / native (medians): %.1fx in the headless host, %.1fx in the minimal host\n", ratio, dratio)
@@ -152,14 +152,6 @@ func runBench(root string, b bench, benchtime string) (float64, error) {
 		return 0, err
 	}
 	return 0, fmt.Errorf("go test -bench %s %s printed no sec/op:\n%s", b.name, b.pkg, printed)
-}
-
-func joinNs(xs []float64) string {
-	parts := make([]string, len(xs))
-	for i, x := range xs {
-		parts[i] = fmt.Sprintf("%.0f", x)
-	}
-	return strings.Join(parts, " ")
 }
 
 func met(ok bool) string {

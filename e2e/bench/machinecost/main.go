@@ -26,8 +26,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 	"unsafe"
@@ -86,15 +84,13 @@ func run(w io.Writer, calls, trips, runs int) error {
 	if err != nil {
 		return err
 	}
-	layouts := []struct {
+	type layout struct {
 		name        string
 		here, there int
-	}{{"both on one CPU", cpus[0], cpus[0]}}
+	}
+	layouts := []layout{{"both on one CPU", cpus[0], cpus[0]}}
 	if len(cpus) > 1 {
-		layouts = append(layouts, struct {
-			name        string
-			here, there int
-		}{"on two CPUs", cpus[0], cpus[1]})
+		layouts = append(layouts, layout{"on two CPUs", cpus[0], cpus[1]})
 	}
 	wall := make([][]float64, len(layouts))
 	cpu := make([][]float64, len(layouts))
@@ -110,22 +106,14 @@ func run(w io.Writer, calls, trips, runs int) error {
 	}
 	fmt.Fprintf(w, "what a system call and a hop between processes cost: go run ./e2e/bench/machinecost, %s (load average %.1f at the start, %.1f at the end%s)\n\n",
 		started.UTC().Format("2006-01-02 15:04 UTC"), load0, report.LoadAverage(), report.StealNote(report.ReadCPUTime().StealSince(cpu0)))
-	fmt.Fprintf(w, "a system call that does nothing (getppid), %d calls: %.2f µs (median of %d runs: %s)\n\n", calls, stat.Median(sys), runs, list(sys))
+	fmt.Fprintf(w, "a system call that does nothing (getppid), %d calls: %.2f µs (median of %d runs: %s)\n\n", calls, stat.Median(sys), runs, stat.Join(sys, 2, ", "))
 	fmt.Fprintf(w, "a byte handed to another process and back through two pipes, %d round trips, median of %d runs:\n", trips, runs)
 	for i, l := range layouts {
 		c := stat.Median(cpu[i])
 		fmt.Fprintf(w, "  %-16s %6.2f µs a round trip, %6.2f µs of CPU (%.2f µs a one-way hop); CPU per run: %s\n",
-			l.name, stat.Median(wall[i]), c, c/2, list(cpu[i]))
+			l.name, stat.Median(wall[i]), c, c/2, stat.Join(cpu[i], 2, ", "))
 	}
 	return nil
-}
-
-func list(v []float64) string {
-	s := make([]string, len(v))
-	for i, x := range v {
-		s[i] = strconv.FormatFloat(x, 'f', 2, 64)
-	}
-	return strings.Join(s, ", ")
 }
 
 // syscallCost is the time of one getppid, over calls of them on one
@@ -174,28 +162,27 @@ func roundTrips(trips, here, there int) (hop, error) {
 		return hop{}, err
 	}
 
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := pin(here); err != nil {
+	stop := func(err error) (hop, error) {
 		cmd.Process.Kill()
 		cmd.Wait()
 		return hop{}, err
 	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := pin(here); err != nil {
+		return stop(err)
+	}
 	// One round trip first: the child is up and pinned before the clock starts.
 	buf := []byte{0}
 	if err := trip(w, r, buf, 0); err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
-		return hop{}, err
+		return stop(err)
 	}
 	var ru0 unix.Rusage
 	unix.Getrusage(unix.RUSAGE_THREAD, &ru0)
 	start := time.Now()
 	for i := 1; i < trips; i++ {
 		if err := trip(w, r, buf, byte(i)); err != nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-			return hop{}, err
+			return stop(err)
 		}
 	}
 	elapsed := time.Since(start)

@@ -62,6 +62,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/bench/report"
+	"github.com/edgelimit/edgelimit/e2e/bench/stat"
 	"github.com/edgelimit/edgelimit/e2e/harness"
 
 	"github.com/redis/go-redis/v9"
@@ -360,7 +361,7 @@ func run(cfg config) error {
 	}
 
 	fmt.Fprintf(out, "\nratio sidecar / redis-benchmark, checks/s: median %.2f over %d rounds (%s); target >= %.2f\n",
-		median(ratios), len(ratios), joinRatios(ratios), targetRatio)
+		median(ratios), len(ratios), stat.Join(ratios, 2, ", "), targetRatio)
 	fmt.Fprintf(out, "Redis's CPU per check, median of the rounds: %.1f µs under the sidecar's pipelines, %.1f µs under redis-benchmark -P 1\n",
 		median(sidecarRedisCPU), median(rawRedisCPU))
 	beside.print(out)
@@ -406,14 +407,6 @@ func median(v []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func joinRatios(v []float64) string {
-	parts := make([]string, len(v))
-	for i, r := range v {
-		parts[i] = fmt.Sprintf("%.2f", r)
-	}
-	return strings.Join(parts, ", ")
 }
 
 func meanBatch(a, b scrape) float64 {

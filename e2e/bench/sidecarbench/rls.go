@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgelimit/edgelimit/e2e/bench/stat"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
@@ -254,11 +255,11 @@ func (v *rlsRatios) add(sc, rls figures, scCPU, rlsCPU perCheck) {
 
 func (v *rlsRatios) print(w io.Writer) {
 	fmt.Fprintf(w, "ratio sidecar / envoyproxy/ratelimit, checks/s: median %.2f over %d rounds (%s)\n",
-		median(v.rps), len(v.rps), joinRatios(v.rps))
+		median(v.rps), len(v.rps), stat.Join(v.rps, 2, ", "))
 	fmt.Fprintf(w, "ratio sidecar / envoyproxy/ratelimit, CPU per check (medians of the rounds' ratios; below 1: the sidecar spends less):\n")
 	fmt.Fprintf(w, "  service %.2f (%s), Redis %.2f (%s), service + Redis %.2f (%s), load generator %.2f (%s)\n",
-		median(v.service), joinRatios(v.service), median(v.redis), joinRatios(v.redis),
-		median(v.both), joinRatios(v.both), median(v.loadgen), joinRatios(v.loadgen))
+		median(v.service), stat.Join(v.service, 2, ", "), median(v.redis), stat.Join(v.redis, 2, ", "),
+		median(v.both), stat.Join(v.both, 2, ", "), median(v.loadgen), stat.Join(v.loadgen, 2, ", "))
 	fmt.Fprintf(w, "latency at full load, median of the rounds: sidecar p50 %.3fms p99 %.3fms; envoyproxy/ratelimit p50 %.3fms p99 %.3fms\n",
 		median(v.p50), median(v.p99), median(v.rlsP50), median(v.rlsP99))
 }

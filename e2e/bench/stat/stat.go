@@ -5,6 +5,8 @@ package stat
 import (
 	"math"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -52,6 +54,16 @@ func Median(xs []float64) float64 {
 		return s[n/2]
 	}
 	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// Join formats each of xs with prec decimals and joins them with sep: the
+// runs behind a median, as the reports list them.
+func Join(xs []float64, prec int, sep string) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = strconv.FormatFloat(x, 'f', prec, 64)
+	}
+	return strings.Join(parts, sep)
 }
 
 // MedianDuration is Median for durations.

@@ -65,6 +65,18 @@ func TestMedian(t *testing.T) {
 	}
 }
 
+func TestJoin(t *testing.T) {
+	if got := Join([]float64{0.641, 0.5, 12}, 2, ", "); got != "0.64, 0.50, 12.00" {
+		t.Errorf("Join = %q", got)
+	}
+	if got := Join([]float64{10793.4, 6474.6}, 0, " "); got != "10793 6475" {
+		t.Errorf("Join with no decimals = %q", got)
+	}
+	if got := Join(nil, 2, ", "); got != "" {
+		t.Errorf("Join(nil) = %q", got)
+	}
+}
+
 func TestHistogramQuantile(t *testing.T) {
 	inf := math.Inf(1)
 	bounds := []float64{1, 2, 4, inf}
