@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"slices"
 	"syscall"
 	"time"
 
@@ -12,8 +11,8 @@ import (
 	"github.com/edgelimit/edgelimit/e2e/bench/report"
 	"github.com/edgelimit/edgelimit/e2e/bench/rig"
 	"github.com/edgelimit/edgelimit/e2e/bench/stat"
+	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/e2e/services/bucket"
-	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // burstParams shape the burst sweep.
@@ -355,7 +354,7 @@ func burstOnce(ctx context.Context, b *rig.Backend, fronts []*rig.Front, key str
 	if err != nil {
 		return burstRun{}, err
 	}
-	latBefore, err := calloutLatency(b, fronts)
+	latBefore, err := rig.ReadCalloutLatency(b, gateways(fronts)...)
 	if err != nil {
 		return burstRun{}, err
 	}
@@ -382,12 +381,11 @@ func burstOnce(ctx context.Context, b *rig.Backend, fronts []*rig.Front, key str
 	if err != nil {
 		return burstRun{}, err
 	}
-	latAfter, err := calloutLatency(b, fronts)
+	latAfter, err := rig.ReadCalloutLatency(b, gateways(fronts)...)
 	if err != nil {
 		return burstRun{}, err
 	}
-	st.FilterP99 = latAfter.filter.since(latBefore.filter).p99() / 1000    // µs
-	st.SidecarP99 = latAfter.sidecar.since(latBefore.sidecar).p99() * 1000 // s
+	st.FilterP99, st.SidecarP99 = latAfter.Since(latBefore).P99()
 	for _, f := range fronts {
 		for _, svc := range f.Fleet.Services {
 			for _, rep := range svc.Stats().Replicas {
@@ -402,73 +400,13 @@ func burstOnce(ctx context.Context, b *rig.Backend, fronts []*rig.Front, key str
 	return st, nil
 }
 
-// latencyBuckets are the cumulative buckets of the two callout latency
-// histograms at one moment: bounds and counts, the last bound +Inf.
-type latencyBuckets struct{ filter, sidecar histogram }
-
-type histogram struct{ bounds, counts []float64 }
-
-// calloutLatency reads the filter's callout latency histogram from every
-// gateway's /stats/prometheus (summed: envoy.yaml gives every gateway the
-// same bounds) and the sidecar's decision histogram from its /metrics.
-func calloutLatency(b *rig.Backend, fronts []*rig.Front) (latencyBuckets, error) {
-	var l latencyBuckets
+// gateways are the fronts' gateways.
+func gateways(fronts []*rig.Front) []*harness.Gateway {
+	var gs []*harness.Gateway
 	for _, f := range fronts {
-		m, err := testkit.GetMetrics("http://" + f.Gateway.Admin + "/stats/prometheus")
-		if err != nil {
-			return l, err
-		}
-		l.filter = l.filter.plus(m.Histogram("edgelimit_callout_latency_us"))
+		gs = append(gs, f.Gateway)
 	}
-	m, err := b.SidecarMetrics()
-	if err != nil {
-		return l, err
-	}
-	l.sidecar = l.sidecar.plus(testkit.Metrics(m).Histogram("sidecar_decision_duration_seconds"))
-	return l, nil
-}
-
-// plus adds buckets with the same bounds (a histogram not yet made by its
-// first sample has none, and adds nothing).
-func (h histogram) plus(bs []testkit.Bucket) histogram {
-	if len(bs) == 0 {
-		return h
-	}
-	if h.bounds == nil {
-		h.counts = make([]float64, len(bs))
-		for _, b := range bs {
-			h.bounds = append(h.bounds, b.UpperBound)
-		}
-	}
-	out := histogram{bounds: h.bounds, counts: slices.Clone(h.counts)}
-	for i, b := range bs {
-		if i < len(out.counts) && b.UpperBound == out.bounds[i] {
-			out.counts[i] += b.Count
-		}
-	}
-	return out
-}
-
-// since is what was recorded after earlier.
-func (h histogram) since(earlier histogram) histogram {
-	if earlier.bounds == nil {
-		return h
-	}
-	out := histogram{bounds: h.bounds, counts: slices.Clone(h.counts)}
-	for i := range out.counts {
-		if i < len(earlier.counts) {
-			out.counts[i] -= earlier.counts[i]
-		}
-	}
-	return out
-}
-
-func (h histogram) p99() float64 {
-	v, ok := stat.HistogramQuantile(h.bounds, h.counts, 0.99)
-	if !ok {
-		return math.NaN()
-	}
-	return v
+	return gs
 }
 
 // sumCounters adds up the filter's counters over every front.

@@ -2,7 +2,9 @@
 // the gateway process used (utime + stime) over bursts of 30 simultaneous
 // keep-alive requests through the whole stack (a real Redis, the sidecar, a
 // service), and how many of the filter's callouts failed open, by reason
-// (requests.failed_open.<reason>). Several gateway binaries run side by
+// (requests.failed_open.<reason>), and what the gateway adds to a callout
+// at p99 (the filter's callout histogram less the sidecar's decision
+// histogram, rig.CalloutLatency). Several gateway binaries run side by
 // side on the same stack and take turns, so a before/after comparison
 // alternates on a shared, noisy machine; it prints each round and the
 // medians.
@@ -44,10 +46,11 @@ func main() {
 }
 
 type gw struct {
-	bin string
-	g   *harness.Gateway
-	cpu []float64 // µs per request, per round
-	fo  []float64 // failed-open share, per round
+	bin   string
+	g     *harness.Gateway
+	cpu   []float64 // µs per request, per round
+	fo    []float64 // failed-open share, per round
+	added []float64 // ms the gateway adds to a callout at p99, per round
 }
 
 func run(binDir string, bins []string, rounds int, rate float64, window time.Duration, senders int, profile string) error {
@@ -108,6 +111,10 @@ func run(binDir string, bins []string, rounds int, rate float64, window time.Dur
 			if err != nil {
 				return err
 			}
+			l0, err := rig.ReadCalloutLatency(backend, g.g)
+			if err != nil {
+				return err
+			}
 			res, err := burst(g, window)
 			if err != nil {
 				return err
@@ -117,6 +124,10 @@ func run(binDir string, bins []string, rounds int, rate float64, window time.Dur
 				return err
 			}
 			s1, err := g.g.Stats()
+			if err != nil {
+				return err
+			}
+			l1, err := rig.ReadCalloutLatency(backend, g.g)
 			if err != nil {
 				return err
 			}
@@ -134,14 +145,16 @@ func run(binDir string, bins []string, rounds int, rate float64, window time.Dur
 			sort.Strings(reasons)
 			us := float64((after - before).Microseconds()) / float64(res.Sent)
 			share := float64(fo) / float64(res.Sent)
-			g.cpu, g.fo = append(g.cpu, us), append(g.fo, share)
-			fmt.Printf("round %d %-28s %6d requests  %6.1f µs CPU/request  failed open %5.2f%%  load %s  %s\n",
-				r+1, g.bin, res.Sent, us, 100*share, loadavg(), strings.Join(reasons, ", "))
+			filter, sidecar := l1.Since(l0).P99()
+			g.cpu, g.fo, g.added = append(g.cpu, us), append(g.fo, share), append(g.added, filter-sidecar)
+			fmt.Printf("round %d %-28s %6d requests  %6.1f µs CPU/request  failed open %5.2f%%  callout p99 %.2f ms, sidecar's %.2f  load %s  %s\n",
+				r+1, g.bin, res.Sent, us, 100*share, filter, sidecar, loadavg(), strings.Join(reasons, ", "))
 		}
 	}
 	fmt.Println()
 	for _, g := range gws {
-		fmt.Printf("median %-28s %6.1f µs CPU/request  failed open %5.2f%%\n", g.bin, stat.Median(g.cpu), 100*stat.Median(g.fo))
+		fmt.Printf("median %-28s %6.1f µs CPU/request  failed open %5.2f%%  the gateway adds %.2f ms to a callout at p99\n",
+			g.bin, stat.Median(g.cpu), 100*stat.Median(g.fo), stat.Median(g.added))
 	}
 	return nil
 }
