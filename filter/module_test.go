@@ -5,11 +5,8 @@ package main
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +15,8 @@ import (
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+
+	"github.com/edgelimit/edgelimit/internal/gotool"
 )
 
 // These tests build filter.wasm with the standard toolchain and inspect it
@@ -51,10 +50,7 @@ func buildModule(t *testing.T) []byte {
 		}
 		defer os.RemoveAll(dir)
 		out := filepath.Join(dir, "filter.wasm")
-		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-buildmode=c-shared", "-o", out, ".")
-		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-		if b, err := cmd.CombinedOutput(); err != nil {
-			module.err = fmt.Errorf("go build: %v\n%s", err, b)
+		if module.err = gotool.BuildWasm(context.Background(), ".", ".", out); module.err != nil {
 			return
 		}
 		module.wasm, module.err = os.ReadFile(out)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/edgelimit/edgelimit/internal/gotool"
 	"github.com/edgelimit/edgelimit/internal/redisproc"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 )
@@ -162,9 +163,8 @@ func TestCheckFlag(t *testing.T) {
 func TestBinary(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "sidecar")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	if err := gotool.Run(context.Background(), ".", nil, "build", "-o", bin, "."); err != nil {
+		t.Fatal(err)
 	}
 
 	// -check on a bad config: exit 1, the error names file, field and value.

@@ -7,16 +7,15 @@ package filterwasm
 import (
 	"context"
 	"errors"
-	"os"
-	"os/exec"
+	"fmt"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/edgelimit/edgelimit/envoy/wasmhost"
 	"github.com/edgelimit/edgelimit/filter/filtertest"
+	"github.com/edgelimit/edgelimit/internal/gotool"
 )
 
 // Build compiles ./filter of the module rooted at repoRoot into dir with the
@@ -37,12 +36,8 @@ func BuildSoakGC(repoRoot, dir string) (string, error) {
 // build compiles the wasip1 reactor pkg of the module rooted at repoRoot
 // to out.
 func build(repoRoot, out, pkg string, flags ...string) (string, error) {
-	args := append([]string{"build", "-buildmode=c-shared", "-o", out}, flags...)
-	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), append(args, pkg)...)
-	cmd.Dir = repoRoot
-	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", errors.New("build " + filepath.Base(out) + ": " + err.Error() + "\n" + string(b))
+	if err := gotool.BuildWasm(context.Background(), repoRoot, pkg, out, flags...); err != nil {
+		return "", fmt.Errorf("build %s: %w", filepath.Base(out), err)
 	}
 	return out, nil
 }

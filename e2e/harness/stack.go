@@ -6,15 +6,14 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
+	"github.com/edgelimit/edgelimit/internal/gotool"
 )
 
 // Binaries are the built deliverables an end-to-end run starts, and the
@@ -56,37 +55,19 @@ func Build(ctx context.Context, dir string) (Binaries, error) {
 		Sidecar: filepath.Join(dir, "sidecar"),
 		Gateway: filepath.Join(dir, "gateway"),
 	}
-	steps := []struct {
-		env  []string
-		args []string
-	}{
-		{[]string{"GOOS=wasip1", "GOARCH=wasm"}, []string{"build", "-buildmode=c-shared", "-o", b.Filter, "./filter"}},
-		{nil, []string{"build", "-o", b.Sidecar, "./sidecar"}},
-		{nil, []string{"build", "-o", b.Gateway, "./envoy/gateway"}},
+	root, err := RepoRoot()
+	if err != nil {
+		return Binaries{}, err
 	}
-	for _, s := range steps {
-		if err := GoCommand(ctx, s.env, s.args...); err != nil {
+	if err := gotool.BuildWasm(ctx, root, "./filter", b.Filter); err != nil {
+		return Binaries{}, err
+	}
+	for out, pkg := range map[string]string{b.Sidecar: "./sidecar", b.Gateway: "./envoy/gateway"} {
+		if err := gotool.Run(ctx, root, nil, "build", "-trimpath", "-o", out, pkg); err != nil {
 			return Binaries{}, err
 		}
 	}
 	return b, nil
-}
-
-// GoCommand runs the go tool of this program's toolchain with args in the
-// repository's root, env added to the environment; a failure carries the
-// command's output.
-func GoCommand(ctx context.Context, env []string, args ...string) error {
-	root, err := RepoRoot()
-	if err != nil {
-		return err
-	}
-	cmd := exec.CommandContext(ctx, filepath.Join(runtime.GOROOT(), "bin", "go"), args...)
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), env...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return nil
 }
 
 // Locate returns the binaries in dir if all exist (as `make build` leaves

@@ -9,9 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,11 +17,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgelimit/edgelimit/internal/syncbuf"
-
 	"github.com/edgelimit/edgelimit/e2e/filterwasm"
 	"github.com/edgelimit/edgelimit/filter/filtertest"
 	"github.com/edgelimit/edgelimit/filter/limiter"
+	"github.com/edgelimit/edgelimit/internal/gotool"
+	"github.com/edgelimit/edgelimit/internal/syncbuf"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
@@ -57,13 +55,7 @@ func modules(t testing.TB) (filter, probe string) {
 		if _, buildErr = filterwasm.Build(root, buildDir); buildErr != nil {
 			return
 		}
-		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-buildmode=c-shared", "-o", filepath.Join(buildDir, "probe.wasm"), ".")
-		cmd.Dir = filepath.Join("..", "wasmhost", "testdata", "probe")
-		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = err
-			t.Log(string(out))
-		}
+		buildErr = gotool.BuildWasm(context.Background(), filepath.Join("..", "wasmhost", "testdata", "probe"), ".", filepath.Join(buildDir, "probe.wasm"))
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)

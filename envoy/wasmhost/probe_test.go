@@ -4,14 +4,14 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/internal/gotool"
 )
 
 // The probe module (testdata/probe) is built once per test binary and per
@@ -43,15 +43,12 @@ func probe(t testing.TB, tags string) []byte {
 		return b
 	}
 	out := filepath.Join(probeDir, "probe"+strings.ReplaceAll(tags, ",", "_")+".wasm")
-	args := []string{"build", "-buildmode=c-shared", "-o", out}
+	var flags []string
 	if tags != "" {
-		args = append(args, "-tags", tags)
+		flags = []string{"-tags", tags}
 	}
-	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), append(args, ".")...)
-	cmd.Dir = filepath.Join("testdata", "probe")
-	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build probe (tags %q): %v\n%s", tags, err, b)
+	if err := gotool.BuildWasm(context.Background(), filepath.Join("testdata", "probe"), ".", out, flags...); err != nil {
+		t.Fatalf("build probe (tags %q): %v", tags, err)
 	}
 	b, err := os.ReadFile(out)
 	if err != nil {

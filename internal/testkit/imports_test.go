@@ -1,29 +1,26 @@
 package testkit
 
 import (
-	"os/exec"
+	"context"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/edgelimit/edgelimit/internal/gotool"
 )
 
 // The product — the filter, the sidecar, the Lua script — and the demo
 // deployment's service are built without test support: none of them
 // imports this package or the end-to-end harness, directly or not.
 func TestProductDoesNotImportTestSupport(t *testing.T) {
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	for _, env := range [][]string{nil, {"GOOS=wasip1", "GOARCH=wasm"}} {
 		pkgs := []string{"./filter/...", "./sidecar/...", "./lua/...", "./e2e/demoservice"}
 		if env != nil {
 			pkgs = []string{"./filter"} // what is compiled to filter.wasm
 		}
-		cmd := exec.Command(goBin, append([]string{"list", "-deps"}, pkgs...)...)
-		cmd.Dir = filepath.Join("..", "..")
-		cmd.Env = append(cmd.Environ(), env...)
-		out, err := cmd.Output()
+		out, err := gotool.Output(context.Background(), filepath.Join("..", ".."), env, append([]string{"list", "-deps"}, pkgs...)...)
 		if err != nil {
-			t.Fatalf("go list %v (%v): %v", pkgs, env, err)
+			t.Fatalf("%v: %v", env, err)
 		}
 		deps := strings.Fields(string(out))
 		if len(deps) < 10 {

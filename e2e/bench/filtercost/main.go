@@ -16,13 +16,11 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -32,6 +30,7 @@ import (
 	"github.com/edgelimit/edgelimit/e2e/bench/report"
 	"github.com/edgelimit/edgelimit/e2e/bench/stat"
 	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/internal/gotool"
 )
 
 // The targets, from the issue that set them.
@@ -128,15 +127,10 @@ func run(rounds int, benchtime, out string) error {
 
 // runBench runs one benchmark once and returns its ns/op.
 func runBench(root string, b bench, benchtime string) (float64, error) {
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	cmd := exec.Command(goBin, "test", "-run", "^$", "-bench", "^"+b.name+"$", "-benchtime", benchtime, "-count", "1", b.pkg)
-	cmd.Dir = root
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return 0, fmt.Errorf("go test -bench %s %s: %v\n%s%s", b.name, b.pkg, err, stdout.Bytes(), stderr.Bytes())
+	printed, err := gotool.Output(context.Background(), root, nil, "test", "-run", "^$", "-bench", "^"+b.name+"$", "-benchtime", benchtime, "-count", "1", b.pkg)
+	if err != nil {
+		return 0, err
 	}
-	printed := stdout.Bytes()
 	r := benchfmt.NewReader(bytes.NewReader(printed), b.pkg)
 	for r.Scan() {
 		// benchfmt names a benchmark without its "Benchmark" prefix.

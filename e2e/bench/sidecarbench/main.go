@@ -64,6 +64,7 @@ import (
 	"github.com/edgelimit/edgelimit/e2e/bench/report"
 	"github.com/edgelimit/edgelimit/e2e/bench/stat"
 	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/internal/gotool"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
@@ -535,11 +536,11 @@ type sidecar struct {
 // goBuild builds pkg into bin, in the module at dir ("" for the
 // repository's own; a dir is relative to the repository's root).
 func goBuild(bin, dir, pkg string) error {
-	args := []string{"build"}
-	if dir != "" {
-		args = append(args, "-C", dir)
+	root, err := harness.RepoRoot()
+	if err != nil {
+		return err
 	}
-	return harness.GoCommand(context.Background(), nil, append(args, "-trimpath", "-o", bin, pkg)...)
+	return gotool.Run(context.Background(), filepath.Join(root, dir), nil, "build", "-trimpath", "-o", bin, pkg)
 }
 
 // writePlans writes the plans file every benchmark key is in (benchLimit,

@@ -1,0 +1,48 @@
+// Package gotool runs the go tool of the toolchain the running program was
+// built with, for the tests and tools that build the project's binaries and
+// wasm modules: every such build then uses the same Go as the test that
+// asked for it, whatever go comes first on the PATH, and a module is built
+// the one way the Makefile builds build/filter.wasm.
+package gotool
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+)
+
+// Run runs go with args in dir, env added to the environment; a failure
+// carries what the command printed.
+func Run(ctx context.Context, dir string, env []string, args ...string) error {
+	_, err := Output(ctx, dir, env, args...)
+	return err
+}
+
+// Output runs go as Run does and returns what it printed on its standard
+// output (all of it, on failure too); a failure carries that and its
+// standard error.
+func Output(ctx context.Context, dir string, env []string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(runtime.GOROOT(), "bin", "go"), args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.Bytes(), fmt.Errorf("go %s: %v\n%s%s", strings.Join(args, " "), err, stdout.Bytes(), stderr.Bytes())
+	}
+	return stdout.Bytes(), nil
+}
+
+// BuildWasm builds pkg, a wasip1 reactor (a main package of go:wasmexport
+// functions), in dir to out as the Makefile builds build/filter.wasm:
+// GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -trimpath, with
+// flags (build tags, linker flags) before pkg.
+func BuildWasm(ctx context.Context, dir, pkg, out string, flags ...string) error {
+	args := append([]string{"build", "-buildmode=c-shared", "-trimpath", "-o", out}, flags...)
+	return Run(ctx, dir, []string{"GOOS=wasip1", "GOARCH=wasm"}, append(args, pkg)...)
+}
