@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/bench/report"
+	"github.com/edgelimit/edgelimit/e2e/bench/stat"
 )
 
 // The sidecar's targets: at least 0.8x raw Redis (redis-benchmark EVALSHA
@@ -108,7 +109,7 @@ func reportChecks(text string) ([]report.Check, error) {
 	if len(cpu) == 0 {
 		return nil, missing("sidecar round")
 	}
-	c := median(cpu)
+	c := stat.Median(cpu)
 	measured := fmt.Sprintf("%.1f µs (median of %d rounds)", c, len(cpu))
 	if f := floorRE.FindStringSubmatch(text); f != nil {
 		measured += fmt.Sprintf("; without Redis, each at its own full load: %s µs with the sidecar's handler deciding at once (%s checks/s), %s µs for its fasthttp server sending one fixed answer (%s checks/s)",

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+
+	"github.com/edgelimit/edgelimit/e2e/bench/stat"
 )
 
 // floors are the two servers the sidecar's CPU per check is read beside
@@ -56,6 +58,6 @@ func (f *floorFigures) add(sidecarCPU float64, dec figures, decCPU perCheck, fix
 
 func (f *floorFigures) print(out io.Writer) {
 	fmt.Fprintf(out, "the sidecar's CPU per check beside its floors, medians of the rounds: %.1f µs; deciding at once without Redis %.1f µs (%.0f checks/s); one fixed answer %.1f µs (%.0f checks/s)\n",
-		median(f.sidecar), median(f.decided), median(f.decidedRate), median(f.fixed), median(f.fixedRate))
+		stat.Median(f.sidecar), stat.Median(f.decided), stat.Median(f.decidedRate), stat.Median(f.fixed), stat.Median(f.fixedRate))
 	fmt.Fprintf(out, "  each floor loaded as the sidecar is, at its own full load (a higher rate than the sidecar's); the sidecar's figure less the first is what deciding on Redis adds\n")
 }

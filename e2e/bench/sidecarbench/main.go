@@ -117,6 +117,10 @@ func main() {
 		}
 		return
 	}
+	if err := cfg.check(); err != nil {
+		fmt.Fprintln(os.Stderr, "sidecarbench:", err)
+		os.Exit(2)
+	}
 	if cfg.loader == "wrk" {
 		if _, err := exec.LookPath("wrk"); err != nil {
 			fmt.Fprintln(os.Stderr, "sidecarbench: wrk not found, using the Go load generator")
@@ -127,6 +131,31 @@ func main() {
 		fmt.Fprintln(os.Stderr, "sidecarbench:", err)
 		os.Exit(1)
 	}
+}
+
+// check names the first flag whose value cannot make a run.
+func (c config) check() error {
+	switch {
+	case c.rounds < 1:
+		return fmt.Errorf("-rounds: must be >= 1, got %d", c.rounds)
+	case c.concurrency < 1:
+		return fmt.Errorf("-c: must be >= 1, got %d", c.concurrency)
+	case c.keys < 1:
+		return fmt.Errorf("-keys: must be >= 1, got %d", c.keys)
+	case c.duration <= 0:
+		return fmt.Errorf("-d: must be > 0, got %v", c.duration)
+	case c.warmup < 0:
+		return fmt.Errorf("-warmup: must be >= 0, got %v", c.warmup)
+	case c.redisN < 0:
+		return fmt.Errorf("-redis-n: must be >= 0, got %d", c.redisN)
+	case c.pipelines < 0:
+		return fmt.Errorf("-redis-pipelines: must be >= 0, got %d", c.pipelines)
+	case c.loader != "wrk" && c.loader != "go":
+		return fmt.Errorf("-load: must be wrk or go, got %q", c.loader)
+	case c.rlsConns < 1:
+		return fmt.Errorf("-rls-conns: must be >= 1, got %d", c.rlsConns)
+	}
+	return nil
 }
 
 func run(cfg config) error {
@@ -344,7 +373,7 @@ func run(cfg config) error {
 	w.Flush()
 
 	// Half of the raw Redis figure (its median over the rounds), open loop.
-	half := median(rawRates) / 2
+	half := stat.Median(rawRates) / 2
 	if _, err := lg.open(cfg.warmup, half); err != nil {
 		return err
 	}
@@ -362,9 +391,9 @@ func run(cfg config) error {
 	}
 
 	fmt.Fprintf(out, "\nratio sidecar / redis-benchmark, checks/s: median %.2f over %d rounds (%s); target >= %.2f\n",
-		median(ratios), len(ratios), stat.Join(ratios, 2, ", "), targetRatio)
+		stat.Median(ratios), len(ratios), stat.Join(ratios, 2, ", "), targetRatio)
 	fmt.Fprintf(out, "Redis's CPU per check, median of the rounds: %.1f µs under the sidecar's pipelines, %.1f µs under redis-benchmark -P 1\n",
-		median(sidecarRedisCPU), median(rawRedisCPU))
+		stat.Median(sidecarRedisCPU), stat.Median(rawRedisCPU))
 	beside.print(out)
 	if rls != nil {
 		vsRLS.print(out)
@@ -396,18 +425,6 @@ func run(cfg config) error {
 		return writeChecks(cfg.out)
 	}
 	return nil
-}
-
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func meanBatch(a, b scrape) float64 {

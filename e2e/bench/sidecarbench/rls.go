@@ -255,13 +255,13 @@ func (v *rlsRatios) add(sc, rls figures, scCPU, rlsCPU perCheck) {
 
 func (v *rlsRatios) print(w io.Writer) {
 	fmt.Fprintf(w, "ratio sidecar / envoyproxy/ratelimit, checks/s: median %.2f over %d rounds (%s)\n",
-		median(v.rps), len(v.rps), stat.Join(v.rps, 2, ", "))
+		stat.Median(v.rps), len(v.rps), stat.Join(v.rps, 2, ", "))
 	fmt.Fprintf(w, "ratio sidecar / envoyproxy/ratelimit, CPU per check (medians of the rounds' ratios; below 1: the sidecar spends less):\n")
 	fmt.Fprintf(w, "  service %.2f (%s), Redis %.2f (%s), service + Redis %.2f (%s), load generator %.2f (%s)\n",
-		median(v.service), stat.Join(v.service, 2, ", "), median(v.redis), stat.Join(v.redis, 2, ", "),
-		median(v.both), stat.Join(v.both, 2, ", "), median(v.loadgen), stat.Join(v.loadgen, 2, ", "))
+		stat.Median(v.service), stat.Join(v.service, 2, ", "), stat.Median(v.redis), stat.Join(v.redis, 2, ", "),
+		stat.Median(v.both), stat.Join(v.both, 2, ", "), stat.Median(v.loadgen), stat.Join(v.loadgen, 2, ", "))
 	fmt.Fprintf(w, "latency at full load, median of the rounds: sidecar p50 %.3fms p99 %.3fms; envoyproxy/ratelimit p50 %.3fms p99 %.3fms\n",
-		median(v.p50), median(v.p99), median(v.rlsP50), median(v.rlsP99))
+		stat.Median(v.p50), stat.Median(v.p99), stat.Median(v.rlsP50), stat.Median(v.rlsP99))
 }
 
 // checksPath is where the summary lines go next to the text report:
