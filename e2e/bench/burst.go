@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"net/http"
 	"syscall"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/edgelimit/edgelimit/e2e/bench/stat"
 	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/e2e/services/bucket"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // burstParams shape the burst sweep.
@@ -32,12 +34,15 @@ type burstRow struct {
 // defaultBurst: one client at five times its plan (its rate is a fifth of
 // what it sends, its burst a tenth), through 1 and 3 gateways, 3 s a run
 // (longer at low rates: minBurstRequests) and -runs runs a step: an open
-// loop and 10 senders firing together swept
-// from 100 to 4000 requests/s, then bursts of 20, 30 and 40 senders from
-// 500 requests/s (the target) to 2000.
+// loop and 10 senders firing together swept from 100 requests/s, then
+// bursts of 20, 30 and 40 senders from 500 requests/s (the target), each
+// row until a step does not hold. The rates go past what the machine can
+// carry (some 400 µs of CPU a request for every process together, 2 CPUs:
+// about 5,000 requests/s), so that each row finds its limit; a row that
+// holds at its last rate says so.
 func defaultBurst(e *env) burstParams {
-	rates := []float64{100, 250, 500, 1000, 1500, 2000, 3000, 4000}
-	big := []float64{burstTarget, 1000, 1500, 2000}
+	rates := []float64{100, 250, 500, 1000, 1500, 2000, 3000, 4000, 6000, 8000}
+	big := []float64{burstTarget, 1000, 1500, 2000, 3000, 4000, 6000, 8000}
 	return burstParams{Gateways: []int{1, 3}, Window: e.dur(3 * time.Second), Rows: []burstRow{
 		{0, rates}, {10, rates}, {20, big}, {30, big}, {40, big},
 	}}
@@ -68,6 +73,7 @@ func burstPlan(offered float64) bucket.Limit {
 // the step's window.
 type burstRun struct {
 	Sent       int64
+	Dropped    int64   // due while load.MaxBurstInFlight were outstanding, not sent
 	Want       float64 // capacity + rate × window
 	Admitted   int64
 	FailedOpen int64
@@ -130,10 +136,10 @@ func (r burstRun) AddedP99() float64 { return r.FilterP99 - r.SidecarP99 }
 
 // Holds reports whether the run kept the three promises: admissions within
 // 5% of the plan, at most 1% failed open, the services got exactly the
-// admitted requests.
+// admitted requests; and every request was sent and answered 200 or 429.
 func (r burstRun) Holds() bool {
 	return math.Abs(float64(r.Admitted)-r.Want) <= 0.05*r.Want && float64(r.FailedOpen) <= 0.01*float64(r.Sent) &&
-		r.Reached == r.Admitted && r.Other == 0
+		r.Reached == r.Admitted && r.Other == 0 && r.Dropped == 0
 }
 
 // burstStep is one offered rate, one way of sending, one gateway count, run
@@ -194,7 +200,7 @@ func (s burstStep) mode() string {
 
 func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 	p := defaultBurst(e)
-	pl := plans{Plans: map[string]bucket.Limit{}, Clients: map[string]string{}}
+	pl := plans{Plans: map[string]bucket.Limit{"settle": {Capacity: 1e6, Rate: 1e6}}, Clients: map[string]string{settleKey: "settle"}}
 	for _, g := range p.Gateways {
 		for _, row := range p.Rows {
 			// Every step its own client (fresh bucket) with the plan of
@@ -226,7 +232,18 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 			}
 			fronts = append(fronts, f)
 		}
+		settled := true
 		for _, row := range p.Rows {
+			if !settled {
+				// The row before stopped at a step past what the stack
+				// could carry: let the breakers it may have opened close
+				// before this row's first step.
+				if err := settle(ctx, fronts); err != nil {
+					b.Close()
+					return nil, err
+				}
+				settled = true
+			}
 			for i, r := range row.Offered {
 				st := burstStep{Gateways: g, Senders: row.Senders, Offered: r}
 				for run := 0; run < e.runs; run++ {
@@ -241,6 +258,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 				steps = append(steps, st)
 				if !st.Holds() {
 					stopped[[2]int{g, row.Senders}] = st
+					settled = false
 					break // the limiter's capacity on this machine is below r
 				}
 				held[[2]int{g, row.Senders}] = r
@@ -268,14 +286,21 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 				exact++
 			}
 		}
-		t.Add(s.Gateways, s.mode(), fmt.Sprintf("%.0f", s.Offered), fmt.Sprintf("%.0f", sent), fmt.Sprintf("%.0f", want), fmt.Sprintf("%.0f", admitted),
+		sentCol := fmt.Sprintf("%.0f", sent)
+		if d := s.median(func(r burstRun) float64 { return float64(r.Dropped) }); d > 0 {
+			sentCol += fmt.Sprintf(" (%.0f more due, not sent: %d outstanding)", d, load.MaxBurstInFlight)
+		}
+		if o := s.median(func(r burstRun) float64 { return float64(r.Other) }); o > 0 {
+			sentCol += fmt.Sprintf(" (%.0f answered neither 200 nor 429)", o)
+		}
+		t.Add(s.Gateways, s.mode(), fmt.Sprintf("%.0f", s.Offered), sentCol, fmt.Sprintf("%.0f", want), fmt.Sprintf("%.0f", admitted),
 			ratio(s.median(func(r burstRun) float64 { return float64(r.Admitted) / r.Want })), fmt.Sprintf("%.0f (%.2f%%)", fo, share),
 			fmt.Sprintf("%d of %d runs", exact, len(s.Runs)), fmt.Sprintf("%d of %d", s.Held(), len(s.Runs)), yesNo(s.Holds()),
 			msOrDash(s.median(func(r burstRun) float64 { return r.FilterP99 })), msOrDash(s.median(func(r burstRun) float64 { return r.SidecarP99 })),
 			msOrDash(s.median(burstRun.AddedP99)), s.cpu(), stealOrDash(s.steal()))
 	}
 	t.Notes = []string{
-		fmt.Sprintf("Each run is a fresh client whose plan is a fifth of what it sends (burst: a tenth), so admissions and callouts grow with the rate. \"Plan allows\" is capacity + rate x the client's sending window. A run holds when admissions are within 5%% of it, at most 1%% of the requests failed open, and the services received exactly the admitted requests; a step holds when most of its %d runs do (the figures are the runs' medians, each column on its own). A row stops at the first step that does not hold.", e.runs),
+		fmt.Sprintf("Each run is a fresh client whose plan is a fifth of what it sends (burst: a tenth), so admissions and callouts grow with the rate. \"Plan allows\" is capacity + rate x the client's sending window. A run holds when admissions are within 5%% of it, at most 1%% of the requests failed open, and the services received exactly the admitted requests (and every request due was sent, with at most %d outstanding, and answered 200 or 429); a step holds when most of its %d runs do (the figures are the runs' medians, each column on its own). A row stops at the first step that does not hold.", load.MaxBurstInFlight, e.runs),
 		"The gateways run the filter with its 5 ms callout timeout and the sidecar its defaults (4 ms Redis deadline); everything (Redis, the sidecar, the gateways, the services and the load generator) shares this machine's 2 cores, so a burst of n senders is n requests' work for every one of them at once.",
 		"Steal: the share of the machine's CPU time the hypervisor gave to other tenants during the run (/proc/stat). Its vCPUs stall while it does, for up to tens of ms at a time, and whatever part of a request's path was on the stalled vCPU waits with it; runs at a few percent of steal fail open far more than runs at a tenth of a percent (e2e/host_test.go).",
 		"CPU µs per request: the CPU time (user and system) each part used during the run, over the requests sent: every gateway together and the sidecar from /proc, Redis from INFO cpu, and the bench's own process (getrusage), which runs the load generator and the services. /proc counts in ticks of 10 ms, so a run of n requests reads each process to 10 ms / n (10 µs for 1000). The machine has 2 s of CPU for each second; a burst of n senders brings n requests' worth of it due at once, whatever the average.",
@@ -309,8 +334,11 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 			c := held[[2]int{g, row.Senders}]
 			mode := burstStep{Senders: row.Senders}.mode()
 			what := fmt.Sprintf("holds up to %.0f req/s offered", c)
-			if c == 0 {
+			switch c {
+			case 0:
 				what = fmt.Sprintf("does not hold at %.0f req/s", row.Offered[0])
+			case row.Offered[len(row.Offered)-1]:
+				what = fmt.Sprintf("holds at every rate swept, up to %.0f req/s offered (the highest swept: the limit is above it)", c)
 			}
 			if st, ok := stopped[[2]int{g, row.Senders}]; ok {
 				// The hypervisor's share during the step that stopped the
@@ -338,6 +366,47 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 		Tables: []report.Table{summary, t},
 		Checks: checks,
 	}, nil
+}
+
+// settleKey is the client settle sends as: a plan it never exhausts.
+const settleKey = "burst-settle"
+
+// settle sends one request at a time through each gateway until one is
+// decided by the sidecar (answered 200 without failing open): a breaker
+// that a saturated step opened then has let its probe through and closed
+// again. It gives up after 30 s.
+func settle(ctx context.Context, fronts []*rig.Front) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	c := load.NewClient(5 * time.Second)
+	defer c.CloseIdleConnections()
+	for _, f := range fronts {
+		var last error
+		if err := testkit.Wait(ctx, func() bool {
+			before, err := f.Counters()
+			if err != nil {
+				last = err
+				return false
+			}
+			if status := load.Get(ctx, c, f.Gateway.Addr, "/orders/settle", settleKey); status != http.StatusOK {
+				last = fmt.Errorf("answered %d (0: no answer)", status)
+				return false
+			}
+			after, err := f.Counters()
+			if err != nil {
+				last = err
+				return false
+			}
+			if n := rig.FailedOpen(counterDelta(before, after)); n > 0 {
+				last = fmt.Errorf("the check failed open")
+				return false
+			}
+			return true
+		}); err != nil {
+			return fmt.Errorf("burst: %s did not settle after a saturated step: %w (last: %v)", f.Gateway.Addr, err, last)
+		}
+	}
+	return nil
 }
 
 func burstKey(gateways, senders, step, run int) string {
@@ -394,7 +463,7 @@ func burstOnce(ctx context.Context, b *rig.Backend, fronts []*rig.Front, key str
 		}
 	}
 	plan := burstPlan(offered)
-	st.Sent, st.Admitted, st.Other = r.Sent, r.OK, r.Other
+	st.Sent, st.Dropped, st.Admitted, st.Other = r.Sent, r.Dropped, r.OK, r.Other
 	st.Want = plan.Capacity + plan.Rate*r.Window.Seconds()
 	st.FailedOpen = rig.FailedOpen(counterDelta(before, after))
 	return st, nil

@@ -242,6 +242,12 @@ func Run(ctx context.Context, o Options, streams []Stream) (*Result, error) {
 	return res, ctx.Err()
 }
 
+// Get sends one GET of path to target as client key (none if "") with c,
+// and reads the answer to the end: its status, 0 when it failed.
+func Get(ctx context.Context, c *http.Client, target, path, key string) int {
+	return send(ctx, c, target, http.MethodGet, path, key)
+}
+
 // send makes one request and reads its answer to the end; 0 on failure.
 func send(ctx context.Context, c *http.Client, target, method, path, key string) int {
 	req, err := http.NewRequestWithContext(ctx, method, "http://"+target+path, nil)
@@ -356,13 +362,25 @@ type Burst struct {
 	// at once, the ticks spaced so that the total is Rate. 0 is an open
 	// loop: requests evenly spaced at Rate, each sent whatever the answers.
 	Senders int
+	// MaxInFlight bounds the requests outstanding at once (each on a
+	// connection of its own); a request due while it is reached is
+	// counted Dropped, not sent. 0 is MaxBurstInFlight.
+	MaxInFlight int
 }
 
 // BurstResult counts what the client saw.
 type BurstResult struct {
 	Sent, OK, Denied, Other int64
-	Window                  time.Duration // first to last request sent
+	// Dropped were due while MaxInFlight requests were outstanding, and
+	// not sent: the target was that far behind.
+	Dropped int64
+	Window  time.Duration // first to last request sent
 }
+
+// MaxBurstInFlight is a Burst's default MaxInFlight: past it the target is
+// seconds behind at any rate the machine can offer, and the process would
+// run out of file descriptors.
+const MaxBurstInFlight = 4096
 
 // RunBurst sends b and waits for every answer.
 func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
@@ -375,11 +393,17 @@ func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
 		return BurstResult{}, fmt.Errorf("window: must be > 0, got %v", b.Window)
 	case b.Senders < 0:
 		return BurstResult{}, fmt.Errorf("senders: must be >= 0, got %d", b.Senders)
+	case b.MaxInFlight < 0:
+		return BurstResult{}, fmt.Errorf("max in flight: must be >= 0, got %d", b.MaxInFlight)
+	}
+	if b.MaxInFlight == 0 {
+		b.MaxInFlight = MaxBurstInFlight
 	}
 	client := NewClient(10 * time.Second)
 	defer client.CloseIdleConnections()
 	var ok, denied, other atomic.Int64
 	var wg sync.WaitGroup
+	slots := make(chan struct{}, b.MaxInFlight)
 	batch := max(b.Senders, 1)
 	interval := time.Duration(float64(time.Second) * float64(batch) / b.Rate)
 	var res BurstResult
@@ -400,11 +424,18 @@ func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
 		}
 		last = time.Now()
 		for range batch {
+			select {
+			case slots <- struct{}{}:
+			default:
+				res.Dropped++
+				continue
+			}
 			target := b.Targets[res.Sent%int64(len(b.Targets))]
 			res.Sent++
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				defer func() { <-slots }()
 				switch send(ctx, client, target, http.MethodGet, b.Path, b.Client) {
 				case http.StatusOK:
 					ok.Add(1)

@@ -88,6 +88,33 @@ func TestRunDropsBeyondMaxInFlight(t *testing.T) {
 	}
 }
 
+func TestRunBurstDropsBeyondMaxInFlight(t *testing.T) {
+	arrived, release := make(chan struct{}, 5), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+	}))
+	defer srv.Close()
+	// One tick (5 senders at 5 requests/s: the next tick is 1 s away, past
+	// the window) of five requests, at most three outstanding: the server
+	// holds the first three until all have arrived, so the other two are
+	// due while three are outstanding, and dropped.
+	go func() {
+		for range 3 {
+			<-arrived
+		}
+		close(release)
+	}()
+	res, err := RunBurst(context.Background(), Burst{Targets: []string{strings.TrimPrefix(srv.URL, "http://")}, Client: "a", Path: "/",
+		Rate: 5, Window: 100 * time.Millisecond, Senders: 5, MaxInFlight: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Sent != 3 || res.Dropped != 2 || res.OK != 3 {
+		t.Fatalf("sent %d, dropped %d, ok %d; want 3, 2, 3", res.Sent, res.Dropped, res.OK)
+	}
+}
+
 func TestRunRejectsBadStreams(t *testing.T) {
 	tests := []struct {
 		s    []Stream
