@@ -92,7 +92,7 @@ func burstPlan(offered float64) bucket.Limit {
 // the step's window.
 type burstRun struct {
 	Sent       int64
-	Dropped    int64   // due while load.MaxBurstInFlight were outstanding, not sent
+	Dropped    int64   // due while burstMaxInFlight were outstanding, not sent
 	Want       float64 // capacity + rate × window
 	Admitted   int64
 	FailedOpen int64
