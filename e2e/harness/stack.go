@@ -62,8 +62,8 @@ func Build(ctx context.Context, dir string) (Binaries, error) {
 	if err := gotool.BuildWasm(ctx, root, "./filter", b.Filter); err != nil {
 		return Binaries{}, err
 	}
-	for out, pkg := range map[string]string{b.Sidecar: "./sidecar", b.Gateway: "./envoy/gateway"} {
-		if err := gotool.Run(ctx, root, nil, "build", "-trimpath", "-o", out, pkg); err != nil {
+	for _, s := range [][2]string{{b.Sidecar, "./sidecar"}, {b.Gateway, "./envoy/gateway"}} {
+		if err := gotool.Run(ctx, root, nil, "build", "-trimpath", "-o", s[0], s[1]); err != nil {
 			return Binaries{}, err
 		}
 	}

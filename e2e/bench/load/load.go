@@ -35,7 +35,8 @@ type Stream struct {
 type Options struct {
 	Target string // host:port every request goes to
 	// MaxInFlight bounds the requests outstanding at once; a request due
-	// while it is reached is counted Dropped, not sent late. Defaults to 4096.
+	// while it is reached is counted Dropped, not sent late. Defaults to
+	// DefaultMaxInFlight.
 	MaxInFlight int
 	// Timeout bounds one request. Defaults to 10 s.
 	Timeout time.Duration
@@ -165,7 +166,7 @@ func Run(ctx context.Context, o Options, streams []Stream) (*Result, error) {
 		return nil, err
 	}
 	if o.MaxInFlight <= 0 {
-		o.MaxInFlight = 4096
+		o.MaxInFlight = DefaultMaxInFlight
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 10 * time.Second
@@ -364,7 +365,7 @@ type Burst struct {
 	Senders int
 	// MaxInFlight bounds the requests outstanding at once (each on a
 	// connection of its own); a request due while it is reached is
-	// counted Dropped, not sent. 0 is MaxBurstInFlight.
+	// counted Dropped, not sent. 0 is DefaultMaxInFlight.
 	MaxInFlight int
 }
 
@@ -377,10 +378,10 @@ type BurstResult struct {
 	Window  time.Duration // first to last request sent
 }
 
-// MaxBurstInFlight is a Burst's default MaxInFlight: past it the target is
-// seconds behind at any rate the machine can offer, and the process would
-// run out of file descriptors.
-const MaxBurstInFlight = 4096
+// DefaultMaxInFlight is a run's and a Burst's MaxInFlight when none is
+// given: past it the target is seconds behind at any rate the machine can
+// offer, and the process would run out of file descriptors.
+const DefaultMaxInFlight = 4096
 
 // RunBurst sends b and waits for every answer.
 func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
@@ -397,7 +398,7 @@ func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
 		return BurstResult{}, fmt.Errorf("max in flight: must be >= 0, got %d", b.MaxInFlight)
 	}
 	if b.MaxInFlight == 0 {
-		b.MaxInFlight = MaxBurstInFlight
+		b.MaxInFlight = DefaultMaxInFlight
 	}
 	client := NewClient(10 * time.Second)
 	defer client.CloseIdleConnections()
