@@ -60,7 +60,7 @@ func envFunctions() []hostFunc {
 				ret(s, StatusInvalidMemAccess)
 				return
 			}
-			ret(s, vm.copyOut([]byte(vm.statusMsg), u32(s[1]), u32(s[2])))
+			ret(s, vm.copyOutString(vm.statusMsg, u32(s[1]), u32(s[2])))
 		}),
 		env("proxy_set_property", 4, func(vm *VM, s []uint64) {
 			key, ok1 := vm.readString(u32(s[0]), u32(s[1]))
@@ -87,7 +87,7 @@ func envFunctions() []hostFunc {
 		env("proxy_send_local_response", 8, func(vm *VM, s []uint64) {
 			details, ok1 := vm.readString(u32(s[1]), u32(s[2]))
 			body, ok2 := vm.read(u32(s[3]), u32(s[4]))
-			hdrs, ok3 := vm.read(u32(s[5]), u32(s[6]))
+			hdrs, ok3 := vm.mem.Read(u32(s[5]), u32(s[6]))
 			if !ok1 || !ok2 || !ok3 {
 				ret(s, StatusInvalidMemAccess)
 				return
@@ -97,7 +97,7 @@ func envFunctions() []hostFunc {
 				reply := LocalReply{
 					Status:     int(u32(s[0])),
 					Body:       body,
-					Headers:    lowerKeys(DecodePairs(hdrs)),
+					Headers:    vm.text.pairs(hdrs, 0),
 					Details:    replaceSpaces(details),
 					GRPCStatus: int32(u32(s[7])),
 				}
@@ -160,7 +160,7 @@ func envFunctions() []hostFunc {
 			for _, h := range m {
 				if h[0] == key {
 					// Envoy hands out the first value only.
-					ret(s, vm.copyOut([]byte(h[1]), u32(s[3]), u32(s[4])))
+					ret(s, vm.copyOutString(h[1], u32(s[3]), u32(s[4])))
 					return
 				}
 			}
@@ -199,19 +199,23 @@ func envFunctions() []hostFunc {
 			}
 			// Always OK: a map that is not there reads as empty.
 			m, _ := vm.constMap(vm.ctxOrEffective(), t)
-			ret(s, vm.copyOut(EncodePairs(m), u32(s[1]), u32(s[2])))
+			dst, st := vm.handOut(pairsSize(m), u32(s[1]), u32(s[2]))
+			if st == StatusOK {
+				encodePairs(dst, m)
+			}
+			ret(s, st)
 		}),
 		env("proxy_set_header_map_pairs", 3, func(vm *VM, s []uint64) {
 			t, ok := mapArg(s)
 			if !ok {
 				return
 			}
-			data, ok := vm.read(u32(s[1]), u32(s[2]))
+			data, ok := vm.mem.Read(u32(s[1]), u32(s[2]))
 			if !ok {
 				ret(s, StatusInvalidMemAccess)
 				return
 			}
-			changeMap(vm, s, t, func([]Header) []Header { return lowerKeys(DecodePairs(data)) })
+			changeMap(vm, s, t, func([]Header) []Header { return vm.text.pairs(data, headerRoom) })
 		}),
 		env("proxy_get_header_map_size", 2, func(vm *VM, s []uint64) {
 			t, ok := mapArg(s)
@@ -464,11 +468,9 @@ func editMap(vm *VM, s []uint64, edit func(m []Header, key, val string) []Header
 		ret(s, StatusInvalidMemAccess)
 		return
 	}
-	// The map keeps both: one copy holds them, the name lower-cased as
-	// Envoy's header map stores it.
-	lk := strings.ToLower(k)
-	both := lk + v
-	key, val := both[:len(lk)], both[len(lk):]
+	// The map keeps both: a copy in the VM's arena, the name lower-cased
+	// as Envoy's header map stores it.
+	key, val := vm.text.pair(k, v)
 	changeMap(vm, s, t, func(m []Header) []Header { return edit(m, key, val) })
 }
 

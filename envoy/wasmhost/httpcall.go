@@ -145,10 +145,12 @@ func (p *pendingCall) response() *CalloutResponse {
 // httpCall is proxy_http_call(cluster ptr/len, headers ptr/len, body
 // ptr/len, trailers ptr/len, timeout_ms, token ptr).
 func (vm *VM) httpCall(s []uint64) Status {
-	cluster, ok1 := vm.readString(u32(s[0]), u32(s[1]))
-	hdrs, ok2 := vm.read(u32(s[2]), u32(s[3]))
+	// Views of the module's memory, copied below into what the call
+	// keeps before anything else runs in the module.
+	clusterView, ok1 := vm.mem.Read(u32(s[0]), u32(s[1]))
+	hdrs, ok2 := vm.mem.Read(u32(s[2]), u32(s[3]))
 	body, ok3 := vm.read(u32(s[4]), u32(s[5]))
-	trls, ok4 := vm.read(u32(s[6]), u32(s[7]))
+	trls, ok4 := vm.mem.Read(u32(s[6]), u32(s[7]))
 	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return StatusInvalidMemAccess
 	}
@@ -163,10 +165,11 @@ func (vm *VM) httpCall(s []uint64) Status {
 	if timeoutMs < 0 {
 		return StatusBadArgument
 	}
+	cluster := vm.text.bytes(clusterView)
 	if vm.o.Dispatcher == nil || !vm.o.Dispatcher.Cluster(cluster) {
 		return StatusBadArgument
 	}
-	headers := lowerKeys(DecodePairs(hdrs))
+	headers := vm.text.pairs(hdrs, 1) // room for a content-length
 	var path, method, authority bool
 	for _, h := range headers {
 		switch h[0] {
@@ -193,7 +196,7 @@ func (vm *VM) httpCall(s []uint64) Status {
 		Cluster:   cluster,
 		Headers:   headers,
 		Body:      body,
-		Trailers:  lowerKeys(DecodePairs(trls)),
+		Trailers:  vm.text.pairs(trls, 0),
 		Timeout:   time.Duration(timeoutMs) * time.Millisecond,
 	}
 	ctx, cancel := context.WithCancel(vm.ctx)

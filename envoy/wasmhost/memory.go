@@ -77,17 +77,37 @@ func (vm *VM) alloc(n uint32) uint32 {
 // allocates a copy (none for empty data, whose pointer is 0) and writes the
 // pointer and the length where the module asked.
 func (vm *VM) copyOut(data []byte, ptrPtr, sizePtr uint32) Status {
+	dst, st := vm.handOut(len(data), ptrPtr, sizePtr)
+	copy(dst, data)
+	return st
+}
+
+// copyOutString is copyOut for a string, without converting it first.
+func (vm *VM) copyOutString(data string, ptrPtr, sizePtr uint32) Status {
+	dst, st := vm.handOut(len(data), ptrPtr, sizePtr)
+	copy(dst, data)
+	return st
+}
+
+// handOut is copyOut for n bytes the caller writes itself, into the view
+// of the module's memory it returns (nil unless the status is OK), before
+// anything else runs in the module.
+func (vm *VM) handOut(n int, ptrPtr, sizePtr uint32) ([]byte, Status) {
 	var ptr uint32
-	if len(data) > 0 {
-		ptr = vm.alloc(uint32(len(data)))
-		if ptr == 0 || !vm.write(ptr, data) {
-			return StatusInvalidMemAccess
+	var dst []byte
+	if n > 0 {
+		if ptr = vm.alloc(uint32(n)); ptr == 0 {
+			return nil, StatusInvalidMemAccess
+		}
+		var ok bool
+		if dst, ok = vm.mem.Read(ptr, uint32(n)); !ok {
+			return nil, StatusInvalidMemAccess
 		}
 	}
-	if !vm.writeU32(ptrPtr, ptr) || !vm.writeU32(sizePtr, uint32(len(data))) {
-		return StatusInvalidMemAccess
+	if !vm.writeU32(ptrPtr, ptr) || !vm.writeU32(sizePtr, uint32(n)) {
+		return nil, StatusInvalidMemAccess
 	}
-	return StatusOK
+	return dst, StatusOK
 }
 
 func le32(b []byte) uint32 { return binary.LittleEndian.Uint32(b) }

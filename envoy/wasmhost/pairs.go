@@ -3,6 +3,7 @@ package wasmhost
 import (
 	"encoding/binary"
 	"strings"
+	"unsafe"
 )
 
 // Limits Envoy (proxy-wasm-cpp-host limits.h) puts on a header map a plugin
@@ -20,11 +21,28 @@ func EncodePairs(pairs []Header) []byte {
 	if len(pairs) == 0 {
 		return nil
 	}
+	b := make([]byte, pairsSize(pairs))
+	encodePairs(b, pairs)
+	return b
+}
+
+// pairsSize is the length of EncodePairs(pairs).
+func pairsSize(pairs []Header) int {
+	if len(pairs) == 0 {
+		return 0
+	}
 	size := 4
 	for _, p := range pairs {
 		size += 8 + len(p[0]) + 1 + len(p[1]) + 1
 	}
-	b := make([]byte, size)
+	return size
+}
+
+// encodePairs writes EncodePairs(pairs) into b, pairsSize(pairs) bytes.
+func encodePairs(b []byte, pairs []Header) {
+	if len(pairs) == 0 {
+		return
+	}
 	binary.LittleEndian.PutUint32(b, uint32(len(pairs)))
 	off := 4
 	for _, p := range pairs {
@@ -33,50 +51,83 @@ func EncodePairs(pairs []Header) []byte {
 		off += 8
 	}
 	for _, p := range pairs {
-		off += copy(b[off:], p[0]) + 1
-		off += copy(b[off:], p[1]) + 1
+		off += copy(b[off:], p[0])
+		b[off] = 0
+		off += copy(b[off+1:], p[1]) + 1
+		b[off] = 0
+		off++
 	}
-	return b
 }
 
 // DecodePairs parses a map a plugin passed in with Envoy's leniency: a buffer
 // that is malformed (bad lengths, missing NULs, trailing bytes), over 1 MiB
 // or over 1024 pairs yields an empty map, never an error.
 func DecodePairs(b []byte) []Header {
-	if len(b) > maxPairsBytes || len(b) < 4 {
+	if len(b) > maxPairsBytes {
 		return nil
 	}
-	n := binary.LittleEndian.Uint32(b)
-	if n > maxPairsCount || uint64(4+8*uint64(n)) > uint64(len(b)) {
+	// One copy of the buffer, every name and value a view of it.
+	return decodePairs(append([]byte(nil), b...), false, 0)
+}
+
+// decodePairs is DecodePairs over buf, a copy that no one else holds or
+// changes: every name and value is a view of it, each name lower-cased in
+// it first if lower is set (ASCII only, as Envoy's LowerCaseString,
+// absl::AsciiStrToLower). The map has room for that many more headers
+// before it grows.
+func decodePairs(buf []byte, lower bool, room int) []Header {
+	if len(buf) > maxPairsBytes || len(buf) < 4 {
 		return nil
 	}
-	lens := b[4 : 4+8*n]
+	n := binary.LittleEndian.Uint32(buf)
+	if n > maxPairsCount || uint64(4+8*uint64(n)) > uint64(len(buf)) {
+		return nil
+	}
+	lens := buf[4 : 4+8*n]
 	pos := 4 + 8*int(n)
-	// One copy of the buffer, every name and value a substring of it.
-	all := string(b)
-	pairs := make([]Header, n)
+	pairs := make([]Header, n, int(n)+room)
 	for i := range pairs {
 		var p Header
 		for j := 0; j < 2; j++ {
 			l := int(binary.LittleEndian.Uint32(lens[8*i+4*j:]))
-			if l < 0 || pos+l+1 > len(b) || b[pos+l] != 0 {
+			if l < 0 || pos+l+1 > len(buf) || buf[pos+l] != 0 {
 				return nil
 			}
-			p[j] = all[pos : pos+l]
+			v := buf[pos : pos+l]
+			if j == 0 && lower {
+				lowerASCII(v)
+			}
+			if l > 0 {
+				p[j] = unsafe.String(&v[0], l)
+			}
 			pos += l + 1
 		}
 		pairs[i] = p
 	}
-	if pos != len(b) {
+	if pos != len(buf) {
 		return nil
 	}
 	return pairs
 }
 
-// lowerKeys returns pairs with every name lower-cased, as Envoy's
-// LowerCaseString does to names a plugin passes in.
-func lowerKeys(pairs []Header) []Header {
-	out := make([]Header, len(pairs))
+// lowerASCII lower-cases b's ASCII letters in place.
+func lowerASCII(b []byte) {
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+}
+
+// headerRoom is the room a stream's header map has for headers a plugin
+// adds (a rate-limit filter adds five to a response) before it grows.
+const headerRoom = 8
+
+// lowerKeys returns a copy of pairs with every name lower-cased, as
+// Envoy's LowerCaseString does to names a plugin passes in, and room for
+// that many more headers.
+func lowerKeys(pairs []Header, room int) []Header {
+	out := make([]Header, len(pairs), len(pairs)+room)
 	for i, p := range pairs {
 		out[i] = Header{strings.ToLower(p[0]), p[1]}
 	}

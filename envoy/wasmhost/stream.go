@@ -298,7 +298,7 @@ func (s *Stream) RequestHeadersWait(ctx context.Context, headers []Header, endOf
 func (s *Stream) requestHeaders(headers []Header, eos bool) State {
 	vm := s.vm
 	s.ensureContext()
-	s.reqHeaders = lowerKeys(headers)
+	s.reqHeaders = lowerKeys(headers, headerRoom)
 	if vm.failed.Load() {
 		s.c.created = true
 		s.failStream()
@@ -493,7 +493,7 @@ func (s *Stream) responseHeaders(headers []Header, eos bool) State {
 	vm := s.vm
 	s.ensureContext()
 	s.inResponse = true
-	s.respHeaders = lowerKeys(headers)
+	s.respHeaders = lowerKeys(headers, headerRoom)
 	if code, err := strconv.Atoi(firstValue(s.respHeaders, ":status")); err == nil {
 		s.respCode = code
 	}

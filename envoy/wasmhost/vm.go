@@ -90,7 +90,7 @@ type VM struct {
 	// State below is touched only by the task running (busy), one at a
 	// time; qmu orders one task's writes before the next task's reads.
 	mem         api.Memory
-	fns         map[string]api.Function
+	fns         map[string]export
 	allowed     map[string]bool // non-nil: only these host calls may run
 	contexts    map[uint32]*vmContext
 	nextCtxID   uint32
@@ -99,6 +99,7 @@ type VM struct {
 	current     *vmContext
 	effective   uint32
 	after       []func()
+	text        textArena // what host calls keep of the module's memory
 	draining    bool
 	stopIter    bool
 	configuring *string // plugin configuration while it may be read
@@ -149,7 +150,7 @@ func (m *Module) NewVM(ctx context.Context, o Options) (*VM, error) {
 		o:          o,
 		id:         m.vms.Add(1),
 		exited:     make(chan struct{}),
-		fns:        map[string]api.Function{},
+		fns:        map[string]export{},
 		contexts:   map[uint32]*vmContext{},
 		nextCtxID:  1, // 0 is the VM itself
 		calls:      map[uint32]*pendingCall{},
@@ -208,7 +209,9 @@ func (vm *VM) initialize() error {
 	vm.mem = inst.Memory()
 	for name := range vm.mod.exports {
 		if f := inst.ExportedFunction(name); f != nil {
-			vm.fns[name] = f
+			def := f.Definition()
+			vm.fns[name] = export{fn: f, stack: max(len(def.ParamTypes()), len(def.ResultTypes())),
+				result: len(def.ResultTypes()) > 0}
 		}
 	}
 	vm.allowed = initAllowed(vm.mod.poll)
@@ -221,16 +224,16 @@ func (vm *VM) initialize() error {
 		return nil
 	}
 	switch {
-	case vm.fns["_initialize"] != nil:
+	case vm.fns["_initialize"].fn != nil:
 		if err := run("_initialize"); err != nil {
 			return err
 		}
-		if vm.fns["main"] != nil {
+		if vm.fns["main"].fn != nil {
 			return run("main", 0, 0)
-		} else if vm.fns["__main_void"] != nil {
+		} else if vm.fns["__main_void"].fn != nil {
 			return run("__main_void")
 		}
-	case vm.fns["_start"] != nil:
+	case vm.fns["_start"].fn != nil:
 		return run("_start")
 	}
 	return nil
@@ -326,7 +329,7 @@ func (vm *VM) call(c *vmContext, name string, args ...uint64) (uint64, bool) {
 		return 0, false
 	}
 	f := vm.fns[name]
-	if f == nil {
+	if f.fn == nil {
 		return 0, false
 	}
 	prevCur, prevEff := vm.current, vm.effective
@@ -340,27 +343,35 @@ func (vm *VM) call(c *vmContext, name string, args ...uint64) (uint64, bool) {
 	return res, true
 }
 
+// export is one of the module's exported functions, with what a call
+// needs to know of its signature: asking wazero (Definition's ParamTypes
+// and ResultTypes) makes new slices on every call.
+type export struct {
+	fn     api.Function
+	stack  int  // the stack a call needs: its parameters or results, the more of them
+	result bool // whether it returns anything
+}
+
 // callWithStack calls f with args and returns its first result (0 if it
 // has none). It passes them on one of the VM's reused stacks rather than
 // through api.Function.Call, which allocates the stack and the result
 // slice on every call. A call from a host function (the allocator) nests
 // inside another: each depth has its own stack.
-func (vm *VM) callWithStack(f api.Function, args ...uint64) (uint64, error) {
+func (vm *VM) callWithStack(f export, args ...uint64) (uint64, error) {
 	var stack []uint64
 	if vm.callDepth < len(vm.stacks) {
 		stack = vm.stacks[vm.callDepth][:]
 	} else {
 		stack = make([]uint64, len(vm.stacks[0]))
 	}
-	def := f.Definition()
-	if n := max(len(def.ParamTypes()), len(def.ResultTypes())); n > len(stack) {
-		stack = make([]uint64, n)
+	if f.stack > len(stack) {
+		stack = make([]uint64, f.stack)
 	}
 	copy(stack, args)
 	vm.callDepth++
-	err := f.CallWithStack(vm.ctx, stack)
+	err := f.fn.CallWithStack(vm.ctx, stack)
 	vm.callDepth--
-	if err != nil || len(def.ResultTypes()) == 0 {
+	if err != nil || !f.result {
 		return 0, err
 	}
 	return stack[0], nil
@@ -384,10 +395,22 @@ func (vm *VM) drain() {
 		return
 	}
 	vm.draining = true
-	defer func() { vm.draining = false }()
-	for len(vm.after) > 0 {
-		f := vm.after[0]
-		vm.after = vm.after[1:]
+	// By index, so that the slice keeps its array for the next call; an
+	// action may append more, which this loop runs too. If one panics,
+	// the ones after it stay queued, as before it.
+	i := 0
+	defer func() {
+		vm.draining = false
+		if i == len(vm.after) {
+			clear(vm.after)
+			vm.after = vm.after[:0]
+		} else {
+			vm.after = vm.after[i:]
+		}
+	}()
+	for i < len(vm.after) {
+		f := vm.after[i]
+		i++
 		f()
 	}
 }
@@ -579,7 +602,13 @@ func (vm *VM) runClaimed(f func(), idle func() bool) {
 func (vm *VM) next() task {
 	t := vm.queue[0]
 	vm.queue[0] = task{}
-	vm.queue = vm.queue[1:]
+	if len(vm.queue) == 1 {
+		// Empty again: keep the array for the next task (the usual case
+		// at a VM that is not in a burst) rather than append a new one.
+		vm.queue = vm.queue[:0]
+	} else {
+		vm.queue = vm.queue[1:]
+	}
 	return t
 }
 
