@@ -60,7 +60,7 @@ func envFunctions() []hostFunc {
 				ret(s, StatusInvalidMemAccess)
 				return
 			}
-			ret(s, vm.copyOutString(vm.statusMsg, u32(s[1]), u32(s[2])))
+			ret(s, copyOut(vm, vm.statusMsg, u32(s[1]), u32(s[2])))
 		}),
 		env("proxy_set_property", 4, func(vm *VM, s []uint64) {
 			key, ok1 := vm.readString(u32(s[0]), u32(s[1]))
@@ -82,7 +82,7 @@ func envFunctions() []hostFunc {
 				ret(s, st)
 				return
 			}
-			ret(s, vm.copyOut(val, u32(s[2]), u32(s[3])))
+			ret(s, copyOut(vm, val, u32(s[2]), u32(s[3])))
 		}),
 		env("proxy_send_local_response", 8, func(vm *VM, s []uint64) {
 			details, ok1 := vm.readString(u32(s[1]), u32(s[2]))
@@ -118,7 +118,7 @@ func envFunctions() []hostFunc {
 				ret(s, StatusNotFound)
 				return
 			}
-			if st := vm.copyOut(val, u32(s[2]), u32(s[3])); st != StatusOK {
+			if st := copyOut(vm, val, u32(s[2]), u32(s[3])); st != StatusOK {
 				ret(s, st)
 				return
 			}
@@ -160,7 +160,7 @@ func envFunctions() []hostFunc {
 			for _, h := range m {
 				if h[0] == key {
 					// Envoy hands out the first value only.
-					ret(s, vm.copyOutString(h[1], u32(s[3]), u32(s[4])))
+					ret(s, copyOut(vm, h[1], u32(s[3]), u32(s[4])))
 					return
 				}
 			}
@@ -280,7 +280,7 @@ func envFunctions() []hostFunc {
 				ret(s, StatusOK)
 				return
 			}
-			ret(s, vm.copyOut(b[start:start+length], u32(s[3]), u32(s[4])))
+			ret(s, copyOut(vm, b[start:start+length], u32(s[3]), u32(s[4])))
 		}),
 		env("proxy_set_buffer_bytes", 5, func(vm *VM, s []uint64) {
 			t := BufferType(u32(s[0]))

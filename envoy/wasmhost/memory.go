@@ -75,15 +75,9 @@ func (vm *VM) alloc(n uint32) uint32 {
 
 // copyOut hands data to the module as Envoy's copyToPointerSize does: it
 // allocates a copy (none for empty data, whose pointer is 0) and writes the
-// pointer and the length where the module asked.
-func (vm *VM) copyOut(data []byte, ptrPtr, sizePtr uint32) Status {
-	dst, st := vm.handOut(len(data), ptrPtr, sizePtr)
-	copy(dst, data)
-	return st
-}
-
-// copyOutString is copyOut for a string, without converting it first.
-func (vm *VM) copyOutString(data string, ptrPtr, sizePtr uint32) Status {
+// pointer and the length where the module asked. A string goes as it is,
+// without a conversion to bytes first.
+func copyOut[T string | []byte](vm *VM, data T, ptrPtr, sizePtr uint32) Status {
 	dst, st := vm.handOut(len(data), ptrPtr, sizePtr)
 	copy(dst, data)
 	return st

@@ -52,8 +52,9 @@ func encodePairs(b []byte, pairs []Header) {
 	}
 	for _, p := range pairs {
 		off += copy(b[off:], p[0])
-		b[off] = 0
-		off += copy(b[off+1:], p[1]) + 1
+		b[off] = 0 // written: the module's allocation is not zeroed
+		off++
+		off += copy(b[off:], p[1])
 		b[off] = 0
 		off++
 	}
