@@ -434,7 +434,7 @@ func settle(ctx context.Context, fronts []*rig.Front) error {
 				last = err
 				return false
 			}
-			if status := load.Get(ctx, c, f.Gateway.Addr, "/orders/settle", settleKey); status != http.StatusOK {
+			if status := load.Get(c, f.Gateway.Addr, "/orders/settle", settleKey); status != http.StatusOK {
 				last = fmt.Errorf("answered %d (0: no answer)", status)
 				return false
 			}

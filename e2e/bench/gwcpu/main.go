@@ -4,7 +4,8 @@
 // service), and how many of the filter's callouts failed open, by reason
 // (requests.failed_open.<reason>), and what the gateway adds to a callout
 // at p99 (the filter's callout histogram less the sidecar's decision
-// histogram, rig.CalloutLatency). Several gateway binaries run side by
+// histogram, rig.CalloutLatency), beside the CPU its own process (the
+// load generator and the service) spent. Several gateway binaries run side by
 // side on the same stack and take turns, so a before/after comparison
 // alternates on a shared, noisy machine; it prints each round and the
 // medians.
@@ -49,6 +50,7 @@ type gw struct {
 	bin   string
 	g     *harness.Gateway
 	cpu   []float64 // µs per request, per round
+	bench []float64 // this process's (the load generator and the service), µs per request, per round
 	fo    []float64 // failed-open share, per round
 	added []float64 // ms the gateway adds to a callout at p99, per round
 }
@@ -107,6 +109,10 @@ func run(binDir string, bins []string, rounds int, rate float64, window time.Dur
 			if err != nil {
 				return err
 			}
+			self0, err := harness.CPUTimeOf(os.Getpid())
+			if err != nil {
+				return err
+			}
 			s0, err := g.g.Stats()
 			if err != nil {
 				return err
@@ -120,6 +126,10 @@ func run(binDir string, bins []string, rounds int, rate float64, window time.Dur
 				return err
 			}
 			after, err := g.g.CPUTime()
+			if err != nil {
+				return err
+			}
+			self1, err := harness.CPUTimeOf(os.Getpid())
 			if err != nil {
 				return err
 			}
@@ -144,17 +154,19 @@ func run(binDir string, bins []string, rounds int, rate float64, window time.Dur
 			}
 			sort.Strings(reasons)
 			us := float64((after - before).Microseconds()) / float64(res.Sent)
+			benchUS := float64((self1 - self0).Microseconds()) / float64(res.Sent)
 			share := float64(fo) / float64(res.Sent)
 			filter, sidecar := l1.Since(l0).P99()
 			g.cpu, g.fo, g.added = append(g.cpu, us), append(g.fo, share), append(g.added, filter-sidecar)
-			fmt.Printf("round %d %-28s %6d requests  %6.1f µs CPU/request  failed open %5.2f%%  callout p99 %.2f ms, sidecar's %.2f  load %s  %s\n",
-				r+1, g.bin, res.Sent, us, 100*share, filter, sidecar, loadavg(), strings.Join(reasons, ", "))
+			g.bench = append(g.bench, benchUS)
+			fmt.Printf("round %d %-28s %6d requests  %6.1f µs CPU/request (load and service %.1f)  failed open %5.2f%%  callout p99 %.2f ms, sidecar's %.2f  load %s  %s\n",
+				r+1, g.bin, res.Sent, us, benchUS, 100*share, filter, sidecar, loadavg(), strings.Join(reasons, ", "))
 		}
 	}
 	fmt.Println()
 	for _, g := range gws {
-		fmt.Printf("median %-28s %6.1f µs CPU/request  failed open %5.2f%%  the gateway adds %.2f ms to a callout at p99\n",
-			g.bin, stat.Median(g.cpu), 100*stat.Median(g.fo), stat.Median(g.added))
+		fmt.Printf("median %-28s %6.1f µs CPU/request (load and service %.1f)  failed open %5.2f%%  the gateway adds %.2f ms to a callout at p99\n",
+			g.bin, stat.Median(g.cpu), stat.Median(g.bench), 100*stat.Median(g.fo), stat.Median(g.added))
 	}
 	return nil
 }

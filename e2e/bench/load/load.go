@@ -11,13 +11,16 @@ package load
 import (
 	"container/heap"
 	"context"
+	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // Stream is one client's traffic in an open-loop run.
@@ -104,20 +107,51 @@ type Result struct {
 	Elapsed time.Duration
 }
 
-// NewClient returns an HTTP client for load: keep-alive connections, as
-// many as the run needs, no compression.
-func NewClient(timeout time.Duration) *http.Client {
-	return &http.Client{
-		Timeout: timeout,
-		Transport: &http.Transport{
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConns:        0,
-			MaxIdleConnsPerHost: 4096,
-			IdleConnTimeout:     30 * time.Second,
-			DisableCompression:  true,
-		},
-	}
+// Client sends load: keep-alive connections, as many as the requests in
+// flight need.
+//
+// It is fasthttp's client, which writes a request and reads its answer on
+// the sender's own goroutine. net/http's hands each request to a
+// connection's writing goroutine and the answer back from its reading one,
+// and on the 2-CPU machines the benchmarks run on the generator shares the
+// CPUs with what it measures: every handoff is CPU the gateway, the
+// sidecar and Redis wait behind.
+type Client struct {
+	c       *fasthttp.Client
+	timeout time.Duration
 }
+
+// NewClient returns a Client whose requests each end after timeout at
+// most, the wait for a connection included.
+func NewClient(timeout time.Duration) *Client { return newClient(timeout, DefaultMaxInFlight) }
+
+// newClient is NewClient for at most conns requests in flight to a target.
+func newClient(timeout time.Duration, conns int) *Client {
+	return &Client{timeout: timeout, c: &fasthttp.Client{
+		// The run bounds the requests in flight: one never waits for a
+		// connection here.
+		MaxConnsPerHost:     max(conns, 1),
+		MaxIdleConnDuration: 30 * time.Second,
+		// A request is sent again only when the connection it went out on
+		// turned out closed before any of its answer came (a keep-alive
+		// connection the server had closed), as net/http's client does:
+		// any other retry would be a request the run did not count.
+		MaxIdemponentCallAttempts: 2,
+		RetryIfErr:                func(_ *fasthttp.Request, _ int, err error) (bool, bool) { return false, closedUnanswered(err) },
+		NoDefaultUserAgentHeader:  true,
+	}}
+}
+
+// closedUnanswered reports whether err is a connection found closed before
+// any byte of the answer was read.
+func closedUnanswered(err error) bool {
+	var nothing fasthttp.ErrNothingRead
+	return errors.Is(err, io.EOF) || errors.Is(err, fasthttp.ErrConnectionClosed) || errors.As(err, &nothing) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// CloseIdleConnections closes the connections no request is using.
+func (c *Client) CloseIdleConnections() { c.c.CloseIdleConnections() }
 
 // check validates the streams, naming the bad one.
 func check(streams []Stream) error {
@@ -160,7 +194,8 @@ func (s *schedule) Pop() any {
 }
 
 // Run sends every stream's requests at its rate, open loop, and waits for
-// the answers. It stops early, with what it has, when ctx ends.
+// the answers. It stops sending early, with what it has, when ctx ends;
+// the requests already sent run to their answers or their timeout.
 func Run(ctx context.Context, o Options, streams []Stream) (*Result, error) {
 	if err := check(streams); err != nil {
 		return nil, err
@@ -171,7 +206,7 @@ func Run(ctx context.Context, o Options, streams []Stream) (*Result, error) {
 	if o.Timeout <= 0 {
 		o.Timeout = 10 * time.Second
 	}
-	client := NewClient(o.Timeout)
+	client := newClient(o.Timeout, o.MaxInFlight)
 	defer client.CloseIdleConnections()
 
 	res := &Result{Streams: make([]StreamResult, len(streams))}
@@ -228,7 +263,7 @@ func Run(ctx context.Context, o Options, streams []Stream) (*Result, error) {
 			s := &streams[d.stream]
 			p := d.n % len(s.Paths)
 			sentAt := time.Since(start)
-			status := send(ctx, client, o.Target, s.Method, s.Paths[p], s.Client)
+			status := send(client, o.Target, s.Method, s.Paths[p], s.Client)
 			sm := Sample{Due: d.at, Sent: sentAt, Latency: time.Since(start) - d.at, Status: status, Path: p}
 			mu[d.stream].Lock()
 			res.Streams[d.stream].Samples = append(res.Streams[d.stream].Samples, sm)
@@ -245,26 +280,24 @@ func Run(ctx context.Context, o Options, streams []Stream) (*Result, error) {
 
 // Get sends one GET of path to target as client key (none if "") with c,
 // and reads the answer to the end: its status, 0 when it failed.
-func Get(ctx context.Context, c *http.Client, target, path, key string) int {
-	return send(ctx, c, target, http.MethodGet, path, key)
+func Get(c *Client, target, path, key string) int {
+	return send(c, target, http.MethodGet, path, key)
 }
 
 // send makes one request and reads its answer to the end; 0 on failure.
-func send(ctx context.Context, c *http.Client, target, method, path, key string) int {
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+target+path, nil)
-	if err != nil {
-		return 0
-	}
+func send(c *Client, target, method, path, key string) int {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod(method)
+	req.SetRequestURI("http://" + target + path)
 	if key != "" {
 		req.Header.Set("x-api-key", key)
 	}
-	resp, err := c.Do(req)
-	if err != nil {
+	if err := c.c.DoTimeout(req, resp, c.timeout); err != nil {
 		return 0
 	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode
+	return resp.StatusCode()
 }
 
 func progress(f func(time.Duration, int64), start time.Time, sent *atomic.Int64) (stop func()) {
@@ -313,7 +346,7 @@ func Closed(ctx context.Context, target string, workers int, d time.Duration, ne
 	if workers < 1 {
 		return nil, fmt.Errorf("workers: must be >= 1, got %d", workers)
 	}
-	client := NewClient(10 * time.Second)
+	client := newClient(10*time.Second, workers)
 	defer client.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
@@ -330,10 +363,7 @@ func Closed(ctx context.Context, target string, workers int, d time.Duration, ne
 			for i := 0; ctx.Err() == nil; i++ {
 				m, p, k := next(w, i)
 				t := time.Now()
-				st := send(ctx, client, target, m, p, k)
-				if ctx.Err() != nil && st == 0 {
-					break // cut off by the end of the run, not a failure
-				}
+				st := send(client, target, m, p, k)
 				lat = append(lat, time.Since(t))
 				by[st]++
 			}
@@ -400,7 +430,7 @@ func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
 	if b.MaxInFlight == 0 {
 		b.MaxInFlight = DefaultMaxInFlight
 	}
-	client := NewClient(10 * time.Second)
+	client := newClient(10*time.Second, b.MaxInFlight)
 	defer client.CloseIdleConnections()
 	var ok, denied, other atomic.Int64
 	var wg sync.WaitGroup
@@ -437,7 +467,7 @@ func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
 			go func() {
 				defer wg.Done()
 				defer func() { <-slots }()
-				switch send(ctx, client, target, http.MethodGet, b.Path, b.Client) {
+				switch send(client, target, http.MethodGet, b.Path, b.Client) {
 				case http.StatusOK:
 					ok.Add(1)
 				case http.StatusTooManyRequests:

@@ -1,9 +1,13 @@
 package load
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -155,5 +159,71 @@ func TestClosed(t *testing.T) {
 	}
 	if _, err := Closed(context.Background(), "x", 0, time.Second, nil); err == nil {
 		t.Fatal("0 workers accepted")
+	}
+}
+
+// A keep-alive connection the server closed while it was idle is found
+// closed by the next request, before any answer: the client sends that
+// request again on a new connection, so a run does not count as failed a
+// request the server never saw. A request that got an answer, whatever its
+// status and even one that cannot be read, is not sent again.
+func TestClientResendsOnlyOnAConnectionFoundClosed(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var paths []string
+	var wg sync.WaitGroup
+	defer wg.Wait() // after the listener's Close below, which ends Accept
+	defer l.Close()
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				// One request a connection, answered without
+				// "connection: close", then the connection is closed:
+				// the client keeps it as idle and reuses it.
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				paths = append(paths, req.URL.Path)
+				mu.Unlock()
+				switch req.URL.Path {
+				case "/unavailable":
+					fmt.Fprint(c, "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+				case "/garbled":
+					fmt.Fprint(c, "not an HTTP answer\r\n\r\n")
+				default:
+					fmt.Fprint(c, "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+				}
+			})
+		}
+	})
+	c := NewClient(5 * time.Second)
+	defer c.CloseIdleConnections()
+	for _, tt := range []struct {
+		path string
+		want int
+	}{{"/first", 200}, {"/second", 200}, {"/unavailable", 503}, {"/garbled", 0}, {"/third", 200}} {
+		if tt.path == "/garbled" {
+			// On a new connection, so that the one attempt a found-closed
+			// connection would take is not what stops a resend.
+			c.CloseIdleConnections()
+		}
+		if got := Get(c, l.Addr().String(), tt.path, "k"); got != tt.want {
+			t.Fatalf("GET %s: %d, want %d", tt.path, got, tt.want)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"/first", "/second", "/unavailable", "/garbled", "/third"}; !slices.Equal(paths, want) {
+		t.Fatalf("server read %v, want each request once: %v", paths, want)
 	}
 }
