@@ -42,6 +42,9 @@ import (
 	"github.com/edgelimit/edgelimit/e2e/services/pool"
 	"github.com/edgelimit/edgelimit/e2e/services/safety"
 	"github.com/edgelimit/edgelimit/e2e/services/shadow"
+	"github.com/edgelimit/edgelimit/filter/limiter"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
 )
 
 // Mode is what the per-service limiter (ADR-001) does.
@@ -149,7 +152,7 @@ type Service struct {
 	replicas []*replica
 	next     atomic.Uint64
 	shadow   *shadow.Counter
-	srv      *http.Server
+	srv      *fasthttp.Server
 }
 
 // Start checks c and starts the service on addr ("127.0.0.1:0" for a free
@@ -178,21 +181,52 @@ func Start(addr string, c Config) (*Service, error) {
 	})
 	mux.Handle("GET /_shadow", s.shadow.Handler())
 	mux.HandleFunc("GET /metrics", s.metrics)
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		// Round-robin: replica i gets requests i, i+R, i+2R, ...
-		n := s.next.Add(1) - 1
-		s.replicas[n%uint64(len(s.replicas))].ServeHTTP(w, r)
-	})
-	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	reports := fasthttpadaptor.NewFastHTTPHandler(mux)
+	// fasthttp's server, which reads a request and writes its answer on
+	// the connection's goroutine: net/http's starts a goroutine per
+	// request to watch the connection while the handler runs, and on the
+	// 2-CPU machines the benchmarks run on, the services share the CPUs
+	// with what is measured (e2e/bench/README.md, "The load generator
+	// and the services"). The reports go through net/http's handlers,
+	// adapted.
+	s.srv = &fasthttp.Server{
+		Handler: func(ctx *fasthttp.RequestCtx) {
+			if report(ctx) {
+				reports(ctx)
+				return
+			}
+			// Round-robin: replica i gets requests i, i+R, i+2R, ...
+			n := s.next.Add(1) - 1
+			s.replicas[n%uint64(len(s.replicas))].serveFast(ctx)
+		},
+		NoDefaultServerHeader: true,
+		NoDefaultContentType:  true,
+		// No read timeout, as net/http's server had none while a
+		// connection is idle: the gateway keeps its connections to the
+		// service open between requests.
+	}
 	go s.srv.Serve(l)
 	return s, nil
+}
+
+// report reports whether ctx asks for one of the service's reports
+// (GET /_stats, /_shadow, /metrics) rather than a replica.
+func report(ctx *fasthttp.RequestCtx) bool {
+	if !ctx.IsGet() && !ctx.IsHead() {
+		return false
+	}
+	switch string(ctx.Path()) {
+	case "/_stats", "/_shadow", "/metrics":
+		return true
+	}
+	return false
 }
 
 // Close stops the service, waiting up to 5 s for requests in flight.
 func (s *Service) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return s.srv.Shutdown(ctx)
+	return s.srv.ShutdownWithContext(ctx)
 }
 
 // Shadow returns the comparison of the edge's shadow decisions with the
@@ -341,9 +375,29 @@ func (r *replica) count(client string, f func(*ClientStats)) {
 	r.mu.Unlock()
 }
 
-func (r *replica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	client := clientkey.FromRequest(req)
-	edge := shadow.FromRequest(req)
+// answer is a replica's reply to a request.
+type answer struct {
+	status  int
+	headers [][2]string
+	body    []byte
+}
+
+// serveFast answers ctx (the request's client and shadow decision from
+// its headers, as clientkey.FromRequest and shadow.FromRequest read them).
+func (r *replica) serveFast(ctx *fasthttp.RequestCtx) {
+	h := &ctx.Request.Header
+	a := r.serve(ctx, clientkey.Of(string(h.Peek(limiter.KeyHeader)), string(h.Peek(limiter.AuthorizationHeader))),
+		shadow.ParseEdge(string(h.Peek(limiter.ShadowHeader))))
+	ctx.SetStatusCode(a.status)
+	for _, kv := range a.headers {
+		ctx.Response.Header.Set(kv[0], kv[1])
+	}
+	ctx.SetBody(a.body)
+}
+
+// serve handles a request of client carrying the edge's shadow decision
+// edge; ctx ends when the server stops.
+func (r *replica) serve(ctx context.Context, client string, edge shadow.Edge) answer {
 	now := r.clock()
 	r.count(client, func(c *ClientStats) {
 		c.Received++
@@ -365,8 +419,8 @@ func (r *replica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if r.safety != nil {
 		if d, _ := r.safety.Allow(client); !d.Allowed {
 			r.count(client, func(c *ClientStats) { c.SafetyDenied++ })
-			safety.Deny(w, d, r.safety.Factor())
-			return
+			h, body := safety.Denial(d, r.safety.Factor())
+			return answer{http.StatusTooManyRequests, h, body}
 		}
 	}
 	if r.mode != LimiterOff {
@@ -374,26 +428,24 @@ func (r *replica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			r.svc.shadow.Record(client, edge, d.Allowed)
 			if !d.Allowed && r.mode == LimiterEnforce {
 				r.count(client, func(c *ClientStats) { c.LimiterDenied++ })
-				r.deny(w, d)
-				return
+				return r.deny(d)
 			}
 		}
 	}
 	if r.pool != nil {
-		switch err := r.pool.Serve(req.Context()); {
+		switch err := r.pool.Serve(ctx); {
 		case errors.Is(err, pool.ErrFull):
 			r.count(client, func(c *ClientStats) { c.Shed++ })
-			w.Header().Set("retry-after", "1")
-			http.Error(w, "overloaded", http.StatusServiceUnavailable)
-			return
+			return answer{http.StatusServiceUnavailable, [][2]string{{"retry-after", "1"},
+				{"content-type", "text/plain; charset=utf-8"}}, []byte("overloaded\n")}
 		case err != nil:
-			return // the client is gone
+			// The server is stopping: the request was not served.
+			return answer{http.StatusServiceUnavailable, nil, nil}
 		}
 	}
 	r.count(client, func(c *ClientStats) { c.OK++ })
-	w.Header().Set("content-type", "application/json")
-	w.Header().Set("x-replica", r.name())
-	fmt.Fprintf(w, "{\"service\":%q,\"replica\":%d}\n", r.svc.Name, r.index)
+	return answer{http.StatusOK, [][2]string{{"content-type", "application/json"}, {"x-replica", r.name()}},
+		fmt.Appendf(nil, "{\"service\":%q,\"replica\":%d}\n", r.svc.Name, r.index)}
 }
 
 // decide runs the per-service limiter; limited is false for a request it
@@ -413,19 +465,17 @@ func (r *replica) decide(client string) (d bucket.Decision, limited bool) {
 	return d, true
 }
 
-func (r *replica) deny(w http.ResponseWriter, d bucket.Decision) {
-	h := w.Header()
-	h.Set("content-type", "application/json")
-	h.Set("x-replica", r.name())
+// deny is the per-service limiter's 429 for decision d.
+func (r *replica) deny(d bucket.Decision) answer {
+	h := [][2]string{{"content-type", "application/json"}, {"x-replica", r.name()}}
 	secs := int64(1)
 	if d.RetryAfter > time.Second {
 		secs = int64((d.RetryAfter + time.Second - 1) / time.Second)
 	}
 	if !d.Never {
-		h.Set("retry-after", strconv.FormatInt(secs, 10))
+		h = append(h, [2]string{"retry-after", strconv.FormatInt(secs, 10)})
 	}
-	w.WriteHeader(http.StatusTooManyRequests)
-	fmt.Fprintf(w, "{\"error\":\"rate_limited\",\"replica\":%q}\n", r.name())
+	return answer{http.StatusTooManyRequests, h, fmt.Appendf(nil, "{\"error\":\"rate_limited\",\"replica\":%q}\n", r.name())}
 }
 
 func (r *replica) name() string { return r.svc.Name + "-" + strconv.Itoa(r.index) }

@@ -15,7 +15,13 @@ import (
 // a repeated header it reads the first value, as the proxy hands the filter
 // the first.
 func FromRequest(r *http.Request) string {
-	key, st := limiter.ExtractKey(r.Header.Get(limiter.KeyHeader), r.Header.Get(limiter.AuthorizationHeader))
+	return Of(r.Header.Get(limiter.KeyHeader), r.Header.Get(limiter.AuthorizationHeader))
+}
+
+// Of returns the API key of a request whose x-api-key and authorization
+// headers (their first values) are apiKey and authorization, or "".
+func Of(apiKey, authorization string) string {
+	key, st := limiter.ExtractKey(apiKey, authorization)
 	if st != limiter.KeyFound {
 		return ""
 	}

@@ -132,17 +132,26 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 
 // Deny writes the safety limit's 429 for decision d.
 func Deny(w http.ResponseWriter, d bucket.Decision, factor float64) {
-	h := w.Header()
-	h.Set("content-type", "application/json")
-	h.Set("x-safety-limit", strconv.FormatFloat(factor, 'g', -1, 64)+"x")
-	body := map[string]any{"error": "safety_limit"}
-	if !d.Never {
-		secs := max(int64(math.Ceil(d.RetryAfter.Seconds())), 1)
-		h.Set("retry-after", strconv.FormatInt(secs, 10))
-		body["retry_after"] = secs
+	headers, body := Denial(d, factor)
+	for _, h := range headers {
+		w.Header().Set(h[0], h[1])
 	}
 	w.WriteHeader(http.StatusTooManyRequests)
-	json.NewEncoder(w).Encode(body)
+	w.Write(body)
+}
+
+// Denial returns the headers and the body of the safety limit's 429 for
+// decision d (Deny's answer, for a server other than net/http's).
+func Denial(d bucket.Decision, factor float64) (headers [][2]string, body []byte) {
+	headers = [][2]string{{"content-type", "application/json"}, {"x-safety-limit", strconv.FormatFloat(factor, 'g', -1, 64) + "x"}}
+	fields := map[string]any{"error": "safety_limit"}
+	if !d.Never {
+		secs := max(int64(math.Ceil(d.RetryAfter.Seconds())), 1)
+		headers = append(headers, [2]string{"retry-after", strconv.FormatInt(secs, 10)})
+		fields["retry_after"] = secs
+	}
+	body, _ = json.Marshal(fields) // a map of a string and an integer always encodes
+	return headers, append(body, '\n')
 }
 
 // Counts returns a copy of the per-client counts.
