@@ -186,9 +186,8 @@ func Start(addr string, c Config) (*Service, error) {
 	// the connection's goroutine: net/http's starts a goroutine per
 	// request to watch the connection while the handler runs, and on the
 	// 2-CPU machines the benchmarks run on, the services share the CPUs
-	// with what is measured (e2e/bench/README.md, "The load generator
-	// and the services"). The reports go through net/http's handlers,
-	// adapted.
+	// with what is measured (e2e/bench/README.md has the numbers). The
+	// reports go through net/http's handlers, adapted.
 	s.srv = &fasthttp.Server{
 		Handler: func(ctx *fasthttp.RequestCtx) {
 			if report(ctx) {
@@ -197,7 +196,7 @@ func Start(addr string, c Config) (*Service, error) {
 			}
 			// Round-robin: replica i gets requests i, i+R, i+2R, ...
 			n := s.next.Add(1) - 1
-			s.replicas[n%uint64(len(s.replicas))].serveFast(ctx)
+			s.replicas[n%uint64(len(s.replicas))].handle(ctx)
 		},
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
@@ -382,9 +381,9 @@ type answer struct {
 	body    []byte
 }
 
-// serveFast answers ctx (the request's client and shadow decision from
-// its headers, as clientkey.FromRequest and shadow.FromRequest read them).
-func (r *replica) serveFast(ctx *fasthttp.RequestCtx) {
+// handle answers the request of ctx, its client named as
+// clientkey.FromRequest names it.
+func (r *replica) handle(ctx *fasthttp.RequestCtx) {
 	h := &ctx.Request.Header
 	a := r.serve(ctx, clientkey.Of(string(h.Peek(limiter.KeyHeader)), string(h.Peek(limiter.AuthorizationHeader))),
 		shadow.ParseEdge(string(h.Peek(limiter.ShadowHeader))))

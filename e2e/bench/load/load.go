@@ -132,6 +132,11 @@ func newClient(timeout time.Duration, conns int) *Client {
 		// connection here.
 		MaxConnsPerHost:     max(conns, 1),
 		MaxIdleConnDuration: 30 * time.Second,
+		// The connection used last goes out first, as with net/http's
+		// client: at a rate that needs few connections the same few carry
+		// it, where fasthttp's default (the oldest first) would take each
+		// connection opened by a burst in turn.
+		ConnPoolStrategy: fasthttp.LIFO,
 		// A request is sent again only when the connection it went out on
 		// turned out closed before any of its answer came (a keep-alive
 		// connection the server had closed), as net/http's client does:

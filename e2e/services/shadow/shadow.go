@@ -16,8 +16,6 @@ import (
 	"net/http"
 	"sort"
 	"sync"
-
-	"github.com/edgelimit/edgelimit/filter/limiter"
 )
 
 // ExitCriterion is the largest disagreement rate at which the rollout moves
@@ -35,7 +33,8 @@ const (
 	EdgeInvalid             // any other value: not something the filter sends
 )
 
-// ParseEdge reads a header value.
+// ParseEdge reads the value of a request's limiter.ShadowHeader ("" when
+// it has none).
 func ParseEdge(v string) Edge {
 	switch v {
 	case "":
@@ -49,9 +48,6 @@ func ParseEdge(v string) Edge {
 	}
 	return EdgeInvalid
 }
-
-// FromRequest returns the edge's shadow decision on r.
-func FromRequest(r *http.Request) Edge { return ParseEdge(r.Header.Get(limiter.ShadowHeader)) }
 
 // Counts is the comparison for one client (or a total).
 type Counts struct {

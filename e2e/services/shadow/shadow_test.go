@@ -18,11 +18,6 @@ func TestParseEdge(t *testing.T) {
 			t.Errorf("ParseEdge(%q) = %v, want %v", v, got, want)
 		}
 	}
-	r := httptest.NewRequest("GET", "/", nil)
-	r.Header.Set("X-Ratelimit-Shadow", "deny")
-	if FromRequest(r) != EdgeDeny {
-		t.Error("FromRequest ignored the header")
-	}
 }
 
 func TestRecord(t *testing.T) {
