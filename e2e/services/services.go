@@ -200,6 +200,10 @@ func Start(addr string, c Config) (*Service, error) {
 		},
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
+		// The read buffer bounds a request's headers: Envoy's default
+		// limit (60 KiB) gets through, as up to 1 MiB did through
+		// net/http's server. A request beyond it is answered 431.
+		ReadBufferSize: 64 << 10,
 		// No read timeout, as net/http's server had none while a
 		// connection is idle: the gateway keeps its connections to the
 		// service open between requests.

@@ -141,8 +141,13 @@ func TestCountingService(t *testing.T) {
 	}
 	get(t, s.Addr, "/orders/2", "", map[string]string{"authorization": "Bearer k"})
 	get(t, s.Addr, "/orders/3", "", nil)
+	// Headers as large as Envoy lets through by default (60 KiB in all)
+	// reach the replica.
+	if code, _ := get(t, s.Addr, "/orders/4", "k", map[string]string{"cookie": strings.Repeat("c", 59<<10)}); code != http.StatusOK {
+		t.Fatalf("status %d for 59 KiB of headers, want 200", code)
+	}
 	c := s.Stats().Client("k")
-	want := ClientStats{Received: 7, OK: 7, ShadowAllow: 1, ShadowDeny: 2, ShadowUnknown: 1, ShadowInvalid: 1}
+	want := ClientStats{Received: 8, OK: 8, ShadowAllow: 1, ShadowDeny: 2, ShadowUnknown: 1, ShadowInvalid: 1}
 	c.First, c.Last = time.Time{}, time.Time{}
 	if c != want {
 		t.Fatalf("client k: %+v, want %+v", c, want)
@@ -155,8 +160,8 @@ func TestCountingService(t *testing.T) {
 	if got := s.Stats().Client("").Received; got != 1 {
 		t.Errorf("requests without a key: %d, want 1", got)
 	}
-	if got := s.Stats().Total().Received; got != 8 {
-		t.Errorf("total received %d, want 8", got)
+	if got := s.Stats().Total().Received; got != 9 {
+		t.Errorf("total received %d, want 9", got)
 	}
 }
 
