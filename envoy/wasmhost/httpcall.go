@@ -264,11 +264,12 @@ func (vm *VM) deliverReceived(token uint32) {
 // dispatcher received before this task ran wins over the timeout, as in
 // Envoy, where the read event that epoll reported is processed before the
 // timer that expired in the same loop iteration; otherwise the call gets
-// Envoy's 504 and a later response is dropped. A response whose bytes are
-// already in the socket, its reader not yet scheduled, is one Envoy's loop
-// would read first too: the timeout looks again once that reader has had
-// a turn (arrivalRecheck), and fires only if by then nothing was received
-// and nothing more is waiting in the socket.
+// Envoy's 504 and a later response is dropped. A response whose bytes (or
+// the close that ends it) are already in the socket, its reader not yet
+// scheduled, is one Envoy's loop would read first too: the timeout looks
+// again once that reader has had a turn (arrivalRecheck), and fires only
+// if by then nothing was received and nothing more is waiting in the
+// socket.
 func (vm *VM) timeout(token uint32) {
 	p := vm.calls[token]
 	if p == nil {

@@ -195,8 +195,9 @@ type activeCall struct {
 	reading atomic.Bool                 // its response has begun to arrive
 }
 
-// arrived reports whether the call's response is in its connection's
-// socket, or being read from it, though not yet handed over. A response
+// arrived reports whether the call's response (its bytes, or the close
+// that ends it) is in its connection's socket, or being read from it,
+// though not yet handed over. A response
 // being read counts once: a reader still short of its end at the next look
 // is waiting for bytes that have not come.
 func (a *activeCall) arrived() bool {
@@ -213,7 +214,9 @@ func (a *activeCall) arrived() bool {
 	return mine && unread(cc.NC)
 }
 
-// unread reports whether bytes wait in the socket of c.
+// unread reports whether bytes, or the peer's close, wait unread in the
+// socket of c: either is an event Envoy's loop would handle before a timer
+// that expired in the same iteration.
 func unread(c net.Conn) bool {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
@@ -223,9 +226,9 @@ func unread(c net.Conn) bool {
 	if err != nil {
 		return false
 	}
-	n := 0
-	rc.Control(func(fd uintptr) { n = socketUnread(int(fd)) })
-	return n > 0
+	waiting := false
+	rc.Control(func(fd uintptr) { waiting = socketUnread(int(fd)) > 0 || socketEnded(int(fd)) })
+	return waiting
 }
 
 // NewHTTPDispatcher returns a dispatcher for the given clusters, by name.

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -121,6 +122,48 @@ func TestUnreadSeesTheSocket(t *testing.T) {
 	}
 	if unread(c) {
 		t.Error("unread after everything was read")
+	}
+	// The peer's close is what a reader would see next: it waits too.
+	srv.Close()
+	testkit.Poll(t, 10*time.Second, "the peer's close to show as unread", func() bool { return unread(c) })
+	if n, err := c.Read(buf); n != 0 || err != io.EOF {
+		t.Errorf("read after the peer's close: %d, %v; want the end", n, err)
+	}
+}
+
+// A reset waiting in the socket counts as unread, as a close does: the
+// next read returns at once with it.
+func TestUnreadSeesAReset(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	srv := <-accepted
+	if srv == nil {
+		t.Fatal("accept failed")
+	}
+	if unread(c) {
+		t.Fatal("unread before anything happened")
+	}
+	srv.(*net.TCPConn).SetLinger(0) // Close sends a reset
+	srv.Close()
+	testkit.Poll(t, 10*time.Second, "the peer's reset to show as unread", func() bool { return unread(c) })
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("read after the peer's reset: %v; want ECONNRESET", err)
 	}
 }
 
