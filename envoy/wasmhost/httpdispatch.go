@@ -197,9 +197,9 @@ type activeCall struct {
 
 // arrived reports whether the call's response (its bytes, or the close
 // that ends it) is in its connection's socket, or being read from it,
-// though not yet handed over. A response
-// being read counts once: a reader still short of its end at the next look
-// is waiting for bytes that have not come.
+// though not yet handed over. A response being read counts once: a reader
+// still short of its end at the next look is waiting for bytes that have
+// not come.
 func (a *activeCall) arrived() bool {
 	if a.reading.Swap(false) {
 		return true
