@@ -85,29 +85,7 @@ func TestHTTPDispatcher(t *testing.T) {
 // unread sees bytes waiting in a socket before anyone reads them, and
 // none once they are read: what a callout's timeout asks of the socket.
 func TestUnreadSeesTheSocket(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			accepted <- c
-		}
-		close(accepted)
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	srv := <-accepted
-	if srv == nil {
-		t.Fatal("accept failed")
-	}
-	defer srv.Close()
+	c, srv := tcpPair(t)
 	if unread(c) {
 		t.Fatal("unread before anything was sent")
 	}
@@ -131,9 +109,10 @@ func TestUnreadSeesTheSocket(t *testing.T) {
 	}
 }
 
-// A reset waiting in the socket counts as unread, as a close does: the
-// next read returns at once with it.
-func TestUnreadSeesAReset(t *testing.T) {
+// tcpPair returns the two ends of a loopback TCP connection, closed when
+// the test ends (a second Close is harmless).
+func tcpPair(t *testing.T) (client, server net.Conn) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -151,11 +130,19 @@ func TestUnreadSeesAReset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
 	srv := <-accepted
 	if srv == nil {
 		t.Fatal("accept failed")
 	}
+	t.Cleanup(func() { srv.Close() })
+	return c, srv
+}
+
+// A reset waiting in the socket counts as unread, as a close does: the
+// next read returns at once with it.
+func TestUnreadSeesAReset(t *testing.T) {
+	c, srv := tcpPair(t)
 	if unread(c) {
 		t.Fatal("unread before anything happened")
 	}
