@@ -112,7 +112,8 @@ type pendingCall struct {
 	// Envoy's event loop runs the socket's read event before the expired
 	// timer of the same iteration (RATIONALE.md: the callout timeout).
 	mu       sync.Mutex
-	received *CalloutResponse
+	got      bool
+	received CalloutResponse
 }
 
 func (p *pendingCall) finish() {
@@ -128,18 +129,22 @@ func (p *pendingCall) finish() {
 func (p *pendingCall) receive(r CalloutResponse) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.received != nil {
+	if p.got {
 		return false
 	}
-	p.received = &r
+	p.received, p.got = r, true
 	return true
 }
 
-// response returns the received response, or nil.
+// response returns the received response, or nil. It does not change
+// once received.
 func (p *pendingCall) response() *CalloutResponse {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.received
+	if !p.got {
+		return nil
+	}
+	return &p.received
 }
 
 // httpCall is proxy_http_call(cluster ptr/len, headers ptr/len, body
@@ -257,7 +262,7 @@ func (vm *VM) deliverReceived(token uint32) {
 	if p == nil {
 		return
 	}
-	vm.deliver(token, p, *p.response())
+	vm.deliver(token, p, p.response())
 }
 
 // timeout is the call's timer event on the VM's goroutine. A response the
@@ -276,14 +281,15 @@ func (vm *VM) timeout(token uint32) {
 		return
 	}
 	if r := p.response(); r != nil {
-		vm.deliver(token, p, *r)
+		vm.deliver(token, p, r)
 		return
 	}
 	if p.arrived != nil && p.arrived() {
 		p.stopTimer = vm.o.Clock.AfterFunc(arrivalRecheck, func() { vm.post(func() { vm.timeout(token) }) })
 		return
 	}
-	vm.deliver(token, p, TimeoutResponse())
+	r := TimeoutResponse()
+	vm.deliver(token, p, &r)
 }
 
 // arrivalRecheck is how long a timeout that found its response in the
@@ -293,7 +299,7 @@ const arrivalRecheck = 100 * time.Microsecond
 
 // deliver runs proxy_on_http_call_response for the call's one answer and
 // ends the call. The response is readable only during the callback.
-func (vm *VM) deliver(token uint32, p *pendingCall, r CalloutResponse) {
+func (vm *VM) deliver(token uint32, p *pendingCall, r *CalloutResponse) {
 	delete(vm.calls, token)
 	p.finish()
 	root := p.root
@@ -306,7 +312,7 @@ func (vm *VM) deliver(token uint32, p *pendingCall, r CalloutResponse) {
 		vm.call(root, "proxy_on_http_call_response", uint64(root.id), uint64(token), 0, 0, 0)
 		vm.statusMsg = ""
 	} else {
-		vm.callResp = &r
+		vm.callResp = r
 		vm.call(root, "proxy_on_http_call_response", uint64(root.id), uint64(token),
 			uint64(len(r.Headers)), uint64(len(r.Body)), uint64(len(r.Trailers)))
 	}

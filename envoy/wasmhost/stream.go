@@ -89,8 +89,10 @@ type Stream struct {
 	reply     *LocalReply
 	respOut   []Header // the response headers once the response left Paused
 	// wake holds a token after a change of state or a task that ran; a
-	// waiter looks at the state again. One buffered slot, made once: a
-	// state change costs no channel allocation.
+	// waiter looks at the state again. One buffered slot, made by the
+	// first await that has to block (a stream run on its caller's
+	// goroutine while the VM is idle never does), then kept: a state
+	// change costs no channel allocation.
 	wake chan struct{}
 }
 
@@ -126,7 +128,7 @@ func (s *Stream) open() error {
 // (RequestHeadersWait, or any other), in that call's task, without a
 // round trip of its own. ID is valid once that call returned.
 func (vm *VM) OpenStream(info StreamInfo) *Stream {
-	return &Stream{vm: vm, info: info, wake: make(chan struct{}, 1)}
+	return &Stream{vm: vm, info: info}
 }
 
 // ensureContext makes the stream's context if it has none yet, under its
@@ -173,14 +175,15 @@ func (s *Stream) setState(st State) {
 	if st != Paused && s.inResponse {
 		s.respOut = append([]Header(nil), s.respHeaders...)
 	}
+	s.notifyLocked()
 	s.mu.Unlock()
-	s.notify()
 }
 
-func (s *Stream) notify() {
+// notifyLocked wakes the waiter, if one ever blocked; s.mu is held.
+func (s *Stream) notifyLocked() {
 	select {
 	case s.wake <- struct{}{}:
-	default:
+	default: // nil: nobody has waited yet
 	}
 }
 
@@ -201,12 +204,17 @@ func (s *Stream) await(ctx context.Context, seq uint64) (State, error) {
 	for {
 		s.mu.Lock()
 		st, ran := s.state, s.ran
-		s.mu.Unlock()
 		if ran >= seq && st != Paused {
+			s.mu.Unlock()
 			return st, nil
 		}
+		if s.wake == nil {
+			s.wake = make(chan struct{}, 1)
+		}
+		wake := s.wake
+		s.mu.Unlock()
 		select {
-		case <-s.wake:
+		case <-wake:
 		case <-ctx.Done():
 			return Paused, ctx.Err()
 		}
@@ -226,8 +234,8 @@ func (s *Stream) start(f func()) (uint64, error) {
 		defer func() {
 			s.mu.Lock()
 			s.ran = seq
+			s.notifyLocked()
 			s.mu.Unlock()
-			s.notify()
 		}()
 		if s.refused() {
 			s.setState(Reset)
@@ -325,7 +333,9 @@ func (s *Stream) requestHeaders(headers []Header, eos bool) State {
 func (s *Stream) continueRequest() {
 	s.reqActive = false
 	s.mu.Lock()
-	s.upstream = append([]Header(nil), s.reqHeaders...)
+	// No copy: with reqActive false the plugin can no longer change the
+	// request headers, and nothing else writes them.
+	s.upstream = s.reqHeaders
 	s.forwarded = true
 	s.mu.Unlock()
 	s.setState(Continued)
