@@ -238,14 +238,9 @@ func envFunctions() []hostFunc {
 			ret(s, StatusOK)
 		}),
 		env("proxy_get_buffer_status", 3, func(vm *VM, s []uint64) {
-			t := BufferType(u32(s[0]))
-			if t > bufferTypeMax {
-				ret(s, StatusBadArgument)
-				return
-			}
-			b, ok := vm.buffer(vm.ctxOrEffective(), t)
-			if !ok {
-				ret(s, StatusNotFound)
+			b, st := vm.bufferArg(s[0])
+			if st != StatusOK {
+				ret(s, st)
 				return
 			}
 			if !vm.writeU32(u32(s[1]), uint32(len(b))) || !vm.writeU32(u32(s[2]), 0) {
@@ -255,14 +250,9 @@ func envFunctions() []hostFunc {
 			ret(s, StatusOK)
 		}),
 		env("proxy_get_buffer_bytes", 5, func(vm *VM, s []uint64) {
-			t := BufferType(u32(s[0]))
-			if t > bufferTypeMax {
-				ret(s, StatusBadArgument)
-				return
-			}
-			b, ok := vm.buffer(vm.ctxOrEffective(), t)
-			if !ok {
-				ret(s, StatusNotFound)
+			b, st := vm.bufferArg(s[0])
+			if st != StatusOK {
+				ret(s, st)
 				return
 			}
 			start, length := uint64(u32(s[1])), uint64(u32(s[2]))
@@ -283,13 +273,8 @@ func envFunctions() []hostFunc {
 			ret(s, copyOut(vm, b[start:start+length], u32(s[3]), u32(s[4])))
 		}),
 		env("proxy_set_buffer_bytes", 5, func(vm *VM, s []uint64) {
-			t := BufferType(u32(s[0]))
-			if t > bufferTypeMax {
-				ret(s, StatusBadArgument)
-				return
-			}
-			if _, ok := vm.buffer(vm.ctxOrEffective(), t); !ok {
-				ret(s, StatusNotFound)
+			if _, st := vm.bufferArg(s[0]); st != StatusOK {
+				ret(s, st)
 				return
 			}
 			if _, ok := vm.read(u32(s[3]), u32(s[4])); !ok {
@@ -597,6 +582,21 @@ func (vm *VM) mutMap(c *vmContext, t MapType) *[]Header {
 // buffer returns buffer t as Envoy's getBuffer does: bodies and network data
 // read as empty (this host carries none), the HTTP-call response body only
 // during the callback, the plugin configuration only while configuring.
+// bufferArg is the buffer a host call names by its type argument, for the
+// current context: BAD_ARGUMENT for a type Envoy does not have, NOT_FOUND
+// for one not readable now.
+func (vm *VM) bufferArg(arg uint64) ([]byte, Status) {
+	t := BufferType(u32(arg))
+	if t > bufferTypeMax {
+		return nil, StatusBadArgument
+	}
+	b, ok := vm.buffer(vm.ctxOrEffective(), t)
+	if !ok {
+		return nil, StatusNotFound
+	}
+	return b, StatusOK
+}
+
 func (vm *VM) buffer(c *vmContext, t BufferType) ([]byte, bool) {
 	switch t {
 	case BufferHTTPCallResponse:
