@@ -579,9 +579,6 @@ func (vm *VM) mutMap(c *vmContext, t MapType) *[]Header {
 	return nil
 }
 
-// buffer returns buffer t as Envoy's getBuffer does: bodies and network data
-// read as empty (this host carries none), the HTTP-call response body only
-// during the callback, the plugin configuration only while configuring.
 // bufferArg is the buffer a host call names by its type argument, for the
 // current context: BAD_ARGUMENT for a type Envoy does not have, NOT_FOUND
 // for one not readable now.
@@ -597,6 +594,9 @@ func (vm *VM) bufferArg(arg uint64) ([]byte, Status) {
 	return b, StatusOK
 }
 
+// buffer returns buffer t as Envoy's getBuffer does: bodies and network data
+// read as empty (this host carries none), the HTTP-call response body only
+// during the callback, the plugin configuration only while configuring.
 func (vm *VM) buffer(c *vmContext, t BufferType) ([]byte, bool) {
 	switch t {
 	case BufferHTTPCallResponse:
