@@ -211,7 +211,7 @@ func TestResponseHeadersAndLifecycle(t *testing.T) {
 	vm := newProbeVM(t, PollSleep, Options{})
 	err := vm.Configure(script(map[string]string{
 		"request_headers":  "log 2 REQ",
-		"response_headers": "get 0 :path;add 2 x-r 1;get 2 :status",
+		"response_headers": "get 0 :path;add 2 x-r 1;get 2 :status;add 0 late 1;replace 0 :path /late",
 		"log":              "log 2 LOG;get 0 :path;get 2 x-r;add 0 a b;get 6 x;pairs 2",
 		"done":             "log 2 DONE",
 		"delete":           "log 2 DELETE",
@@ -221,6 +221,7 @@ func TestResponseHeadersAndLifecycle(t *testing.T) {
 	}
 	s := newStream(t, vm)
 	s.RequestHeaders(getReq, true)
+	upstream := s.UpstreamHeaders()
 	st, out, err := s.ResponseHeaders([]Header{{":status", "200"}, {"Content-Type", "text/plain"}}, false)
 	if err != nil || st != Continued {
 		t.Fatalf("ResponseHeaders = %v, %v", st, err)
@@ -231,7 +232,14 @@ func TestResponseHeadersAndLifecycle(t *testing.T) {
 	}
 	s.Done()
 	s.Done() // a second Done does nothing
-	checkLines(t, vm.logs, []string{"log=0", "response_headers n=2 eos=0", "get=2 value=", "add=0", "get=0 value=200",
+	// The request headers went upstream as they were when the request
+	// continued: the plugin's later tries to change them were refused
+	// (add=2 and replace=2 in on_response_headers, add=2 in on_log) and
+	// changed nothing.
+	if got := s.UpstreamHeaders(); !equalHeaders(got, upstream) {
+		t.Errorf("upstream headers after the stream %q, want %q as the request continued", got, upstream)
+	}
+	checkLines(t, vm.logs, []string{"log=0", "response_headers n=2 eos=0", "get=2 value=", "add=0", "get=0 value=200", "add=2", "replace=2",
 		"log=0", "get=0 value=%2Forders%2F1", "get=0 value=1", "add=2", "get=1 value=",
 		"pairs=0 ptr0=false pairs=:status=200,content-type=text%2Fplain,x-r=1", "log=0", "log=0"})
 	var order []string
