@@ -1,20 +1,15 @@
 package wasmhost
 
-import (
-	"syscall"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
-)
+import "golang.org/x/sys/unix"
 
 // socketUnread is the number of bytes waiting in a socket (SIOCINQ, the
 // same request as FIONREAD), 0 if it cannot be asked.
 func socketUnread(fd int) int {
-	var n int32
-	if _, _, e := syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), syscall.TIOCINQ, uintptr(unsafe.Pointer(&n))); e != 0 {
+	n, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
+	if err != nil {
 		return 0
 	}
-	return int(n)
+	return n
 }
 
 // socketEnded reports whether the peer ended the connection (its close,
