@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -612,6 +613,9 @@ func BenchmarkGateway(b *testing.B) {
 		b.Fatal(err)
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	created := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(created)
+	before := created[0].Value.Uint64()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -631,6 +635,10 @@ func BenchmarkGateway(b *testing.B) {
 		}
 	})
 	b.StopTimer()
+	// The client's and the services' goroutines included: all of them
+	// run in this process.
+	metrics.Read(created)
+	b.ReportMetric(float64(created[0].Value.Uint64()-before)/float64(b.N), "goroutines/op")
 	cancel()
 	if err := <-errc; err != nil {
 		b.Error(err)

@@ -98,8 +98,8 @@ func ConnectFailure(reason string) CalloutResponse {
 
 // pendingCall is a dispatched call waiting for its response.
 type pendingCall struct {
-	root      *vmContext // the root context its callback goes to; nil: none
-	cancel    context.CancelFunc
+	root      *vmContext  // the root context its callback goes to; nil: none
+	ctx       callContext // the dispatcher's: ends with the call
 	stopTimer func() bool
 	once      sync.Once
 	// arrived, from a WatchingDispatcher, reports whether the response is
@@ -118,7 +118,7 @@ type pendingCall struct {
 
 func (p *pendingCall) finish() {
 	p.once.Do(func() {
-		p.cancel()
+		p.ctx.end()
 		if p.stopTimer != nil {
 			p.stopTimer()
 		}
@@ -204,8 +204,9 @@ func (vm *VM) httpCall(s []uint64) Status {
 		Trailers:  vm.text.pairs(trls, 0),
 		Timeout:   time.Duration(timeoutMs) * time.Millisecond,
 	}
-	ctx, cancel := context.WithCancel(vm.ctx)
-	p := &pendingCall{cancel: cancel}
+	p := &pendingCall{}
+	p.ctx.init(vm.ctx)
+	ctx := &p.ctx
 	if caller.plugin != nil {
 		// cpp-host makes the call on the caller's root context.
 		p.root = caller.plugin.root
@@ -230,7 +231,7 @@ func (vm *VM) httpCall(s []uint64) Status {
 	}
 	if err != nil {
 		delete(vm.calls, token)
-		cancel()
+		p.ctx.end()
 		if errors.Is(err, ErrNoSuchCluster) {
 			return StatusBadArgument
 		}

@@ -324,8 +324,10 @@ func (d *HTTPDispatcher) DispatchWatched(ctx context.Context, call Callout, resp
 			c.mu.Unlock()
 		})
 	}
-	context.AfterFunc(ctx, end)
-	a := &activeCall{respond: func(r CalloutResponse) { end(); respond(r) }, method: method}
+	// A call that responds stops the watch, so that the end of its
+	// context starts no goroutine to do what is done already.
+	stopEnd := whenDone(ctx, end)
+	a := &activeCall{respond: func(r CalloutResponse) { stopEnd(); end(); respond(r) }, method: method}
 	for cc, ok := pool.Take(); ok; cc, ok = pool.Take() {
 		if cc.send(ctx, a, call, path, authority) {
 			return a.arrived, nil
@@ -345,7 +347,7 @@ func (d *HTTPDispatcher) DispatchWatched(ctx context.Context, call Callout, resp
 		go c.dialFor(ctx, pool, a, call, path, authority)
 	default:
 		w := &waitingCall{ctx: ctx, a: a, call: call, path: path, authority: authority, pool: pool}
-		w.stop = context.AfterFunc(ctx, func() {
+		w.stop = whenDone(ctx, func() {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			if i := slices.Index(c.waiting, w); i >= 0 {
@@ -386,10 +388,10 @@ func (cc *calloutConn) send(ctx context.Context, a *activeCall, call Callout, pa
 	cc.current = a
 	a.conn.Store(cc)
 	// The host stops waiting (timeout, closed VM): Envoy resets the
-	// stream, which on HTTP/1.1 closes the connection. AfterFunc watches
+	// stream, which on HTTP/1.1 closes the connection. whenDone watches
 	// the context without a goroutine until it ends; set under the lock,
 	// so the read loop sees it with the call.
-	a.stop = context.AfterFunc(ctx, func() { cc.abandon(a) })
+	a.stop = whenDone(ctx, func() { cc.abandon(a) })
 	cc.mu.Unlock()
 	cc.wmu.Lock()
 	defer cc.wmu.Unlock()

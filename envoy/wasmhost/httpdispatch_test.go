@@ -1,6 +1,7 @@
 package wasmhost
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime/metrics"
 	"strings"
 	"sync"
 	"syscall"
@@ -301,4 +303,75 @@ func TestCircuitBreakerPendingAndConnections(t *testing.T) {
 	}
 	srv.release <- struct{}{}
 	answered(t, gotD)
+}
+
+// A call answered on a pooled connection starts no goroutine: its
+// response is read by the connection's reader, which was started with the
+// connection, and the end of the call's context, after the response, has
+// nothing left to run (each goroutine started is a possible wake-up of a
+// thread on another CPU, in every request's path).
+func TestCalloutOnAPooledConnectionStartsNoGoroutine(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() { // one goroutine per connection, started when it is accepted
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(r)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					io.WriteString(c, "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+				}
+			}()
+		}
+	}()
+	d := NewHTTPDispatcher(map[string]HTTPCluster{"svc": {Endpoints: []string{l.Addr().String()}}})
+	defer d.Close()
+	answered := make(chan CalloutResponse, 1)
+	call := func() {
+		var ctx callContext
+		ctx.init(context.Background())
+		if _, err := d.DispatchWatched(&ctx, Callout{Cluster: "svc", Headers: []Header{{":method", "GET"}, {":path", "/"}, {":authority", "svc"}}},
+			func(r CalloutResponse) { answered <- r }); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case r := <-answered:
+			if r.Status() != 200 {
+				t.Fatalf("status %d, want 200", r.Status())
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no answer")
+		}
+		ctx.end() // as the host does once the answer is delivered
+	}
+	call() // dials the connection and starts its reader
+	const calls = 200
+	before := goroutinesCreated()
+	for range calls {
+		call()
+	}
+	// Each call that started one would add at least one, calls in all;
+	// the rest of the process (a timer left by another test) may start
+	// a few.
+	if n := goroutinesCreated() - before; n > calls/10 {
+		t.Errorf("%d calls on a pooled connection started %d goroutines, want none", calls, n)
+	}
+}
+
+func goroutinesCreated() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
