@@ -76,7 +76,7 @@ func registerHostModules(ctx context.Context, rt wazero.Runtime, poll PollMode) 
 func guard(f hostFunc) api.GoModuleFunc {
 	full := f.module + "." + f.name
 	return func(ctx context.Context, _ api.Module, stack []uint64) {
-		vm := ctx.Value(vmKey{}).(*VM)
+		vm := ctx.(*vmCtx).vm
 		if vm.allowed != nil && !vm.allowed[full] {
 			panic(trap{"restricted_callback: " + full})
 		}

@@ -310,11 +310,11 @@ func (vm *VM) deliver(token uint32, p *pendingCall, r *CalloutResponse) {
 	if r.Reset {
 		// No response exists: its headers and body are not readable.
 		vm.status, vm.statusMsg = uint32(StatusBrokenConnection), "reset"
-		vm.call(root, "proxy_on_http_call_response", uint64(root.id), uint64(token), 0, 0, 0)
+		vm.call(root, onHTTPCallResponse, uint64(root.id), uint64(token), 0, 0, 0)
 		vm.statusMsg = ""
 	} else {
 		vm.callResp = r
-		vm.call(root, "proxy_on_http_call_response", uint64(root.id), uint64(token),
+		vm.call(root, onHTTPCallResponse, uint64(root.id), uint64(token),
 			uint64(len(r.Headers)), uint64(len(r.Body)), uint64(len(r.Trailers)))
 	}
 	vm.callResp = nil

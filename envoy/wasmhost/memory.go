@@ -55,7 +55,7 @@ func (vm *VM) write(ptr uint32, b []byte) bool { return vm.mem.Write(ptr, b) }
 // during an allocation may run. It returns 0 when the module has none to
 // give; a trap inside the allocator traps the calling host function too.
 func (vm *VM) alloc(n uint32) uint32 {
-	f := vm.fns[vm.mod.alloc]
+	f := vm.allocator
 	prev := vm.allowed
 	vm.allowed = mallocAllowed(vm.mod.poll)
 	res, err := vm.callWithStack(f, uint64(n))

@@ -96,12 +96,12 @@ func (p *Plugin) configure(config string) error {
 	vm.configuring = &p.config
 	if !root.created {
 		root.created = true
-		vm.callDrain(root, "proxy_on_context_create", uint64(root.id), 0)
+		vm.callDrain(root, onContextCreate, uint64(root.id), 0)
 	}
 	vm.configuring = nil
 	if !p.configured {
 		// Not readable here: cpp-host runs on_vm_start without the plugin.
-		if r, ok := vm.callDrain(root, "proxy_on_vm_start", uint64(root.id), uint64(len(vm.o.VMConfig))); ok && r == 0 {
+		if r, ok := vm.callDrain(root, onVMStart, uint64(root.id), uint64(len(vm.o.VMConfig))); ok && r == 0 {
 			return fmt.Errorf("proxy_on_vm_start returned false: %w", ErrConfigRejected)
 		}
 	}
@@ -109,7 +109,7 @@ func (p *Plugin) configure(config string) error {
 		return vm.Err()
 	}
 	vm.configuring = &p.config
-	r, ok := vm.callDrain(root, "proxy_on_configure", uint64(root.id), uint64(len(config)))
+	r, ok := vm.callDrain(root, onConfigure, uint64(root.id), uint64(len(config)))
 	vm.configuring = nil
 	if vm.failed.Load() {
 		return vm.Err()
@@ -214,11 +214,11 @@ func (vm *VM) shutdown(p *Plugin) {
 	}
 	root := p.root
 	if root.created && !vm.failed.Load() {
-		if r, ok := vm.callDrain(root, "proxy_on_done", uint64(root.id)); ok && r == 0 {
+		if r, ok := vm.callDrain(root, onDone, uint64(root.id)); ok && r == 0 {
 			p.pendingDone = true
 			return
 		}
-		vm.callDrain(root, "proxy_on_delete", uint64(root.id))
+		vm.callDrain(root, onDelete, uint64(root.id))
 	}
 	vm.drop(p)
 }
@@ -234,7 +234,7 @@ func (vm *VM) done(c *vmContext) Status {
 	p.pendingDone = false
 	vm.defer_(func() {
 		if !vm.failed.Load() {
-			vm.callDrain(p.root, "proxy_on_delete", uint64(p.root.id))
+			vm.callDrain(p.root, onDelete, uint64(p.root.id))
 		}
 		vm.drop(p)
 	})
@@ -270,7 +270,7 @@ func (p *Plugin) onTick() {
 	if p.gone || p.vm.failed.Load() {
 		return
 	}
-	p.vm.callDrain(p.root, "proxy_on_tick", uint64(p.root.id))
+	p.vm.callDrain(p.root, onTick, uint64(p.root.id))
 }
 
 // setTickPeriod is proxy_set_tick_period_milliseconds: Envoy keeps a timer

@@ -279,7 +279,7 @@ func (s *Stream) create() {
 		return
 	}
 	s.c.created = true
-	s.vm.callDrain(s.c, "proxy_on_context_create", uint64(s.c.id), uint64(s.c.parent))
+	s.vm.callDrain(s.c, onContextCreate, uint64(s.c.id), uint64(s.c.parent))
 }
 
 // RequestHeaders runs proxy_on_request_headers and the actions it deferred,
@@ -314,7 +314,7 @@ func (s *Stream) requestHeaders(headers []Header, eos bool) State {
 	}
 	s.create()
 	s.reqActive = true
-	r, ok := vm.call(s.c, "proxy_on_request_headers", uint64(s.c.id), uint64(len(s.reqHeaders)), b2u(eos))
+	r, ok := vm.call(s.c, onRequestHeaders, uint64(s.c.id), uint64(len(s.reqHeaders)), b2u(eos))
 	stopped := vm.stopIter
 	vm.stopIter = false
 	switch {
@@ -383,7 +383,7 @@ func (s *Stream) sendLocalReply(r LocalReply) {
 		s.inResponse = true
 		s.respHeaders = headers
 		s.respActive = true
-		s.vm.call(s.c, "proxy_on_response_headers", uint64(s.c.id), uint64(len(headers)), b2u(len(r.Body) == 0))
+		s.vm.call(s.c, onResponseHeaders, uint64(s.c.id), uint64(len(headers)), b2u(len(r.Body) == 0))
 		s.vm.stopIter = false
 		s.respActive = false
 		headers = s.respHeaders
@@ -519,7 +519,7 @@ func (s *Stream) responseHeaders(headers []Header, eos bool) State {
 		return s.State()
 	}
 	s.respActive = true
-	r, ok := vm.call(s.c, "proxy_on_response_headers", uint64(s.c.id), uint64(len(s.respHeaders)), b2u(eos))
+	r, ok := vm.call(s.c, onResponseHeaders, uint64(s.c.id), uint64(len(s.respHeaders)), b2u(eos))
 	stopped := vm.stopIter
 	vm.stopIter = false
 	switch {
@@ -563,10 +563,10 @@ func (s *Stream) end() {
 		if s.logResponse == nil {
 			s.logResponse = s.respHeaders
 		}
-		vm.callDrain(s.c, "proxy_on_log", uint64(s.c.id))
+		vm.callDrain(s.c, onLog, uint64(s.c.id))
 		s.logPhase = false
-		vm.callDrain(s.c, "proxy_on_done", uint64(s.c.id))
-		vm.callDrain(s.c, "proxy_on_delete", uint64(s.c.id))
+		vm.callDrain(s.c, onDone, uint64(s.c.id))
+		vm.callDrain(s.c, onDelete, uint64(s.c.id))
 	}
 	s.done = true
 	delete(vm.contexts, s.c.id)

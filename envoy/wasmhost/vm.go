@@ -91,7 +91,9 @@ type VM struct {
 	// time; qmu orders one task's writes before the next task's reads.
 	mem         api.Memory
 	fns         map[string]export
-	allowed     map[string]bool // non-nil: only these host calls may run
+	callbacks   [numCallbacks]export // from fns, by callback
+	allocator   export               // from fns: the module's allocator
+	allowed     map[string]bool      // non-nil: only these host calls may run
 	contexts    map[uint32]*vmContext
 	nextCtxID   uint32
 	plugin      *Plugin   // the one Configure starts; nil before
@@ -126,7 +128,13 @@ type vmContext struct {
 	props   map[string][]byte
 }
 
-type vmKey struct{}
+// vmCtx is the context the VM's calls into the module carry, so that its
+// host functions find the VM: one type assertion (guard), where a value
+// context would compare keys through an interface on every host call.
+type vmCtx struct {
+	context.Context
+	vm *VM
+}
 
 // NewVM instantiates the module and runs its initialization: _initialize
 // (then main or __main_void if exported), or _start. Only proxy_log and the
@@ -165,7 +173,7 @@ func (m *Module) NewVM(ctx context.Context, o Options) (*VM, error) {
 	}
 	vm.qcond = sync.NewCond(&vm.qmu)
 	base, stop := context.WithCancel(context.WithoutCancel(ctx))
-	vm.ctx = context.WithValue(base, vmKey{}, vm)
+	vm.ctx = &vmCtx{base, vm}
 	vm.stop = stop
 	go vm.loop()
 
@@ -214,6 +222,10 @@ func (vm *VM) initialize() error {
 				result: len(def.ResultTypes()) > 0}
 		}
 	}
+	for cb, name := range callbackNames {
+		vm.callbacks[cb] = vm.fns[name]
+	}
+	vm.allocator = vm.fns[vm.mod.alloc]
 	vm.allowed = initAllowed(vm.mod.poll)
 	defer func() { vm.allowed = nil }()
 	run := func(name string, args ...uint64) error {
@@ -324,11 +336,11 @@ func (vm *VM) fail(err error) {
 
 // call runs an export for context c (nil: no context) and reports its
 // result. It returns ok false if the export is absent or the VM failed.
-func (vm *VM) call(c *vmContext, name string, args ...uint64) (uint64, bool) {
+func (vm *VM) call(c *vmContext, cb callback, args ...uint64) (uint64, bool) {
 	if vm.failed.Load() {
 		return 0, false
 	}
-	f := vm.fns[name]
+	f := vm.callbacks[cb]
 	if f.fn == nil {
 		return 0, false
 	}
@@ -337,10 +349,42 @@ func (vm *VM) call(c *vmContext, name string, args ...uint64) (uint64, bool) {
 	res, err := vm.callWithStack(f, args...)
 	vm.current, vm.effective = prevCur, prevEff
 	if err != nil {
-		vm.fail(fmt.Errorf("%s: %w", name, err))
+		vm.fail(fmt.Errorf("%s: %w", callbackNames[cb], err))
 		return 0, false
 	}
 	return res, true
+}
+
+// callback is an export the host calls by its proxy-wasm name, as an index
+// into VM.callbacks, which initialize fills: a call finds its function
+// without a map lookup by name (several calls a request).
+type callback uint8
+
+const (
+	onContextCreate callback = iota
+	onVMStart
+	onConfigure
+	onRequestHeaders
+	onResponseHeaders
+	onHTTPCallResponse
+	onTick
+	onLog
+	onDone
+	onDelete
+	numCallbacks
+)
+
+var callbackNames = [numCallbacks]string{
+	onContextCreate:    "proxy_on_context_create",
+	onVMStart:          "proxy_on_vm_start",
+	onConfigure:        "proxy_on_configure",
+	onRequestHeaders:   "proxy_on_request_headers",
+	onResponseHeaders:  "proxy_on_response_headers",
+	onHTTPCallResponse: "proxy_on_http_call_response",
+	onTick:             "proxy_on_tick",
+	onLog:              "proxy_on_log",
+	onDone:             "proxy_on_done",
+	onDelete:           "proxy_on_delete",
 }
 
 // export is one of the module's exported functions, with what a call
@@ -379,8 +423,8 @@ func (vm *VM) callWithStack(f export, args ...uint64) (uint64, error) {
 
 // callDrain is call followed by the deferred actions, as every callback in
 // Envoy is wrapped in DeferAfterCallActions.
-func (vm *VM) callDrain(c *vmContext, name string, args ...uint64) (uint64, bool) {
-	r, ok := vm.call(c, name, args...)
+func (vm *VM) callDrain(c *vmContext, cb callback, args ...uint64) (uint64, bool) {
+	r, ok := vm.call(c, cb, args...)
 	vm.stopIter = false
 	vm.drain()
 	return r, ok
@@ -478,8 +522,8 @@ func (vm *VM) Close() {
 		for _, p := range slices.Clone(vm.plugins) {
 			root := p.root
 			if root.created && !p.pendingDone && !vm.failed.Load() {
-				if r, ok := vm.callDrain(root, "proxy_on_done", uint64(root.id)); !ok || r != 0 {
-					vm.callDrain(root, "proxy_on_delete", uint64(root.id))
+				if r, ok := vm.callDrain(root, onDone, uint64(root.id)); !ok || r != 0 {
+					vm.callDrain(root, onDelete, uint64(root.id))
 				}
 			}
 			p.gone = true
