@@ -220,7 +220,7 @@ func (vm *VM) httpCall(s []uint64) Status {
 	// queues.
 	respond := func(r CalloutResponse) {
 		if p.receive(r) {
-			vm.exec(func() { vm.deliverReceived(token) }, always)
+			vm.exec(task{op: opDeliver, n: uint64(token)}, always)
 		}
 	}
 	var err error

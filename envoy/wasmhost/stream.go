@@ -80,6 +80,12 @@ type Stream struct {
 
 	// posted counts the tasks the caller posted (the caller's alone).
 	posted uint64
+	// The headers of the phases the caller posted (start), set before
+	// each is submitted and taken by its task. One of each: a caller may
+	// go on to the response (a local reply after its wait for the
+	// request timed out) while the request's task is still queued.
+	reqIn, respIn       []Header
+	reqInEOS, respInEOS bool
 
 	mu        sync.Mutex
 	state     State
@@ -173,7 +179,13 @@ func (s *Stream) setState(st State) {
 	s.mu.Lock()
 	s.state = st
 	if st != Paused && s.inResponse {
-		s.respOut = append([]Header(nil), s.respHeaders...)
+		if s.respActive {
+			s.respOut = append([]Header(nil), s.respHeaders...)
+		} else {
+			// No copy: the plugin can no longer change them, as
+			// with the request headers (continueRequest).
+			s.respOut = s.respHeaders
+		}
 	}
 	s.notifyLocked()
 	s.mu.Unlock()
@@ -227,26 +239,42 @@ func (s *Stream) await(ctx context.Context, seq uint64) (State, error) {
 // for await. A VM that is shutting down when f's turn comes resets a
 // stream that has no context yet, as Close resets the waiting ones; so
 // does a plugin that was removed.
-func (s *Stream) start(f func()) (uint64, error) {
+func (s *Stream) start(op taskOp) (uint64, error) {
 	s.posted++
 	seq := s.posted
-	ok := s.vm.exec(func() {
-		defer func() {
-			s.mu.Lock()
-			s.ran = seq
-			s.notifyLocked()
-			s.mu.Unlock()
-		}()
-		if s.refused() {
-			s.setState(Reset)
-			return
-		}
-		f()
-	}, s.paused)
-	if !ok {
+	if !s.vm.exec(task{op: op, s: s, n: seq}, s.paused) {
 		return 0, ErrClosed
 	}
 	return seq, nil
+}
+
+// run runs the stream's operation op, on the VM: the caller's phase number
+// seq (start), or its end (DoneAsync).
+func (s *Stream) run(op taskOp, seq uint64) {
+	if op == opEndStream {
+		s.end()
+		return
+	}
+	defer func() {
+		s.mu.Lock()
+		s.ran = seq
+		s.notifyLocked()
+		s.mu.Unlock()
+	}()
+	if s.refused() {
+		s.setState(Reset)
+		return
+	}
+	switch op {
+	case opRequestHeaders:
+		h := s.reqIn
+		s.reqIn = nil
+		s.requestHeaders(h, s.reqInEOS)
+	case opResponseHeaders:
+		h := s.respIn
+		s.respIn = nil
+		s.responseHeaders(h, s.respInEOS)
+	}
 }
 
 // paused reports whether the stream waits (for a callout, or the plugin):
@@ -296,7 +324,8 @@ func (s *Stream) RequestHeaders(headers []Header, endOfStream bool) (State, erro
 // the VM, which wakes the caller: what a proxy needs, which waits either
 // way. headers must not change afterwards.
 func (s *Stream) RequestHeadersWait(ctx context.Context, headers []Header, endOfStream bool) (State, error) {
-	seq, err := s.start(func() { s.requestHeaders(headers, endOfStream) })
+	s.reqIn, s.reqInEOS = headers, endOfStream
+	seq, err := s.start(opRequestHeaders)
 	if err != nil {
 		return Paused, err
 	}
@@ -478,7 +507,8 @@ func (s *Stream) ResponseHeaders(headers []Header, endOfStream bool) (State, []H
 // ResponseHeadersOut, run as RequestHeadersWait's phase is. headers must
 // not change afterwards.
 func (s *Stream) ResponseHeadersWait(ctx context.Context, headers []Header, endOfStream bool) (State, []Header, error) {
-	seq, err := s.start(func() { s.responseHeaders(headers, endOfStream) })
+	s.respIn, s.respInEOS = headers, endOfStream
+	seq, err := s.start(opResponseHeaders)
 	if err != nil {
 		return Paused, nil, err
 	}
@@ -544,7 +574,7 @@ func (s *Stream) Done() { s.vm.do(s.end) }
 // once if the VM is idle, else on the VM's goroutine after everything
 // queued before them, which is all a proxy that has answered its client
 // needs.
-func (s *Stream) DoneAsync() { s.vm.exec(s.end, always) }
+func (s *Stream) DoneAsync() { s.vm.exec(task{op: opEndStream, s: s}, always) }
 
 func (s *Stream) end() {
 	if s.done {

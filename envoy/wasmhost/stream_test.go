@@ -212,7 +212,7 @@ func TestResponseHeadersAndLifecycle(t *testing.T) {
 	err := vm.Configure(script(map[string]string{
 		"request_headers":  "log 2 REQ",
 		"response_headers": "get 0 :path;add 2 x-r 1;get 2 :status;add 0 late 1;replace 0 :path /late",
-		"log":              "log 2 LOG;get 0 :path;get 2 x-r;add 0 a b;get 6 x;pairs 2",
+		"log":              "log 2 LOG;get 0 :path;get 2 x-r;add 0 a b;get 6 x;pairs 2;replace 2 content-type x",
 		"done":             "log 2 DONE",
 		"delete":           "log 2 DELETE",
 	}))
@@ -241,7 +241,7 @@ func TestResponseHeadersAndLifecycle(t *testing.T) {
 	}
 	checkLines(t, vm.logs, []string{"log=0", "response_headers n=2 eos=0", "get=2 value=", "add=0", "get=0 value=200", "add=2", "replace=2",
 		"log=0", "get=0 value=%2Forders%2F1", "get=0 value=1", "add=2", "get=1 value=",
-		"pairs=0 ptr0=false pairs=:status=200,content-type=text%2Fplain,x-r=1", "log=0", "log=0"})
+		"pairs=0 ptr0=false pairs=:status=200,content-type=text%2Fplain,x-r=1", "replace=2", "log=0", "log=0"})
 	var order []string
 	for _, l := range vm.logs.all() {
 		if l == "info REQ" || l == "info LOG" || l == "info DONE" || l == "info DELETE" {
@@ -250,6 +250,22 @@ func TestResponseHeadersAndLifecycle(t *testing.T) {
 	}
 	if strings.Join(order, ",") != "REQ,LOG,DONE,DELETE" {
 		t.Errorf("lifecycle order %v", order)
+	}
+
+	// The response headers ResponseHeadersWait returns are the stream's
+	// own, uncopied: they stay as they were when the response continued,
+	// the plugin's replace in on_log refused.
+	s2 := vm.OpenStream(StreamInfo{})
+	if st, err := s2.RequestHeadersWait(context.Background(), getReq, true); err != nil || st != Continued {
+		t.Fatalf("RequestHeadersWait = %v, %v", st, err)
+	}
+	st, out, err = s2.ResponseHeadersWait(context.Background(), []Header{{":status", "200"}, {"Content-Type", "text/plain"}}, false)
+	if err != nil || st != Continued || !equalHeaders(out, want) {
+		t.Fatalf("ResponseHeadersWait = %v, %q, %v; want Continued, %q", st, out, err, want)
+	}
+	s2.Done()
+	if !equalHeaders(out, want) {
+		t.Errorf("response headers after the stream %q, want %q as the response continued", out, want)
 	}
 }
 

@@ -573,7 +573,7 @@ func (vm *VM) loop() {
 		t := vm.next()
 		vm.busy = true
 		vm.qmu.Unlock()
-		vm.run(t.f)
+		vm.run(t)
 		vm.qmu.Lock()
 		vm.busy = false
 		vm.qmu.Unlock()
@@ -620,8 +620,8 @@ func (vm *VM) submit(t task, inline bool) (runNow, ok bool) {
 // everything once the VM is closed, goes to the VM's goroutine: a caller
 // with work of its own hands it over at once, and the VM's goroutine runs
 // it beside that work.
-func (vm *VM) runClaimed(f func(), idle func() bool) {
-	vm.run(f)
+func (vm *VM) runClaimed(t task, idle func() bool) {
+	vm.run(t)
 	for n := 0; n < maxDrain && idle != nil && idle(); n++ {
 		vm.qmu.Lock()
 		if len(vm.queue) == 0 || vm.closed {
@@ -630,7 +630,7 @@ func (vm *VM) runClaimed(f func(), idle func() bool) {
 		}
 		t := vm.next()
 		vm.qmu.Unlock()
-		vm.run(t.f)
+		vm.run(t)
 		t.ran()
 	}
 	vm.qmu.Lock()
@@ -661,12 +661,12 @@ func (vm *VM) next() task {
 // reader, gets back to its connection.
 const maxDrain = 16
 
-// exec runs f at once if the VM is idle, else queues it as post does
+// exec runs t at once if the VM is idle, else queues it as post does
 // (submit); it reports false if the VM is closed. idle is runClaimed's.
-func (vm *VM) exec(f func(), idle func() bool) bool {
-	runNow, ok := vm.submit(task{f: f}, true)
+func (vm *VM) exec(t task, idle func() bool) bool {
+	runNow, ok := vm.submit(t, true)
 	if runNow {
-		vm.runClaimed(f, idle)
+		vm.runClaimed(t, idle)
 	}
 	return ok
 }
@@ -674,12 +674,27 @@ func (vm *VM) exec(f func(), idle func() bool) bool {
 // always is an idle for a caller that only waits after its task.
 func always() bool { return true }
 
-// task is one entry of the VM's queue; done, if not nil, gets a token once
-// f has run (do's wait).
+// task is one entry of the VM's queue: f, or one of the operations every
+// request makes (op), named rather than made a closure, so that a request
+// allocates none for them. done, if not nil, gets a token once the task has
+// run (do's wait).
 type task struct {
 	f    func()
+	op   taskOp
+	s    *Stream // the stream of a stream's operation
+	n    uint64  // the stream's task number (Stream.start), or the call's token (opDeliver)
 	done chan struct{}
 }
+
+type taskOp uint8
+
+const (
+	opFunc            taskOp = iota // f
+	opRequestHeaders                // the stream's request headers (RequestHeadersWait)
+	opResponseHeaders               // its response headers (ResponseHeadersWait)
+	opEndStream                     // its end (DoneAsync)
+	opDeliver                       // a callout's received answer, to its callback
+)
 
 // ran tells the task's waiter, if any (do), that it has run.
 func (t task) ran() {
@@ -694,7 +709,7 @@ var doneChans = sync.Pool{New: func() any { return make(chan struct{}, 1) }}
 
 // run runs one task; a panic in the host's own code fails the VM instead of
 // the process.
-func (vm *VM) run(f func()) {
+func (vm *VM) run(t task) {
 	defer func() {
 		if r := recover(); r != nil {
 			// Whatever was deferred belonged to the broken call; what
@@ -704,7 +719,14 @@ func (vm *VM) run(f func()) {
 			vm.drainQuietly()
 		}
 	}()
-	f()
+	switch t.op {
+	case opFunc:
+		t.f()
+	case opDeliver:
+		vm.deliverReceived(uint32(t.n))
+	default:
+		t.s.run(t.op, t.n)
+	}
 }
 
 // drainQuietly runs the deferred actions after a host panic, dropping any
@@ -736,7 +758,7 @@ func (vm *VM) do(f func()) error {
 		if !ok {
 			return ErrClosed
 		}
-		vm.runClaimed(f, nil)
+		vm.runClaimed(task{f: f}, nil)
 		return nil
 	}
 	select {

@@ -18,7 +18,7 @@ func TestQueuedTasksKeepTheirOrder(t *testing.T) {
 	var mu sync.Mutex
 	var order []int
 	waiter := make(chan error, 1)
-	if !vm.exec(func() {
+	if !vm.exec(task{f: func() {
 		for i := range n {
 			vm.post(func() {
 				mu.Lock()
@@ -39,7 +39,7 @@ func TestQueuedTasksKeepTheirOrder(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond) // polling for the other goroutine's enqueue
 		}
-	}, always) {
+	}}, always) {
 		t.Fatal("exec on an open VM reported it closed")
 	}
 	mu.Lock()
