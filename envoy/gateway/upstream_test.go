@@ -100,29 +100,6 @@ func TestUpstreamBodies(t *testing.T) {
 	}
 }
 
-// rawService serves each connection with answer, for responses net/http's
-// server would not send.
-func rawService(t *testing.T, answer func(c net.Conn, br *bufio.Reader)) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				answer(c, bufio.NewReader(c))
-			}()
-		}
-	}()
-	return l.Addr().String()
-}
-
 func readRequest(br *bufio.Reader) bool {
 	req, err := http.ReadRequest(br)
 	if err != nil {
@@ -136,7 +113,7 @@ func readRequest(br *bufio.Reader) bool {
 // after its answer, without saying so, costs the client nothing.
 func TestUpstreamClosesIdleConnections(t *testing.T) {
 	closed := make(chan struct{}, 10)
-	addr := rawService(t, func(c net.Conn, br *bufio.Reader) {
+	addr := testkit.RawServer(t, func(c net.Conn, br *bufio.Reader) {
 		if readRequest(br) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
@@ -172,12 +149,12 @@ func TestUpstreamClosesIdleConnections(t *testing.T) {
 // out resets the client's stream, as Envoy can only do then; a connection
 // closed before any answer is Envoy's 503.
 func TestUpstreamResetAfterHeaders(t *testing.T) {
-	cut := rawService(t, func(c net.Conn, br *bufio.Reader) {
+	cut := testkit.RawServer(t, func(c net.Conn, br *bufio.Reader) {
 		if readRequest(br) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part")
 		}
 	})
-	silent := rawService(t, func(c net.Conn, br *bufio.Reader) { readRequest(br) })
+	silent := testkit.RawServer(t, func(c net.Conn, br *bufio.Reader) { readRequest(br) })
 	g := startWith(t, cut, silent)
 	req, _ := http.NewRequest("GET", "http://"+g.addr+"/orders/1", nil)
 	req.Header.Set("x-api-key", "alice")

@@ -1,7 +1,9 @@
 package testkit
 
 import (
+	"bufio"
 	"io"
+	"net"
 	"net/http"
 	"testing"
 )
@@ -35,4 +37,31 @@ func Get(t testing.TB, url string, headers ...string) (*http.Response, string) {
 		req.Header.Add(headers[i], headers[i+1])
 	}
 	return Do(t, req)
+}
+
+// RawServer listens on a loopback port, closed when the test ends, and
+// serves each connection with answer on a goroutine of its own, started
+// when the connection is accepted: for answers net/http's server would not
+// send, or a server that starts nothing per request. It returns the
+// listener's address.
+func RawServer(t testing.TB, answer func(c net.Conn, br *bufio.Reader)) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				answer(c, bufio.NewReader(c))
+			}()
+		}
+	}()
+	return l.Addr().String()
 }

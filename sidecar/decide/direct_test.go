@@ -164,39 +164,23 @@ func TestDirectAuthAndDatabase(t *testing.T) {
 	}
 }
 
-// fakeRedis serves one connection at a time, answering every command
-// line it reads with reply; it returns its address.
+// fakeRedis answers every command it reads with reply, on each
+// connection; it returns its address.
 func fakeRedis(t *testing.T, reply string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
+	return testkit.RawServer(t, func(nc net.Conn, rd *bufio.Reader) {
 		for {
-			nc, err := ln.Accept()
-			if err != nil {
+			// One command: "*7" and 7 bulk strings of two lines each.
+			for range 15 {
+				if _, err := rd.ReadString('\n'); err != nil {
+					return
+				}
+			}
+			if _, err := nc.Write([]byte(reply)); err != nil {
 				return
 			}
-			go func() {
-				defer nc.Close()
-				rd := bufio.NewReader(nc)
-				for {
-					// One command: "*7" and 7 bulk strings of two lines each.
-					for range 15 {
-						if _, err := rd.ReadString('\n'); err != nil {
-							return
-						}
-					}
-					if _, err := nc.Write([]byte(reply)); err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
-	return ln.Addr().String()
+	})
 }
 
 // TestDirectOutOfStep: a reply the script cannot give fails the call and
