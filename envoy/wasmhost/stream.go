@@ -233,12 +233,12 @@ func (s *Stream) await(ctx context.Context, seq uint64) (State, error) {
 	}
 }
 
-// start runs f for the stream at once if the VM is idle (and goes on to
-// what queued meanwhile while the stream is paused), else queues it for
-// the VM's goroutine without waiting (exec), and returns its number
-// for await. A VM that is shutting down when f's turn comes resets a
+// start runs the stream's phase op at once if the VM is idle (and goes on
+// to what queued meanwhile while the stream is paused), else queues it for
+// the VM's goroutine without waiting (exec), and returns its number for
+// await. A VM that is shutting down when the phase's turn comes resets a
 // stream that has no context yet, as Close resets the waiting ones; so
-// does a plugin that was removed.
+// does a plugin that was removed (run).
 func (s *Stream) start(op taskOp) (uint64, error) {
 	s.posted++
 	seq := s.posted
