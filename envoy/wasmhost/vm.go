@@ -90,9 +90,8 @@ type VM struct {
 	// State below is touched only by the task running (busy), one at a
 	// time; qmu orders one task's writes before the next task's reads.
 	mem         api.Memory
-	fns         map[string]export
-	callbacks   [numCallbacks]export // from fns, by callback
-	allocator   export               // from fns: the module's allocator
+	callbacks   [numCallbacks]export // the module's, by callback
+	allocator   export               // the module's allocator
 	allowed     map[string]bool      // non-nil: only these host calls may run
 	contexts    map[uint32]*vmContext
 	nextCtxID   uint32
@@ -158,7 +157,6 @@ func (m *Module) NewVM(ctx context.Context, o Options) (*VM, error) {
 		o:          o,
 		id:         m.vms.Add(1),
 		exited:     make(chan struct{}),
-		fns:        map[string]export{},
 		contexts:   map[uint32]*vmContext{},
 		nextCtxID:  1, // 0 is the VM itself
 		calls:      map[uint32]*pendingCall{},
@@ -215,37 +213,38 @@ func (vm *VM) initialize() error {
 	}
 	vm.inst = inst
 	vm.mem = inst.Memory()
+	fns := map[string]export{}
 	for name := range vm.mod.exports {
 		if f := inst.ExportedFunction(name); f != nil {
 			def := f.Definition()
-			vm.fns[name] = export{fn: f, stack: max(len(def.ParamTypes()), len(def.ResultTypes())),
+			fns[name] = export{fn: f, stack: max(len(def.ParamTypes()), len(def.ResultTypes())),
 				result: len(def.ResultTypes()) > 0}
 		}
 	}
 	for cb, name := range callbackNames {
-		vm.callbacks[cb] = vm.fns[name]
+		vm.callbacks[cb] = fns[name]
 	}
-	vm.allocator = vm.fns[vm.mod.alloc]
+	vm.allocator = fns[vm.mod.alloc]
 	vm.allowed = initAllowed(vm.mod.poll)
 	defer func() { vm.allowed = nil }()
 	run := func(name string, args ...uint64) error {
-		if _, err := vm.callWithStack(vm.fns[name], args...); err != nil {
+		if _, err := vm.callWithStack(fns[name], args...); err != nil {
 			vm.fail(fmt.Errorf("%s: %w", name, err))
 			return vm.Err()
 		}
 		return nil
 	}
 	switch {
-	case vm.fns["_initialize"].fn != nil:
+	case fns["_initialize"].fn != nil:
 		if err := run("_initialize"); err != nil {
 			return err
 		}
-		if vm.fns["main"].fn != nil {
+		if fns["main"].fn != nil {
 			return run("main", 0, 0)
-		} else if vm.fns["__main_void"].fn != nil {
+		} else if fns["__main_void"].fn != nil {
 			return run("__main_void")
 		}
-	case vm.fns["_start"].fn != nil:
+	case fns["_start"].fn != nil:
 		return run("_start")
 	}
 	return nil
