@@ -70,6 +70,7 @@ var (
 	ratioRE   = regexp.MustCompile(`(?m)^ratio sidecar / redis-benchmark, checks/s: median ([0-9.]+) over (\d+) rounds \(([^)]*)\); target >= ([0-9.]+)$`)
 	halfRE    = regexp.MustCompile(`(?m)^at half the raw Redis rate, (\d+) checks/s offered`)
 	halfFigRE = regexp.MustCompile(`(?m)^  answered (\d+)/s; p50 [0-9.]+ms, p99 ([0-9.]+)ms, p99\.9 [0-9.]+ms; not decided (\d+); target p99 < ([0-9.]+) ms$`)
+	halfOfRE  = regexp.MustCompile(`(?m)^  the offer is (\d+)% of the (\d+) checks/s the sidecar answered at full load in this run`)
 	halfOwnRE = regexp.MustCompile(`(?m)^  the sidecar's own decision latency \(its histogram\), p99 (.+); the load generator's lateness in sending, p99 ([0-9.]+)ms$`)
 	rlsRpsRE  = regexp.MustCompile(`(?m)^ratio sidecar / envoyproxy/ratelimit, checks/s: median ([0-9.]+) over (\d+) rounds`)
 	rlsCPURE  = regexp.MustCompile(`(?m)^  service ([0-9.]+) \([^)]*\), Redis ([0-9.]+) \(`)
@@ -127,11 +128,16 @@ func reportChecks(text string) ([]report.Check, error) {
 		return nil, missing("half-rate run")
 	}
 	p99, late, target := num(hf[2]), num(ho[2]), num(hf[4])
+	share := ""
+	// Reports written before the share was printed have no line.
+	if of := halfOfRE.FindStringSubmatch(text); of != nil {
+		share = fmt.Sprintf("%s%% of the %s/s the sidecar answered at full load in the run; ", of[1], of[2])
+	}
 	checks = append(checks, report.Check{
 		Claim:  "the sidecar's p99 at half the raw Redis rate",
 		Target: fmt.Sprintf("< %g ms (open loop, each check timed from when it was due)", target),
-		Measured: fmt.Sprintf("%.1f ms at %s checks/s offered (%s/s answered, %s not decided); the load generator sent late by %.1f ms at p99, the sidecar's own decision p99 %s",
-			p99, h[1], hf[1], hf[3], late, ho[1]),
+		Measured: fmt.Sprintf("%.1f ms at %s checks/s offered (%s%s/s answered, %s not decided); the load generator sent late by %.1f ms at p99, the sidecar's own decision p99 %s",
+			p99, h[1], share, hf[1], hf[3], late, ho[1]),
 		Holds: p99 < target,
 	})
 

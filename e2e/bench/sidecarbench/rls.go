@@ -270,6 +270,12 @@ func checksPath(out string) string {
 	return strings.TrimSuffix(out, filepath.Ext(out)) + ".checks.json"
 }
 
+// loaderLanguage says what each full-load generator (-load) is made of.
+var loaderLanguage = map[string]string{
+	"wrk": "wrk is C and LuaJIT",
+	"go":  "the Go one is Go and fasthttp's client",
+}
+
 // rlsNote says what differs between the two sides beyond the code, so the
 // ratios are read for what they are.
 func rlsNote(cfg config) string {
@@ -277,7 +283,7 @@ func rlsNote(cfg config) string {
 		"What differs between the sidecar and envoyproxy/ratelimit (RLS) here, beyond the code:",
 		fmt.Sprintf("- protocol: the sidecar answers HTTP/1.1 (%s: %d keep-alive connections, one request in flight on each, headers in and out);", cfg.loader, cfg.concurrency),
 		fmt.Sprintf("  RLS answers gRPC over HTTP/2 (rlsload, Go: %d requests in flight multiplexed over %d connections, protobuf bodies), as Envoy calls it.", cfg.concurrency, cfg.rlsConns),
-		"  The load generators differ too (wrk is C and LuaJIT, rlsload Go and grpc-go): their CPU is in its own column, in neither service's.",
+		fmt.Sprintf("  The load generators differ too (%s, rlsload Go and grpc-go): their CPU is in its own column, in neither service's.", loaderLanguage[cfg.loader]),
 		"  They share the machine's cores with the services, so a costlier generator leaves its service less CPU: on a small machine read",
 		"  the CPU per check beside checks/s, and the checks/s ratio as an upper bound on what the machine, not the service, allowed.",
 		"- algorithm: the sidecar runs the token-bucket script, one EVALSHA per check (TIME, HMGET, HSET, PEXPIRE inside Redis; Redis counts",
