@@ -17,6 +17,7 @@ import (
 	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/filter/limiter"
 	"github.com/edgelimit/edgelimit/internal/testkit"
+	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
 
 // A burst over the plan gets 200s up to the capacity, then 429s whose
@@ -275,6 +276,75 @@ func TestFailOpenWhenSidecarFails(t *testing.T) {
 	}
 	if got := s.received(client); got != 11 {
 		t.Errorf("services received %d, want 11 (1 admitted + 10 failed open)", got)
+	}
+}
+
+// A sidecar that stalls (stopped, starved of CPU, throttled by its
+// container's quota) leaves the checks the gateway sent meanwhile unread in
+// its sockets. The gateway fails them open after its 5 ms; when the
+// sidecar runs again it reads them, and a decision then would take tokens
+// for requests already let through, a burst's worth at once. Each check
+// carries the proxy's clock at the send (x-ratelimit-sent), and the
+// sidecar answers one that has waited past its deadline 503 without
+// touching Redis.
+func TestStalledSidecarTakesNoTokensForRequestsLetThrough(t *testing.T) {
+	s := startStack(t, stackConfig{
+		plans: "default_plan: tiny\nplans:\n  tiny: {capacity: 5, rate: 0.001}\n",
+	})
+	const client = "stalled-sidecar"
+	bucket := keys.New(nil).BucketKey([]byte(client))
+	tokens := func() float64 {
+		v, err := s.redis.Client(t).HGet(context.Background(), bucket, "tokens").Float64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	// One decided request: the bucket holds 4 (the rate adds a token
+	// every 1000 s, under 0.01 over this test).
+	s.decidedRun(t, "a decided request", func(int) error {
+		if r := s.do(0, "GET", "/orders/1", "x-api-key", client); r.header.Get("ratelimit-limit") == "" {
+			return fmt.Errorf("status %d without a decision", r.status)
+		}
+		return nil
+	})
+	if got := tokens(); got < 4 || got >= 4.01 {
+		t.Fatalf("bucket holds %v tokens after one request, want 4", got)
+	}
+	expired := s.sidecarMetric(0, "sidecar_checks_expired_total")
+	decided, failed := s.sidecarAllowed()+s.sidecarDenied(), s.sidecarErrors()
+
+	if err := s.sidecars[0].Pause(); err != nil {
+		t.Fatal(err)
+	}
+	timeouts := s.stat(counter("failed_open.timeout"))
+	for i := 0; i < 3; i++ {
+		if r := s.do(0, "GET", "/orders/1", "x-api-key", client); r.status != http.StatusOK {
+			t.Fatalf("sidecar stopped, request %d: status %d, want 200 (fail open)", i, r.status)
+		}
+	}
+	// Those that went out (before the breaker opened, at least the first)
+	// wait in the sidecar's sockets.
+	unread := s.stat(counter("failed_open.timeout")) - timeouts
+	if unread < 1 {
+		t.Fatalf("no check timed out while the sidecar was stopped")
+	}
+	if err := s.sidecars[0].Resume(); err != nil {
+		t.Fatal(err)
+	}
+	// Each is answered somehow once read: decided, or 503 (expired among
+	// those).
+	testkit.Poll(t, 10*time.Second, "the sidecar to read the checks left in its sockets", func() bool {
+		return s.sidecarAllowed()+s.sidecarDenied()+s.sidecarErrors()-decided-failed >= unread
+	})
+	if got := s.sidecarAllowed() + s.sidecarDenied() - decided; got != 0 {
+		t.Errorf("the sidecar decided %d of the %d checks the gateway had let through", got, unread)
+	}
+	if got := s.sidecarMetric(0, "sidecar_checks_expired_total") - expired; got != float64(unread) {
+		t.Errorf("%v checks expired, want the %d the gateway had let through", got, unread)
+	}
+	if got := tokens(); got < 4 || got >= 4.01 {
+		t.Errorf("bucket holds %v tokens after the stall, want the 4 left before it", got)
 	}
 }
 

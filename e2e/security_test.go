@@ -443,6 +443,7 @@ func TestInjectionThroughKeyOrCost(t *testing.T) {
 	})
 
 	visible := regexp.MustCompile(`^[\x21-\x7e]{1,256}$`)
+	sentClock := regexp.MustCompile(`^[0-9]{16}$`) // µs since 1970, from 2001 to 2286
 	checks := rec.requests()
 	if len(checks) == 0 {
 		t.Fatal("the sidecar received no check")
@@ -457,11 +458,14 @@ func TestInjectionThroughKeyOrCost(t *testing.T) {
 		if v := h.Values("x-ratelimit-region"); len(v) != 1 || v[0] != "local" {
 			t.Errorf("a check carried x-ratelimit-region %q, want envoy.yaml's \"local\"", v)
 		}
+		if v := h.Values("x-ratelimit-sent"); len(v) != 1 || !sentClock.MatchString(v[0]) {
+			t.Errorf("a check carried x-ratelimit-sent %q, want the proxy's clock in microseconds", v)
+		}
 		for name, vs := range h {
 			switch strings.ToLower(name) {
 			// x-envoy-expected-rq-timeout-ms is Envoy's own, on every
 			// request its router sends with a timeout (the callout's).
-			case "x-api-key", "x-ratelimit-cost", "x-ratelimit-region", "content-length", "user-agent", "x-envoy-expected-rq-timeout-ms":
+			case "x-api-key", "x-ratelimit-cost", "x-ratelimit-region", "x-ratelimit-sent", "content-length", "user-agent", "x-envoy-expected-rq-timeout-ms":
 			default:
 				t.Errorf("a check carried %s: %q", name, vs)
 			}

@@ -447,6 +447,17 @@ func (r runner) calloutDefault(t *testing.T) {
 		}
 	}
 	absent(t, c.Headers, "x-ratelimit-region", "authorization")
+	// The proxy's clock at the send, in whole microseconds since the epoch:
+	// the sidecar counts its deadline from it.
+	sent, err := strconv.ParseInt(header(t, c.Headers, "x-ratelimit-sent"), 10, 64)
+	if err != nil || sent < 1e15 {
+		t.Fatalf("x-ratelimit-sent %q (%v), want the clock in microseconds since 1970", header(t, c.Headers, "x-ratelimit-sent"), err)
+	}
+	h.Advance(1500 * time.Microsecond)
+	_, c = waiting(t, h, get("key-1b"))
+	if later, err := strconv.ParseInt(header(t, c.Headers, "x-ratelimit-sent"), 10, 64); err != nil || later-sent != 1500 {
+		t.Errorf("x-ratelimit-sent 1.5 ms later: %q, want %d", header(t, c.Headers, "x-ratelimit-sent"), sent+1500)
+	}
 }
 
 func (r runner) calloutConfigured(t *testing.T) {

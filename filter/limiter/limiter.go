@@ -31,6 +31,12 @@ const (
 	AuthorizationHeader = "authorization"
 	// CheckPath is the sidecar endpoint of every callout.
 	CheckPath = "/v1/check"
+	// SentHeader carries the proxy's clock when it sent the check, in
+	// whole microseconds since the epoch, so that the sidecar knows a check
+	// that waited unread (the sidecar stopped or starved) past the
+	// filter's timeout: its request was let through already, and a
+	// decision must not take tokens for it.
+	SentHeader = "x-ratelimit-sent"
 )
 
 // tickPeriodMs is how often each root context warms its connections to the
@@ -386,7 +392,7 @@ func (l *Limiter) cachedDeny(s *stream, e *denyEntry, spent, now int64) abi.Acti
 func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 	cfg := s.root.cfg
 	l.text.reset()
-	l.encoded = s.root.check.Append(l.encoded[:0], s.key, l.text.int(s.cost))
+	l.encoded = s.root.check.Append(l.encoded[:0], s.key, l.text.int(s.cost), l.text.int(now/1000))
 	token, st := l.host.HTTPCall(cfg.SidecarCluster, l.encoded, nil, nil, cfg.TimeoutMs)
 	if st != abi.StatusOK {
 		l.breakerResult(s.root, true, s.probe, ReasonDispatch, now, now)
@@ -406,20 +412,20 @@ func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 // calloutMapBytes is room for the largest header map of a check's
 // callout, made at start so that it never grows under traffic
 // (RATIONALE.md, "Why the hot path does not allocate"): with a 255-byte
-// authority, a 64-byte region, a 256-byte key and a 7-digit cost it comes
-// to under 750 bytes.
+// authority, a 64-byte region, a 256-byte key, a 7-digit cost and a
+// 16-digit clock it comes to under 800 bytes.
 const calloutMapBytes = 1024
 
 // checkHeaders is the template of a check's callout headers under cfg:
 // what is the same in every callout (method, path, authority, region)
 // encoded once per configuration, the client's key and the request's cost
-// filled in per callout (dispatch).
+// filled in per callout (dispatch), and the proxy's clock when it is sent.
 func checkHeaders(cfg *Config) abi.PairsTemplate {
 	fixed := [][2]string{{":method", "POST"}, {":path", CheckPath}, {":authority", cfg.SidecarAuthority}}
 	if cfg.Region != "" {
 		fixed = append(fixed, [2]string{"x-ratelimit-region", cfg.Region})
 	}
-	return abi.NewPairsTemplate(fixed, KeyHeader, "x-ratelimit-cost")
+	return abi.NewPairsTemplate(fixed, KeyHeader, "x-ratelimit-cost", SentHeader)
 }
 
 // uncount takes a callout's cost off what its entry counts as pending once

@@ -15,6 +15,7 @@ const (
 	HeaderKey    = "x-api-key"
 	HeaderCost   = "x-ratelimit-cost"
 	HeaderRegion = "x-ratelimit-region"
+	HeaderSent   = "x-ratelimit-sent"
 )
 
 // MaxCost is the largest x-ratelimit-cost accepted: the largest capacity a
@@ -29,6 +30,9 @@ type Check struct {
 	Key    []byte // the API key, valid per keys.Check; aliases the request
 	Cost   int64  // 1 to MaxCost; 1 when the header is absent
 	Region []byte // optional, may be empty; aliases the request
+	// Sent is the proxy's clock when it sent the check, µs since the
+	// epoch; 0 when the header is absent (a caller other than the filter).
+	Sent int64
 }
 
 // Reasons a check is malformed. The text is the 400 response body.
@@ -39,6 +43,8 @@ var (
 	ErrCostSyntax   = errors.New("x-ratelimit-cost must be a positive whole number")
 	ErrCostZero     = errors.New("x-ratelimit-cost must be at least 1")
 	ErrCostTooLarge = fmt.Errorf("x-ratelimit-cost must be at most %d", MaxCost)
+	ErrManySents    = errors.New("more than one x-ratelimit-sent header")
+	ErrSentSyntax   = errors.New("x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 18 digits")
 	ErrRegion       = fmt.Errorf("x-ratelimit-region must be at most %d characters of A-Z a-z 0-9 . _ -", MaxRegionLen)
 )
 
@@ -74,7 +80,34 @@ func ParseCheck(h *fasthttp.RequestHeader) (Check, error) {
 	if !validRegion(c.Region) {
 		return c, ErrRegion
 	}
+	switch vals := h.PeekAll(HeaderSent); len(vals) {
+	case 0:
+	case 1:
+		sent, ok := parseSent(vals[0])
+		if !ok {
+			return c, ErrSentSyntax
+		}
+		c.Sent = sent
+	default:
+		return c, ErrManySents
+	}
 	return c, nil
+}
+
+// parseSent parses x-ratelimit-sent: 1 to 18 ASCII digits, so that it fits
+// an int64 without a check per digit.
+func parseSent(b []byte) (int64, bool) {
+	if len(b) == 0 || len(b) > 18 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
 }
 
 // ParseCost parses a cost: ASCII digits only (no sign, space, exponent or

@@ -61,6 +61,14 @@ const (
 // DefaultTimeout is the default deadline for one decision.
 const DefaultTimeout = 4 * time.Millisecond
 
+// returnSlack is what Timeout leaves of the proxy's wait for the answer's
+// way back: the proxy is taken to wait Timeout + returnSlack from its send
+// (the filter's shipped 5 ms against the default 4). A check that waited
+// unread that long is answered at once without a decision
+// (sidecar/RATIONALE.md, "Why does the sidecar not decide a check the
+// proxy has given up on?").
+const returnSlack = time.Millisecond
+
 // Decider makes decisions on Redis (decide.Decider in production).
 type Decider interface {
 	// Decide takes cost tokens from bucket key under limit l, or returns
@@ -77,7 +85,9 @@ type Options struct {
 	Keys    *keys.Digester
 	// Timeout is the sidecar's own deadline for one decision, counted from
 	// the moment the request is read: past it the answer is 503 at once.
-	// Defaults to DefaultTimeout (4 ms).
+	// A check read Timeout + returnSlack or more after the proxy sent it
+	// (x-ratelimit-sent) is answered 503 without a decision. Defaults to
+	// DefaultTimeout (4 ms).
 	Timeout time.Duration
 	// Hot, if set, splits hot clients' buckets by region; without it a hot
 	// client has one bucket like any other.
@@ -90,6 +100,7 @@ type Options struct {
 type Server struct {
 	o        Options
 	errorLog throttle
+	sent     *sendLag
 }
 
 // New returns a Server.
@@ -100,7 +111,7 @@ func New(o Options) *Server {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	return &Server{o: o}
+	return &Server{o: o, sent: newSendLag()}
 }
 
 // Handle is the fasthttp request handler.
@@ -172,6 +183,16 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 		bucket, limit = s.o.Hot.Route(bucket, hotClient.Regions, req.Region, limit, req.Cost)
 	}
 
+	if req.Sent != 0 {
+		if s.sent.waited(start, req.Sent) >= s.o.Timeout+returnSlack {
+			// The proxy has given up on it and let the request through: a
+			// decision now would only take tokens for it.
+			s.o.Stats.Errors.Inc()
+			s.o.Stats.Expired.Inc()
+			text(ctx, fasthttp.StatusServiceUnavailable, "expired before it was read")
+			return
+		}
+	}
 	res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), bucket, limit, req.Cost)
 	s.o.Stats.Latency.UpdateDuration(start)
 	if err != nil {

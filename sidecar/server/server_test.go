@@ -32,6 +32,7 @@ type fakeDecider struct {
 	block    bool
 	readyErr error
 	calls    []fakeCall
+	left     []time.Duration // each call's time to its deadline
 }
 
 type fakeCall struct {
@@ -43,6 +44,7 @@ type fakeCall struct {
 func (f *fakeDecider) Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error) {
 	f.mu.Lock()
 	f.calls = append(f.calls, fakeCall{key, l, cost})
+	f.left = append(f.left, time.Until(deadline))
 	res, err, block := f.res, f.err, f.block
 	f.mu.Unlock()
 	if block {
@@ -272,6 +274,11 @@ func TestBadInput(t *testing.T) {
 		{"two costs", []string{HeaderKey, "a", HeaderCost, "1", HeaderCost, "2"}, "more than one x-ratelimit-cost header"},
 		{"region with space", []string{HeaderKey, "a", HeaderRegion, "eu west"}, "x-ratelimit-region must be at most 64 characters of A-Z a-z 0-9 . _ -"},
 		{"region too long", []string{HeaderKey, "a", HeaderRegion, strings.Repeat("r", 65)}, "x-ratelimit-region must be at most 64 characters of A-Z a-z 0-9 . _ -"},
+		{"sent empty", []string{HeaderKey, "a", HeaderSent, ""}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 18 digits"},
+		{"sent negative", []string{HeaderKey, "a", HeaderSent, "-1"}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 18 digits"},
+		{"sent fraction", []string{HeaderKey, "a", HeaderSent, "1764806400000000.5"}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 18 digits"},
+		{"sent overflow", []string{HeaderKey, "a", HeaderSent, "9999999999999999999"}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 18 digits"},
+		{"two sents", []string{HeaderKey, "a", HeaderSent, "1", HeaderSent, "2"}, "more than one x-ratelimit-sent header"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -502,5 +509,101 @@ func TestSetHeadersAsFasthttpNames(t *testing.T) {
 		if g, w := got.String(), want.String(); g != w {
 			t.Errorf("%+v: SetHeaders wrote\n%s\nsetting by name writes\n%s", res, g, w)
 		}
+	}
+}
+
+// A check that waited unread (measured from x-ratelimit-sent against the
+// quickest trip seen lately, so that the two clocks need not agree) for
+// the proxy's whole wait, Timeout + returnSlack, is answered 503 without a
+// decision: the proxy let its request through already, and a decision
+// would take tokens for it. One that waited less is decided with its
+// deadline from the read. The bounds below follow from the times the test
+// can see: a call's own duration bounds how late the server read it.
+func TestCheckTheProxyGaveUpOnIsNotDecided(t *testing.T) {
+	d := &fakeDecider{res: lua.Result{Allowed: true}}
+	s, st, _ := newTestServer(t, planYAML, d)
+	timeout := s.o.Timeout
+	sent := func(at time.Time) string { return strconv.FormatInt(at.UnixMicro(), 10) }
+
+	// Without the header the deadline runs from the read: all of it.
+	before := time.Now()
+	if r := do(s, "POST", "/v1/check", HeaderKey, "a"); r.StatusCode() != 200 {
+		t.Fatalf("status %d", r.StatusCode())
+	}
+	if left, took := d.left[0], time.Since(before); left > timeout || left < timeout-took {
+		t.Errorf("no x-ratelimit-sent: %v left of the deadline, want %v less at most the call's %v", left, timeout, took)
+	}
+
+	// The first check sent now sets the quickest trip.
+	if r := do(s, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(time.Now())); r.StatusCode() != 200 {
+		t.Fatalf("status %d", r.StatusCode())
+	}
+
+	// One that says it was sent 3 ms before it was, well inside the
+	// proxy's wait (the test server's is 21 ms): decided, with all of its
+	// deadline from the read.
+	before = time.Now()
+	if r := do(s, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(before.Add(-3*time.Millisecond))); r.StatusCode() != 200 {
+		t.Fatalf("status %d", r.StatusCode())
+	}
+	if left, took := d.left[2], time.Since(before); left > timeout || left < timeout-took {
+		t.Errorf("sent 3 ms earlier: %v left of the deadline, want %v less at most the call's %v", left, timeout, took)
+	}
+
+	// One sent a second before it was read: the proxy gave up on it long
+	// ago. No decision, no tokens.
+	r := do(s, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(time.Now().Add(-time.Second)))
+	if r.StatusCode() != 503 || string(r.Body()) != "expired before it was read\n" {
+		t.Errorf("sent a second ago: %d %q, want 503 expired", r.StatusCode(), r.Body())
+	}
+	if len(d.calls) != 3 || st.Expired.Get() != 1 || st.Errors.Get() != 1 {
+		t.Errorf("%d decisions, %d expired, %d errors; want 3, 1, 1", len(d.calls), st.Expired.Get(), st.Errors.Get())
+	}
+
+	// A clock an hour off is not a queue: the check keeps the sidecar's
+	// own deadline.
+	before = time.Now()
+	if r := do(s, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(time.Now().Add(-time.Hour))); r.StatusCode() != 200 {
+		t.Fatalf("an hour off: status %d", r.StatusCode())
+	}
+	if left, took := d.left[3], time.Since(before); left > timeout || left < timeout-took {
+		t.Errorf("an hour off: %v left of the deadline, want %v less at most the call's %v", left, timeout, took)
+	}
+}
+
+// sendLag measures each check's wait against the least lag of the last
+// two windows, whatever the two clocks differ by, and forgets a least lag
+// two windows old.
+func TestSendLag(t *testing.T) {
+	l := newSendLag()
+	base := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	// The proxy's clock is 2 s behind the sidecar's.
+	skew := 2 * time.Second
+	sentAt := func(at time.Time) int64 { return at.Add(-skew).UnixMicro() }
+	read := func(sent time.Time, wait time.Duration) time.Duration {
+		return l.waited(sent.Add(wait), sentAt(sent))
+	}
+	t0 := base
+	if got := read(t0, 100*time.Microsecond); got != 0 {
+		t.Errorf("first check: waited %v, want 0 (nothing seen before)", got)
+	}
+	if got := read(t0.Add(time.Millisecond), 100*time.Microsecond+5*time.Millisecond); got != 5*time.Millisecond {
+		t.Errorf("a check read 5 ms later than the quickest: waited %v", got)
+	}
+	if got := read(t0.Add(2*time.Millisecond), 40*time.Microsecond); got != 0 {
+		t.Errorf("a quicker trip: waited %v, want 0", got)
+	}
+	if got := read(t0.Add(3*time.Millisecond), 140*time.Microsecond); got != 100*time.Microsecond {
+		t.Errorf("after a quicker trip: waited %v, want 100µs", got)
+	}
+	// Next window: the least lag of the one before still counts.
+	t1 := base.Add(lagWindow)
+	if got := read(t1, 1040*time.Microsecond); got != time.Millisecond {
+		t.Errorf("next window: waited %v, want 1ms", got)
+	}
+	// Two windows on, the 40µs trip is forgotten: the clocks may have moved.
+	t2 := base.Add(2 * lagWindow)
+	if got := read(t2, 1040*time.Microsecond); got != 0 {
+		t.Errorf("two windows on: waited %v, want 0 (the old least lag forgotten)", got)
 	}
 }

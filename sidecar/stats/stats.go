@@ -33,7 +33,8 @@ type Stats struct {
 	set *metrics.Set
 
 	// sidecar_decisions_total{result}: every /v1/check that reached a
-	// decision or failed trying. "error" covers Redis errors and timeouts.
+	// decision or failed trying. "error" covers Redis errors and timeouts,
+	// and checks that expired before they were read.
 	Allowed, Denied, Errors *metrics.Counter
 	// sidecar_requests_rejected_total{reason}: checks answered without a
 	// decision: malformed (400) or an unknown key without default plan (403).
@@ -42,6 +43,10 @@ type Stats struct {
 	// connection failed. sidecar_redis_timeouts_total: no answer before the
 	// sidecar's own deadline (-redis-timeout).
 	RedisErrors, RedisTimeouts *metrics.Counter
+	// sidecar_checks_expired_total: checks read after the proxy had given
+	// up on them (x-ratelimit-sent): it let the request through already,
+	// so they are answered 503 without Redis and take no tokens.
+	Expired *metrics.Counter
 	// sidecar_redis_script_loads_total: NOSCRIPT seen and the script resent.
 	ScriptLoads *metrics.Counter
 	// sidecar_denied_cached_total: of the denied decisions, those the deny
@@ -98,6 +103,7 @@ func New() *Stats {
 		UnknownKeys:   s.NewCounter(`sidecar_requests_rejected_total{reason="unknown_key"}`),
 		RedisErrors:   s.NewCounter(`sidecar_redis_errors_total`),
 		RedisTimeouts: s.NewCounter(`sidecar_redis_timeouts_total`),
+		Expired:       s.NewCounter(`sidecar_checks_expired_total`),
 		ScriptLoads:   s.NewCounter(`sidecar_redis_script_loads_total`),
 		DeniedCached:  s.NewCounter(`sidecar_denied_cached_total`),
 		WarmUps:       s.NewCounter(`sidecar_warm_ups_total{result="ok"}`),
