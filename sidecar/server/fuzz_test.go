@@ -52,6 +52,12 @@ func FuzzCheckRequest(f *testing.F) {
 			if len(body) == 0 || len(body) > 100 || bytes.Count(body, []byte("\n")) != 1 {
 				t.Fatalf("400 reason %q is not one short line", body)
 			}
+		case 503:
+			// The fake decider never fails: only a check the proxy gave up
+			// on (x-ratelimit-sent) is answered 503.
+			if string(ctx.Response.Body()) != "expired before it was read\n" {
+				t.Fatalf("503 %q", ctx.Response.Body())
+			}
 		case 403, 404, 405:
 		default:
 			t.Fatalf("status %d not in the contract", code)

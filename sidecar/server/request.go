@@ -44,7 +44,7 @@ var (
 	ErrCostZero     = errors.New("x-ratelimit-cost must be at least 1")
 	ErrCostTooLarge = fmt.Errorf("x-ratelimit-cost must be at most %d", MaxCost)
 	ErrManySents    = errors.New("more than one x-ratelimit-sent header")
-	ErrSentSyntax   = errors.New("x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 18 digits")
+	ErrSentSyntax   = errors.New("x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 17 digits")
 	ErrRegion       = fmt.Errorf("x-ratelimit-region must be at most %d characters of A-Z a-z 0-9 . _ -", MaxRegionLen)
 )
 
@@ -94,41 +94,49 @@ func ParseCheck(h *fasthttp.RequestHeader) (Check, error) {
 	return c, nil
 }
 
-// parseSent parses x-ratelimit-sent: 1 to 18 ASCII digits, so that it fits
-// an int64 without a check per digit.
+// parseSent parses x-ratelimit-sent: 1 to 17 ASCII digits (µs since 1970
+// until the year 5138).
 func parseSent(b []byte) (int64, bool) {
-	if len(b) == 0 || len(b) > 18 {
-		return 0, false
-	}
-	var n int64
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		n = n*10 + int64(c-'0')
-	}
-	return n, true
+	n, err := parseDigits(b, 99_999_999_999_999_999)
+	return n, err == nil
 }
 
 // ParseCost parses a cost: ASCII digits only (no sign, space, exponent or
 // fraction), value 1 to MaxCost. An empty value is a syntax error, not the
 // default: a sender that sets the header means to say something.
 func ParseCost(b []byte) (int64, error) {
-	if len(b) == 0 {
+	n, err := parseDigits(b, MaxCost)
+	switch {
+	case err == errNotDigits:
 		return 0, ErrCostSyntax
+	case err != nil:
+		return 0, ErrCostTooLarge
+	case n == 0:
+		return 0, ErrCostZero
+	}
+	return n, nil
+}
+
+var (
+	errNotDigits = errors.New("not ASCII digits")
+	errTooLarge  = errors.New("too large")
+)
+
+// parseDigits parses b, ASCII digits only and at least one, as a number of
+// at most max (below 2^63/10, so that no step overflows).
+func parseDigits(b []byte, max int64) (int64, error) {
+	if len(b) == 0 {
+		return 0, errNotDigits
 	}
 	var n int64
 	for _, c := range b {
 		if c < '0' || c > '9' {
-			return 0, ErrCostSyntax
+			return 0, errNotDigits
 		}
 		n = n*10 + int64(c-'0')
-		if n > MaxCost {
-			return 0, ErrCostTooLarge
+		if n > max {
+			return 0, errTooLarge
 		}
-	}
-	if n == 0 {
-		return 0, ErrCostZero
 	}
 	return n, nil
 }

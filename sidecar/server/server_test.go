@@ -274,10 +274,11 @@ func TestBadInput(t *testing.T) {
 		{"two costs", []string{HeaderKey, "a", HeaderCost, "1", HeaderCost, "2"}, "more than one x-ratelimit-cost header"},
 		{"region with space", []string{HeaderKey, "a", HeaderRegion, "eu west"}, "x-ratelimit-region must be at most 64 characters of A-Z a-z 0-9 . _ -"},
 		{"region too long", []string{HeaderKey, "a", HeaderRegion, strings.Repeat("r", 65)}, "x-ratelimit-region must be at most 64 characters of A-Z a-z 0-9 . _ -"},
-		{"sent empty", []string{HeaderKey, "a", HeaderSent, ""}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 18 digits"},
-		{"sent negative", []string{HeaderKey, "a", HeaderSent, "-1"}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 18 digits"},
-		{"sent fraction", []string{HeaderKey, "a", HeaderSent, "1764806400000000.5"}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 18 digits"},
-		{"sent overflow", []string{HeaderKey, "a", HeaderSent, "9999999999999999999"}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 18 digits"},
+		{"sent empty", []string{HeaderKey, "a", HeaderSent, ""}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 17 digits"},
+		{"sent negative", []string{HeaderKey, "a", HeaderSent, "-1"}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 17 digits"},
+		{"sent fraction", []string{HeaderKey, "a", HeaderSent, "1764806400000000.5"}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 17 digits"},
+		{"sent 18 digits", []string{HeaderKey, "a", HeaderSent, "100000000000000000"}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 17 digits"},
+		{"sent overflow", []string{HeaderKey, "a", HeaderSent, "9999999999999999999"}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 17 digits"},
 		{"two sents", []string{HeaderKey, "a", HeaderSent, "1", HeaderSent, "2"}, "more than one x-ratelimit-sent header"},
 	}
 	for _, tt := range tests {
