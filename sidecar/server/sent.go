@@ -27,7 +27,7 @@ const (
 	lagWindow = 10 * time.Second
 	noLag     = math.MaxInt64
 	// maxLag bounds a lag taken for a wait: a proxy clock further off than
-	// this is not a queue, and its checks keep the sidecar's own deadline.
+	// this is not a queue, and its checks are taken as not having waited.
 	maxLag = int64(time.Minute / time.Microsecond)
 )
 
