@@ -285,24 +285,25 @@ func TestFailOpenWhenSidecarFails(t *testing.T) {
 // sidecar runs again it reads them, and a decision then would take tokens
 // for requests already let through, a burst's worth at once. Each check
 // carries the proxy's clock at the send (x-ratelimit-sent), and the
-// sidecar answers one that has waited past its deadline 503 without
-// touching Redis.
+// sidecar answers one that waited unread for the proxy's whole wait 503
+// without touching Redis.
 func TestStalledSidecarTakesNoTokensForRequestsLetThrough(t *testing.T) {
 	s := startStack(t, stackConfig{
 		plans: "default_plan: tiny\nplans:\n  tiny: {capacity: 5, rate: 0.001}\n",
 	})
-	const client = "stalled-sidecar"
-	bucket := keys.New(nil).BucketKey([]byte(client))
+	var client string
 	tokens := func() float64 {
-		v, err := s.redis.Client(t).HGet(context.Background(), bucket, "tokens").Float64()
+		v, err := s.redis.Client(t).HGet(context.Background(), keys.New(nil).BucketKey([]byte(client)), "tokens").Float64()
 		if err != nil {
 			t.Fatal(err)
 		}
 		return v
 	}
 	// One decided request: the bucket holds 4 (the rate adds a token
-	// every 1000 s, under 0.01 over this test).
-	s.decidedRun(t, "a decided request", func(int) error {
+	// every 1000 s, under 0.01 over this test). A client whose first
+	// request failed open is left for a new one.
+	s.decidedRun(t, "a decided request", func(run int) error {
+		client = "stalled-sidecar-" + strconv.Itoa(run)
 		if r := s.do(0, "GET", "/orders/1", "x-api-key", client); r.header.Get("ratelimit-limit") == "" {
 			return fmt.Errorf("status %d without a decision", r.status)
 		}
