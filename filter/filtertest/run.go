@@ -448,7 +448,7 @@ func (r runner) calloutDefault(t *testing.T) {
 	}
 	absent(t, c.Headers, "x-ratelimit-region", "authorization")
 	// The proxy's clock at the send, in whole microseconds since the epoch:
-	// the sidecar counts its deadline from it.
+	// by it the sidecar knows a check the filter has given up on.
 	sent, err := strconv.ParseInt(header(t, c.Headers, "x-ratelimit-sent"), 10, 64)
 	if err != nil || sent < 1e15 {
 		t.Fatalf("x-ratelimit-sent %q (%v), want the clock in microseconds since 1970", header(t, c.Headers, "x-ratelimit-sent"), err)
