@@ -2,6 +2,9 @@ package server
 
 import (
 	"math"
+	"net"
+	"net/netip"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -12,8 +15,9 @@ import (
 // plus whatever the clocks differ by) is the lag of a check that did not
 // wait, and a check waited by what its lag exceeds it. The proxy and the
 // sidecar run side by side, so the clocks are one, and the least lag is
-// the quickest trip over loopback; sidecar/RATIONALE.md, "Why does the
-// sidecar not decide a check the proxy has given up on?".
+// the quickest trip over loopback; proxies elsewhere each have a sendLag
+// of their own (peerLags). sidecar/RATIONALE.md, "Why does the sidecar not
+// decide a check the proxy has given up on?".
 //
 // The least lag is kept over two windows of lagWindow, the current and the
 // one before, so it follows a clock that drifts and forgets a step within
@@ -72,4 +76,69 @@ func (l *sendLag) turn(w int64) {
 		l.prev.Store(noLag)
 	}
 	l.cur.Store(noLag)
+}
+
+// peerLags keeps a sendLag for each address checks come from. Proxies on
+// other hosts have clocks of their own: with one least lag for all of them,
+// the checks of a proxy whose clock is behind another's by more than the
+// proxy's wait would all read as having waited that long. Connections
+// from one address share its clock, so a connection's first check is
+// measured against the address's quickest trip.
+type peerLags struct {
+	list atomic.Pointer[[]peerLag] // replaced whole, under mu
+	mu   sync.Mutex
+}
+
+type peerLag struct {
+	addr netip.Addr
+	lag  *sendLag
+}
+
+// maxPeers bounds the addresses tracked at once: a sidecar serves the
+// proxy beside it, and a few at most share one. A peer not seen for two
+// windows has forgotten its least lag and is dropped; while maxPeers others
+// are live, a new address's checks are taken as not having waited.
+const maxPeers = 64
+
+// of returns ip's sendLag, nil when maxPeers others are live. An IPv4
+// address and its IPv6-mapped form are one peer; an address that is not
+// IP (a unix socket, a test's) is the zero address, one peer.
+func (p *peerLags) of(ip net.IP, now time.Time) *sendLag {
+	a, _ := netip.AddrFromSlice(ip)
+	a = a.Unmap()
+	if l := p.list.Load(); l != nil {
+		for i := range *l {
+			if (*l)[i].addr == a {
+				return (*l)[i].lag
+			}
+		}
+	}
+	return p.add(a, now)
+}
+
+func (p *peerLags) add(a netip.Addr, now time.Time) *sendLag {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var old []peerLag
+	if l := p.list.Load(); l != nil {
+		old = *l
+	}
+	w := now.UnixNano() / int64(lagWindow)
+	next := make([]peerLag, 0, len(old)+1)
+	for _, e := range old {
+		if e.addr == a {
+			return e.lag // added while this call waited for the lock
+		}
+		if e.lag.window.Load() >= w-1 {
+			next = append(next, e)
+		}
+	}
+	if len(next) >= maxPeers {
+		return nil
+	}
+	l := newSendLag()
+	l.window.Store(w) // live from now, though no check has been measured yet
+	next = append(next, peerLag{a, l})
+	p.list.Store(&next)
+	return l
 }

@@ -100,7 +100,7 @@ type Options struct {
 type Server struct {
 	o        Options
 	errorLog throttle
-	sent     *sendLag
+	sent     peerLags
 }
 
 // New returns a Server.
@@ -111,7 +111,7 @@ func New(o Options) *Server {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	return &Server{o: o, sent: newSendLag()}
+	return &Server{o: o}
 }
 
 // Handle is the fasthttp request handler.
@@ -184,7 +184,7 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 	}
 
 	if req.Sent != 0 {
-		if s.sent.waited(start, req.Sent) >= s.o.Timeout+returnSlack {
+		if l := s.sent.of(ctx.RemoteIP(), start); l != nil && l.waited(start, req.Sent) >= s.o.Timeout+returnSlack {
 			// The proxy has given up on it and let the request through: a
 			// decision now would only take tokens for it.
 			s.o.Stats.Errors.Inc()

@@ -86,6 +86,11 @@ func newTestServer(t testing.TB, yaml string, d Decider) (*Server, *stats.Stats,
 
 // do runs one request through the handler.
 func do(s *Server, method, path string, headers ...string) *fasthttp.Response {
+	return doFrom(s, net.IPv4(127, 0, 0, 1), method, path, headers...)
+}
+
+// doFrom is do for a request from ip.
+func doFrom(s *Server, ip net.IP, method, path string, headers ...string) *fasthttp.Response {
 	var ctx fasthttp.RequestCtx
 	var req fasthttp.Request
 	req.Header.SetMethod(method)
@@ -93,7 +98,7 @@ func do(s *Server, method, path string, headers ...string) *fasthttp.Response {
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Add(headers[i], headers[i+1])
 	}
-	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}, nil)
+	ctx.Init(&req, &net.TCPAddr{IP: ip, Port: 1}, nil)
 	s.Handle(&ctx)
 	resp := &fasthttp.Response{}
 	ctx.Response.CopyTo(resp)
@@ -569,6 +574,74 @@ func TestCheckTheProxyGaveUpOnIsNotDecided(t *testing.T) {
 	}
 	if left, took := d.left[3], time.Since(before); left > timeout || left < timeout-took {
 		t.Errorf("an hour off: %v left of the deadline, want %v less at most the call's %v", left, timeout, took)
+	}
+}
+
+// Proxies on two hosts whose clocks differ by far more than the proxy's
+// wait share a sidecar: each proxy's checks are measured against its own
+// quickest trip, so neither's are refused for the other's clock, and a
+// check one of them sent long ago is still known.
+func TestProxiesWithClocksOfTheirOwn(t *testing.T) {
+	d := &fakeDecider{res: lua.Result{Allowed: true}}
+	s, st, _ := newTestServer(t, planYAML, d)
+	sent := func(skew time.Duration) string { return strconv.FormatInt(time.Now().Add(skew).UnixMicro(), 10) }
+	ahead, behind := net.ParseIP("10.0.0.1"), net.ParseIP("10.0.0.2")
+	// The first proxy's clock is 50 ms ahead of the sidecar's, the
+	// second's 50 ms behind: 100 ms apart, 20 times the proxy's wait.
+	const skew = 50 * time.Millisecond
+	for i := range 3 {
+		for _, p := range []struct {
+			ip   net.IP
+			skew time.Duration
+		}{{ahead, skew}, {behind, -skew}} {
+			if r := doFrom(s, p.ip, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(p.skew)); r.StatusCode() != 200 {
+				t.Fatalf("check %d from %v (clock %v off): %d %q, want 200", i, p.ip, p.skew, r.StatusCode(), r.Body())
+			}
+		}
+	}
+	// The same proxy behind, as an IPv4-mapped IPv6 address: the same
+	// peer, and a check it sent a second before the read has expired.
+	r := doFrom(s, behind.To16(), "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(-skew-time.Second))
+	if r.StatusCode() != 503 || st.Expired.Get() != 1 || len(d.calls) != 6 {
+		t.Errorf("sent a second ago: %d %q, %d expired, %d decisions; want 503, 1, 6", r.StatusCode(), r.Body(), st.Expired.Get(), len(d.calls))
+	}
+}
+
+// peerLags tells addresses apart, drops a peer two windows quiet, and
+// tracks at most maxPeers live ones.
+func TestPeerLags(t *testing.T) {
+	var p peerLags
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	a, b := net.ParseIP("192.0.2.1"), net.ParseIP("2001:db8::1")
+	if la, lb := p.of(a, now), p.of(b, now); la == nil || lb == nil || la == lb {
+		t.Fatalf("two addresses: %p and %p, want two sendLags", la, lb)
+	}
+	if p.of(a, now) != p.of(a.To16(), now) {
+		t.Error("an IPv4 address and its IPv6-mapped form are two peers")
+	}
+	if p.of(nil, now) != p.of(nil, now) || p.of(nil, now) == nil {
+		t.Error("a request from no IP address has no peer, or a new one each time")
+	}
+	// a and the zero address keep checking; b goes quiet for two windows
+	// and is dropped when a new peer comes.
+	la := p.of(a, now)
+	later := now.Add(2 * lagWindow)
+	la.waited(later, later.UnixMicro())
+	p.of(nil, later).waited(later, later.UnixMicro())
+	for i := range maxPeers - 2 {
+		ip := net.IPv4(198, 51, 100, byte(i))
+		if p.of(ip, later) == nil {
+			t.Fatalf("peer %d of %d: not tracked", i+3, maxPeers)
+		}
+	}
+	if n := len(*p.list.Load()); n != maxPeers {
+		t.Errorf("%d peers tracked, want %d (b dropped)", n, maxPeers)
+	}
+	if p.of(a, later) != la {
+		t.Error("a live peer lost its sendLag")
+	}
+	if l := p.of(net.IPv4(203, 0, 113, 1), later); l != nil {
+		t.Errorf("a peer past %d live ones: %p, want none", maxPeers, l)
 	}
 }
 
