@@ -19,7 +19,8 @@ func SetPlugin(p Plugin) { plugin = p }
 // rather than a shared helper taking the result's address and the export's
 // name: that was two more Go calls per callback inside wasm, where a call
 // costs tens of instructions (filter/RATIONALE.md, "What a request costs
-// inside wasm").
+// inside wasm"). The hot callbacks' closures call recover only when the
+// callback did not finish (done is set at its end), for the same reason.
 
 // logPanic logs a panic that reached the binding.
 func logPanic(where string, r any) {
@@ -59,15 +60,19 @@ func proxyOnMemoryAllocate(size uint32) unsafe.Pointer {
 
 //go:wasmexport proxy_on_context_create
 func proxyOnContextCreate(id, parent uint32) {
+	done := false
 	defer func() {
-		if r := recover(); r != nil {
-			logPanic("proxy_on_context_create", r)
+		if !done {
+			if r := recover(); r != nil {
+				logPanic("proxy_on_context_create", r)
+			}
 		}
 	}()
 	mem.reset()
 	if plugin != nil {
 		plugin.OnContextCreate(id, parent)
 	}
+	done = true
 }
 
 //go:wasmexport proxy_on_vm_start
@@ -102,45 +107,59 @@ func proxyOnConfigure(root, size uint32) (ok uint32) {
 
 //go:wasmexport proxy_on_request_headers
 func proxyOnRequestHeaders(id, numHeaders, endOfStream uint32) (action uint32) {
+	done := false
 	defer func() {
-		if r := recover(); r != nil {
-			action = uint32(ActionContinue)
-			logPanic("proxy_on_request_headers", r)
+		if !done {
+			if r := recover(); r != nil {
+				action = uint32(ActionContinue)
+				logPanic("proxy_on_request_headers", r)
+			}
 		}
 	}()
 	mem.reset()
-	if plugin == nil {
-		return uint32(ActionContinue)
+	action = uint32(ActionContinue)
+	if plugin != nil {
+		action = uint32(plugin.OnRequestHeaders(id, int(numHeaders), endOfStream != 0))
 	}
-	return uint32(plugin.OnRequestHeaders(id, int(numHeaders), endOfStream != 0))
+	done = true
+	return action
 }
 
 //go:wasmexport proxy_on_response_headers
 func proxyOnResponseHeaders(id, numHeaders, endOfStream uint32) (action uint32) {
+	done := false
 	defer func() {
-		if r := recover(); r != nil {
-			action = uint32(ActionContinue)
-			logPanic("proxy_on_response_headers", r)
+		if !done {
+			if r := recover(); r != nil {
+				action = uint32(ActionContinue)
+				logPanic("proxy_on_response_headers", r)
+			}
 		}
 	}()
 	mem.reset()
-	if plugin == nil {
-		return uint32(ActionContinue)
+	action = uint32(ActionContinue)
+	if plugin != nil {
+		action = uint32(plugin.OnResponseHeaders(id, int(numHeaders), endOfStream != 0))
 	}
-	return uint32(plugin.OnResponseHeaders(id, int(numHeaders), endOfStream != 0))
+	done = true
+	return action
 }
 
 //go:wasmexport proxy_on_http_call_response
 func proxyOnHTTPCallResponse(root, token, numHeaders, bodySize, numTrailers uint32) {
+	done := false
 	defer func() {
-		if r := recover(); r != nil {
-			logPanic("proxy_on_http_call_response", r)
+		if !done {
+			if r := recover(); r != nil {
+				logPanic("proxy_on_http_call_response", r)
+			}
 		}
 	}()
 	mem.reset()
 	if plugin != nil {
 		plugin.OnHTTPCallResponse(root, token, int(numHeaders), int(bodySize), int(numTrailers))
 	}
+	done = true
 }
 
 //go:wasmexport proxy_on_tick
@@ -163,13 +182,17 @@ func proxyOnTick(root uint32) {
 
 //go:wasmexport proxy_on_delete
 func proxyOnDelete(id uint32) {
+	done := false
 	defer func() {
-		if r := recover(); r != nil {
-			logPanic("proxy_on_delete", r)
+		if !done {
+			if r := recover(); r != nil {
+				logPanic("proxy_on_delete", r)
+			}
 		}
 	}()
 	mem.reset()
 	if plugin != nil {
 		plugin.OnDelete(id)
 	}
+	done = true
 }

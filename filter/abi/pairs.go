@@ -67,9 +67,14 @@ func AppendPairs(dst []byte, pairs [][2]string) []byte {
 // sizes and its values. Inside wasm each copy is a call out of the module,
 // so this is a few calls where AppendPairs makes two per pair.
 type PairsTemplate struct {
-	head  []byte   // the count and the fixed pairs' sizes
-	body  []byte   // the fixed pairs' bytes and the first name, with its NUL
-	names []string // the names whose values Append takes
+	// head is the count and every pair's sizes, the values' sizes left
+	// zero: Append writes only those.
+	head []byte
+	body []byte // the fixed pairs' bytes and the first name, with its NUL
+	// joints[i] follows values[i]: its NUL, then the next name and its
+	// NUL; the last is the last value's NUL alone.
+	joints []string
+	size   int // the bytes of a map but its values'
 }
 
 // NewPairsTemplate returns the template of the maps that begin with fixed
@@ -83,10 +88,24 @@ func NewPairsTemplate(fixed [][2]string, names ...string) PairsTemplate {
 	head := append([]byte(nil), enc[:sizes]...)
 	putU32(head, uint32(len(fixed)+len(names)))
 	body := append([]byte(nil), enc[sizes:]...)
-	if len(names) > 0 {
-		body = append(append(body, names[0]...), 0)
+	joints := make([]string, len(names))
+	for i, name := range names {
+		head = append(head, 0, 0, 0, 0, 0, 0, 0, 0)
+		putU32(head[len(head)-8:], uint32(len(name)))
+		if i == 0 {
+			body = append(append(body, name...), 0)
+		} else {
+			joints[i-1] = "\x00" + name + "\x00"
+		}
 	}
-	return PairsTemplate{head: head, body: body, names: slices.Clone(names)}
+	if len(names) > 0 {
+		joints[len(names)-1] = "\x00"
+	}
+	size := len(head) + len(body)
+	for _, j := range joints {
+		size += len(j)
+	}
+	return PairsTemplate{head: head, body: body, joints: joints, size: size}
 }
 
 // Append appends to dst the encoding of the template's fixed pairs
@@ -94,37 +113,26 @@ func NewPairsTemplate(fixed [][2]string, names ...string) PairsTemplate {
 // as AppendPairs makes of those pairs. values must have one value per
 // name.
 func (t *PairsTemplate) Append(dst []byte, values ...string) []byte {
-	if len(values) != len(t.names) {
+	if len(values) != len(t.joints) {
 		panic("abi: PairsTemplate.Append: want one value per name")
 	}
 	if len(t.head) == 4 && len(values) == 0 {
 		return dst // an empty map is no bytes, as AppendPairs has it
 	}
-	size := len(t.head) + 8*len(values) + len(t.body)
-	for i, v := range values {
-		size += len(v) + 1
-		if i > 0 {
-			size += len(t.names[i]) + 1
-		}
+	size := t.size
+	for _, v := range values {
+		size += len(v)
 	}
 	at := len(dst)
 	dst = slices.Grow(dst, size)[:at+size]
 	w := at + copy(dst[at:], t.head)
 	for i, v := range values {
-		putU32(dst[w:], uint32(len(t.names[i])))
-		putU32(dst[w+4:], uint32(len(v)))
-		w += 8
+		putU32(dst[w-8*(len(values)-i)+4:], uint32(len(v)))
 	}
 	w += copy(dst[w:], t.body)
 	for i, v := range values {
-		if i > 0 {
-			w += copy(dst[w:], t.names[i])
-			dst[w] = 0
-			w++
-		}
 		w += copy(dst[w:], v)
-		dst[w] = 0
-		w++
+		w += copy(dst[w:], t.joints[i])
 	}
 	return dst
 }

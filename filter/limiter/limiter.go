@@ -189,14 +189,20 @@ var _ abi.Plugin = (*Limiter)(nil)
 
 // OnContextCreate registers a root context (parent 0) or a stream of one.
 func (l *Limiter) OnContextCreate(id, parent uint32) {
-	defer l.recoverLog("proxy_on_context_create")
+	done := false
+	defer func() {
+		if !done {
+			if r := recover(); r != nil {
+				l.logPanic("proxy_on_context_create", r)
+			}
+		}
+	}()
 	if parent == 0 {
 		l.roots.put(id, newRoot())
-		return
-	}
-	if r := l.roots.get(parent); r != nil {
+	} else if r := l.roots.get(parent); r != nil {
 		l.streams.put(id, l.newStream(id, r))
 	}
+	done = true
 }
 
 // OnVMStart accepts any VM configuration; the filter reads none.
@@ -258,15 +264,20 @@ func (l *Limiter) OnRequestHeaders(id uint32, _ int, _ bool) (act abi.Action) {
 	if s == nil || s.root.cfg == nil {
 		return abi.ActionContinue
 	}
+	done := false
 	defer func() {
-		if r := recover(); r != nil {
-			l.logPanic("proxy_on_request_headers", r)
-			l.m.failedOpen(l.host, ReasonInternal)
-			l.forget(s)
-			act = abi.ActionContinue
+		if !done {
+			if r := recover(); r != nil {
+				l.logPanic("proxy_on_request_headers", r)
+				l.m.failedOpen(l.host, ReasonInternal)
+				l.forget(s)
+				act = abi.ActionContinue
+			}
 		}
 	}()
-	return l.check(s)
+	act = l.check(s)
+	done = true
+	return act
 }
 
 func (l *Limiter) check(s *stream) abi.Action {
@@ -392,7 +403,7 @@ func (l *Limiter) cachedDeny(s *stream, e *denyEntry, spent, now int64) abi.Acti
 func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 	cfg := s.root.cfg
 	l.text.reset()
-	l.encoded = s.root.check.Append(l.encoded[:0], s.key, l.text.int(s.cost), l.text.int(now/1000))
+	l.encoded = s.root.check.Append(l.encoded[:0], s.key, l.text.int(s.cost), l.text.large(now/1000))
 	token, st := l.host.HTTPCall(cfg.SidecarCluster, l.encoded, nil, nil, cfg.TimeoutMs)
 	if st != abi.StatusOK {
 		l.breakerResult(s.root, true, s.probe, ReasonDispatch, now, now)
@@ -637,11 +648,18 @@ func (l *Limiter) failOpen(s *stream, r Reason, detail string, now int64) (answe
 // room for one policy only; it is replaced by the edge's, which is the one
 // enforced here.
 func (l *Limiter) OnResponseHeaders(id uint32, _ int, _ bool) abi.Action {
-	defer l.recoverLog("proxy_on_response_headers")
 	s := l.streams.get(id)
 	if s == nil || !s.limited {
 		return abi.ActionContinue
 	}
+	done := false
+	defer func() {
+		if !done {
+			if r := recover(); r != nil {
+				l.logPanic("proxy_on_response_headers", r)
+			}
+		}
+	}()
 	l.text.reset()
 	l.headers = appendRateLimitHeaders(l.headers[:0], &l.text, &s.quota, &l.policies)
 	for i, hd := range l.headers {
@@ -651,6 +669,7 @@ func (l *Limiter) OnResponseHeaders(id uint32, _ int, _ bool) abi.Action {
 			l.host.ReplaceHeader(abi.MapResponseHeaders, hd[0], hd[1])
 		}
 	}
+	done = true
 	return abi.ActionContinue
 }
 
@@ -677,15 +696,23 @@ func (l *Limiter) OnTick(rootID uint32) {
 // stays registered until its answer comes (Envoy always delivers one), so
 // that a denial still reaches the deny cache.
 func (l *Limiter) OnDelete(id uint32) {
-	defer l.recoverLog("proxy_on_delete")
+	done := false
+	defer func() {
+		if !done {
+			if r := recover(); r != nil {
+				l.logPanic("proxy_on_delete", r)
+			}
+		}
+	}()
 	if s := l.streams.remove(id); s != nil {
 		s.gone = true
 		if !s.pending {
 			l.release(s)
 		}
-		return
+	} else {
+		l.roots.remove(id)
 	}
-	l.roots.remove(id)
+	done = true
 }
 
 // forget drops a stream's pending callout so that its answer is ignored: the

@@ -205,6 +205,25 @@ func TestCalloutPanicResumesTheRequest(t *testing.T) {
 	}
 }
 
+// A panic while the response's rate-limit headers are set is recovered
+// and logged, and the response goes on.
+func TestResponseHeadersPanicIsRecovered(t *testing.T) {
+	h := newPanicHost()
+	l := started(t, h)
+	if act := l.OnRequestHeaders(2, 3, true); act != abi.ActionPause {
+		t.Fatalf("action %d, want pause for the callout", act)
+	}
+	h.response = [][2]string{{":status", "200"}, {"ratelimit-limit", "1"}, {"ratelimit-remaining", "0"}, {"ratelimit-reset", "1"}}
+	l.OnHTTPCallResponse(1, 4, 4, 0, 0)
+	h.panicOn = "AddHeader"
+	if act := l.OnResponseHeaders(2, 1, true); act != abi.ActionContinue {
+		t.Errorf("action %d, want continue", act)
+	}
+	if !hasLine(h.logs, "edgelimit: internal error in proxy_on_response_headers: assignment to entry in nil map; failing open") {
+		t.Errorf("logs %q", h.logs)
+	}
+}
+
 func TestConfigurePanicRejects(t *testing.T) {
 	h := newPanicHost()
 	l := New(h)

@@ -1,6 +1,9 @@
 package limiter
 
 import (
+	"encoding/binary"
+	"math/bits"
+	"slices"
 	"strconv"
 	"unsafe"
 )
@@ -27,11 +30,12 @@ func (t *text) since(mark int) string {
 // holds is mostly below 10,000 (a cost, the tokens left, seconds to wait),
 // and those are appended in one go: inside wasm strconv's digit loop and
 // the two calls into it cost several times as much (filter/RATIONALE.md,
-// "What a request costs inside wasm").
+// "What a request costs inside wasm"). Larger numbers, the clock of
+// every callout among them, are appendLarge's.
 func (t *text) int(n int64) string {
 	m := len(t.b)
 	if u := uint32(n); uint64(n) >= 10000 {
-		t.b = strconv.AppendInt(t.b, n, 10)
+		t.b = appendLarge(t.b, n)
 	} else if u < 10 {
 		t.b = append(t.b, byte('0'+u))
 	} else if u < 100 {
@@ -42,6 +46,59 @@ func (t *text) int(n int64) string {
 		t.b = append(t.b, digitPairs[2*hi], digitPairs[2*hi+1], digitPairs[2*lo], digitPairs[2*lo+1])
 	}
 	return t.since(m)
+}
+
+// large is int for a number known to be 10,000 or more (a clock), which
+// skips int's call.
+func (t *text) large(n int64) string {
+	m := len(t.b)
+	t.b = appendLarge(t.b, n)
+	return t.since(m)
+}
+
+// appendLarge is text.int for the rest, in a call of its own so that int
+// stays small enough to be inlined where it is called. Below 10^16 the
+// number is two halves of 8 digits, each made into 8 ASCII bytes in a word
+// (digits8), where strconv would divide a 64-bit number by 100 eight
+// times, each a 128-bit product that wasm has no instruction for.
+func appendLarge(b []byte, n int64) []byte {
+	u := uint64(n)
+	if u >= 1e16 { // and the negative
+		return strconv.AppendInt(b, n, 10)
+	}
+	at := len(b)
+	b = slices.Grow(b, 16)[:at+16]
+	if hi := digits8(uint32(u / 1e8)); hi != 0 {
+		// The first word's leading zeros are shifted out, and the second
+		// word written over what that left at its top.
+		skip := bits.TrailingZeros64(hi) / 8
+		binary.LittleEndian.PutUint64(b[at:], (hi|asciiZeros)>>(8*skip))
+		binary.LittleEndian.PutUint64(b[at+8-skip:], digits8(uint32(u%1e8))|asciiZeros)
+		return b[:at+16-skip]
+	}
+	lo := digits8(uint32(u)) // u < 10^8, and >= 10^4: not zero
+	skip := bits.TrailingZeros64(lo) / 8
+	binary.LittleEndian.PutUint64(b[at:], (lo|asciiZeros)>>(8*skip))
+	return b[:at+8-skip]
+}
+
+// asciiZeros is "00000000" as a little-endian word: digits8's digits OR
+// it are their ASCII.
+const asciiZeros = 0x3030303030303030
+
+// digits8 is the decimal digits of u < 10^8 as the bytes of a
+// little-endian word, the first digit in the lowest byte, each a value
+// 0-9 (zeros in front included). Each step splits every lane of the word
+// in two: u into two lanes of 4 digits, each of those into two of 2, each
+// of those into two of 1, with quotients by multiplication, which stay
+// inside their lanes for these ranges (x*5243>>19 is x/100 for x < 43,699;
+// x*103>>10 is x/10 for x < 179).
+func digits8(u uint32) uint64 {
+	x := uint64(u/10000) | uint64(u%10000)<<32
+	q := (x * 5243 >> 19) & 0x0000007f0000007f
+	x = q | (x-q*100)<<16
+	q = (x * 103 >> 10) & 0x000f000f000f000f
+	return q | (x-q*10)<<8
 }
 
 // digitPairs holds "00" to "99".
