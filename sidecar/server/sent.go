@@ -124,17 +124,24 @@ func (p *peerLags) add(a netip.Addr, now time.Time) *sendLag {
 		old = *l
 	}
 	w := now.UnixNano() / int64(lagWindow)
-	next := make([]peerLag, 0, len(old)+1)
+	live := func(e peerLag) bool { return e.lag.window.Load() >= w-1 }
+	n := 0
 	for _, e := range old {
 		if e.addr == a {
 			return e.lag // added while this call waited for the lock
 		}
-		if e.lag.window.Load() >= w-1 {
-			next = append(next, e)
+		if live(e) {
+			n++
 		}
 	}
-	if len(next) >= maxPeers {
-		return nil
+	if n >= maxPeers {
+		return nil // and nothing allocated for it
+	}
+	next := make([]peerLag, 0, n+1)
+	for _, e := range old {
+		if live(e) {
+			next = append(next, e)
+		}
 	}
 	l := newSendLag()
 	l.window.Store(w) // live from now, though no check has been measured yet

@@ -608,7 +608,8 @@ func TestProxiesWithClocksOfTheirOwn(t *testing.T) {
 }
 
 // peerLags tells addresses apart, drops a peer two windows quiet, and
-// tracks at most maxPeers live ones.
+// tracks at most maxPeers live ones, allocating nothing for the checks of
+// one past them.
 func TestPeerLags(t *testing.T) {
 	var p peerLags
 	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
@@ -640,8 +641,12 @@ func TestPeerLags(t *testing.T) {
 	if p.of(a, later) != la {
 		t.Error("a live peer lost its sendLag")
 	}
-	if l := p.of(net.IPv4(203, 0, 113, 1), later); l != nil {
+	past := net.IPv4(203, 0, 113, 1)
+	if l := p.of(past, later); l != nil {
 		t.Errorf("a peer past %d live ones: %p, want none", maxPeers, l)
+	}
+	if n := testing.AllocsPerRun(10, func() { p.of(past, later) }); n != 0 {
+		t.Errorf("a check from a peer past them allocates %v times", n)
 	}
 }
 
