@@ -725,6 +725,12 @@ func (l *Limiter) forget(s *stream) {
 	}
 }
 
+// recoverLog is the deferred recovery of the callbacks that run rarely.
+// The hot ones defer a closure of their own that calls recover only when
+// the callback did not finish (a flag set at its end): recover stops a
+// panic only when the deferred function calls it itself, and inside wasm
+// each call costs (filter/RATIONALE.md, "What a request costs inside
+// wasm").
 func (l *Limiter) recoverLog(where string) {
 	if r := recover(); r != nil {
 		l.logPanic(where, r)
