@@ -157,6 +157,18 @@ func started(t *testing.T, h *panicHost) *Limiter {
 	return l
 }
 
+// awaitingAnswer is started's stream paused for its callout, whose answer
+// (an allowed one) h holds for OnHTTPCallResponse.
+func awaitingAnswer(t *testing.T, h *panicHost) *Limiter {
+	t.Helper()
+	l := started(t, h)
+	if act := l.OnRequestHeaders(2, 3, true); act != abi.ActionPause {
+		t.Fatalf("action %d, want pause for the callout", act)
+	}
+	h.response = [][2]string{{":status", "200"}, {"ratelimit-limit", "1"}, {"ratelimit-remaining", "0"}, {"ratelimit-reset", "1"}}
+	return l
+}
+
 func hasLine(logs []string, prefix string) bool {
 	return slices.ContainsFunc(logs, func(l string) bool { return strings.HasPrefix(l, prefix) })
 }
@@ -180,11 +192,7 @@ func TestRequestPanicFailsOpen(t *testing.T) {
 
 func TestCalloutPanicResumesTheRequest(t *testing.T) {
 	h := newPanicHost()
-	l := started(t, h)
-	if act := l.OnRequestHeaders(2, 3, true); act != abi.ActionPause {
-		t.Fatalf("action %d, want pause for the callout", act)
-	}
-	h.response = [][2]string{{":status", "200"}, {"ratelimit-limit", "1"}, {"ratelimit-remaining", "0"}, {"ratelimit-reset", "1"}}
+	l := awaitingAnswer(t, h)
 	h.panicOn = "GetHeaders"
 	h.calls = nil
 	l.OnHTTPCallResponse(1, 4, 4, 0, 0)
@@ -209,11 +217,7 @@ func TestCalloutPanicResumesTheRequest(t *testing.T) {
 // and logged, and the response goes on.
 func TestResponseHeadersPanicIsRecovered(t *testing.T) {
 	h := newPanicHost()
-	l := started(t, h)
-	if act := l.OnRequestHeaders(2, 3, true); act != abi.ActionPause {
-		t.Fatalf("action %d, want pause for the callout", act)
-	}
-	h.response = [][2]string{{":status", "200"}, {"ratelimit-limit", "1"}, {"ratelimit-remaining", "0"}, {"ratelimit-reset", "1"}}
+	l := awaitingAnswer(t, h)
 	l.OnHTTPCallResponse(1, 4, 4, 0, 0)
 	h.panicOn = "AddHeader"
 	if act := l.OnResponseHeaders(2, 1, true); act != abi.ActionContinue {
