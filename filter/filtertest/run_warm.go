@@ -2,6 +2,7 @@ package filtertest
 
 import (
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -25,8 +26,18 @@ func warmCalls(t *testing.T, h Host, want int, cluster, authority string) {
 	}
 	wantHeaders := []Header{{":method", "POST"}, {":path", "/v1/warm"}, {":authority", authority}}
 	for _, c := range calls {
-		if c.Cluster != cluster || !slices.Equal(c.Headers, wantHeaders) || len(c.Body) != 0 || c.TimeoutMs != 500 {
-			t.Fatalf("warm-up call %+v, want POST /v1/warm to %s with :authority %s, no body, timeout 500 ms", c, cluster, authority)
+		// The proxy's clock at the send, as a check carries it: the
+		// sidecar learns from each round how quick the way from this proxy
+		// is. The host's clock stands still during the round.
+		fixed, sent := c.Headers, ""
+		if n := len(fixed); n > 0 && fixed[n-1][0] == "x-ratelimit-sent" {
+			fixed, sent = fixed[:n-1], fixed[n-1][1]
+		}
+		if c.Cluster != cluster || !slices.Equal(fixed, wantHeaders) || len(c.Body) != 0 || c.TimeoutMs != 500 {
+			t.Fatalf("warm-up call %+v, want POST /v1/warm to %s with :authority %s and x-ratelimit-sent, no body, timeout 500 ms", c, cluster, authority)
+		}
+		if us, err := strconv.ParseInt(sent, 10, 64); err != nil || us < 1e15 || sent != calls[0].Headers[len(calls[0].Headers)-1][1] {
+			t.Fatalf("warm-up call's x-ratelimit-sent %q, want the clock in microseconds since 1970, the same in every call of the round", sent)
 		}
 	}
 }

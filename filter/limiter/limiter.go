@@ -67,16 +67,16 @@ type Limiter struct {
 
 // root is one plugin configuration.
 type root struct {
-	cfg     *Config
-	check   abi.PairsTemplate // the headers of a check's callout
-	warmMap []byte            // a warm-up call's header map (warm.go)
-	cache   denyCache
-	breaker breaker
-	local   *localLimiter // nil unless on_failure is "local"
-	calls   streamTable   // pending callouts by token
-	fails   failLog
-	warm    warmRound
-	tickMs  uint32 // the tick period last set; firstTickMs until the first tick
+	cfg      *Config
+	check    abi.PairsTemplate // the headers of a check's callout
+	warmCall abi.PairsTemplate // the headers of a warm-up call (warm.go)
+	cache    denyCache
+	breaker  breaker
+	local    *localLimiter // nil unless on_failure is "local"
+	calls    streamTable   // pending callouts by token
+	fails    failLog
+	warm     warmRound
+	tickMs   uint32 // the tick period last set; firstTickMs until the first tick
 }
 
 func newRoot() *root { return &root{} }
@@ -245,7 +245,7 @@ func (l *Limiter) OnConfigure(rootID uint32, size int) (ok bool) {
 		l.defined = true
 	}
 	r.cfg, r.cache, r.breaker = cfg, newDenyCache(cfg.SidecarCluster), newBreaker(cfg)
-	r.check, r.warmMap = checkHeaders(cfg), warmHeaders(cfg)
+	r.check, r.warmCall = checkHeaders(cfg), warmHeaders(cfg)
 	r.local = newLocalLimiter(cfg)
 	// The first tick comes at once, for the warm-up (warm.go); the ticks
 	// after it come every second until a round of it went well, then every

@@ -58,7 +58,9 @@ func (l *Limiter) warm(r *root, first bool) uint32 {
 	}
 	r.warm.tokens, r.warm.failed = r.warm.tokens[:0], false
 	for range cfg.WarmConnections {
-		token, st := l.host.HTTPCall(cfg.SidecarCluster, r.warmMap, nil, nil, warmTimeoutMs)
+		l.text.reset()
+		l.encoded = r.warmCall.Append(l.encoded[:0], l.text.large(l.host.Now()/1000))
+		token, st := l.host.HTTPCall(cfg.SidecarCluster, l.encoded, nil, nil, warmTimeoutMs)
 		if st != abi.StatusOK {
 			r.warm.failed = true
 			return warmRetryMs
@@ -68,10 +70,14 @@ func (l *Limiter) warm(r *root, first bool) uint32 {
 	return period
 }
 
-// warmHeaders is the header map of a warm-up call under cfg, the same for
-// every call of every round, encoded once per configuration.
-func warmHeaders(cfg *Config) []byte {
-	return abi.AppendPairs(nil, [][2]string{{":method", "POST"}, {":path", warmPath}, {":authority", cfg.SidecarAuthority}})
+// warmHeaders is the header map of a warm-up call under cfg: the same for
+// every call but the proxy's clock at the send (SentHeader), as a check
+// carries it. The sidecar learns from it how quick the way from this proxy
+// is, every round, whether or not clients are sending: what tells it a
+// check that waited unread from one that did not (sidecar/RATIONALE.md,
+// "Why does the sidecar not decide a check the proxy has given up on?").
+func warmHeaders(cfg *Config) abi.PairsTemplate {
+	return abi.NewPairsTemplate([][2]string{{":method", "POST"}, {":path", warmPath}, {":authority", cfg.SidecarAuthority}}, SentHeader)
 }
 
 // warmAnswer takes a warm-up call's answer off its round: anything but a

@@ -80,25 +80,27 @@ func ParseCheck(h *fasthttp.RequestHeader) (Check, error) {
 	if !validRegion(c.Region) {
 		return c, ErrRegion
 	}
-	switch vals := h.PeekAll(HeaderSent); len(vals) {
-	case 0:
-	case 1:
-		sent, ok := parseSent(vals[0])
-		if !ok {
-			return c, ErrSentSyntax
-		}
-		c.Sent = sent
-	default:
-		return c, ErrManySents
-	}
-	return c, nil
+	var err error
+	c.Sent, err = ParseSent(h)
+	return c, err
 }
 
-// parseSent parses x-ratelimit-sent: 1 to 17 ASCII digits (µs since 1970
-// until the year 5138).
-func parseSent(b []byte) (int64, bool) {
-	n, err := parseDigits(b, 99_999_999_999_999_999)
-	return n, err == nil
+// ParseSent reads x-ratelimit-sent, which checks and warm-up calls carry:
+// 1 to 17 ASCII digits (µs since 1970 until the year 5138), or 0 when
+// absent.
+func ParseSent(h *fasthttp.RequestHeader) (int64, error) {
+	switch vals := h.PeekAll(HeaderSent); len(vals) {
+	case 0:
+		return 0, nil
+	case 1:
+		n, err := parseDigits(vals[0], 99_999_999_999_999_999)
+		if err != nil {
+			return 0, ErrSentSyntax
+		}
+		return n, nil
+	default:
+		return 0, ErrManySents
+	}
 }
 
 // ParseCost parses a cost: ASCII digits only (no sign, space, exponent or

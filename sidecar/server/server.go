@@ -242,9 +242,24 @@ var (
 // carried a check's whole path once before a client's check needs it
 // within the 5 ms (filter/RATIONALE.md, "Why the filter opens its
 // connections before the traffic", has the measurements). No decision is
-// counted: sidecar_warm_ups_total is.
+// counted: sidecar_warm_ups_total is. The proxy's clock at the send
+// (x-ratelimit-sent) counts towards the least lag from its address, as a
+// check's does: each round tells the sidecar how quick the way from the
+// proxy is, with or without clients.
 func (s *Server) warm(ctx *fasthttp.RequestCtx) {
-	res, err := s.o.Decider.Decide(time.Now().Add(s.o.Timeout), keys.WarmBucket, WarmLimit, 0)
+	start := time.Now()
+	sent, err := ParseSent(&ctx.Request.Header)
+	if err != nil {
+		s.o.Stats.BadRequests.Inc()
+		text(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
+	if sent != 0 {
+		if l := s.sent.of(ctx.RemoteIP(), start); l != nil {
+			l.waited(start, sent)
+		}
+	}
+	res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), keys.WarmBucket, WarmLimit, 0)
 	if err != nil {
 		s.o.Stats.WarmUpErrors.Inc()
 		text(ctx, fasthttp.StatusServiceUnavailable, "redis unavailable")

@@ -607,6 +607,39 @@ func TestProxiesWithClocksOfTheirOwn(t *testing.T) {
 	}
 }
 
+// A warm-up call carries the proxy's clock as a check does, and teaches the
+// sidecar the quickest trip from that proxy: a proxy's first check after
+// it, late by the proxy's whole wait, is known to be late. Without the
+// warm-up that check is the first the sidecar hears from the proxy, its
+// lag the least seen, and it is decided.
+func TestWarmUpsTeachTheQuickestTrip(t *testing.T) {
+	d := &fakeDecider{res: lua.Result{Allowed: true, Tokens: 1}}
+	s, st, _ := newTestServer(t, planYAML, d)
+	sent := func(ago time.Duration) string { return strconv.FormatInt(time.Now().Add(-ago).UnixMicro(), 10) }
+	warmed, cold := net.ParseIP("10.0.0.1"), net.ParseIP("10.0.0.2")
+	if r := doFrom(s, warmed, "POST", "/v1/warm", HeaderSent, sent(0)); r.StatusCode() != 200 {
+		t.Fatalf("warm-up: %d %q, want 200", r.StatusCode(), r.Body())
+	}
+	// Sent the sidecar's deadline plus the way back (the proxy's wait) and
+	// a millisecond more before the read, from each proxy.
+	late := s.o.Timeout + returnSlack + time.Millisecond
+	if r := doFrom(s, warmed, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(late)); r.StatusCode() != 503 || st.Expired.Get() != 1 {
+		t.Errorf("late check after a warm-up: %d %q, %d expired; want 503, 1", r.StatusCode(), r.Body(), st.Expired.Get())
+	}
+	if r := doFrom(s, cold, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(late)); r.StatusCode() != 200 {
+		t.Errorf("late check as a proxy's first word: %d %q, want 200 (nothing to tell it late by)", r.StatusCode(), r.Body())
+	}
+	if len(d.calls) != 2 { // the warm-up's peek and the cold proxy's check
+		t.Errorf("%d decisions, want 2", len(d.calls))
+	}
+	// A warm-up's clock is read as a check's: malformed or repeated, 400.
+	for _, h := range [][]string{{HeaderSent, "soon"}, {HeaderSent, sent(0), HeaderSent, sent(0)}} {
+		if r := doFrom(s, warmed, "POST", "/v1/warm", h...); r.StatusCode() != 400 {
+			t.Errorf("warm-up with %q: %d %q, want 400", h, r.StatusCode(), r.Body())
+		}
+	}
+}
+
 // peerLags tells addresses apart, drops a peer two windows quiet, and
 // tracks at most maxPeers live ones, allocating nothing for the checks of
 // one past them.
