@@ -183,15 +183,13 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 		bucket, limit = s.o.Hot.Route(bucket, hotClient.Regions, req.Region, limit, req.Cost)
 	}
 
-	if req.Sent != 0 {
-		if l := s.sent.of(ctx.RemoteIP(), start); l != nil && l.waited(start, req.Sent) >= s.o.Timeout+returnSlack {
-			// The proxy has given up on it and let the request through: a
-			// decision now would only take tokens for it.
-			s.o.Stats.Errors.Inc()
-			s.o.Stats.Expired.Inc()
-			text(ctx, fasthttp.StatusServiceUnavailable, "expired before it was read")
-			return
-		}
+	if s.waited(ctx, start, req.Sent) >= s.o.Timeout+returnSlack {
+		// The proxy has given up on it and let the request through: a
+		// decision now would only take tokens for it.
+		s.o.Stats.Errors.Inc()
+		s.o.Stats.Expired.Inc()
+		text(ctx, fasthttp.StatusServiceUnavailable, "expired before it was read")
+		return
 	}
 	res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), bucket, limit, req.Cost)
 	s.o.Stats.Latency.UpdateDuration(start)
@@ -226,6 +224,21 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 	}
 }
 
+// waited is how long a request sent at sent (x-ratelimit-sent, 0 when
+// absent) and read at start waited beyond the quickest trip from its
+// address (sendLag), whose lag it records; 0 without the header or for an
+// address past the tracked ones.
+func (s *Server) waited(ctx *fasthttp.RequestCtx, start time.Time, sent int64) time.Duration {
+	if sent == 0 {
+		return 0
+	}
+	l := s.sent.of(ctx.RemoteIP(), start)
+	if l == nil {
+		return 0
+	}
+	return l.waited(start, sent)
+}
+
 // WarmLimit and WarmPlan are what a warm-up peeks with and answers with
 // (exported for the filter's test support, which answers as the sidecar
 // does; nothing changes them).
@@ -254,11 +267,7 @@ func (s *Server) warm(ctx *fasthttp.RequestCtx) {
 		text(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
 	}
-	if sent != 0 {
-		if l := s.sent.of(ctx.RemoteIP(), start); l != nil {
-			l.waited(start, sent)
-		}
-	}
+	s.waited(ctx, start, sent)
 	res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), keys.WarmBucket, WarmLimit, 0)
 	if err != nil {
 		s.o.Stats.WarmUpErrors.Inc()
