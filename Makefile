@@ -1,12 +1,12 @@
 # The front door. Every target installs what it needs on a fresh Debian
-# machine: redis-server/redis-tools from apt, Go modules through the module
-# proxy. Tool versions are pinned here.
+# machine: redis-server/redis-tools and binaryen (wasm-opt) from apt, Go
+# modules through the module proxy. Tool versions are pinned here.
 
 GO          ?= go
 BUILD       ?= build
 # Go 1.26 or newer builds the filter (go:wasmexport, wasip1 c-shared).
 GO_MIN      := 1.26
-APT_PKGS    := redis-server redis-tools
+APT_PKGS    := redis-server redis-tools binaryen
 # Bounded fuzzing inside `make test`; `make fuzz` runs longer.
 FUZZTIME    ?= 3s
 FUZZTIME_LONG ?= 2m
@@ -29,9 +29,10 @@ help:
 	@echo "make fuzz   every fuzz target for $(FUZZTIME_LONG)"
 	@echo "make mesh   decode the Istio and Envoy Gateway examples and check how they fit"
 
-## deps: system packages the tests, benchmarks and demo run (real Redis).
+## deps: system packages the build, tests, benchmarks and demo run (real
+## Redis; wasm-opt for the module).
 deps:
-	@if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null || ! command -v redis-benchmark >/dev/null; then \
+	@if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null || ! command -v redis-benchmark >/dev/null || ! command -v wasm-opt >/dev/null; then \
 		echo "installing $(APT_PKGS)"; \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PKGS) >/dev/null; \
@@ -45,8 +46,10 @@ build: $(BUILD)/filter.wasm $(BUILD)/sidecar $(BUILD)/gateway
 
 # The go tool decides what is stale; these always ask it.
 .PHONY: $(BUILD)/filter.wasm $(BUILD)/sidecar $(BUILD)/gateway
-$(BUILD)/filter.wasm:
-	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $@ ./filter
+# The module: GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -trimpath,
+# then wasm-opt (internal/gotool: the tests build it the same way).
+$(BUILD)/filter.wasm: deps
+	$(GO) run ./internal/gotool/wasmbuild -o $@ ./filter
 	@ls -l $@ | awk '{ printf "filter.wasm: %d bytes\n", $$5 }'
 $(BUILD)/sidecar:
 	$(GO) build -trimpath -o $@ ./sidecar

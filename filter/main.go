@@ -5,6 +5,8 @@
 //
 //	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o build/filter.wasm ./filter
 //
+// and then optimised by wasm-opt (make build/filter.wasm does both).
+//
 // Envoy calls _initialize (which runs init below), then the proxy_on_*
 // exports of package abi, which hand every callback to the limiter.
 // filter/README.md has the configuration, the metrics and the minimum Envoy

@@ -2,7 +2,8 @@
 // built with, for the tests and tools that build the project's binaries and
 // wasm modules: every such build then uses the same Go as the test that
 // asked for it, whatever go comes first on the PATH, and a module is built
-// the one way the Makefile builds build/filter.wasm.
+// the one way the Makefile builds build/filter.wasm: go build, then
+// binaryen's wasm-opt (wasmopt.go).
 package gotool
 
 import (
@@ -41,8 +42,13 @@ func Output(ctx context.Context, dir string, env []string, args ...string) ([]by
 // BuildWasm builds pkg, a wasip1 reactor (a main package of go:wasmexport
 // functions), in dir to out as the Makefile builds build/filter.wasm:
 // GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -trimpath, with
-// flags (build tags, linker flags) before pkg.
+// flags (build tags, linker flags) before pkg, and then OptimizeWasm.
 func BuildWasm(ctx context.Context, dir, pkg, out string, flags ...string) error {
-	args := append([]string{"build", "-buildmode=c-shared", "-trimpath", "-o", out}, flags...)
-	return Run(ctx, dir, []string{"GOOS=wasip1", "GOARCH=wasm"}, append(args, pkg)...)
+	built := out + ".go"
+	defer os.Remove(built)
+	args := append([]string{"build", "-buildmode=c-shared", "-trimpath", "-o", built}, flags...)
+	if err := Run(ctx, dir, []string{"GOOS=wasip1", "GOARCH=wasm"}, append(args, pkg)...); err != nil {
+		return err
+	}
+	return OptimizeWasm(ctx, built, out)
 }

@@ -1,0 +1,146 @@
+package gotool
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+)
+
+// tinyReactor writes a main package of one go:wasmexport function in a
+// module of its own and returns its directory.
+func tinyReactor(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, text := range map[string]string{
+		"go.mod":  "module tiny\n\ngo 1.26\n",
+		"main.go": "package main\n\n//go:wasmexport add\nfunc add(a, b int32) int32 { return a + b }\n\nfunc main() {}\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// customSections lists the names of a module's custom sections.
+func customSections(t *testing.T, wasm []byte) []string {
+	t.Helper()
+	if !bytes.HasPrefix(wasm, []byte("\x00asm\x01\x00\x00\x00")) {
+		t.Fatalf("not a wasm module: % x", wasm[:min(8, len(wasm))])
+	}
+	uleb := func(i int) (uint64, int) {
+		var v uint64
+		for shift := 0; i < len(wasm); shift += 7 {
+			b := wasm[i]
+			i++
+			v |= uint64(b&0x7f) << shift
+			if b < 0x80 {
+				return v, i
+			}
+		}
+		t.Fatal("module ends inside a number")
+		return 0, i
+	}
+	var names []string
+	for i := 8; i < len(wasm); {
+		id := wasm[i]
+		size, next := uleb(i + 1)
+		if id == 0 {
+			n, at := uleb(next)
+			names = append(names, string(wasm[at:at+int(n)]))
+		}
+		i = next + int(size)
+	}
+	return names
+}
+
+// TestBuildWasmOptimises: BuildWasm's module is wasm-opt's output of what
+// go build makes, not that output itself; it keeps the function names (a
+// profile needs them), runs (wazero compiles it and its export answers),
+// and a second build of the same code is the same module, the first
+// build's, taken from the cache.
+func TestBuildWasmOptimises(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	ctx := context.Background()
+	src := tinyReactor(t)
+	out := t.TempDir()
+	plain := filepath.Join(out, "plain.wasm")
+	if err := Run(ctx, src, []string{"GOOS=wasip1", "GOARCH=wasm"}, "build", "-buildmode=c-shared", "-trimpath", "-o", plain, "."); err != nil {
+		t.Fatal(err)
+	}
+	first := filepath.Join(out, "first.wasm")
+	if err := BuildWasm(ctx, src, ".", first); err != nil {
+		t.Fatal(err)
+	}
+	built, err := os.ReadFile(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	optimised, err := os.ReadFile(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(built, optimised) {
+		t.Fatal("BuildWasm wrote go build's module unchanged")
+	}
+	if names := customSections(t, optimised); !slices.Contains(names, "name") {
+		t.Errorf("custom sections %q: the name section (function names) was dropped", names)
+	}
+	if _, err := os.Stat(first + ".go"); !os.IsNotExist(err) {
+		t.Errorf("go build's module was left beside the output: %v", err)
+	}
+
+	rt := wazero.NewRuntime(ctx)
+	defer rt.Close(ctx)
+	wasi_snapshot_preview1.MustInstantiate(ctx, rt)
+	mod, err := rt.InstantiateWithConfig(ctx, optimised, wazero.NewModuleConfig().WithStartFunctions("_initialize"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := mod.ExportedFunction("add").Call(ctx, 2, 40); err != nil || len(res) != 1 || res[0] != 42 {
+		t.Fatalf("add(2, 40) = %v, %v; want 42", res, err)
+	}
+
+	// The cache holds one module, the optimised one; a build of the same
+	// code copies it out rather than running wasm-opt again, so a module
+	// put in its place is what the next build writes.
+	cached, err := filepath.Glob(filepath.Join(os.Getenv("XDG_CACHE_HOME"), "edgelimit", "wasm-opt", "*.wasm"))
+	if err != nil || len(cached) != 1 {
+		t.Fatalf("cache holds %v (%v), want one module", cached, err)
+	}
+	if b, err := os.ReadFile(cached[0]); err != nil || !bytes.Equal(b, optimised) {
+		t.Fatalf("the cached module is not the optimised one (%v)", err)
+	}
+	marked := append(append([]byte(nil), optimised...), 0, 4, 'm', 'a', 'r', 'k')
+	if err := os.WriteFile(cached[0], marked, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	second := filepath.Join(out, "second.wasm")
+	if err := BuildWasm(ctx, src, ".", second); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(second); err != nil || !bytes.Equal(b, marked) {
+		t.Errorf("a second build of the same code did not take the cached module (%v)", err)
+	}
+}
+
+// TestBuildWasmNeedsWasmOpt: without wasm-opt on the PATH the build fails
+// and says what installs it, rather than shipping an unoptimised module.
+func TestBuildWasmNeedsWasmOpt(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	out := filepath.Join(t.TempDir(), "tiny.wasm")
+	err := BuildWasm(context.Background(), tinyReactor(t), ".", out)
+	if err == nil || !strings.Contains(err.Error(), "make deps") || !strings.Contains(err.Error(), "binaryen") {
+		t.Fatalf("BuildWasm without wasm-opt: %v, want an error naming binaryen and make deps", err)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("a module was written anyway: %v", err)
+	}
+}
