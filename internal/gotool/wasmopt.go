@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // WasmOptArgs are the options every module is optimised with, the input
@@ -28,7 +29,9 @@ var WasmOptArgs = []string{
 // OptimizeWasm writes in, optimised by wasm-opt with WasmOptArgs, to out.
 // The result is kept in the user's cache directory under a digest of in,
 // the arguments and wasm-opt's version, so a module built again unchanged
-// (by every test package that builds the filter) is optimised once.
+// (by every test package that builds the filter) is optimised once. As in
+// Go's build cache, a result unused for cacheUnused is removed when the
+// next one is written.
 func OptimizeWasm(ctx context.Context, in, out string) error {
 	tool, err := exec.LookPath("wasm-opt")
 	if err != nil {
@@ -51,6 +54,8 @@ func OptimizeWasm(ctx context.Context, in, out string) error {
 	if dir, err := os.UserCacheDir(); err == nil {
 		cached = filepath.Join(dir, "edgelimit", "wasm-opt", hex.EncodeToString(h.Sum(nil))+".wasm")
 		if b, err := os.ReadFile(cached); err == nil {
+			now := time.Now()
+			os.Chtimes(cached, now, now) // used: kept for another cacheUnused
 			return os.WriteFile(out, b, 0o644)
 		}
 	}
@@ -67,13 +72,24 @@ func OptimizeWasm(ctx context.Context, in, out string) error {
 	return nil
 }
 
+// cacheUnused is how long a cached module stays without being used.
+const cacheUnused = 5 * 24 * time.Hour
+
 // keep copies the optimised module into the cache, through a file of its
-// own renamed into place, so that a reader never sees part of one. The
-// cache is only a saving: failing to write it is no error.
+// own renamed into place, so that a reader never sees part of one, and
+// removes the modules unused for cacheUnused. The cache is only a saving:
+// failing to write it is no error.
 func keep(out, cached string) {
 	b, err := os.ReadFile(out)
 	if err != nil || os.MkdirAll(filepath.Dir(cached), 0o755) != nil {
 		return
+	}
+	if old, err := os.ReadDir(filepath.Dir(cached)); err == nil {
+		for _, e := range old {
+			if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > cacheUnused {
+				os.Remove(filepath.Join(filepath.Dir(cached), e.Name()))
+			}
+		}
 	}
 	f, err := os.CreateTemp(filepath.Dir(cached), "partial-*")
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
@@ -32,9 +33,26 @@ func tinyReactor(t *testing.T) string {
 // go build makes, not that output itself; it keeps the function names (a
 // profile needs them), runs (wazero compiles it and its export answers),
 // and a second build of the same code is the same module, the first
-// build's, taken from the cache.
+// build's, taken from the cache, which drops what went unused for
+// cacheUnused.
 func TestBuildWasmOptimises(t *testing.T) {
 	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	cache := filepath.Join(os.Getenv("XDG_CACHE_HOME"), "edgelimit", "wasm-opt")
+	// Two modules of earlier builds: one unused for longer than
+	// cacheUnused, which writing a new one removes, and one used since.
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stale, recent := filepath.Join(cache, "stale.wasm"), filepath.Join(cache, "recent.wasm")
+	for _, f := range []string{stale, recent} {
+		if err := os.WriteFile(f, []byte("\x00asm"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unused := time.Now().Add(-cacheUnused - time.Hour)
+	if err := os.Chtimes(stale, unused, unused); err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	src := tinyReactor(t)
 	out := t.TempDir()
@@ -87,10 +105,16 @@ func TestBuildWasmOptimises(t *testing.T) {
 		t.Fatalf("add(2, 40) = %v, %v; want 42", res, err)
 	}
 
-	// The cache holds one module, the optimised one; a build of the same
+	// The cache holds the optimised module besides; a build of the same
 	// code copies it out rather than running wasm-opt again, so a module
 	// put in its place is what the next build writes.
-	cached, err := filepath.Glob(filepath.Join(os.Getenv("XDG_CACHE_HOME"), "edgelimit", "wasm-opt", "*.wasm"))
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("a module unused for longer than %v is still cached (%v)", cacheUnused, err)
+	}
+	if err := os.Remove(recent); err != nil {
+		t.Errorf("a module used recently is no longer cached: %v", err)
+	}
+	cached, err := filepath.Glob(filepath.Join(cache, "*"))
 	if err != nil || len(cached) != 1 {
 		t.Fatalf("cache holds %v (%v), want one module", cached, err)
 	}
