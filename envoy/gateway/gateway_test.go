@@ -56,7 +56,7 @@ func modules(t testing.TB) (filter, probe string) {
 		if _, buildErr = filterwasm.Build(root, buildDir); buildErr != nil {
 			return
 		}
-		buildErr = gotool.BuildWasm(context.Background(), filepath.Join("..", "wasmhost", "testdata", "probe"), ".", filepath.Join(buildDir, "probe.wasm"))
+		buildErr = gotool.GoBuildWasm(context.Background(), filepath.Join("..", "wasmhost", "testdata", "probe"), ".", filepath.Join(buildDir, "probe.wasm"))
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)

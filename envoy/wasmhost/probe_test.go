@@ -47,7 +47,7 @@ func probe(t testing.TB, tags string) []byte {
 	if tags != "" {
 		flags = []string{"-tags", tags}
 	}
-	if err := gotool.BuildWasm(context.Background(), filepath.Join("testdata", "probe"), ".", out, flags...); err != nil {
+	if err := gotool.GoBuildWasm(context.Background(), filepath.Join("testdata", "probe"), ".", out, flags...); err != nil {
 		t.Fatalf("build probe (tags %q): %v", tags, err)
 	}
 	b, err := os.ReadFile(out)

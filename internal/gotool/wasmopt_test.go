@@ -57,7 +57,7 @@ func TestBuildWasmOptimises(t *testing.T) {
 	src := tinyReactor(t)
 	out := t.TempDir()
 	plain := filepath.Join(out, "plain.wasm")
-	if err := Run(ctx, src, []string{"GOOS=wasip1", "GOARCH=wasm"}, "build", "-buildmode=c-shared", "-trimpath", "-o", plain, "."); err != nil {
+	if err := GoBuildWasm(ctx, src, ".", plain); err != nil {
 		t.Fatal(err)
 	}
 	first := filepath.Join(out, "first.wasm")
