@@ -14,9 +14,9 @@ import (
 	"time"
 )
 
-// WasmOptArgs are the options every module is optimised with, the input
-// and output aside: binaryen's -O4 (filter/RATIONALE.md, "What a request
-// costs inside wasm", has the measurements), the function names kept for
+// WasmOptArgs are the options BuildWasm optimises a module with, the input
+// and output aside: binaryen's -O4 (filter/RATIONALE.md, "Why the module
+// goes through wasm-opt", has the measurements), the function names kept for
 // profiles (-g), and exactly the features Go's wasm output uses, so that
 // the optimiser cannot bring in an instruction a runtime may lack; a module
 // that uses one more fails to optimise, naming it.
@@ -35,7 +35,7 @@ var WasmOptArgs = []string{
 func OptimizeWasm(ctx context.Context, in, out string) error {
 	tool, err := exec.LookPath("wasm-opt")
 	if err != nil {
-		return fmt.Errorf("wasm-opt (binaryen) optimises every wasm module the project builds, and is not on the PATH: `make deps` installs it (apt package binaryen): %w", err)
+		return fmt.Errorf("wasm-opt (binaryen), which optimises the filter's module, is not on the PATH: `make deps` installs it (apt package binaryen): %w", err)
 	}
 	version, err := exec.CommandContext(ctx, tool, "--version").Output()
 	if err != nil {

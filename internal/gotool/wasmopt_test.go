@@ -82,22 +82,18 @@ func TestBuildWasmOptimises(t *testing.T) {
 	rt := wazero.NewRuntime(ctx)
 	defer rt.Close(ctx)
 	wasi_snapshot_preview1.MustInstantiate(ctx, rt)
-	var names []string // of the export's function, from each module's name section
-	for _, m := range [][]byte{built, optimised} {
-		c, err := rt.CompileModule(ctx, m)
-		if err != nil {
+	var compiled [2]wazero.CompiledModule
+	var names [2]string // of the export's function, from each module's name section
+	for i, m := range [][]byte{built, optimised} {
+		if compiled[i], err = rt.CompileModule(ctx, m); err != nil {
 			t.Fatal(err)
 		}
-		names = append(names, c.ExportedFunctions()["add"].Name())
+		names[i] = compiled[i].ExportedFunctions()["add"].Name()
 	}
 	if names[1] == "" || names[1] != names[0] {
 		t.Errorf("the export's function is named %q in go build's module and %q in BuildWasm's: the names were dropped", names[0], names[1])
 	}
-	compiled, err := rt.CompileModule(ctx, optimised)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mod, err := rt.InstantiateModule(ctx, compiled, wazero.NewModuleConfig().WithStartFunctions("_initialize"))
+	mod, err := rt.InstantiateModule(ctx, compiled[1], wazero.NewModuleConfig().WithStartFunctions("_initialize"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,6 @@
-// Command wasmbuild builds a wasip1 reactor the one way the project builds
-// a wasm module (gotool.BuildWasm: go build, then wasm-opt), for the
-// Makefile and the image:
+// Command wasmbuild builds a wasip1 reactor the way the project ships
+// filter.wasm (gotool.BuildWasm: go build, then wasm-opt), for the Makefile
+// and the image:
 //
 //	go run ./internal/gotool/wasmbuild -o build/filter.wasm ./filter
 package main
