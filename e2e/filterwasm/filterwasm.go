@@ -18,8 +18,9 @@ import (
 	"github.com/edgelimit/edgelimit/internal/gotool"
 )
 
-// Build compiles ./filter of the module rooted at repoRoot into dir with the
-// standard toolchain and returns the module's path.
+// Build compiles ./filter of the module rooted at repoRoot into dir as the
+// Makefile builds build/filter.wasm (gotool.BuildWasm: go build, then
+// wasm-opt) and returns the module's path.
 func Build(repoRoot, dir string) (string, error) {
 	return build(repoRoot, filepath.Join(dir, "filter.wasm"), "./filter")
 }

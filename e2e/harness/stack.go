@@ -46,8 +46,9 @@ func RepoRoot() (string, error) {
 	}
 }
 
-// Build builds the filter, the sidecar and the gateway into dir with the go
-// tool (its build cache makes a second call cheap).
+// Build builds the filter, the sidecar and the gateway into dir as the
+// Makefile does (the filter through gotool.BuildWasm, wasm-opt included);
+// the go tool's build cache and wasm-opt's make a second call cheap.
 func Build(ctx context.Context, dir string) (Binaries, error) {
 	b := Binaries{
 		Dir:     dir,
