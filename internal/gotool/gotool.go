@@ -28,7 +28,7 @@ func Run(ctx context.Context, dir string, env []string, args ...string) error {
 // output (all of it, on failure too); a failure carries that and its
 // standard error.
 func Output(ctx context.Context, dir string, env []string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, filepath.Join(runtime.GOROOT(), "bin", "go"), args...)
+	cmd := exec.CommandContext(ctx, goCommand(runtime.GOROOT()), args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
@@ -37,6 +37,18 @@ func Output(ctx context.Context, dir string, env []string, args ...string) ([]by
 		return stdout.Bytes(), fmt.Errorf("go %s: %v\n%s%s", strings.Join(args, " "), err, stdout.Bytes(), stderr.Bytes())
 	}
 	return stdout.Bytes(), nil
+}
+
+// goCommand is the go tool under root, the GOROOT the running program was
+// built with. A program built with -trimpath records none (root is ""):
+// then the go on the PATH, which go test and go generate put first for the
+// programs they run, and which the Makefile's $(GO) is unless told
+// otherwise.
+func goCommand(root string) string {
+	if root == "" {
+		return "go"
+	}
+	return filepath.Join(root, "bin", "go")
 }
 
 // BuildWasm builds pkg, a wasip1 reactor (a main package of go:wasmexport

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -133,9 +135,19 @@ func TestBuildWasmOptimises(t *testing.T) {
 // TestBuildWasmNeedsWasmOpt: without wasm-opt on the PATH the build fails
 // and says what installs it, rather than shipping an unoptimised module.
 func TestBuildWasmNeedsWasmOpt(t *testing.T) {
-	t.Setenv("PATH", t.TempDir())
+	// A PATH with the go tool on it and nothing else, for a test built
+	// without a GOROOT (goCommand).
+	goTool, err := exec.LookPath(goCommand(runtime.GOROOT()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	if err := os.Symlink(goTool, filepath.Join(bin, "go")); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin)
 	out := filepath.Join(t.TempDir(), "tiny.wasm")
-	err := BuildWasm(context.Background(), tinyReactor(t), ".", out)
+	err = BuildWasm(context.Background(), tinyReactor(t), ".", out)
 	if err == nil || !strings.Contains(err.Error(), "make deps") || !strings.Contains(err.Error(), "binaryen") {
 		t.Fatalf("BuildWasm without wasm-opt: %v, want an error naming binaryen and make deps", err)
 	}
