@@ -1,7 +1,8 @@
 // Package gotool runs the go tool of the toolchain the running program was
 // built with, for the tests and tools that build the project's binaries and
 // wasm modules: every such build then uses the same Go as the test that
-// asked for it, whatever go comes first on the PATH, and the filter's
+// asked for it, whatever go comes first on the PATH (a program built with
+// -trimpath does not know its toolchain: goCommand), and the filter's
 // module is built the one way the Makefile builds build/filter.wasm: go
 // build, then binaryen's wasm-opt (wasmopt.go).
 package gotool
