@@ -292,7 +292,7 @@ func TestFailOpenWhenSidecarFails(t *testing.T) {
 // sidecar runs again it reads them, and a decision then would take tokens
 // for requests already let through, a burst's worth at once. Each check
 // carries the proxy's clock at the send (x-ratelimit-sent), and the
-// sidecar answers one that waited unread for the proxy's whole wait 503
+// sidecar answers one that waited unread for its whole deadline 503
 // without touching Redis.
 func TestStalledSidecarTakesNoTokensForRequestsLetThrough(t *testing.T) {
 	s := startStack(t, stackConfig{

@@ -61,13 +61,15 @@ const (
 // DefaultTimeout is the default deadline for one decision.
 const DefaultTimeout = 4 * time.Millisecond
 
-// returnSlack is what Timeout leaves of the proxy's wait for the answer's
-// way back: the proxy is taken to wait Timeout + returnSlack from its send
-// (the filter's shipped 5 ms against the default 4). A check that waited
-// unread that long is answered at once without a decision
-// (sidecar/RATIONALE.md, "Why does the sidecar not decide a check the
-// proxy has given up on?").
-const returnSlack = time.Millisecond
+// A check that waited unread for Timeout or more after the proxy sent it
+// is answered at once without a decision (sidecar/RATIONALE.md, "Why does
+// the sidecar not decide a check the proxy has given up on?"). Timeout is
+// what a check is given to be decided, and it leaves the rest of the
+// proxy's wait (the filter's shipped 5 ms against the default 4) for the
+// answer's way back: a check that waited that long has no time left to be
+// decided in, and its answer would come after the proxy let its request
+// through, or within a margin smaller than the error of the wait's
+// measure.
 
 // Decider makes decisions on Redis (decide.Decider in production).
 type Decider interface {
@@ -85,7 +87,7 @@ type Options struct {
 	Keys    *keys.Digester
 	// Timeout is the sidecar's own deadline for one decision, counted from
 	// the moment the request is read: past it the answer is 503 at once.
-	// A check read Timeout + returnSlack or more after the proxy sent it
+	// A check read Timeout or more after the proxy sent it
 	// (x-ratelimit-sent) is answered 503 without a decision. Defaults to
 	// DefaultTimeout (4 ms).
 	Timeout time.Duration
@@ -183,7 +185,7 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 		bucket, limit = s.o.Hot.Route(bucket, hotClient.Regions, req.Region, limit, req.Cost)
 	}
 
-	if s.waited(ctx, start, req.Sent) >= s.o.Timeout+returnSlack {
+	if s.waited(ctx, start, req.Sent) >= s.o.Timeout {
 		// The proxy has given up on it and let the request through: a
 		// decision now would only take tokens for it.
 		s.o.Stats.Errors.Inc()

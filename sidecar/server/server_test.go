@@ -520,9 +520,9 @@ func TestSetHeadersAsFasthttpNames(t *testing.T) {
 
 // A check that waited unread (measured from x-ratelimit-sent against the
 // quickest trip seen lately, so that the two clocks need not agree) for
-// the proxy's whole wait, Timeout + returnSlack, is answered 503 without a
-// decision: the proxy let its request through already, and a decision
-// would take tokens for it. One that waited less is decided with its
+// as long as its own deadline, Timeout, is answered 503 without a
+// decision: the proxy has let its request through, or will have by the
+// time an answer comes back, and a decision would take tokens for it. One that waited less is decided with its
 // deadline from the read. The bounds below follow from the times the test
 // can see: a call's own duration bounds how late the server read it.
 func TestCheckTheProxyGaveUpOnIsNotDecided(t *testing.T) {
@@ -540,13 +540,16 @@ func TestCheckTheProxyGaveUpOnIsNotDecided(t *testing.T) {
 		t.Errorf("no x-ratelimit-sent: %v left of the deadline, want %v less at most the call's %v", left, timeout, took)
 	}
 
-	// The first check sent now sets the quickest trip.
-	if r := do(s, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(time.Now())); r.StatusCode() != 200 {
+	// The first check sent now sets the quickest trip: at most its call's
+	// duration, first.
+	before = time.Now()
+	if r := do(s, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(before)); r.StatusCode() != 200 {
 		t.Fatalf("status %d", r.StatusCode())
 	}
+	first := time.Since(before)
 
 	// One that says it was sent 3 ms before it was, well inside the
-	// proxy's wait (the test server's is 21 ms): decided, with all of its
+	// sidecar's deadline (the test server's is 20 ms): decided, with all of its
 	// deadline from the read.
 	before = time.Now()
 	if r := do(s, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(before.Add(-3*time.Millisecond))); r.StatusCode() != 200 {
@@ -556,14 +559,21 @@ func TestCheckTheProxyGaveUpOnIsNotDecided(t *testing.T) {
 		t.Errorf("sent 3 ms earlier: %v left of the deadline, want %v less at most the call's %v", left, timeout, took)
 	}
 
+	// One that waited past its own deadline before it was read, by 100 µs
+	// beyond what the quickest trip can be off by: no time is left to
+	// decide it in before the proxy's wait ends. No decision, no tokens.
+	r := do(s, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(time.Now().Add(-(timeout + first + 100*time.Microsecond))))
+	if r.StatusCode() != 503 || string(r.Body()) != "expired before it was read\n" {
+		t.Errorf("sent its deadline ago: %d %q, want 503 expired", r.StatusCode(), r.Body())
+	}
 	// One sent a second before it was read: the proxy gave up on it long
-	// ago. No decision, no tokens.
-	r := do(s, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(time.Now().Add(-time.Second)))
+	// ago.
+	r = do(s, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(time.Now().Add(-time.Second)))
 	if r.StatusCode() != 503 || string(r.Body()) != "expired before it was read\n" {
 		t.Errorf("sent a second ago: %d %q, want 503 expired", r.StatusCode(), r.Body())
 	}
-	if len(d.calls) != 3 || st.Expired.Get() != 1 || st.Errors.Get() != 1 {
-		t.Errorf("%d decisions, %d expired, %d errors; want 3, 1, 1", len(d.calls), st.Expired.Get(), st.Errors.Get())
+	if len(d.calls) != 3 || st.Expired.Get() != 2 || st.Errors.Get() != 2 {
+		t.Errorf("%d decisions, %d expired, %d errors; want 3, 2, 2", len(d.calls), st.Expired.Get(), st.Errors.Get())
 	}
 
 	// A clock an hour off is not a queue: the check keeps the sidecar's
@@ -609,7 +619,7 @@ func TestProxiesWithClocksOfTheirOwn(t *testing.T) {
 
 // A warm-up call carries the proxy's clock as a check does, and teaches the
 // sidecar the quickest trip from that proxy: a proxy's first check after
-// it, late by the proxy's whole wait, is known to be late. Without the
+// it, late by more than its deadline, is known to be late. Without the
 // warm-up that check is the first the sidecar hears from the proxy, its
 // lag the least seen, and it is decided.
 func TestWarmUpsTeachTheQuickestTrip(t *testing.T) {
@@ -620,9 +630,9 @@ func TestWarmUpsTeachTheQuickestTrip(t *testing.T) {
 	if r := doFrom(s, warmed, "POST", "/v1/warm", HeaderSent, sent(0)); r.StatusCode() != 200 {
 		t.Fatalf("warm-up: %d %q, want 200", r.StatusCode(), r.Body())
 	}
-	// Sent the sidecar's deadline plus the way back (the proxy's wait) and
-	// a millisecond more before the read, from each proxy.
-	late := s.o.Timeout + returnSlack + time.Millisecond
+	// Sent the sidecar's deadline and a millisecond more before the read,
+	// from each proxy.
+	late := s.o.Timeout + time.Millisecond
 	if r := doFrom(s, warmed, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(late)); r.StatusCode() != 503 || st.Expired.Get() != 1 {
 		t.Errorf("late check after a warm-up: %d %q, %d expired; want 503, 1", r.StatusCode(), r.Body(), st.Expired.Get())
 	}
