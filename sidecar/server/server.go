@@ -61,16 +61,6 @@ const (
 // DefaultTimeout is the default deadline for one decision.
 const DefaultTimeout = 4 * time.Millisecond
 
-// A check that waited unread for Timeout or more after the proxy sent it
-// is answered at once without a decision (sidecar/RATIONALE.md, "Why does
-// the sidecar not decide a check the proxy has given up on?"). Timeout is
-// what a check is given to be decided, and it leaves the rest of the
-// proxy's wait (the filter's shipped 5 ms against the default 4) for the
-// answer's way back: a check that waited that long has no time left to be
-// decided in, and its answer would come after the proxy let its request
-// through, or within a margin smaller than the error of the wait's
-// measure.
-
 // Decider makes decisions on Redis (decide.Decider in production).
 type Decider interface {
 	// Decide takes cost tokens from bucket key under limit l, or returns
@@ -186,8 +176,12 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 	}
 
 	if s.waited(ctx, start, req.Sent) >= s.o.Timeout {
-		// The proxy has given up on it and let the request through: a
-		// decision now would only take tokens for it.
+		// It waited unread for its whole deadline, which leaves of the
+		// proxy's wait (the filter's shipped 5 ms against the default 4)
+		// only the answer's way back: no time is left to decide it in,
+		// the proxy lets its request through, and a decision would only
+		// take tokens for it. sidecar/RATIONALE.md, "Why does the sidecar
+		// not decide a check the proxy has given up on?".
 		s.o.Stats.Errors.Inc()
 		s.o.Stats.Expired.Inc()
 		text(ctx, fasthttp.StatusServiceUnavailable, "expired before it was read")
