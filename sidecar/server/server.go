@@ -77,8 +77,8 @@ type Options struct {
 	Keys    *keys.Digester
 	// Timeout is the sidecar's own deadline for one decision, counted from
 	// the moment the request is read: past it the answer is 503 at once.
-	// A check read Timeout or more after the proxy sent it
-	// (x-ratelimit-sent) is answered 503 without a decision. Defaults to
+	// A check read Timeout or more after the proxy sent it, by its
+	// x-ratelimit-sent, is answered 503 without a decision. Defaults to
 	// DefaultTimeout (4 ms).
 	Timeout time.Duration
 	// Hot, if set, splits hot clients' buckets by region; without it a hot

@@ -78,6 +78,10 @@ func newTestServer(t testing.TB, yaml string, d Decider) (*Server, *stats.Stats,
 		Decider: d,
 		Keys:    keys.New(nil),
 		Stats:   st,
+		// Not the shipped 4 ms: these tests read the deadline a decision
+		// was given against the call's own duration, and set a check's
+		// wait relative to Timeout; 20 ms keeps a pause of a loaded
+		// machine inside a call from passing the deadline itself.
 		Timeout: 20 * time.Millisecond,
 		Log:     slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
@@ -522,8 +526,8 @@ func TestSetHeadersAsFasthttpNames(t *testing.T) {
 // quickest trip seen lately, so that the two clocks need not agree) for
 // as long as its own deadline, Timeout, is answered 503 without a
 // decision: the proxy has let its request through, or will have by the
-// time an answer comes back, and a decision would take tokens for it. One that waited less is decided with its
-// deadline from the read. The bounds below follow from the times the test
+// time an answer comes back, and a decision would take tokens for it.
+// One that waited less is decided with its deadline from the read. The bounds below follow from the times the test
 // can see: a call's own duration bounds how late the server read it.
 func TestCheckTheProxyGaveUpOnIsNotDecided(t *testing.T) {
 	d := &fakeDecider{res: lua.Result{Allowed: true}}

@@ -43,9 +43,9 @@ type Stats struct {
 	// connection failed. sidecar_redis_timeouts_total: no answer before the
 	// sidecar's own deadline (-redis-timeout).
 	RedisErrors, RedisTimeouts *metrics.Counter
-	// sidecar_checks_expired_total: checks read after waiting unread for
-	// their whole deadline (x-ratelimit-sent): too late to be answered
-	// within the proxy's wait, whose request it lets through, so they are
+	// sidecar_checks_expired_total: checks that waited unread for their
+	// whole deadline (x-ratelimit-sent), too late to be answered within
+	// the proxy's wait: the proxy lets their requests through, so they are
 	// answered 503 without Redis and take no tokens.
 	Expired *metrics.Counter
 	// sidecar_redis_script_loads_total: NOSCRIPT seen and the script resent.
