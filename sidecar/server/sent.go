@@ -44,11 +44,12 @@ func newSendLag() *sendLag {
 
 // waited returns how long a check sent at sentUs (µs since the epoch, the
 // proxy's clock) and read at now waited beyond the least lag seen lately,
-// and records its lag.
-func (l *sendLag) waited(now time.Time, sentUs int64) time.Duration {
+// and records its lag. ok is false, and the wait 0, when the clocks are
+// further apart than maxLag.
+func (l *sendLag) waited(now time.Time, sentUs int64) (_ time.Duration, ok bool) {
 	lag := now.UnixMicro() - sentUs
 	if lag > maxLag || lag < -maxLag {
-		return 0
+		return 0, false
 	}
 	if w := now.UnixNano() / int64(lagWindow); w != l.window.Load() {
 		l.turn(w)
@@ -60,7 +61,7 @@ func (l *sendLag) waited(now time.Time, sentUs int64) time.Duration {
 		}
 	}
 	least := min(l.cur.Load(), l.prev.Load())
-	return time.Duration(lag-least) * time.Microsecond
+	return time.Duration(lag-least) * time.Microsecond, true
 }
 
 // turn starts window w. Checks racing it may record a lag in either

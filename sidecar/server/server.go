@@ -175,7 +175,11 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 		bucket, limit = s.o.Hot.Route(bucket, hotClient.Regions, req.Region, limit, req.Cost)
 	}
 
-	if s.waited(ctx, start, req.Sent) >= s.o.Timeout {
+	waited, measured := s.waited(ctx, start, req.Sent)
+	if measured {
+		s.o.Stats.Wait.Update(waited.Seconds())
+	}
+	if waited >= s.o.Timeout {
 		// It waited unread for its whole deadline, which leaves of the
 		// proxy's wait (the filter's shipped 5 ms against the default 4)
 		// only the answer's way back: no time is left to decide it in,
@@ -222,15 +226,16 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 
 // waited is how long a request sent at sent (x-ratelimit-sent, 0 when
 // absent) and read at start waited beyond the quickest trip from its
-// address (sendLag), whose lag it records; 0 without the header or for an
-// address past the tracked ones.
-func (s *Server) waited(ctx *fasthttp.RequestCtx, start time.Time, sent int64) time.Duration {
+// address (sendLag), whose lag it records. measured is false, and the wait
+// 0, without the header, for an address past the tracked ones, or for a
+// proxy clock too far off to tell a wait by.
+func (s *Server) waited(ctx *fasthttp.RequestCtx, start time.Time, sent int64) (_ time.Duration, measured bool) {
 	if sent == 0 {
-		return 0
+		return 0, false
 	}
 	l := s.sent.of(ctx.RemoteIP(), start)
 	if l == nil {
-		return 0
+		return 0, false
 	}
 	return l.waited(start, sent)
 }

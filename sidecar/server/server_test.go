@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttputil"
 
+	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/lua"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 	"github.com/edgelimit/edgelimit/sidecar/plans"
@@ -589,6 +590,27 @@ func TestCheckTheProxyGaveUpOnIsNotDecided(t *testing.T) {
 	if left, took := d.left[3], time.Since(before); left > timeout || left < timeout-took {
 		t.Errorf("an hour off: %v left of the deadline, want %v less at most the call's %v", left, timeout, took)
 	}
+
+	// sidecar_check_wait_seconds has the four checks whose wait could be
+	// told: not the one without the header, nor the one from a clock an
+	// hour off. A wait is the check's lag less the least lag, which is at
+	// most the first check's call (first), so the one sent a second early
+	// waited at least 1 s - first, past the last finite bound (0.1 s), and
+	// the expired one at least timeout + 100 µs.
+	var page bytes.Buffer
+	st.WritePrometheus(&page)
+	m, err := testkit.ParseMetrics(&page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wait = "sidecar_check_wait_seconds"
+	count, sum, finite := m[wait+"_count"], m[wait+"_sum"], m[wait+`_bucket{le="0.1"}`]
+	if count != 4 || count-finite < 1 {
+		t.Errorf("%s: %v checks, %v of them within 0.1 s; want 4, 3 at most", wait, count, finite)
+	}
+	if least := (time.Second + timeout - first).Seconds(); sum < least {
+		t.Errorf("%s: the waits add up to %v s, want at least %v", wait, sum, least)
+	}
 }
 
 // Proxies on two hosts whose clocks differ by far more than the proxy's
@@ -707,7 +729,11 @@ func TestSendLag(t *testing.T) {
 	skew := 2 * time.Second
 	sentAt := func(at time.Time) int64 { return at.Add(-skew).UnixMicro() }
 	read := func(sent time.Time, wait time.Duration) time.Duration {
-		return l.waited(sent.Add(wait), sentAt(sent))
+		d, ok := l.waited(sent.Add(wait), sentAt(sent))
+		if !ok {
+			t.Errorf("a check %v after the send, 2 s of skew: not measured", wait)
+		}
+		return d
 	}
 	t0 := base
 	if got := read(t0, 100*time.Microsecond); got != 0 {
@@ -731,5 +757,15 @@ func TestSendLag(t *testing.T) {
 	t2 := base.Add(2 * lagWindow)
 	if got := read(t2, 1040*time.Microsecond); got != 0 {
 		t.Errorf("two windows on: waited %v, want 0 (the old least lag forgotten)", got)
+	}
+	// A clock more than maxLag off tells no wait, and leaves the least
+	// lag alone.
+	for _, off := range []time.Duration{2 * time.Minute, -2 * time.Minute} {
+		if d, ok := l.waited(t2, sentAt(t2.Add(-off))); ok || d != 0 {
+			t.Errorf("a proxy clock %v off: waited %v, measured %v; want 0, false", off, d, ok)
+		}
+	}
+	if got := read(t2.Add(time.Millisecond), 1140*time.Microsecond); got != 100*time.Microsecond {
+		t.Errorf("after a clock too far off: waited %v, want 100µs", got)
 	}
 }

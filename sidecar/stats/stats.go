@@ -59,6 +59,13 @@ type Stats struct {
 	// sidecar_decision_duration_seconds: from the request to its decision
 	// (queueing and the Redis round trip), errors included.
 	Latency *metrics.PrometheusHistogram
+	// sidecar_check_wait_seconds: how long a check waited between the
+	// proxy sending it (x-ratelimit-sent) and the sidecar reading it,
+	// beyond the quickest trip seen from that proxy lately: the time it
+	// spent in the sockets and queues before its decision began, which
+	// sidecar_decision_duration_seconds does not see. It grows when the
+	// sidecar is short of CPU. Checks without the header are not in it.
+	Wait *metrics.PrometheusHistogram
 	// sidecar_pipeline_batch_size: decisions per pipeline sent to Redis.
 	Batch *metrics.PrometheusHistogram
 	// sidecar_plans_reloads_total{result}: plan file reloads (SIGHUP or a
@@ -110,6 +117,7 @@ func New() *Stats {
 		WarmUps:       s.NewCounter(`sidecar_warm_ups_total{result="ok"}`),
 		WarmUpErrors:  s.NewCounter(`sidecar_warm_ups_total{result="error"}`),
 		Latency:       s.NewPrometheusHistogramExt(`sidecar_decision_duration_seconds`, LatencyBuckets),
+		Wait:          s.NewPrometheusHistogramExt(`sidecar_check_wait_seconds`, LatencyBuckets),
 		Batch:         s.NewPrometheusHistogramExt(`sidecar_pipeline_batch_size`, BatchBuckets),
 		ReloadOK:      s.NewCounter(`sidecar_plans_reloads_total{result="ok"}`),
 		ReloadFailed:  s.NewCounter(`sidecar_plans_reloads_total{result="error"}`),
