@@ -104,6 +104,10 @@ type burstRun struct {
 	// sidecar's own (sidecar_decision_duration_seconds), in ms; NaN when a
 	// side recorded nothing.
 	FilterP99, SidecarP99 float64
+	// WaitP99 is the p99 of how long the checks waited to be read by the
+	// sidecar, beyond the quickest trip (sidecar_check_wait_seconds), in
+	// ms; part of what AddedP99 counts as the gateway's.
+	WaitP99 float64
 	// Steal is the share of the machine's CPU time the hypervisor took
 	// during the run (/proc/stat); NaN where it could not be read.
 	Steal float64
@@ -320,7 +324,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 	t := report.Table{
 		Title: fmt.Sprintf("One client at 5x its plan, %v and at least %d requests per run, %d runs per step (medians): where the promises stop holding", p.Window, minBurstRequests, e.runs),
 		Header: []string{"gateways", "sending", "offered req/s", "sent", "plan allows", "admitted", "admitted/plan", "failed open", "reached services = admitted", "runs that held", "holds",
-			"callout p99 ms (filter)", "decision p99 ms (sidecar)", "gateway adds at p99 ms", "CPU µs per request: gateways / sidecar / Redis / load and services", "steal"},
+			"callout p99 ms (filter)", "decision p99 ms (sidecar)", "gateway adds at p99 ms", "sidecar read wait p99 ms", "CPU µs per request: gateways / sidecar / Redis / load and services", "steal"},
 	}
 	for _, s := range steps {
 		sent := s.median(func(r burstRun) float64 { return float64(r.Sent) })
@@ -345,14 +349,14 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 			ratio(s.median(func(r burstRun) float64 { return float64(r.Admitted) / r.Want })), fmt.Sprintf("%.0f (%.2f%%)", fo, share),
 			fmt.Sprintf("%d of %d runs", exact, len(s.Runs)), fmt.Sprintf("%d of %d", s.Held(), len(s.Runs)), yesNo(s.Holds()),
 			msOrDash(s.median(func(r burstRun) float64 { return r.FilterP99 })), msOrDash(s.median(func(r burstRun) float64 { return r.SidecarP99 })),
-			msOrDash(s.median(burstRun.AddedP99)), s.cpu(), stealOrDash(s.steal()))
+			msOrDash(s.median(burstRun.AddedP99)), msOrDash(s.median(func(r burstRun) float64 { return r.WaitP99 })), s.cpu(), stealOrDash(s.steal()))
 	}
 	t.Notes = []string{
 		fmt.Sprintf("Each run is a fresh client whose plan is a fifth of what it sends (burst: a tenth), so admissions and callouts grow with the rate. \"Plan allows\" is capacity + rate x the client's sending window. A run holds when admissions are within 5%% of it, at most 1%% of the requests failed open, and the services received exactly the admitted requests (and every request due was sent, with at most %d outstanding, and answered 200 or 429); a step holds when most of its %d runs do (the figures are the runs' medians, each column on its own). A row stops at the first step that does not hold; the rates past the last of 4000 requests/s (open loop, 10 senders) or 2000 (20 to 40 senders) run once every row has reached it.", burstMaxInFlight, e.runs),
 		"The gateways run the filter with its 5 ms callout timeout and the sidecar its defaults (4 ms Redis deadline); everything (Redis, the sidecar, the gateways, the services and the load generator) shares this machine's 2 cores, so a burst of n senders is n requests' work for every one of them at once.",
 		"Steal: the share of the machine's CPU time the hypervisor gave to other tenants during the run (/proc/stat). Its vCPUs stall while it does, for up to tens of ms at a time, and whatever part of a request's path was on the stalled vCPU waits with it; runs at a few percent of steal fail open far more than runs at a tenth of a percent (e2e/host_test.go).",
 		"CPU µs per request: the CPU time (user and system) each part used during the run, over the requests sent: every gateway together and the sidecar from /proc, Redis from INFO cpu, and the bench's own process (getrusage), which runs the load generator and the services. /proc counts in ticks of 10 ms, so a run of n requests reads each process to 10 ms / n (10 µs for 1000). The machine has 2 s of CPU for each second; a burst of n senders brings n requests' worth of it due at once, whatever the average.",
-		"Callout p99: the filter's edgelimit_callout_latency_us (from the callout's dispatch to its answer in the VM, every gateway) against the sidecar's sidecar_decision_duration_seconds (from reading the check to its decision), each estimated from its histogram's buckets over the step as Prometheus's histogram_quantile does: envoy.yaml and the sidecar give both the same bounds, every 0.5 ms from 1 to 5 ms, so each p99 is good to about a bucket's width. What the gateway adds is the difference: its share of the CPU, the connection and the hand-offs between the answer arriving and the filter running.",
+		"Callout p99: the filter's edgelimit_callout_latency_us (from the callout's dispatch to its answer in the VM, every gateway) against the sidecar's sidecar_decision_duration_seconds (from reading the check to its decision), each estimated from its histogram's buckets over the step as Prometheus's histogram_quantile does: envoy.yaml and the sidecar give both the same bounds, every 0.5 ms from 1 to 5 ms, so each p99 is good to about a bucket's width. What the gateway adds is the difference: its share of the CPU, the connection and the hand-offs between the answer arriving and the filter running, and the time the check waited for the sidecar to read it, which \"sidecar read wait\" gives on its own: the sidecar's sidecar_check_wait_seconds (from the gateway's send, beyond the quickest trip seen, to the read), whose p99 is part of the difference's, though the two p99s do not subtract.",
 	}
 	summary := report.Table{Title: "The limiter's burst capacity on this machine", Header: []string{"gateways", "sending", "highest offered rate that held"}}
 	var checks []report.Check
@@ -502,7 +506,9 @@ func burstOnce(ctx context.Context, b *rig.Backend, fronts []*rig.Front, key str
 	if err != nil {
 		return burstRun{}, err
 	}
-	st.FilterP99, st.SidecarP99 = latAfter.Since(latBefore).P99()
+	lat := latAfter.Since(latBefore)
+	st.FilterP99, st.SidecarP99 = lat.P99()
+	st.WaitP99 = lat.WaitP99()
 	for _, f := range fronts {
 		for _, svc := range f.Fleet.Services {
 			for _, rep := range svc.Stats().Replicas {

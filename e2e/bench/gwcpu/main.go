@@ -156,11 +156,12 @@ func run(binDir string, bins []string, rounds int, rate float64, window time.Dur
 			us := float64((after - before).Microseconds()) / float64(res.Sent)
 			benchUS := float64((self1 - self0).Microseconds()) / float64(res.Sent)
 			share := float64(fo) / float64(res.Sent)
-			filter, sidecar := l1.Since(l0).P99()
+			lat := l1.Since(l0)
+			filter, sidecar := lat.P99()
 			g.cpu, g.fo, g.added = append(g.cpu, us), append(g.fo, share), append(g.added, filter-sidecar)
 			g.bench = append(g.bench, benchUS)
-			fmt.Printf("round %d %-28s %6d requests  %6.1f µs CPU/request (load and service %.1f)  failed open %5.2f%%  callout p99 %.2f ms, sidecar's %.2f  load %s  %s\n",
-				r+1, g.bin, res.Sent, us, benchUS, 100*share, filter, sidecar, loadavg(), strings.Join(reasons, ", "))
+			fmt.Printf("round %d %-28s %6d requests  %6.1f µs CPU/request (load and service %.1f)  failed open %5.2f%%  callout p99 %.2f ms, sidecar's %.2f (read wait %.2f)  load %s  %s\n",
+				r+1, g.bin, res.Sent, us, benchUS, 100*share, filter, sidecar, lat.WaitP99(), loadavg(), strings.Join(reasons, ", "))
 		}
 	}
 	fmt.Println()

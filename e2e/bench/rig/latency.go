@@ -9,13 +9,16 @@ import (
 	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
-// CalloutLatency is the two histograms a callout's time is read from, at
-// one moment: the filter's edgelimit_callout_latency_us (from the
-// callout's dispatch to its answer in the VM, summed over the gateways,
-// which envoy.yaml gives the same bounds) and the sidecar's
+// CalloutLatency is the histograms a callout's time is read from, at one
+// moment: the filter's edgelimit_callout_latency_us (from the callout's
+// dispatch to its answer in the VM, summed over the gateways, which
+// envoy.yaml gives the same bounds) and the sidecar's
 // sidecar_decision_duration_seconds (from reading the check to its
-// decision). What a gateway adds to a callout is the difference.
-type CalloutLatency struct{ Filter, Sidecar Histogram }
+// decision). What a gateway adds to a callout is the difference. Wait is
+// the sidecar's sidecar_check_wait_seconds (how long checks waited to be
+// read, beyond the quickest trip from the proxy), the part of that
+// difference spent waiting for the sidecar.
+type CalloutLatency struct{ Filter, Sidecar, Wait Histogram }
 
 // ReadCalloutLatency reads the filter's histogram from each gateway's
 // /stats/prometheus and the sidecar's from its /metrics.
@@ -33,13 +36,18 @@ func ReadCalloutLatency(b *Backend, gateways ...*harness.Gateway) (CalloutLatenc
 		return l, err
 	}
 	l.Sidecar = l.Sidecar.Plus(testkit.Metrics(m).Histogram("sidecar_decision_duration_seconds"))
+	l.Wait = l.Wait.Plus(testkit.Metrics(m).Histogram("sidecar_check_wait_seconds"))
 	return l, nil
 }
 
-// Since is what both histograms recorded after earlier.
+// Since is what the histograms recorded after earlier.
 func (l CalloutLatency) Since(earlier CalloutLatency) CalloutLatency {
-	return CalloutLatency{l.Filter.Since(earlier.Filter), l.Sidecar.Since(earlier.Sidecar)}
+	return CalloutLatency{l.Filter.Since(earlier.Filter), l.Sidecar.Since(earlier.Sidecar), l.Wait.Since(earlier.Wait)}
 }
+
+// WaitP99 is the 99th percentile of the sidecar's read waits in
+// milliseconds, estimated as P99's are.
+func (l CalloutLatency) WaitP99() float64 { return l.Wait.Quantile(0.99) * 1000 }
 
 // P99 is each histogram's 99th percentile in milliseconds, estimated from
 // its buckets as Prometheus's histogram_quantile does (NaN with no

@@ -46,9 +46,18 @@ func TestHistogram(t *testing.T) {
 	if got := run.Plus(nil); len(got.Counts) != 4 || got.Counts[0] != 98 {
 		t.Errorf("plus none: %v", got.Counts)
 	}
-	l := CalloutLatency{Filter: run, Sidecar: Histogram{Bounds: []float64{0.001, 0.002, math.Inf(1)}, Counts: []float64{50, 100, 100}}}
+	secs := Histogram{Bounds: []float64{0.001, 0.002, math.Inf(1)}, Counts: []float64{50, 100, 100}}
+	l := CalloutLatency{Filter: run, Sidecar: secs, Wait: Histogram{Bounds: secs.Bounds, Counts: []float64{100, 100, 100}}}
 	f, s := l.P99()
 	if math.Abs(f-2) > 1e-9 || math.Abs(s-1.98) > 1e-9 {
 		t.Errorf("P99() = %v ms, %v ms; want 2 ms (µs histogram) and 1.98 ms (seconds)", f, s)
+	}
+	// Every wait under 1 ms: rank 99 of 100 is 99% into (0, 1 ms].
+	if w := l.WaitP99(); math.Abs(w-0.99) > 1e-9 {
+		t.Errorf("WaitP99() = %v ms, want 0.99 ms", w)
+	}
+	// Since takes each histogram's earlier counts off its own.
+	if w := l.Since(CalloutLatency{Wait: Histogram{Bounds: secs.Bounds, Counts: []float64{90, 90, 90}}}).Wait.Counts; w[0] != 10 || w[2] != 10 {
+		t.Errorf("waits since: %v, want 10 in all", w)
 	}
 }
