@@ -50,10 +50,12 @@ func (r burstRow) rates() []float64 { return append(slices.Clone(r.Offered), r.B
 // 2000; then each row that held throughout goes on (Beyond) until a step
 // does not hold. The rates end past what the machine can carry, so that
 // each row finds its limit: at 8,000 requests/s every process together
-// spent some 240 µs of CPU a request, all of the 2 CPUs, and most rows still
-// held there, so they go on to 12,000 and 16,000 (where one gateway's open
-// loop failed open for more than half its requests); a row that holds at
-// its last rate says so.
+// spends some 240 µs of CPU a request, all of the 2 CPUs, and a row held
+// there in one run of make bench and not in another, so they go on to
+// 12,000 and 16,000; a row that holds at its last rate says so. The steps
+// below a row's limit warm the stack for it (connections open, heaps
+// grown): a stack that meets its first request at 6,000 requests/s holds
+// less than one that climbed there.
 func defaultBurst(e *env) burstParams {
 	rates, past := []float64{100, 250, 500, 1000, 1500, 2000, 3000, 4000}, []float64{6000, 8000, 12000, 16000}
 	big, bigPast := []float64{burstTarget, 1000, 1500, 2000}, []float64{3000, 4000, 6000, 8000, 12000, 16000}

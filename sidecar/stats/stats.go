@@ -64,7 +64,8 @@ type Stats struct {
 	// beyond the quickest trip seen from that proxy lately: the time it
 	// spent in the sockets and queues before its decision began, which
 	// sidecar_decision_duration_seconds does not see. It grows when the
-	// sidecar is short of CPU. Checks without the header are not in it.
+	// sidecar is short of CPU. Checks without the header, or from a proxy
+	// whose clock is too far off to tell a wait by, are not in it.
 	Wait *metrics.PrometheusHistogram
 	// sidecar_pipeline_batch_size: decisions per pipeline sent to Redis.
 	Batch *metrics.PrometheusHistogram
