@@ -321,6 +321,15 @@ func TestStalledSidecarTakesNoTokensForRequestsLetThrough(t *testing.T) {
 	}
 	expired := s.sidecarMetric(0, "sidecar_checks_expired_total")
 	decided, failed := s.sidecarAllowed()+s.sidecarDenied(), s.sidecarErrors()
+	// sidecar_check_wait_seconds: every check the filter sends carries its
+	// clock, so each is in it, and one left unread past the sidecar's 4 ms
+	// deadline lies above the 3.5 ms bound.
+	const wait = "sidecar_check_wait_seconds"
+	waits := func() (all, past float64) {
+		all = s.sidecarMetric(0, wait+"_count")
+		return all, all - s.sidecarMetric(0, wait+`_bucket{le="0.0035"}`)
+	}
+	waited, waitedPast := waits()
 
 	if err := s.sidecars[0].Pause(); err != nil {
 		t.Fatal(err)
@@ -350,6 +359,10 @@ func TestStalledSidecarTakesNoTokensForRequestsLetThrough(t *testing.T) {
 	}
 	if got := s.sidecarMetric(0, "sidecar_checks_expired_total") - expired; got != float64(unread) {
 		t.Errorf("%v checks expired, want the %d the gateway had let through", got, unread)
+	}
+	if all, past := waits(); all-waited != float64(unread) || past-waitedPast != float64(unread) {
+		t.Errorf("%s: %v more checks, %v more past 3.5 ms; want the %d the sidecar read after the stall in both",
+			wait, all-waited, past-waitedPast, unread)
 	}
 	if got := tokens(); got < 4 || got >= 4.01 {
 		t.Errorf("bucket holds %v tokens after the stall, want the 4 left before it", got)
