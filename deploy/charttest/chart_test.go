@@ -327,10 +327,23 @@ func checkPrometheusRule(t *testing.T, r *rendered) {
 			}
 		}
 	}
+	starved := false
 	for _, rule := range pr.Spec.Groups[0].Rules {
-		if rule.Alert == "EdgelimitCalloutSlow" && !strings.Contains(rule.Expr.String(), "> 8000") {
-			t.Errorf("EdgelimitCalloutSlow %q: want 80%% of timeout_ms 10 (8000 µs)", rule.Expr.String())
+		expr := rule.Expr.String()
+		switch rule.Alert {
+		case "EdgelimitCalloutSlow":
+			if !strings.Contains(expr, "> 8000") {
+				t.Errorf("EdgelimitCalloutSlow %q: want 80%% of timeout_ms 10 (8000 µs)", expr)
+			}
+		case "EdgelimitSidecarStarved":
+			starved = true
+			if !strings.Contains(expr, "sidecar_check_wait_seconds_bucket") || !strings.Contains(expr, "> 0.001") {
+				t.Errorf("EdgelimitSidecarStarved %q: want the read waits' p99 against the default 1 ms", expr)
+			}
 		}
+	}
+	if !starved {
+		t.Error("no EdgelimitSidecarStarved alert")
 	}
 }
 
