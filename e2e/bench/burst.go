@@ -24,6 +24,12 @@ type burstParams struct {
 	Gateways []int // gateway counts, each sharing one sidecar and Redis
 	Rows     []burstRow
 	Window   time.Duration
+	// Cold are the ways of sending (their Offered rates) each run once as
+	// the first traffic of a freshly started stack, per gateway count:
+	// what a gateway started under load, or a surge on a quiet stack,
+	// meets, where the sweep's steps come after lower ones that warmed
+	// the stack.
+	Cold []burstRow
 }
 
 // burstRow is one way of sending, at rising rates until the promises stop
@@ -59,9 +65,10 @@ func (r burstRow) rates() []float64 { return append(slices.Clone(r.Offered), r.B
 func defaultBurst(e *env) burstParams {
 	rates, past := []float64{100, 250, 500, 1000, 1500, 2000, 3000, 4000}, []float64{6000, 8000, 12000, 16000}
 	big, bigPast := []float64{burstTarget, 1000, 1500, 2000}, []float64{3000, 4000, 6000, 8000, 12000, 16000}
+	cold := []float64{burstTarget, 4000}
 	return burstParams{Gateways: []int{1, 3}, Window: e.dur(3 * time.Second), Rows: []burstRow{
 		{0, rates, past}, {10, rates, past}, {20, big, bigPast}, {30, big, bigPast}, {40, big, bigPast},
-	}}
+	}, Cold: []burstRow{{Senders: 0, Offered: cold}, {Senders: 30, Offered: cold}}}
 }
 
 // burstMaxInFlight bounds the requests a run has outstanding: at the
@@ -214,6 +221,38 @@ func (s burstStep) cpu() string {
 		s.median(func(r burstRun) float64 { return r.CPU.Bench }))
 }
 
+// burstHeader heads the burst tables, whose rows are burstStep.cells.
+var burstHeader = []string{"gateways", "sending", "offered req/s", "sent", "plan allows", "admitted", "admitted/plan", "failed open", "reached services = admitted", "runs that held", "holds",
+	"callout p99 ms (filter)", "decision p99 ms (sidecar)", "gateway adds at p99 ms", "sidecar read wait p99 ms", "CPU µs per request: gateways / sidecar / Redis / load and services", "steal"}
+
+// cells are the step's row in the burst tables (burstHeader): the medians
+// of its runs.
+func (s burstStep) cells() []any {
+	sent := s.median(func(r burstRun) float64 { return float64(r.Sent) })
+	want := s.median(func(r burstRun) float64 { return r.Want })
+	admitted := s.median(func(r burstRun) float64 { return float64(r.Admitted) })
+	fo := s.median(func(r burstRun) float64 { return float64(r.FailedOpen) })
+	share := s.median(func(r burstRun) float64 { return 100 * float64(r.FailedOpen) / float64(r.Sent) })
+	exact := 0
+	for _, r := range s.Runs {
+		if r.Reached == r.Admitted {
+			exact++
+		}
+	}
+	sentCol := fmt.Sprintf("%.0f", sent)
+	if d := s.median(func(r burstRun) float64 { return float64(r.Dropped) }); d > 0 {
+		sentCol += fmt.Sprintf(" (%.0f more due, not sent: %d outstanding)", d, burstMaxInFlight)
+	}
+	if o := s.median(func(r burstRun) float64 { return float64(r.Other) }); o > 0 {
+		sentCol += fmt.Sprintf(" (%.0f answered neither 200 nor 429)", o)
+	}
+	return []any{s.Gateways, s.mode(), fmt.Sprintf("%.0f", s.Offered), sentCol, fmt.Sprintf("%.0f", want), fmt.Sprintf("%.0f", admitted),
+		ratio(s.median(func(r burstRun) float64 { return float64(r.Admitted) / r.Want })), fmt.Sprintf("%.0f (%.2f%%)", fo, share),
+		fmt.Sprintf("%d of %d runs", exact, len(s.Runs)), fmt.Sprintf("%d of %d", s.Held(), len(s.Runs)), yesNo(s.Holds()),
+		msOrDash(s.median(func(r burstRun) float64 { return r.FilterP99 })), msOrDash(s.median(func(r burstRun) float64 { return r.SidecarP99 })),
+		msOrDash(s.median(burstRun.AddedP99)), msOrDash(s.median(func(r burstRun) float64 { return r.WaitP99 })), s.cpu(), stealOrDash(s.steal())}
+}
+
 // steal is the median over the step's runs of the hypervisor's share.
 func (s burstStep) steal() float64 { return s.median(func(r burstRun) float64 { return r.Steal }) }
 
@@ -239,24 +278,24 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 			}
 		}
 	}
+	for _, g := range p.Gateways {
+		for _, row := range p.Cold {
+			for i, r := range row.Offered {
+				pl.Plans[fmt.Sprintf("p%.0f", r)] = burstPlan(r)
+				for run := 0; run < e.runs; run++ {
+					pl.Clients[coldKey(g, row.Senders, i, run)] = fmt.Sprintf("p%.0f", r)
+				}
+			}
+		}
+	}
 	var steps []burstStep
 	held := map[[2]int]float64{}      // {gateways, senders} → highest rate that held
 	stopped := map[[2]int]burstStep{} // {gateways, senders} → the step that did not hold
 	for _, g := range p.Gateways {
 		e.prog.Printf("burst: starting redis, sidecar and %d gateway(s)", g)
-		b, err := rig.StartBackend(ctx, e.bin, pl.YAML())
+		b, fronts, err := startBurstStack(ctx, e, pl, g)
 		if err != nil {
 			return nil, err
-		}
-		var fronts []*rig.Front
-		for i := 0; i < g; i++ {
-			// The filter as shipped: the burst measures what deploys.
-			f, err := b.StartFront(ctx, rig.FrontOptions{Name: fmt.Sprintf("gw%d", i)})
-			if err != nil {
-				b.Close()
-				return nil, err
-			}
-			fronts = append(fronts, f)
 		}
 		settled := true
 		// sweep runs a row's steps from its rate i on until one does not
@@ -315,6 +354,25 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 		}
 	}
 
+	// From cold: each run the first traffic of a stack of its own.
+	var cold []burstStep
+	for _, g := range p.Gateways {
+		for _, row := range p.Cold {
+			for i, r := range row.Offered {
+				st := burstStep{Gateways: g, Senders: row.Senders, Offered: r}
+				for run := 0; run < e.runs; run++ {
+					e.prog.Printf("burst: from cold, %d gateway(s), %s, %.0f req/s, run %d of %d", g, st.mode(), r, run+1, e.runs)
+					one, err := burstCold(ctx, e, pl, g, coldKey(g, row.Senders, i, run), row.Senders, r, p.window(r))
+					if err != nil {
+						return nil, err
+					}
+					st.Runs = append(st.Runs, one)
+				}
+				cold = append(cold, st)
+			}
+		}
+	}
+
 	// The table by gateway count, row and rate, whichever pass ran a step.
 	order := map[int]int{}
 	for i, row := range p.Rows {
@@ -324,34 +382,11 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 		return cmp.Or(cmp.Compare(a.Gateways, b.Gateways), cmp.Compare(order[a.Senders], order[b.Senders]), cmp.Compare(a.Offered, b.Offered))
 	})
 	t := report.Table{
-		Title: fmt.Sprintf("One client at 5x its plan, %v and at least %d requests per run, %d runs per step (medians): where the promises stop holding", p.Window, minBurstRequests, e.runs),
-		Header: []string{"gateways", "sending", "offered req/s", "sent", "plan allows", "admitted", "admitted/plan", "failed open", "reached services = admitted", "runs that held", "holds",
-			"callout p99 ms (filter)", "decision p99 ms (sidecar)", "gateway adds at p99 ms", "sidecar read wait p99 ms", "CPU µs per request: gateways / sidecar / Redis / load and services", "steal"},
+		Title:  fmt.Sprintf("One client at 5x its plan, %v and at least %d requests per run, %d runs per step (medians): where the promises stop holding", p.Window, minBurstRequests, e.runs),
+		Header: burstHeader,
 	}
 	for _, s := range steps {
-		sent := s.median(func(r burstRun) float64 { return float64(r.Sent) })
-		want := s.median(func(r burstRun) float64 { return r.Want })
-		admitted := s.median(func(r burstRun) float64 { return float64(r.Admitted) })
-		fo := s.median(func(r burstRun) float64 { return float64(r.FailedOpen) })
-		share := s.median(func(r burstRun) float64 { return 100 * float64(r.FailedOpen) / float64(r.Sent) })
-		exact := 0
-		for _, r := range s.Runs {
-			if r.Reached == r.Admitted {
-				exact++
-			}
-		}
-		sentCol := fmt.Sprintf("%.0f", sent)
-		if d := s.median(func(r burstRun) float64 { return float64(r.Dropped) }); d > 0 {
-			sentCol += fmt.Sprintf(" (%.0f more due, not sent: %d outstanding)", d, burstMaxInFlight)
-		}
-		if o := s.median(func(r burstRun) float64 { return float64(r.Other) }); o > 0 {
-			sentCol += fmt.Sprintf(" (%.0f answered neither 200 nor 429)", o)
-		}
-		t.Add(s.Gateways, s.mode(), fmt.Sprintf("%.0f", s.Offered), sentCol, fmt.Sprintf("%.0f", want), fmt.Sprintf("%.0f", admitted),
-			ratio(s.median(func(r burstRun) float64 { return float64(r.Admitted) / r.Want })), fmt.Sprintf("%.0f (%.2f%%)", fo, share),
-			fmt.Sprintf("%d of %d runs", exact, len(s.Runs)), fmt.Sprintf("%d of %d", s.Held(), len(s.Runs)), yesNo(s.Holds()),
-			msOrDash(s.median(func(r burstRun) float64 { return r.FilterP99 })), msOrDash(s.median(func(r burstRun) float64 { return r.SidecarP99 })),
-			msOrDash(s.median(burstRun.AddedP99)), msOrDash(s.median(func(r burstRun) float64 { return r.WaitP99 })), s.cpu(), stealOrDash(s.steal()))
+		t.Add(s.cells()...)
 	}
 	t.Notes = []string{
 		fmt.Sprintf("Each run is a fresh client whose plan is a fifth of what it sends (burst: a tenth), so admissions and callouts grow with the rate. \"Plan allows\" is capacity + rate x the client's sending window. A run holds when admissions are within 5%% of it, at most 1%% of the requests failed open, and the services received exactly the admitted requests (and every request due was sent, with at most %d outstanding, and answered 200 or 429); a step holds when most of its %d runs do (the figures are the runs' medians, each column on its own). A row stops at the first step that does not hold; the rates past the last of 4000 requests/s (open loop, 10 senders) or 2000 (20 to 40 senders) run once every row has reached it.", burstMaxInFlight, e.runs),
@@ -359,6 +394,14 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 		"Steal: the share of the machine's CPU time the hypervisor gave to other tenants during the run (/proc/stat). Its vCPUs stall while it does, for up to tens of ms at a time, and whatever part of a request's path was on the stalled vCPU waits with it; runs at a few percent of steal fail open far more than runs at a tenth of a percent (e2e/host_test.go).",
 		"CPU µs per request: the CPU time (user and system) each part used during the run, over the requests sent: every gateway together and the sidecar from /proc, Redis from INFO cpu, and the bench's own process (getrusage), which runs the load generator and the services. /proc counts in ticks of 10 ms, so a run of n requests reads each process to 10 ms / n (10 µs for 1000). The machine has 2 s of CPU for each second; a burst of n senders brings n requests' worth of it due at once, whatever the average.",
 		"Callout p99: the filter's edgelimit_callout_latency_us (from the callout's dispatch to its answer in the VM, every gateway) against the sidecar's sidecar_decision_duration_seconds (from reading the check to its decision), each estimated from its histogram's buckets over the step as Prometheus's histogram_quantile does: envoy.yaml and the sidecar give both the same bounds, every 0.5 ms from 1 to 5 ms, so each p99 is good to about a bucket's width. What the gateway adds is the difference: its share of the CPU, the connection and the hand-offs between the answer arriving and the filter running, and the time the check waited for the sidecar to read it, which \"sidecar read wait\" gives on its own: the sidecar's sidecar_check_wait_seconds (from the gateway's send, beyond the quickest trip seen, to the read), whose p99 is part of the difference's, though the two p99s do not subtract.",
+	}
+	coldT := report.Table{
+		Title:  fmt.Sprintf("From cold: each run the first traffic of a freshly started Redis, sidecar and gateway(s), %d runs per step (medians)", e.runs),
+		Header: burstHeader,
+		Notes:  []string{"The stack is the sweep's, started for the run: each gateway's connections to the sidecar beyond the filter's warm_connections, and all of those to its services, are opened by the run itself, and every process's heap grows under it (the load generator opens its own connections in every run, here as in the sweep). The sweep's steps each come after the lower ones, on a stack that has carried them."},
+	}
+	for _, s := range cold {
+		coldT.Add(s.cells()...)
 	}
 	summary := report.Table{Title: "The limiter's burst capacity on this machine", Header: []string{"gateways", "sending", "highest offered rate that held"}}
 	var checks []report.Check
@@ -416,8 +459,8 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 	return &report.Scenario{
 		Title:  "Bursts: one client at 5x its plan, shipped timeouts",
 		Claim:  burstClaim,
-		Method: fmt.Sprintf("Redis, one sidecar and 1 or 3 gateways sharing them, each gateway with its own services. One client sends through the gateways in turn, as an open loop of evenly spaced requests or as n senders firing together every tick, at rising rates, %v per run (longer at low rates, so that a run sends at least %d requests) and %d runs per step, each run a fresh client.", p.Window, minBurstRequests, e.runs),
-		Tables: []report.Table{summary, t},
+		Method: fmt.Sprintf("Redis, one sidecar and 1 or 3 gateways sharing them, each gateway with its own services. One client sends through the gateways in turn, as an open loop of evenly spaced requests or as n senders firing together every tick, at rising rates, %v per run (longer at low rates, so that a run sends at least %d requests) and %d runs per step, each run a fresh client. Then, on a stack started for each run, the first traffic it meets.", p.Window, minBurstRequests, e.runs),
+		Tables: []report.Table{summary, t, coldT},
 		Checks: checks,
 	}, nil
 }
@@ -465,6 +508,44 @@ func settle(ctx context.Context, fronts []*rig.Front) error {
 
 func burstKey(gateways, senders, step, run int) string {
 	return fmt.Sprintf("burst-%dg-%ds-%d-%d", gateways, senders, step, run)
+}
+
+func coldKey(gateways, senders, step, run int) string {
+	return fmt.Sprintf("burst-cold-%dg-%ds-%d-%d", gateways, senders, step, run)
+}
+
+// startBurstStack starts Redis and the sidecar with plans pl, and g
+// gateways in front of them, each with its services and the filter as
+// shipped: the burst measures what deploys.
+func startBurstStack(ctx context.Context, e *env, pl plans, g int) (*rig.Backend, []*rig.Front, error) {
+	b, err := rig.StartBackend(ctx, e.bin, pl.YAML())
+	if err != nil {
+		return nil, nil, err
+	}
+	var fronts []*rig.Front
+	for i := 0; i < g; i++ {
+		f, err := b.StartFront(ctx, rig.FrontOptions{Name: fmt.Sprintf("gw%d", i)})
+		if err != nil {
+			b.Close()
+			return nil, nil, err
+		}
+		fronts = append(fronts, f)
+	}
+	return b, fronts, nil
+}
+
+// burstCold sends one run as the first traffic of a stack of g gateways
+// started for it, and stops the stack.
+func burstCold(ctx context.Context, e *env, pl plans, g int, key string, senders int, offered float64, window time.Duration) (burstRun, error) {
+	b, fronts, err := startBurstStack(ctx, e, pl, g)
+	if err != nil {
+		return burstRun{}, err
+	}
+	run, err := burstOnce(ctx, b, fronts, key, senders, offered, window)
+	if cerr := b.Close(); err == nil {
+		err = cerr
+	}
+	return run, err
 }
 
 // burstOnce sends one run of a step as client key and counts what happened.
