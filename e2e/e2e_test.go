@@ -326,8 +326,12 @@ func TestStalledSidecarTakesNoTokensForRequestsLetThrough(t *testing.T) {
 	// deadline lies above the 3.5 ms bound.
 	const wait = "sidecar_check_wait_seconds"
 	waits := func() (all, past float64) {
-		all = s.sidecarMetric(0, wait+"_count")
-		return all, all - s.sidecarMetric(0, wait+`_bucket{le="0.0035"}`)
+		m := s.sidecarMetrics(0)
+		all, within := m[wait+"_count"], m[wait+`_bucket{le="0.0035"}`]
+		if all == 0 {
+			t.Fatalf("sidecar /metrics has no %s after a decided check", wait)
+		}
+		return all, all - within
 	}
 	waited, waitedPast := waits()
 

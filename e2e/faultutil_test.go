@@ -168,15 +168,21 @@ func (s *stack) expectLimited(g int, client string) {
 	})
 }
 
-// sidecarMetric reads one sample of the sidecar's /metrics by its full
-// name with labels, e.g. `sidecar_decisions_total{result="allowed"}`.
-func (s *stack) sidecarMetric(i int, name string) float64 {
+// sidecarMetrics reads sidecar i's /metrics.
+func (s *stack) sidecarMetrics(i int) testkit.Metrics {
 	s.t.Helper()
 	m, err := testkit.GetMetrics("http://" + s.scAddrs[i] + "/metrics")
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	v, ok := m[name]
+	return m
+}
+
+// sidecarMetric reads one sample of the sidecar's /metrics by its full
+// name with labels, e.g. `sidecar_decisions_total{result="allowed"}`.
+func (s *stack) sidecarMetric(i int, name string) float64 {
+	s.t.Helper()
+	v, ok := s.sidecarMetrics(i)[name]
 	if !ok {
 		s.t.Fatalf("sidecar /metrics has no %s", name)
 	}

@@ -98,6 +98,14 @@ func burstPlan(offered float64) bucket.Limit {
 	return bucket.Limit{Capacity: offered / 10, Rate: offered / 5}
 }
 
+// addBurstClient gives client key the plan of a run at offered requests/s
+// (burstPlan), one plan per rate.
+func (p plans) addBurstClient(key string, offered float64) {
+	name := fmt.Sprintf("p%.0f", offered)
+	p.Plans[name] = burstPlan(offered)
+	p.Clients[key] = name
+}
+
 // burstRun is one run of a step: one client with a fresh bucket sending for
 // the step's window.
 type burstRun struct {
@@ -271,9 +279,8 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 			// Every step its own client (fresh bucket) with the plan of
 			// its rate.
 			for i, r := range row.rates() {
-				pl.Plans[fmt.Sprintf("p%.0f", r)] = burstPlan(r)
 				for run := 0; run < e.runs; run++ {
-					pl.Clients[burstKey(g, row.Senders, i, run)] = fmt.Sprintf("p%.0f", r)
+					pl.addBurstClient(burstKey(g, row.Senders, i, run), r)
 				}
 			}
 		}
@@ -281,9 +288,8 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 	for _, g := range p.Gateways {
 		for _, row := range p.Cold {
 			for i, r := range row.Offered {
-				pl.Plans[fmt.Sprintf("p%.0f", r)] = burstPlan(r)
 				for run := 0; run < e.runs; run++ {
-					pl.Clients[coldKey(g, row.Senders, i, run)] = fmt.Sprintf("p%.0f", r)
+					pl.addBurstClient(coldKey(g, row.Senders, i, run), r)
 				}
 			}
 		}

@@ -528,8 +528,9 @@ func TestSetHeadersAsFasthttpNames(t *testing.T) {
 // as long as its own deadline, Timeout, is answered 503 without a
 // decision: the proxy has let its request through, or will have by the
 // time an answer comes back, and a decision would take tokens for it.
-// One that waited less is decided with its deadline from the read. The bounds below follow from the times the test
-// can see: a call's own duration bounds how late the server read it.
+// One that waited less is decided with its deadline from the read. The
+// bounds below follow from the times the test can see: a call's own
+// duration bounds how late the server read it.
 func TestCheckTheProxyGaveUpOnIsNotDecided(t *testing.T) {
 	d := &fakeDecider{res: lua.Result{Allowed: true}}
 	s, st, _ := newTestServer(t, planYAML, d)
