@@ -94,6 +94,9 @@ type stackConfig struct {
 	// redisArgs are extra redis-server arguments; sidecarArgs extra
 	// flags of every sidecar.
 	redisArgs, sidecarArgs []string
+	// redisCluster puts the sidecars on a Redis Cluster of three masters
+	// (a redis+cluster:// URL) instead of one redis-server; s.redis is nil.
+	redisCluster bool
 	// accessLog asks every gateway for envoy.yaml's access log.
 	accessLog bool
 	// sidecarFront, if set, is given each sidecar's address and returns the
@@ -136,14 +139,24 @@ func startStack(t *testing.T, c stackConfig) *stack {
 		c.gateways = 1
 	}
 	s := &stack{t: t, http: newClient()}
-	s.redis = redisproc.StartT(t, redisproc.Options{Args: c.redisArgs})
+	var redisURL string
+	if c.redisCluster {
+		if len(c.redisArgs) > 0 {
+			t.Fatal("stackConfig: redisArgs are for one redis-server, not for redisCluster")
+		}
+		cl := redisproc.StartClusterT(t, 3, 0)
+		redisURL = "redis+cluster://" + strings.Join(cl.Addrs, ",")
+	} else {
+		s.redis = redisproc.StartT(t, redisproc.Options{Args: c.redisArgs})
+		redisURL = s.redis.URL()
+	}
 	dir := t.TempDir()
 	s.plans = filepath.Join(dir, "plans.yaml")
 	if err := os.WriteFile(s.plans, []byte(c.plans), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < c.sidecars; i++ {
-		sc := harness.SidecarConfig{Redis: s.redis.URL(), Plans: s.plans}
+		sc := harness.SidecarConfig{Redis: redisURL, Plans: s.plans}
 		sc.Extra = append(sc.Extra, c.sidecarArgs...)
 		p, addr, err := harness.StartSidecar(ctx, bins, sc)
 		if err != nil {
