@@ -19,6 +19,7 @@ import (
 	"testing"
 
 	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 	"sigs.k8s.io/yaml"
 )
 
@@ -285,13 +286,7 @@ func TestEnvoyHealthcheckScript(t *testing.T) {
 	if !slices.Equal(paths, []string{"GET /ready", "GET /ready"}) {
 		t.Errorf("requests %v, want GET /ready twice", paths)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := l.Addr().String()
-	l.Close()
-	if err := run(closed); err == nil {
+	if err := run(testkit.RefusedAddr(t)); err == nil {
 		t.Error("nothing listening: healthy, want not")
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -144,17 +143,6 @@ func writeAnswer(w http.ResponseWriter, h []filtertest.Header) {
 	w.WriteHeader(status)
 }
 
-// closedAddr returns a loopback address nothing listens on.
-func closedAddr(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
-
 type running struct {
 	addr, admin string
 	stats       string // the stats listener
@@ -242,7 +230,7 @@ func startProbe(t *testing.T, cfg, probe string, orders *httptest.Server) *runni
 	t.Helper()
 	return start(t, "-config", cfg, "-wasm", probe, "-concurrency", "1", "-poll-oneoff", "noevents",
 		"-cluster", "orders="+orders.Listener.Addr().String(),
-		"-cluster", "billing="+closedAddr(t), "-cluster", "ratelimit_sidecar="+closedAddr(t))
+		"-cluster", "billing="+testkit.RefusedAddr(t), "-cluster", "ratelimit_sidecar="+testkit.RefusedAddr(t))
 }
 
 // decidedFirst sends requests of a client of its own to url, through the
@@ -391,9 +379,9 @@ func TestGatewayUpstreamFailures(t *testing.T) {
 	filter, _ := modules(t)
 	billing := newService(t, "billing", 0)
 	g := start(t, "-config", envoyYAML, "-wasm", filter, "-concurrency", "1",
-		"-cluster", "orders="+closedAddr(t),
+		"-cluster", "orders="+testkit.RefusedAddr(t),
 		"-cluster", "billing="+billing.Listener.Addr().String(),
-		"-cluster", "ratelimit_sidecar="+closedAddr(t))
+		"-cluster", "ratelimit_sidecar="+testkit.RefusedAddr(t))
 	resp, body := testkit.Get(t, "http://"+g.addr+"/orders/1", "x-api-key", "alice")
 	if resp.StatusCode != 503 || !strings.HasPrefix(body, "upstream connect error or disconnect/reset before headers") {
 		t.Errorf("service down: %d %q", resp.StatusCode, body)
@@ -498,7 +486,7 @@ func TestGatewayDrainsOnStop(t *testing.T) {
 	sidecar := newSidecar(t)
 	g := start(t, "-config", envoyYAML, "-wasm", filter,
 		"-cluster", "orders="+orders.Listener.Addr().String(),
-		"-cluster", "billing="+closedAddr(t), "-cluster", "ratelimit_sidecar="+sidecar.Listener.Addr().String())
+		"-cluster", "billing="+testkit.RefusedAddr(t), "-cluster", "ratelimit_sidecar="+sidecar.Listener.Addr().String())
 	done := make(chan int, 1)
 	go func() {
 		req, _ := http.NewRequest("GET", "http://"+g.addr+"/orders/slow", nil)
@@ -602,7 +590,7 @@ func BenchmarkGateway(b *testing.B) {
 	errc := make(chan error, 1)
 	go func() {
 		errc <- run(ctx, []string{"-config", envoyYAML, "-wasm", filter, "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-listener", "stats=127.0.0.1:0",
-			"-cluster", "orders=" + orders.Listener.Addr().String(), "-cluster", "billing=" + closedAddr(b),
+			"-cluster", "orders=" + orders.Listener.Addr().String(), "-cluster", "billing=" + testkit.RefusedAddr(b),
 			"-cluster", "ratelimit_sidecar=" + sidecar.Listener.Addr().String()}, io.Discard, io.Discard, ready)
 	}()
 	var addr string

@@ -21,7 +21,7 @@ func TestStatsListener(t *testing.T) {
 	sidecar := newSidecar(t)
 	g := start(t, "-config", envoyYAML, "-wasm", filter,
 		"-cluster", "orders="+orders.Listener.Addr().String(),
-		"-cluster", "billing="+closedAddr(t),
+		"-cluster", "billing="+testkit.RefusedAddr(t),
 		"-cluster", "ratelimit_sidecar="+sidecar.Listener.Addr().String())
 	if g.stats == "" || g.stats == g.admin || g.stats == g.addr {
 		t.Fatalf("stats listener %q (listener %s, admin %s)", g.stats, g.addr, g.admin)
@@ -94,7 +94,7 @@ func TestDirectResponseThroughTheFilter(t *testing.T) {
 	sidecar := newSidecar(t)
 	g := start(t, "-config", cfg, "-wasm", filter,
 		"-cluster", "orders="+orders.Listener.Addr().String(),
-		"-cluster", "billing="+closedAddr(t),
+		"-cluster", "billing="+testkit.RefusedAddr(t),
 		"-cluster", "ratelimit_sidecar="+sidecar.Listener.Addr().String())
 	decidedFirst(t, "http://"+g.addr+"/orders/0")
 	resp, body := testkit.Get(t, "http://"+g.addr+"/hello?x=1", "x-api-key", "alice")

@@ -116,7 +116,7 @@ func TestReloadAppliesNewMode(t *testing.T) {
 			orders := newService(t, "orders", 0)
 			sidecar, calls := longDenySidecar(t)
 			g := startReloadable(t, `{}`,
-				"orders="+orders.Listener.Addr().String(), "billing="+closedAddr(t),
+				"orders="+orders.Listener.Addr().String(), "billing="+testkit.RefusedAddr(t),
 				"ratelimit_sidecar="+sidecar.Listener.Addr().String())
 			base := "http://" + g.addr
 			if resp, _ := testkit.Get(t, base+"/orders/1", "x-api-key", "deny-bob"); resp.StatusCode != 429 {
@@ -169,7 +169,7 @@ func TestReloadRejectedKeepsRunning(t *testing.T) {
 	sidecar, _ := longDenySidecar(t)
 	orders := newService(t, "orders", 0)
 	g := startReloadable(t, `{}`,
-		"orders="+orders.Listener.Addr().String(), "billing="+closedAddr(t),
+		"orders="+orders.Listener.Addr().String(), "billing="+testkit.RefusedAddr(t),
 		"ratelimit_sidecar="+sidecar.Listener.Addr().String())
 	cases := []struct {
 		name    string
@@ -302,7 +302,15 @@ func TestReloadKeepsListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	listen := closedAddr(t)
+	// A free port for the gateway to bind from its file: listened on and
+	// closed here, so another process could take it first, and the start
+	// would fail on it.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := l.Addr().String()
+	l.Close()
 	host, port, _ := strings.Cut(listen, ":")
 	dir := t.TempDir()
 	config := filepath.Join(dir, "envoy.yaml")
@@ -317,12 +325,12 @@ func TestReloadKeepsListener(t *testing.T) {
 	sidecar, _ := longDenySidecar(t)
 	// Not start(): it sets -listen, which would hide the file's address.
 	g := startArgs(t, "-admin", "127.0.0.1:0", "-listener", "stats=127.0.0.1:0", "-config", config, "-wasm", filter,
-		"-cluster", "orders="+orders.Listener.Addr().String(), "-cluster", "billing="+closedAddr(t),
+		"-cluster", "orders="+orders.Listener.Addr().String(), "-cluster", "billing="+testkit.RefusedAddr(t),
 		"-cluster", "ratelimit_sidecar="+sidecar.Listener.Addr().String())
 	if g.addr != listen {
 		t.Fatalf("listening on %s, want the file's %s", g.addr, listen)
 	}
-	other := closedAddr(t)
+	other := testkit.RefusedAddr(t)
 	oh, op, _ := strings.Cut(other, ":")
 	write(oh, op)
 	resp, err := http.Post("http://"+g.admin+"/reload", "", nil)
@@ -368,7 +376,7 @@ func TestReloadKeepsUnchangedClusters(t *testing.T) {
 	orders.Start()
 	t.Cleanup(orders.Close)
 	g := startReloadable(t, `{}`,
-		"orders="+orders.Listener.Addr().String(), "billing="+closedAddr(t),
+		"orders="+orders.Listener.Addr().String(), "billing="+testkit.RefusedAddr(t),
 		"ratelimit_sidecar="+sidecar.Listener.Addr().String())
 	base := "http://" + g.addr
 	decidedFirst(t, base+"/orders/0")

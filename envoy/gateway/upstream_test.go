@@ -40,7 +40,7 @@ func startWith(t *testing.T, orders, billing string) *running {
 
 func TestUpstreamBodies(t *testing.T) {
 	svc := echoService(t)
-	g := startWith(t, svc.Listener.Addr().String(), closedAddr(t))
+	g := startWith(t, svc.Listener.Addr().String(), testkit.RefusedAddr(t))
 	base := "http://" + g.addr
 	send := func(method, path string, body io.Reader, length int64, hdr ...string) (*http.Response, string) {
 		t.Helper()
@@ -120,7 +120,7 @@ func TestUpstreamClosesIdleConnections(t *testing.T) {
 		c.Close()
 		closed <- struct{}{}
 	})
-	g := startWith(t, addr, closedAddr(t))
+	g := startWith(t, addr, testkit.RefusedAddr(t))
 	for i := 0; i < 6; i++ {
 		// GETs go again on a new connection; POSTs check the idle one
 		// first.

@@ -54,7 +54,7 @@ func TestGatewayWarmsItsSidecarConnections(t *testing.T) {
 	sidecar.Start()
 	t.Cleanup(sidecar.Close)
 	g := start(t, "-config", envoyYAML, "-wasm", filter,
-		"-cluster", "orders="+orders.Listener.Addr().String(), "-cluster", "billing="+closedAddr(t),
+		"-cluster", "orders="+orders.Listener.Addr().String(), "-cluster", "billing="+testkit.RefusedAddr(t),
 		"-cluster", "ratelimit_sidecar="+sidecar.Listener.Addr().String())
 
 	// Two rounds of every worker's warm-up, answered: two workers, warm

@@ -43,9 +43,7 @@ func TestHTTPDispatcher(t *testing.T) {
 	})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	closed := l.Addr().String()
-	l.Close()
+	closed := testkit.RefusedAddr(t)
 
 	d := NewHTTPDispatcher(map[string]HTTPCluster{
 		"svc":  {Endpoints: []string{srv.Listener.Addr().String()}},

@@ -2,11 +2,12 @@ package healthcheck
 
 import (
 	"bytes"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 func TestHealthcheck(t *testing.T) {
@@ -26,13 +27,7 @@ func TestHealthcheck(t *testing.T) {
 		}
 	}))
 	t.Cleanup(srv.Close)
-	// A port nothing listens on: bound, then closed.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := "http://" + l.Addr().String() + "/readyz"
-	l.Close()
+	closed := "http://" + testkit.RefusedAddr(t) + "/readyz"
 
 	for _, tc := range []struct {
 		name   string

@@ -3,8 +3,9 @@
 // (Poll and PollErr for tests, Until and Wait for code that returns
 // errors), one reader of the Prometheus text format
 // (ParseMetrics, GetMetrics), one HTTP round trip that fails the test on an
-// error (Do, Get), one server of raw answers (RawServer), and a load of
-// workers that run until stopped (StartLoad).
+// error (Do, Get), one server of raw answers (RawServer), an address that
+// refuses connections for as long as the test runs (RefusedAddr), and a
+// load of workers that run until stopped (StartLoad).
 //
 // The product — the filter, the sidecar's non-test code, the Lua script —
 // never imports it.
