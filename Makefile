@@ -112,10 +112,11 @@ check: deps
 ## redis-benchmark, the sidecar beside envoyproxy/ratelimit, the filter in
 ## wazero beside its native path, the memory of the filter, the sidecar and
 ## Redis, then the scenarios (incident, noisy neighbour, latency budget,
-## throughput, fail open) and the burst sweep side by side; writes
-## e2e/bench/results/ and BENCHMARKS.md from the run. envoyproxy/ratelimit and its gRPC load
-## generator come from the bench's own module (e2e/bench/rls/go.mod pins
-## the version), so the main module does not pull their dependencies.
+## throughput, fail open), the burst sweep and the callouts-together sweep
+## side by side; writes e2e/bench/results/ and BENCHMARKS.md from the run.
+## envoyproxy/ratelimit and its gRPC load generator come from the bench's
+## own module (e2e/bench/rls/go.mod pins the version), so the main module
+## does not pull their dependencies.
 bench: deps build
 	@command -v wrk >/dev/null || { echo "installing wrk (the sidecar benchmark's load generator)"; \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \

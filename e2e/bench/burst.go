@@ -111,7 +111,7 @@ func (p plans) addBurstClient(key string, offered float64) {
 type burstRun struct {
 	Sent       int64
 	Dropped    int64   // due while burstMaxInFlight were outstanding, not sent
-	Want       float64 // capacity + rate × window
+	Want       float64 // capacity + rate × window, or Sent if that is fewer
 	Admitted   int64
 	FailedOpen int64
 	Other      int64
@@ -322,7 +322,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 				st := burstStep{Gateways: g, Senders: row.Senders, Offered: r}
 				for run := 0; run < e.runs; run++ {
 					e.prog.Printf("burst: %d gateway(s), %s, %.0f req/s, run %d of %d", g, st.mode(), r, run+1, e.runs)
-					one, err := burstOnce(ctx, b, fronts, burstKey(g, row.Senders, i, run), row.Senders, r, p.window(r))
+					one, err := burstOnce(ctx, b, fronts, burstKey(g, row.Senders, i, run), burstPlan(r), row.Senders, r, p.window(r))
 					if err != nil {
 						return false, err
 					}
@@ -547,15 +547,16 @@ func burstCold(ctx context.Context, e *env, pl plans, g int, key string, senders
 	if err != nil {
 		return burstRun{}, err
 	}
-	run, err := burstOnce(ctx, b, fronts, key, senders, offered, window)
+	run, err := burstOnce(ctx, b, fronts, key, burstPlan(offered), senders, offered, window)
 	if cerr := b.Close(); err == nil {
 		err = cerr
 	}
 	return run, err
 }
 
-// burstOnce sends one run of a step as client key and counts what happened.
-func burstOnce(ctx context.Context, b *rig.Backend, fronts []*rig.Front, key string, senders int, offered float64, window time.Duration) (burstRun, error) {
+// burstOnce sends one run of a step as client key, whose plan is plan, and
+// counts what happened.
+func burstOnce(ctx context.Context, b *rig.Backend, fronts []*rig.Front, key string, plan bucket.Limit, senders int, offered float64, window time.Duration) (burstRun, error) {
 	var targets []string
 	for _, f := range fronts {
 		targets = append(targets, f.Gateway.Addr)
@@ -605,9 +606,9 @@ func burstOnce(ctx context.Context, b *rig.Backend, fronts []*rig.Front, key str
 			}
 		}
 	}
-	plan := burstPlan(offered)
 	st.Sent, st.Dropped, st.Admitted, st.Other = r.Sent, r.Dropped, r.OK, r.Other
-	st.Want = plan.Capacity + plan.Rate*r.Window.Seconds()
+	// No more than were sent, for a plan that allows them all.
+	st.Want = min(plan.Capacity+plan.Rate*r.Window.Seconds(), float64(r.Sent))
 	st.FailedOpen = rig.FailedOpen(counterDelta(before, after))
 	return st, nil
 }
