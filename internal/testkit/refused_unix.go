@@ -18,12 +18,19 @@ import (
 func RefusedAddr(t testing.TB) string {
 	t.Helper()
 	// No SO_REUSEADDR: Linux lets two sockets share a port only when both
-	// set it, and picks no such port for a listener asking for any port.
+	// set it, so no socket can bind this one, whether it names the port or
+	// asks the kernel for any free one. Close-on-exec under ForkLock, as
+	// the net package does, so that no process the test starts meanwhile
+	// inherits the socket and holds the port past the test.
+	syscall.ForkLock.RLock()
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err == nil {
+		syscall.CloseOnExec(fd)
+	}
+	syscall.ForkLock.RUnlock()
 	if err != nil {
 		t.Fatalf("RefusedAddr: socket: %v", err)
 	}
-	syscall.CloseOnExec(fd)
 	t.Cleanup(func() { syscall.Close(fd) })
 	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
 		t.Fatalf("RefusedAddr: bind: %v", err)
