@@ -83,10 +83,13 @@ const burstMaxInFlight = 1024
 // would in 3 s at 100 requests/s (300 requests, 1% three).
 const minBurstRequests = 1000
 
-// window is how long a run at offered requests/s sends: the row's window,
-// or longer to send minBurstRequests.
-func (p burstParams) window(offered float64) time.Duration {
-	return max(p.Window, time.Duration(minBurstRequests/offered*float64(time.Second)))
+// window is how long a run at offered requests/s sends (runWindow).
+func (p burstParams) window(offered float64) time.Duration { return runWindow(p.Window, offered) }
+
+// runWindow is how long a run at offered requests/s sends: w, or longer to
+// send minBurstRequests.
+func runWindow(w time.Duration, offered float64) time.Duration {
+	return max(w, time.Duration(minBurstRequests/offered*float64(time.Second)))
 }
 
 // burstTarget is the offered rate the limit must hold at: the 500
