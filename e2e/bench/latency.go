@@ -72,7 +72,7 @@ func runLatency(ctx context.Context, e *env) (*report.Scenario, error) {
 	phaseAt := func(rate float64) time.Duration {
 		return e.dur(max(3*time.Second, time.Duration(minSamples/rate*float64(time.Second))))
 	}
-	pl := plans{Default: "unlimited", Plans: map[string]bucket.Limit{"unlimited": {Capacity: 1e9, Rate: 1e9}}}
+	pl := plans{Default: "unlimited", Plans: map[string]bucket.Limit{"unlimited": unlimitedPlan}}
 	e.prog.Printf("latency: starting redis, sidecar, two gateways")
 	b, err := rig.StartBackend(ctx, e.bin, pl.YAML())
 	if err != nil {

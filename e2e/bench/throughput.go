@@ -24,7 +24,7 @@ func runThroughput(ctx context.Context, e *env) (*report.Scenario, error) {
 		Default: "free",
 		Plans: map[string]bucket.Limit{
 			"free":      {Capacity: 10, Rate: 2},
-			"unlimited": {Capacity: 1e9, Rate: 1e9},
+			"unlimited": unlimitedPlan,
 			"tiny":      {Capacity: 1, Rate: 0.001}, // one token per 1000 s: denied for the whole run
 		},
 		Clients: map[string]string{"tp-allow": "unlimited", "tp-deny": "tiny", "tp-never": "tiny"},
