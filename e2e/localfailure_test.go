@@ -131,3 +131,86 @@ func TestLocalFailureWhenRedisStops(t *testing.T) {
 		return nil
 	})
 }
+
+// With "on_failure": "local", an outage that comes and goes: the requests
+// the sidecar admits between its failures are charged to the client's
+// local bucket too, so that the proxy admits one plan in all rather than
+// the sidecar's plan and the bucket's again. A plan of 5 tokens that
+// refills one token in 100 s: from the bucket's first use on, the gateway
+// admits the client at most 5 times, whoever decides. Without the charge,
+// the three the sidecar admits below come on top: 8.
+func TestLocalFailureChargesWhatTheSidecarAdmits(t *testing.T) {
+	const capacity = 5
+	s := startStack(t, stackConfig{
+		plans: "default_plan: tiny\nplans:\n  tiny: {capacity: 5, rate: 0.01}\n",
+		// The value this test is about; envoy.yaml leaves the default, open.
+		filter: filterConfig{OnFailure: "local"},
+	})
+	fromSidecar := func(r reply) bool { return r.status == http.StatusOK && r.header.Get("ratelimit-limit") == "5" }
+	var client string
+	s.decidedRun(t, "the plan learned from the sidecar", func(run int) error {
+		client = "comes-and-goes-" + strconv.Itoa(run)
+		if r := s.do(0, "GET", "/orders/1", "x-api-key", client); !fromSidecar(r) {
+			return fmt.Errorf("status %d without the sidecar's headers", r.status)
+		}
+		return nil
+	})
+	stopped := func(what string, n int) (admitted int) {
+		t.Helper()
+		if err := s.sidecars[0].Pause(); err != nil {
+			t.Fatal(err)
+		}
+		failed := s.failedOpen()
+		for i := 0; i < n; i++ {
+			switch r := s.do(0, "GET", "/orders/1", "x-api-key", client); r.status {
+			case http.StatusOK:
+				admitted++
+			case http.StatusTooManyRequests:
+				mustContain(t, what+" 429 body", r.body, `"rate_limited"`)
+			default:
+				t.Fatalf("%s, request %d: status %d, want 200 or 429", what, i+1, r.status)
+			}
+		}
+		if got := s.failedOpen() - failed; got != int64(n) {
+			t.Fatalf("%s: %d requests failed open of %d, want all: the sidecar is stopped", what, got, n)
+		}
+		if err := s.sidecars[0].Resume(); err != nil {
+			t.Fatal(err)
+		}
+		return admitted
+	}
+	localBefore := s.stat(counter("local_allowed")) + s.stat(counter("local_denied"))
+
+	// The sidecar stops: the bucket starts full and admits one.
+	first := stopped("sidecar stopped", 1)
+	if first != 1 {
+		t.Fatalf("sidecar stopped: %d admitted, want 1 from a full bucket", first)
+	}
+	// Back: three admitted by the sidecar (its bucket held 4). A request
+	// that fails open on the way is decided by the bucket, and counts.
+	testkit.Poll(t, 30*time.Second, "the sidecar answering again", func() bool {
+		return fromSidecar(s.do(0, "GET", "/orders/1", "x-api-key", "comes-and-goes-probe-"+strconv.Itoa(time.Now().Nanosecond())))
+	})
+	between, bySidecar := 0, 0
+	for i := 0; bySidecar < 3; i++ {
+		if i == 10 {
+			t.Fatalf("%d of 10 requests admitted by the sidecar, want 3", bySidecar)
+		}
+		r := s.do(0, "GET", "/orders/1", "x-api-key", client)
+		if r.status == http.StatusOK {
+			between++
+		}
+		if fromSidecar(r) {
+			bySidecar++
+		}
+	}
+	// Stopped again: the bucket holds what is left of the plan.
+	last := stopped("sidecar stopped again", 4)
+	if got := first + between + last; got > capacity {
+		t.Errorf("admitted %d (%d while stopped, %d by the sidecar or failing open between, %d stopped again), want at most the plan's %d",
+			got, first, between, last, capacity)
+	}
+	if got, want := s.stat(counter("local_allowed"))+s.stat(counter("local_denied"))-localBefore, int64(1+4); got < want {
+		t.Errorf("local counters rose by %d, want at least %d: the bucket decided each request while the sidecar was stopped", got, want)
+	}
+}

@@ -73,6 +73,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"local/limits", r.localLimits},
 		{"local/workers", r.localWorkers},
 		{"local/learns-only-the-plan", r.localLearnsOnlyThePlan},
+		{"local/partial-outage", r.localPartialOutage},
 		{"local/not-for-shadow", r.localNotForShadow},
 		{"local/off-by-default", r.localOffByDefault},
 		{"warm/connections", r.warmConnections},

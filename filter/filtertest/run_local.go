@@ -125,7 +125,8 @@ func (r runner) localWorkers(t *testing.T) {
 
 // localLearnsOnlyThePlan: a 429 teaches the plan, not the bucket's tokens.
 // The local bucket starts full when first needed, whatever the sidecar's
-// bucket held, and a newer plan replaces the old one.
+// bucket held, and a newer plan replaces the old one. (Once in use, the
+// bucket is charged for what later answers admit: localPartialOutage.)
 func (r runner) localLearnsOnlyThePlan(t *testing.T) {
 	h := r.host(t, `{"on_failure": "local", "breaker": {"failures": 0}}`)
 	// Without the exact headers, so that the deny cache stays out of it.
@@ -135,12 +136,13 @@ func (r runner) localLearnsOnlyThePlan(t *testing.T) {
 	wentOn(t, failingTo(t, h, "bob", timeoutAnswer))
 	denial(t, failingTo(t, h, "bob", timeoutAnswer), `"free";q=2;w=4;edgelimit-rate="0.5"`, `"free";r=0;t=2`, "4", "2")
 
-	// The plan grows to 5 at 1 token/s: the bucket keeps its 0 tokens and
-	// refills at the new rate.
+	// The plan grows to 5 at 1 token/s in an answer that admits a
+	// request: the bucket in use is charged for it, from its 0 tokens to a
+	// debt of 1, and refills at the new rate.
 	s = failingTo(t, h, "bob", withRate(allowAnswer(5, 4, 1, "pro"), 1))
 	wentOn(t, s)
-	denial(t, failingTo(t, h, "bob", timeoutAnswer), `"pro";q=5;w=5;edgelimit-rate="1"`, `"pro";r=0;t=1`, "5", "1")
-	h.Advance(time.Second)
+	denial(t, failingTo(t, h, "bob", timeoutAnswer), `"pro";q=5;w=5;edgelimit-rate="1"`, `"pro";r=0;t=2`, "6", "2")
+	h.Advance(2 * time.Second)
 	wentOn(t, failingTo(t, h, "bob", timeoutAnswer))
 
 	// An answer without x-ratelimit-rate (an older sidecar) teaches
@@ -183,4 +185,35 @@ func (r runner) localOffByDefault(t *testing.T) {
 		wentOn(t, failingTo(t, h, "alice", unavailableAnswer))
 	}
 	counters(t, h, map[string]int64{limiter.MetricAllowed: 1, limiter.MetricFailedOpenPrefix + "unavailable": 5})
+}
+
+// localPartialOutage: while the bucket is in use, the answers the sidecar
+// still gives are settled against it: a request the sidecar admitted is
+// charged to the bucket, which can go into debt, and a 429 lowers it to
+// the sidecar's tokens. The process admits the client's plan once, not
+// once through the sidecar and once more through the bucket.
+func (r runner) localPartialOutage(t *testing.T) {
+	h := r.host(t, `{"on_failure": "local", "breaker": {"failures": 0}}`)
+	learnPlan(t, h, "alice")
+	wentOn(t, failingTo(t, h, "alice", unavailableAnswer)) // 3 tokens, 2 left
+	// The sidecar admits one: charged, 1 left.
+	wentOn(t, failingTo(t, h, "alice", withRate(allowAnswer(3, 1, 4, "gold"), 0.5)))
+	wentOn(t, failingTo(t, h, "alice", timeoutAnswer))
+	denial(t, failingTo(t, h, "alice", unavailableAnswer), goldPolicy, `"gold";r=0;t=2`, "6", "2")
+	// Two more admitted by the sidecar (another gateway's requests left
+	// its bucket fuller than this one): a debt of 2, so the next token is
+	// 6 s away and the bucket full in 10 s.
+	wentOn(t, failingTo(t, h, "alice", withRate(allowAnswer(3, 2, 2, "gold"), 0.5)))
+	wentOn(t, failingTo(t, h, "alice", withRate(allowAnswer(3, 1, 4, "gold"), 0.5)))
+	denial(t, failingTo(t, h, "alice", timeoutAnswer), goldPolicy, `"gold";r=0;t=6`, "10", "6")
+	h.Advance(4 * time.Second)
+	denial(t, failingTo(t, h, "alice", timeoutAnswer), goldPolicy, `"gold";r=0;t=2`, "6", "2")
+	h.Advance(2 * time.Second)
+	wentOn(t, failingTo(t, h, "alice", timeoutAnswer))
+	counters(t, h, map[string]int64{
+		limiter.MetricAllowed:                          4,
+		limiter.MetricFailedOpenPrefix + "unavailable": 2,
+		limiter.MetricFailedOpenPrefix + "timeout":     4,
+		localAllowed: 3, localDenied: 3,
+	})
 }

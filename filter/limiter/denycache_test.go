@@ -186,6 +186,7 @@ type sharedHost struct {
 	cas         map[string]uint32
 	next        uint32
 	casFailures int
+	reads       int
 	writes      int
 }
 
@@ -194,6 +195,7 @@ func newSharedHost() *sharedHost {
 }
 
 func (h *sharedHost) GetSharedData(key string) ([]byte, uint32, abi.Status) {
+	h.reads++
 	v, ok := h.data[key]
 	if !ok {
 		return nil, 0, abi.StatusNotFound

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/edgelimit/edgelimit/filter/abi"
+	"github.com/edgelimit/edgelimit/internal/seconds"
 )
 
 // Bounded fail-open ("on_failure": "local").
@@ -15,14 +16,24 @@ import (
 // last known plan itself while the sidecar cannot answer, so an outage
 // admits at most (number of gateways) × plan instead of everything.
 //
-// Only the plan is learned: the capacity (ratelimit-limit) and the exact
-// refill rate (x-ratelimit-rate) of the sidecar's 200 and 429 answers. The
-// bucket's tokens are not copied from those answers: the sidecar's bucket is
-// shared by every gateway, and a gateway cannot tell how much of it the
-// others will spend while it decides alone. A local bucket starts full the
-// first time the sidecar cannot answer for that client and refills at the
-// plan's rate on the host clock. A client no answer ever described passes,
-// as with "open": the filter knows nothing to hold it to.
+// The plan is learned from the sidecar's 200 and 429 answers: the capacity
+// (ratelimit-limit) and the exact refill rate (x-ratelimit-rate). A local
+// bucket starts full the first time the sidecar cannot answer for that
+// client and refills at the plan's rate on the host clock. A client no
+// answer ever described passes, as with "open": the filter knows nothing to
+// hold it to.
+//
+// While a bucket is in use (below full since the sidecar last failed that
+// client), the sidecar's answers that still come, in an outage that is
+// only partial, are settled against it: a request the sidecar admitted is
+// charged to the bucket too, and the bucket is lowered to the sidecar's
+// own tokens (x-ratelimit-tokens) when it holds more. The process's
+// admissions of a client, the sidecar's and its own together, then stay
+// within one plan, where without it the sidecar and the bucket would each
+// spend the same refill. A charge can leave the bucket in debt (below
+// zero, down to minus its capacity), which the refill pays first. Tokens
+// are never raised from an answer, and a full bucket, the healthy state,
+// is never touched.
 //
 // Plans and buckets live in proxy-wasm shared data, so every worker VM of
 // the process enforces one bucket per client (not one per worker):
@@ -30,8 +41,9 @@ import (
 // clients, updated with compare-and-swap like the deny cache. The healthy
 // path writes nothing per request: each VM keeps the plans it has recorded
 // in a bounded map and writes shared data only when an answer shows a plan
-// it has not recorded, or a changed one. filter/RATIONALE.md, "Why a
-// bounded fail-open is an option", has the reasons.
+// it has not recorded, or a changed one, or lowers a bucket in use.
+// filter/RATIONALE.md, "Why a bounded fail-open is an option", has the
+// reasons.
 
 // FailureMode is what the filter does with a request when the sidecar
 // cannot answer ("on_failure").
@@ -67,7 +79,10 @@ const (
 	// between our read and write. Giving up admits the request (fail open)
 	// or leaves a plan unrecorded until the next answer.
 	localCASAttempts = 4
-	localFormat      = 1
+	// localFormat 2: a bucket's tokens can be a debt (negative), which
+	// format 1 refused; the version is in the keys, so modules of the two
+	// formats never read each other's shards.
+	localFormat = 2
 	// maxLocalWaitSeconds caps Retry-After and the reset of a local answer;
 	// the sidecar refuses plans that take longer than a year to refill.
 	maxLocalWaitSeconds = 365 * 24 * 3600
@@ -112,6 +127,43 @@ func (e *localEntry) level(now int64) float64 {
 	return math.Min(limit, e.tokens+e.plan.rate*(float64(now-e.at)/1e9))
 }
 
+// fullAt returns when the bucket is full again if nothing is taken from it
+// (host clock, ns), 0 when it is full at now. Capped at
+// maxLocalWaitSeconds from now.
+func (e *localEntry) fullAt(now int64) int64 {
+	missing := float64(e.plan.limit) - e.level(now)
+	if e.at == 0 || missing <= 0 {
+		return 0
+	}
+	return now + int64(math.Ceil(math.Min(missing/e.plan.rate, maxLocalWaitSeconds)*1e9))
+}
+
+// settle applies a sidecar's answer at now to a bucket in use: admitted
+// is the cost the sidecar admitted (0 for a denial), charged to the bucket
+// as well, down to a debt of one capacity at most; with hasTokens, the
+// bucket is then lowered to the sidecar's tokens if it holds more. It
+// reports whether it changed the bucket. A bucket never used or full is
+// left as it is: full is the state a healthy client's bucket keeps.
+func (e *localEntry) settle(admitted int64, tokens float64, hasTokens bool, now int64) bool {
+	if e.at == 0 {
+		return false
+	}
+	level, limit := e.level(now), float64(e.plan.limit)
+	if level >= limit {
+		return false
+	}
+	next := level - float64(admitted)
+	if hasTokens {
+		next = math.Min(next, math.Max(tokens, 0))
+	}
+	next = math.Max(next, -limit)
+	if next >= level {
+		return false
+	}
+	e.tokens, e.at = next, now
+	return true
+}
+
 // localDecision is the local bucket's answer to one request.
 type localDecision struct {
 	allowed bool
@@ -137,6 +189,12 @@ func (e *localEntry) take(cost, now int64) localDecision {
 	}
 	e.tokens, e.at = tokens, now
 	d.quota = quotaAt("", e.plan.limit, e.plan.rate, tokens)
+	if tokens < 0 {
+		// A debt, which quotaAt reads as an empty bucket: the first whole
+		// token and the full bucket are further off by the debt.
+		d.quota.next = seconds.Ceil((1 - tokens) / e.plan.rate * 1000)
+		d.quota.reset = seconds.Ceil((float64(e.plan.limit) - tokens) / e.plan.rate * 1000)
+	}
 	d.quota.next = min(d.quota.next, maxLocalWaitSeconds)
 	d.quota.reset = min(d.quota.reset, maxLocalWaitSeconds)
 	if !d.allowed && cost <= e.plan.limit {
@@ -151,7 +209,19 @@ type localLimiter struct {
 	prefix string // shared-data key prefix, one per sidecar cluster
 	// known holds the plans this VM has recorded in shared data (or found
 	// there), so that an answer repeating one costs no host call.
-	known map[string]localPlan
+	known map[string]*localKnown
+}
+
+// localKnown is what a VM remembers of a client's entry.
+type localKnown struct {
+	plan localPlan
+	// settleUntil is when the client's bucket, as this VM last wrote or read
+	// it, is full again (host clock, ns; 0: full then). Until then the
+	// sidecar's answers are settled against the bucket (localEntry.settle).
+	// Another VM's takes can keep the bucket below full for longer than
+	// this VM knows; the answers this VM gets then are not settled, and
+	// the sidecar's admissions they carry go uncharged.
+	settleUntil int64
 }
 
 func newLocalLimiter(cfg *Config) *localLimiter {
@@ -160,13 +230,14 @@ func newLocalLimiter(cfg *Config) *localLimiter {
 	}
 	return &localLimiter{
 		prefix: "edgelimit/local/v" + strconv.Itoa(localFormat) + "/" + cfg.SidecarCluster + "/",
-		known:  map[string]localPlan{},
+		known:  map[string]*localKnown{},
 	}
 }
 
-// learn records the plan an enforced client's 200 or 429 describes. It is
-// on the healthy path: a plan the VM already recorded costs one map lookup
-// and no host call.
+// learn records the plan an enforced client's 200 or 429 describes, and
+// settles the answer against the client's bucket while it is in use. It
+// is on the healthy path: a plan the VM already recorded, for a bucket full
+// when the VM last saw it, costs one map lookup and no host call.
 func (c *localLimiter) learn(h abi.Host, s *stream, a *Answer, now int64) {
 	if c == nil || !s.enforce || (a.Outcome != Allowed && a.Outcome != Denied) || !a.HasRate {
 		return
@@ -178,37 +249,62 @@ func (c *localLimiter) learn(h abi.Host, s *stream, a *Answer, now int64) {
 	if !p.valid() {
 		return
 	}
-	if old, ok := c.known[s.key]; ok && old == p {
+	k := c.known[s.key]
+	var admitted int64
+	if a.Outcome == Allowed {
+		admitted = s.cost
+	}
+	settle := k != nil && now < k.settleUntil && (admitted > 0 || a.HasTokens)
+	if k != nil && k.plan == p && !settle {
 		return
 	}
-	// Kept beyond the request: copies, not views of request memory.
-	key := strings.Clone(s.key)
-	p.name = strings.Clone(p.name)
+	c.record(h, s.key, k, p, settle, admitted, a, now)
+}
+
+// record is learn's way to shared data: it writes a plan the VM has not
+// recorded (k nil) or a changed one, and with settle, settles a's
+// admission and tokens against the bucket.
+func (c *localLimiter) record(h abi.Host, key string, k *localKnown, p localPlan, settle bool, admitted int64, a *Answer, now int64) {
+	if k == nil || k.plan != p {
+		// Kept beyond the request: copies, not views of request memory.
+		key = strings.Clone(key)
+		p.name = strings.Clone(p.name)
+	}
+	var full int64
 	ok := c.update(h, key, now, func(e *localEntry, found bool) bool {
-		if found && e.plan == p {
-			return false
+		changed := false
+		if !found || e.plan != p {
+			e.plan = p
+			// A smaller plan caps the bucket at once; a larger one leaves
+			// the tokens to refill.
+			e.tokens = math.Min(e.tokens, float64(p.limit))
+			changed = true
 		}
-		e.plan = p
-		// A smaller plan caps the bucket at once; a larger one leaves the
-		// tokens to refill.
-		e.tokens = math.Min(e.tokens, float64(p.limit))
-		return true
+		if settle && e.settle(admitted, a.Tokens, a.HasTokens, now) {
+			changed = true
+		}
+		full = e.fullAt(now)
+		return changed
 	})
-	if ok {
-		c.remember(key, p)
+	switch {
+	case !ok:
+	case k != nil && k.plan == p:
+		k.settleUntil = full
+	default:
+		c.remember(key, &localKnown{plan: p, settleUntil: full})
 	}
 }
 
-// remember adds a plan to the VM's map, evicting an arbitrary one when the
-// map is full.
-func (c *localLimiter) remember(key string, p localPlan) {
+// remember adds a client to the VM's map (key a copy, never a view),
+// evicting an arbitrary one when the map is full.
+func (c *localLimiter) remember(key string, k *localKnown) {
 	if _, ok := c.known[key]; !ok && len(c.known) >= localKnownMax {
 		for k := range c.known {
 			delete(c.known, k)
 			break
 		}
 	}
-	c.known[key] = p
+	c.known[key] = k
 }
 
 // take runs a request of cost through the client's local bucket. ok is
@@ -216,22 +312,35 @@ func (c *localLimiter) remember(key string, p localPlan) {
 // the shared bucket: the request then fails open as with "open".
 func (c *localLimiter) take(h abi.Host, key string, cost, now int64) (d localDecision, plan localPlan, ok bool) {
 	decided := false
+	var full int64
 	settled := c.update(h, key, now, func(e *localEntry, found bool) bool {
 		decided = false
 		if !found {
 			// The shard lost the entry (evicted, or written by a VM that
 			// never saw the client) but this VM knows the plan.
-			p, known := c.known[key]
-			if !known {
+			k := c.known[key]
+			if k == nil {
 				return false
 			}
-			e.plan = p
+			e.plan = k.plan
 		}
 		d, plan, decided = e.take(cost, now), e.plan, true
+		full = e.fullAt(now)
 		// A denial changes nothing a later refill would not recompute.
 		return d.allowed || !found
 	})
-	return d, plan, settled && decided
+	if !settled || !decided {
+		return d, plan, false
+	}
+	// From now until the bucket is full again, this VM settles the
+	// sidecar's answers against it.
+	if k := c.known[key]; k != nil && k.plan == plan {
+		k.settleUntil = max(k.settleUntil, full)
+	} else {
+		// plan is the shard's, decoded into strings of its own, or k's.
+		c.remember(strings.Clone(key), &localKnown{plan: plan, settleUntil: full})
+	}
+	return d, plan, true
 }
 
 func (c *localLimiter) shardKey(key string) string {
@@ -353,7 +462,7 @@ func decodeLocalShard(b []byte) ([]localEntry, bool) {
 			at:      int64(u64(f[24:])),
 			touched: int64(u64(f[32:])),
 		}
-		if !e.plan.valid() || !(e.tokens >= 0) || e.tokens > float64(e.plan.limit) || e.at < 0 {
+		if !e.plan.valid() || !(e.tokens >= -float64(e.plan.limit)) || e.tokens > float64(e.plan.limit) || e.at < 0 {
 			return nil, false
 		}
 		entries = append(entries, e)

@@ -160,6 +160,115 @@ func TestLocalLearn(t *testing.T) {
 	}
 }
 
+// withTokens is answer with the sidecar's exact tokens after its decision.
+func withTokens(a *Answer, tokens float64) *Answer {
+	a.Tokens, a.HasTokens = tokens, true
+	return a
+}
+
+// TestLocalSettle: while a client's bucket is in use, the sidecar's
+// answers are settled against it: what the sidecar admitted is charged,
+// down to a debt of one capacity, and the bucket is lowered to the
+// answer's tokens, never raised. A full bucket, the healthy path, costs no
+// host call.
+func TestLocalSettle(t *testing.T) {
+	c := newLocalLimiter(localConfig())
+	h := newSharedHost()
+	s := &stream{key: "alice", enforce: true, cost: 1}
+	const second = int64(1e9)
+	// gold: 10 tokens, 2 a second. Learned, never used: answers change
+	// nothing and read nothing.
+	c.learn(h, s, answerFor(Allowed, "gold", 10, 2), anchor)
+	// A second VM finds the plan while the bucket is full.
+	o := newLocalLimiter(localConfig())
+	o.learn(h, s, answerFor(Allowed, "gold", 10, 2), anchor)
+	reads, writes := h.reads, h.writes
+	for range 10 {
+		c.learn(h, s, withTokens(answerFor(Allowed, "gold", 10, 2), 0), anchor)
+	}
+	if h.reads != reads || h.writes != writes {
+		t.Fatalf("%d reads and %d writes for answers about a full bucket, want none", h.reads-reads, h.writes-writes)
+	}
+	take := func(l *localLimiter, cost, at int64) localDecision {
+		t.Helper()
+		d, _, ok := l.take(h, "alice", cost, at)
+		if !ok {
+			t.Fatalf("take %d: not decided", cost)
+		}
+		return d
+	}
+	if d := take(c, 4, anchor); !d.allowed || d.quota.remaining != 6 {
+		t.Fatalf("take 4: %+v", d)
+	}
+	// Three admissions the sidecar reports without its tokens: charged.
+	for range 3 {
+		c.learn(h, s, answerFor(Allowed, "gold", 10, 2), anchor)
+	}
+	if d := take(c, 4, anchor); d.allowed || d.quota.remaining != 3 {
+		t.Fatalf("take 4 after the sidecar admitted 3: %+v, want a denial with 3 left", d)
+	}
+	// Half a second on the bucket holds 4; the sidecar's holds 1 after
+	// admitting one more.
+	c.learn(h, s, withTokens(answerFor(Allowed, "gold", 10, 2), 1), anchor+second/2)
+	if d := take(c, 2, anchor+second/2); d.allowed || d.quota.remaining != 1 {
+		t.Fatalf("take 2 after the sidecar answered 1 token left: %+v, want a denial with 1 left", d)
+	}
+	// A denial with more tokens than the bucket holds changes nothing; a
+	// 429 with fewer lowers it, charging nothing.
+	writes = h.writes
+	c.learn(h, s, withTokens(answerFor(Denied, "gold", 10, 2), 9), anchor+second/2)
+	if h.writes != writes {
+		t.Fatal("a 429 with more tokens than the bucket changed it")
+	}
+	c.learn(h, s, withTokens(answerFor(Denied, "gold", 10, 2), 0.25), anchor+second/2)
+	if d := take(c, 1, anchor+second/2); d.allowed || d.quota.remaining != 0 {
+		t.Fatalf("take 1 after a 429 at 0.25 tokens: %+v, want a denial", d)
+	}
+	// Admissions past the bucket leave a debt, at most one capacity: 0.25
+	// less 20 is -10. The next whole token is then 5.5 s away, the full
+	// bucket 10 s.
+	for range 20 {
+		c.learn(h, s, answerFor(Allowed, "gold", 10, 2), anchor+second/2)
+	}
+	d := take(c, 1, anchor+second/2)
+	if d.allowed || d.quota.remaining != 0 || d.quota.next != 6 || d.quota.reset != 10 || d.retryAfter != 6 {
+		t.Fatalf("take 1 in debt: %+v, want a denial, t=6, reset 10, Retry-After 6", d)
+	}
+	at := anchor + second/2 + 5*second
+	if d := take(c, 1, at); d.allowed {
+		t.Fatalf("take 1 after 5 s of a debt of 10: %+v, want a denial", d)
+	}
+	if d := take(c, 1, at+second/2); !d.allowed {
+		t.Fatalf("take 1 after 5.5 s: %+v", d)
+	}
+	// Full 10 s after the take (1 token spent from 1 at at+0.5s: 0 left).
+	full := at + second/2 + 5*second
+	reads, writes = h.reads, h.writes
+	c.learn(h, s, withTokens(answerFor(Allowed, "gold", 10, 2), 0), full)
+	if h.reads != reads || h.writes != writes {
+		t.Fatalf("%d reads and %d writes once the bucket was full again", h.reads-reads, h.writes-writes)
+	}
+	if d := take(c, 10, full); !d.allowed {
+		t.Fatalf("take 10 from the full bucket: %+v", d)
+	}
+
+	// The second VM has not seen the bucket since it was full: it does
+	// not know it is in use and settles nothing. Once it takes from it,
+	// it settles too.
+	writes = h.writes
+	o.learn(h, s, withTokens(answerFor(Allowed, "gold", 10, 2), 0), full+second)
+	if h.writes != writes {
+		t.Fatal("a VM that never took from the bucket settled an answer")
+	}
+	if d := take(o, 1, full+second); !d.allowed || d.quota.remaining != 1 {
+		t.Fatalf("second VM's take: %+v, want 1 left of the 2 refilled", d)
+	}
+	o.learn(h, s, answerFor(Allowed, "gold", 10, 2), full+second)
+	if d := take(c, 1, full+second); d.allowed {
+		t.Fatalf("first VM's take after the second was charged the last token: %+v", d)
+	}
+}
+
 func TestLocalTakeNeverSeen(t *testing.T) {
 	c := newLocalLimiter(localConfig())
 	h := newSharedHost()
@@ -244,6 +353,7 @@ func TestLocalShardCodec(t *testing.T) {
 	entries := []localEntry{
 		{key: "a", plan: localPlan{"gold", 100, 0.3333333333333333}, tokens: 12.5, at: anchor, touched: anchor + 1},
 		{key: string(make([]byte, 256)), plan: localPlan{"", 1, 1e9}, touched: 7},
+		{key: "in debt", plan: localPlan{"p", 5, 1}, tokens: -5, at: anchor, touched: anchor},
 	}
 	b := encodeLocalShard(entries)
 	got, ok := decodeLocalShard(b)
@@ -267,6 +377,10 @@ func TestLocalShardCodec(t *testing.T) {
 	over := encodeLocalShard([]localEntry{{key: "a", plan: localPlan{"p", 5, 1}, tokens: 6}})
 	if _, ok := decodeLocalShard(over); ok {
 		t.Error("more tokens than the capacity decoded")
+	}
+	debt := encodeLocalShard([]localEntry{{key: "a", plan: localPlan{"p", 5, 1}, tokens: -5.5}})
+	if _, ok := decodeLocalShard(debt); ok {
+		t.Error("a debt of more than the capacity decoded")
 	}
 }
 
