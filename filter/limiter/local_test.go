@@ -386,6 +386,7 @@ func TestLocalShardCodec(t *testing.T) {
 
 func FuzzDecodeLocalShard(f *testing.F) {
 	f.Add(encodeLocalShard([]localEntry{{key: "a", plan: localPlan{"gold", 100, 2}, tokens: 12.5, at: anchor, touched: anchor}}))
+	f.Add(encodeLocalShard([]localEntry{{key: "in debt", plan: localPlan{"gold", 100, 2}, tokens: -100, at: anchor, touched: anchor}}))
 	f.Add([]byte{localFormat, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		entries, ok := decodeLocalShard(b)
@@ -393,7 +394,7 @@ func FuzzDecodeLocalShard(f *testing.F) {
 			return
 		}
 		for _, e := range entries {
-			if !e.plan.valid() || e.tokens < 0 || e.tokens > float64(e.plan.limit) {
+			if !e.plan.valid() || !(e.tokens >= -float64(e.plan.limit)) || e.tokens > float64(e.plan.limit) {
 				t.Fatalf("decoded an unusable entry %+v", e)
 			}
 		}
