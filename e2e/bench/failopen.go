@@ -43,6 +43,8 @@ var failPhases = []failPhase{
 		return c.Do(ctx, "CLIENT", "PAUSE", d.Milliseconds(), "ALL").Err()
 	}},
 	{name: "Redis up again", enter: func(context.Context, *rig.Backend, time.Duration) error { return nil }},
+	{name: "Redis flapping (CLIENT PAUSE 50 ms in every 150)", outage: true, enter: flap},
+	{name: "Redis up after flapping", enter: func(context.Context, *rig.Backend, time.Duration) error { return nil }},
 	{name: "Redis stopped (killed)", outage: true, enter: func(_ context.Context, b *rig.Backend, _ time.Duration) error { return b.Redis.Kill() }},
 	{name: "Redis restarted (empty)", enter: func(ctx context.Context, b *rig.Backend, _ time.Duration) error { return b.Redis.Restart(ctx) }},
 	{name: "Sidecar hung (SIGSTOP)", outage: true, enter: func(_ context.Context, b *rig.Backend, _ time.Duration) error {
@@ -51,6 +53,33 @@ var failPhases = []failPhase{
 		return b.Sidecar.Pause()
 	}},
 	{name: "Sidecar resumed", enter: func(_ context.Context, b *rig.Backend, _ time.Duration) error { return b.Sidecar.Resume() }},
+}
+
+// flap pauses Redis for 50 ms in every 150 for the phase's length d, in the
+// background: an outage that comes and goes, in which the sidecar answers
+// the checks that come between the pauses and 503 to those that wait
+// through one past its 4 ms deadline.
+func flap(ctx context.Context, b *rig.Backend, d time.Duration) error {
+	const pause, every = 50 * time.Millisecond, 150 * time.Millisecond
+	c := redis.NewClient(&redis.Options{Addr: b.Redis.Addr})
+	if err := c.Do(ctx, "CLIENT", "PAUSE", pause.Milliseconds(), "ALL").Err(); err != nil {
+		c.Close()
+		return err
+	}
+	go func() {
+		defer c.Close()
+		start := time.Now()
+		for n := 1; time.Duration(n)*every+pause <= d; n++ {
+			select {
+			case <-time.After(time.Until(start.Add(time.Duration(n) * every))):
+			case <-ctx.Done():
+				return
+			}
+			// A pause that fails leaves Redis up for one more turn.
+			_ = c.Do(ctx, "CLIENT", "PAUSE", pause.Milliseconds(), "ALL").Err()
+		}
+	}()
+	return nil
 }
 
 // breakerStates are the gateways of a fail-open run: the filter's circuit
@@ -252,7 +281,7 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 	}
 
 	t := report.Table{
-		Title: fmt.Sprintf("Redis hung, then stopped, then the sidecar hung, under load, on three gateways at once (circuit breaker on; off; on with on_failure local): %d quiet clients at %g/s and a noisy client at %g/s over 3 services x 3 replicas each (outages %v, other phases %v, median of %d runs)",
+		Title: fmt.Sprintf("Redis hung, then flapping, then stopped, then the sidecar hung, under load, on three gateways at once (circuit breaker on; off; on with on_failure local): %d quiet clients at %g/s and a noisy client at %g/s over 3 services x 3 replicas each (outages %v, other phases %v, median of %d runs)",
 			quiet, quietRate, noisyRate, outPhase, upPhase, e.runs),
 		Header:      []string{"phase", "breaker", "quiet answered 200", "quiet p50 ms", "quiet p99 ms", "added p50 vs Redis up", "added p99 vs Redis up", "noisy admitted/s", "limit on the noisy client", "noisy stopped by the safety limit", "checks failed open (reason)"},
 		TextColumns: 2,
@@ -357,6 +386,7 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 		fmt.Sprintf("Plans: quiet clients %g/s (burst %g), the noisy client %g/s (burst %g). While Redis or the sidecar is out, every check fails open and the services' coarse safety limit (10x the plan, per replica) is what is left: 9 replicas x 10 x %g/s = %.0f/s for the noisy client, plus the safety buckets' bursts (9 x 10 x %g) spread over the %v outage: %.0f/s. Failed-open counts are summed over the runs.",
 			standard.Rate, standard.Capacity, small.Rate, small.Capacity, small.Rate, capPerSec, small.Capacity, outPhase, outageCap),
 		"Three gateways, each with its own services and its own client keys, run the same traffic at the same time on one Redis and one sidecar. Breaker on: the filter's default circuit breaker (5 failures in a row open it). Breaker on, on_failure local: the same, but a request that fails open goes through the client's local token bucket, with the plan the sidecar's earlier answers gave: the noisy client is held to its plan by the proxy instead of reaching the services' safety limit. Breaker off (\"breaker\": {\"failures\": 0}): every check makes its callout and waits for its answer, so the outage rows measure what a check that cannot be answered costs: the sidecar's 503 at its own 4 ms Redis deadline with Redis hung, the filter's 5 ms timeout with the sidecar hung, an immediate 503 with Redis refusing connections. With the breaker on, most outage requests skip the callout (circuit_open): the difference between the two rows is what the breaker saves.",
+		"Redis flapping is an outage that comes and goes: the sidecar answers the checks between the pauses, so the noisy client's requests are decided by Redis for part of the phase and fail open for the rest. With the breaker on, each pause fails enough checks in a row to open it, and a probe that meets a pause doubles the time it stays open, so the noisy client goes through unlimited for much of the phase, and into the phase after it until a probe is answered (up to max_open_ms, 5 s). With on_failure local, the local bucket decides what fails open, and is charged for what the sidecar admits in between.",
 		"Latency runs from when a request was due to its answer; \"added\" is the phase's quiet percentile minus the same gateway's and run's with Redis up. It can be negative with the breaker open: those requests make no callout at all, while with Redis up each pays for one. The tail also pays for the extra work an outage brings (every request of the noisy clients now reaches a service, and with the breaker off every request makes a callout that waits).",
 	}
 	charts := []report.Chart{{File: "failopen.png", Alt: "noisy client's admitted rate per phase against the safety cap: breaker on, off, and on with on_failure local"},
@@ -383,9 +413,9 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 		return nil, err
 	}
 	return &report.Scenario{
-		Title:  "Fail open: Redis hung, Redis stopped, the sidecar hung mid-run; circuit breaker on and off, and on_failure local",
+		Title:  "Fail open: Redis hung, flapping, stopped, the sidecar hung mid-run; circuit breaker on and off, and on_failure local",
 		Claim:  failOpenClaim,
-		Method: "Three gateways enforcing through one sidecar, one with the filter's circuit breaker on (its default), one with it off, and one with the breaker on and on_failure local, each in front of its own services with only the 10x safety limit, under the same steady open-loop load at the same time. Redis, then the sidecar, changes state phase by phase: up; Redis hung (CLIENT PAUSE ALL: commands wait, so the sidecar answers 503 at its own 4 ms deadline); up again; Redis killed (connections refused: the sidecar answers 503 at once); Redis restarted empty; the sidecar hung (SIGSTOP: connections are accepted and nothing answers, so the filter's 5 ms timeout passes); the sidecar resumed (last, since the callouts it kept unanswered are all read at once when it resumes). With the breaker on, it opens after a few failed checks, and requests then fail open at once without a callout (failed_open.circuit_open) until a probe gets an answer; with it off, every request waits for its check to fail. Requests are counted in the phase they were due in; a first second with Redis up, before the phases, lets connections settle and is not reported.",
+		Method: "Three gateways enforcing through one sidecar, one with the filter's circuit breaker on (its default), one with it off, and one with the breaker on and on_failure local, each in front of its own services with only the 10x safety limit, under the same steady open-loop load at the same time. Redis, then the sidecar, changes state phase by phase: up; Redis hung (CLIENT PAUSE ALL: commands wait, so the sidecar answers 503 at its own 4 ms deadline); up again; Redis flapping (paused for 50 ms in every 150: the sidecar answers the checks between the pauses and 503 to those a pause holds, an outage that comes and goes); up again; Redis killed (connections refused: the sidecar answers 503 at once); Redis restarted empty; the sidecar hung (SIGSTOP: connections are accepted and nothing answers, so the filter's 5 ms timeout passes); the sidecar resumed (last, since the callouts it kept unanswered are all read at once when it resumes). With the breaker on, it opens after a few failed checks, and requests then fail open at once without a callout (failed_open.circuit_open) until a probe gets an answer; with it off, every request waits for its check to fail. Requests are counted in the phase they were due in; a first second with Redis up, before the phases, lets connections settle and is not reported.",
 		Tables: []report.Table{t},
 		Charts: charts,
 		Checks: []report.Check{
