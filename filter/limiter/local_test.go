@@ -1,6 +1,8 @@
 package limiter
 
 import (
+	"math"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"testing"
@@ -266,6 +268,83 @@ func TestLocalSettle(t *testing.T) {
 	o.learn(h, s, answerFor(Allowed, "gold", 10, 2), full+second)
 	if d := take(c, 1, full+second); d.allowed {
 		t.Fatalf("first VM's take after the second was charged the last token: %+v", d)
+	}
+}
+
+// TestLocalSettleBound drives one VM's bucket through outages that come
+// and go: each request either fails (the bucket decides) or is decided by
+// a shared bucket standing for Redis, which admits at most C + r·Δt in any
+// window Δt. From the bucket's first use on, the process admits the
+// client, whoever decides, at most C + r·Δt plus one capacity: the bucket
+// starting full, or the debt forgiven below minus C. Without settling, the
+// sidecar and the bucket each spend the refill, and the count goes past
+// the bound within the first second of the first seed. The shared bucket
+// is a plain one: the bound holds for any that admits no more than the
+// plan, the script's exact rounding aside.
+func TestLocalSettleBound(t *testing.T) {
+	const (
+		capacity = 3
+		rate     = 10.0 // tokens per second
+		second   = int64(1e9)
+	)
+	for seed := uint64(1); seed <= 20; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 0x10ca1))
+		c := newLocalLimiter(localConfig())
+		h := newSharedHost()
+		s := &stream{key: "alice", enforce: true, cost: 1}
+		shared, sharedAt := float64(capacity), anchor // the sidecar's bucket
+		decide := func(now int64) *Answer {
+			shared = math.Min(capacity, shared+rate*float64(now-sharedAt)/1e9)
+			sharedAt = now
+			a := answerFor(Denied, "gold", capacity, rate)
+			if shared >= 1 {
+				shared--
+				a.Outcome = Allowed
+			}
+			return withTokens(a, shared)
+		}
+		now := anchor
+		c.learn(h, s, decide(now), now)
+		var firstUse, admitted int64
+		// Failures come in spells: a request fails with probability 0.6
+		// in a spell and 0.02 between them, and a spell starts or ends
+		// after each request with probability 0.05.
+		spell := false
+		for now < anchor+20*second {
+			now += rng.Int64N(second / 50) // up to 20 ms apart: ~100/s
+			if rng.Float64() < 0.05 {
+				spell = !spell
+			}
+			fail := rng.Float64() < 0.02
+			if spell {
+				fail = rng.Float64() < 0.6
+			}
+			ok := false
+			if fail {
+				d, _, decided := c.take(h, s.key, s.cost, now)
+				if !decided {
+					t.Fatalf("seed %d: the bucket did not decide", seed)
+				}
+				if firstUse == 0 {
+					firstUse = now
+				}
+				ok = d.allowed
+			} else {
+				a := decide(now)
+				c.learn(h, s, a, now)
+				ok = a.Outcome == Allowed
+			}
+			if ok && firstUse != 0 {
+				admitted++
+			}
+			if firstUse != 0 {
+				bound := 2*capacity + rate*float64(now-firstUse)/1e9
+				if float64(admitted) > bound+1e-9 {
+					t.Fatalf("seed %d: %d admitted in the %v s since the bucket's first use, over C + r·Δt + C = %.1f",
+						seed, admitted, float64(now-firstUse)/1e9, bound)
+				}
+			}
+		}
 	}
 }
 
