@@ -51,6 +51,9 @@ func failingTo(t *testing.T, h Host, key string, answer []Header) Stream {
 func (r runner) localLimits(t *testing.T) {
 	h := r.host(t, `{"on_failure": "local", "breaker": {"failures": 4, "min_open_ms": 60000, "max_open_ms": 60000}}`)
 	learnPlan(t, h, "alice")
+	// The answer left the sidecar's bucket 2 tokens; 2 s on it can hold
+	// 3, its capacity, and the local bucket starts there.
+	h.Advance(2 * time.Second)
 
 	// Three tokens: a 500 and a malformed 200 (which the breaker does not
 	// count) and a 503 each take one.
@@ -187,26 +190,29 @@ func (r runner) localOffByDefault(t *testing.T) {
 	counters(t, h, map[string]int64{limiter.MetricAllowed: 1, limiter.MetricFailedOpenPrefix + "unavailable": 5})
 }
 
-// localPartialOutage: while the bucket is in use, the answers the sidecar
-// still gives are settled against it: a request the sidecar admitted is
-// charged to the bucket, which can go into debt, and a 429 lowers it to
-// the sidecar's tokens. The process admits the client's plan once, not
-// once through the sidecar and once more through the bucket.
+// localPartialOutage: the local bucket starts no fuller than the latest
+// answer says the sidecar's bucket can be, and while it is in use the
+// answers the sidecar still gives are settled against it: a request the
+// sidecar admitted is charged to the bucket, which can go into debt. The
+// process admits the client's plan once, not once through the sidecar and
+// once more through the bucket.
 func (r runner) localPartialOutage(t *testing.T) {
 	h := r.host(t, `{"on_failure": "local", "breaker": {"failures": 0}}`)
-	learnPlan(t, h, "alice")
-	wentOn(t, failingTo(t, h, "alice", unavailableAnswer)) // 3 tokens, 2 left
-	// The sidecar admits one: charged, 1 left.
+	learnPlan(t, h, "alice") // the sidecar's bucket: 2 of 3 left
+	// The bucket starts at those 2, not full: 1 left.
+	wentOn(t, failingTo(t, h, "alice", unavailableAnswer))
+	// The sidecar admits one, which empties its bucket: charged, 0 left.
+	wentOn(t, failingTo(t, h, "alice", withRate(allowAnswer(3, 0, 6, "gold"), 0.5)))
+	denial(t, failingTo(t, h, "alice", unavailableAnswer), goldPolicy, `"gold";r=0;t=2`, "6", "2")
+	// 4 s: 2 tokens in both. The sidecar admits one, the bucket another,
+	// and the sidecar one more: a debt of 1, so the next token is 4 s away
+	// and the bucket full in 8 s.
+	h.Advance(4 * time.Second)
 	wentOn(t, failingTo(t, h, "alice", withRate(allowAnswer(3, 1, 4, "gold"), 0.5)))
 	wentOn(t, failingTo(t, h, "alice", timeoutAnswer))
-	denial(t, failingTo(t, h, "alice", unavailableAnswer), goldPolicy, `"gold";r=0;t=2`, "6", "2")
-	// Two more admitted by the sidecar (another gateway's requests left
-	// its bucket fuller than this one): a debt of 2, so the next token is
-	// 6 s away and the bucket full in 10 s.
-	wentOn(t, failingTo(t, h, "alice", withRate(allowAnswer(3, 2, 2, "gold"), 0.5)))
-	wentOn(t, failingTo(t, h, "alice", withRate(allowAnswer(3, 1, 4, "gold"), 0.5)))
-	denial(t, failingTo(t, h, "alice", timeoutAnswer), goldPolicy, `"gold";r=0;t=6`, "10", "6")
-	h.Advance(4 * time.Second)
+	wentOn(t, failingTo(t, h, "alice", withRate(allowAnswer(3, 0, 6, "gold"), 0.5)))
+	denial(t, failingTo(t, h, "alice", timeoutAnswer), goldPolicy, `"gold";r=0;t=4`, "8", "4")
+	h.Advance(2 * time.Second)
 	denial(t, failingTo(t, h, "alice", timeoutAnswer), goldPolicy, `"gold";r=0;t=2`, "6", "2")
 	h.Advance(2 * time.Second)
 	wentOn(t, failingTo(t, h, "alice", timeoutAnswer))

@@ -18,10 +18,11 @@ import (
 //
 // The plan is learned from the sidecar's 200 and 429 answers: the capacity
 // (ratelimit-limit) and the exact refill rate (x-ratelimit-rate). A local
-// bucket starts full the first time the sidecar cannot answer for that
-// client and refills at the plan's rate on the host clock. A client no
-// answer ever described passes, as with "open": the filter knows nothing to
-// hold it to.
+// bucket starts the first time the sidecar cannot answer for that client:
+// as full as the latest answer the VM got says the sidecar's bucket can be
+// (its tokens, refilled since), or full without one, and refills at the
+// plan's rate on the host clock. A client no answer ever described passes,
+// as with "open": the filter knows nothing to hold it to.
 //
 // While a bucket is in use (below full since the sidecar last failed that
 // client), the sidecar's answers that still come, in an outage that is
@@ -164,6 +165,23 @@ func (e *localEntry) settle(admitted int64, tokens float64, hasTokens bool, now 
 	return true
 }
 
+// bound lowers the bucket at now to what a sidecar's answer says the shared
+// bucket can hold: its tokens after the decision, refilled since at (the
+// callout's dispatch, no later than the decision). It reports whether the
+// bucket held more. The shared bucket can only have spent since, so the
+// bound never denies what it would admit, whatever other gateways did.
+func (e *localEntry) bound(tokens float64, at, now int64) bool {
+	b := tokens
+	if now > at {
+		b += e.plan.rate * (float64(now-at) / 1e9)
+	}
+	if b >= e.level(now) {
+		return false
+	}
+	e.tokens, e.at = math.Max(b, 0), now
+	return true
+}
+
 // localDecision is the local bucket's answer to one request.
 type localDecision struct {
 	allowed bool
@@ -222,6 +240,11 @@ type localKnown struct {
 	// this VM knows; the answers this VM gets then are not settled, and
 	// the sidecar's admissions they carry go uncharged.
 	settleUntil int64
+	// tokens is the sidecar's bucket after its latest answer this VM got,
+	// decided after tokensAt (the callout's dispatch, host clock, ns; 0:
+	// none). A bucket's first use starts from them rather than full.
+	tokens   float64
+	tokensAt int64
 }
 
 func newLocalLimiter(cfg *Config) *localLimiter {
@@ -250,6 +273,9 @@ func (c *localLimiter) learn(h abi.Host, s *stream, a *Answer, now int64) {
 		return
 	}
 	k := c.known[s.key]
+	if k != nil && a.HasTokens && s.sentAt >= k.tokensAt {
+		k.tokens, k.tokensAt = a.Tokens, s.sentAt
+	}
 	var admitted int64
 	if a.Outcome == Allowed {
 		admitted = s.cost
@@ -258,13 +284,13 @@ func (c *localLimiter) learn(h abi.Host, s *stream, a *Answer, now int64) {
 	if k != nil && k.plan == p && !settle {
 		return
 	}
-	c.record(h, s.key, k, p, settle, admitted, a, now)
+	c.record(h, s.key, k, p, settle, admitted, a, s.sentAt, now)
 }
 
 // record is learn's way to shared data: it writes a plan the VM has not
 // recorded (k nil) or a changed one, and with settle, settles a's
 // admission and tokens against the bucket.
-func (c *localLimiter) record(h abi.Host, key string, k *localKnown, p localPlan, settle bool, admitted int64, a *Answer, now int64) {
+func (c *localLimiter) record(h abi.Host, key string, k *localKnown, p localPlan, settle bool, admitted int64, a *Answer, sentAt, now int64) {
 	if k == nil || k.plan != p {
 		// Kept beyond the request: copies, not views of request memory.
 		key = strings.Clone(key)
@@ -291,7 +317,11 @@ func (c *localLimiter) record(h abi.Host, key string, k *localKnown, p localPlan
 	case k != nil && k.plan == p:
 		k.settleUntil = full
 	default:
-		c.remember(key, &localKnown{plan: p, settleUntil: full})
+		n := &localKnown{plan: p, settleUntil: full}
+		if a.HasTokens {
+			n.tokens, n.tokensAt = a.Tokens, sentAt
+		}
+		c.remember(key, n)
 	}
 }
 
@@ -313,28 +343,31 @@ func (c *localLimiter) remember(key string, k *localKnown) {
 func (c *localLimiter) take(h abi.Host, key string, cost, now int64) (d localDecision, plan localPlan, ok bool) {
 	decided := false
 	var full int64
+	k := c.known[key]
 	settled := c.update(h, key, now, func(e *localEntry, found bool) bool {
 		decided = false
 		if !found {
 			// The shard lost the entry (evicted, or written by a VM that
 			// never saw the client) but this VM knows the plan.
-			k := c.known[key]
 			if k == nil {
 				return false
 			}
 			e.plan = k.plan
 		}
+		// No fuller than this VM's latest answer from the sidecar says the
+		// shared bucket can be: a bucket's first use starts there.
+		lowered := k != nil && k.tokensAt != 0 && e.bound(k.tokens, k.tokensAt, now)
 		d, plan, decided = e.take(cost, now), e.plan, true
 		full = e.fullAt(now)
 		// A denial changes nothing a later refill would not recompute.
-		return d.allowed || !found
+		return d.allowed || !found || lowered
 	})
 	if !settled || !decided {
 		return d, plan, false
 	}
 	// From now until the bucket is full again, this VM settles the
 	// sidecar's answers against it.
-	if k := c.known[key]; k != nil && k.plan == plan {
+	if k != nil && k.plan == plan {
 		k.settleUntil = max(k.settleUntil, full)
 	} else {
 		// plan is the shard's, decoded into strings of its own, or k's.
