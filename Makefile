@@ -112,7 +112,8 @@ check: deps
 ## redis-benchmark, the sidecar beside envoyproxy/ratelimit, the filter in
 ## wazero beside its native path, the memory of the filter, the sidecar and
 ## Redis, then the scenarios (incident, noisy neighbour, latency budget,
-## throughput, fail open), the burst sweep and the callouts-together sweep
+## throughput, fail open), the burst sweep, the callouts-together sweep and
+## Redis flapping under a bursting client, on_failure open against local,
 ## side by side; writes e2e/bench/results/ and BENCHMARKS.md from the run.
 ## envoyproxy/ratelimit and its gRPC load generator come from the bench's
 ## own module (e2e/bench/rls/go.mod pins the version), so the main module

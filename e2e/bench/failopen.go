@@ -60,26 +60,42 @@ var failPhases = []failPhase{
 // the checks that come between the pauses and 503 to those that wait
 // through one past its 4 ms deadline.
 func flap(ctx context.Context, b *rig.Backend, d time.Duration) error {
-	const pause, every = 50 * time.Millisecond, 150 * time.Millisecond
+	stop, err := startFlapping(ctx, b, 50*time.Millisecond, 150*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	time.AfterFunc(d-50*time.Millisecond, stop)
+	return nil
+}
+
+// startFlapping pauses every client of Redis (CLIENT PAUSE ALL) for pause
+// at the start of each period every, from now until stop is called; a
+// pause under way when stop is called runs to its end.
+func startFlapping(ctx context.Context, b *rig.Backend, pause, every time.Duration) (stop func(), err error) {
 	c := redis.NewClient(&redis.Options{Addr: b.Redis.Addr})
 	if err := c.Do(ctx, "CLIENT", "PAUSE", pause.Milliseconds(), "ALL").Err(); err != nil {
 		c.Close()
-		return err
+		return nil, err
 	}
+	done := make(chan struct{})
+	var once sync.Once
 	go func() {
 		defer c.Close()
-		start := time.Now()
-		for n := 1; time.Duration(n)*every+pause <= d; n++ {
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
 			select {
-			case <-time.After(time.Until(start.Add(time.Duration(n) * every))):
+			case <-tick.C:
+			case <-done:
+				return
 			case <-ctx.Done():
 				return
 			}
-			// A pause that fails leaves Redis up for one more turn.
+			// A pause that fails leaves Redis up for one more period.
 			_ = c.Do(ctx, "CLIENT", "PAUSE", pause.Milliseconds(), "ALL").Err()
 		}
 	}()
-	return nil
+	return func() { once.Do(func() { close(done) }) }, nil
 }
 
 // breakerStates are the gateways of a fail-open run: the filter's circuit

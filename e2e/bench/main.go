@@ -65,6 +65,7 @@ var scenarios = []scenario{
 	{"failopen", runFailOpen, failOpenClaim, nil},
 	{"burst", runBurst, burstClaim, nil},
 	{"atonce", runAtOnce, atOnceClaim, nil},
+	{"flapping", runFlapping, flappingClaim, nil},
 }
 
 // complete sets a scenario's claim from the code and adds the derived
