@@ -245,13 +245,14 @@ func writeBenchmarks(root, path string, e *env) error {
 	}
 	var atts []report.Attachment
 	for _, a := range []report.Attachment{
-		{Title: "This machine: what a system call and a hop between processes cost", Path: filepath.Join(e.out, "machinecost.txt")},
 		{Title: "Throughput: the script through go-redis vs redis-benchmark", Path: filepath.Join(e.out, "scriptbench.txt")},
 		{Title: "Throughput: the sidecar vs redis-benchmark, and beside envoyproxy/ratelimit", Path: filepath.Join(e.out, "sidecarbench.txt"),
 			Checks: filepath.Join(e.out, "sidecarbench.checks.json")},
 		{Title: "The filter's cost per request: wazero against native", Path: filepath.Join(e.out, "filtercost.txt"),
 			Checks: filepath.Join(e.out, "filtercost.checks.json")},
 		{Title: "Memory: the filter, the sidecar and Redis over many requests and clients", Path: filepath.Join(e.out, "memory.txt")},
+		{Title: "This machine: what a system call and a hop between processes cost", Path: filepath.Join(e.out, "machinecost.txt"),
+			Checks: filepath.Join(e.out, "machinecost.checks.json")},
 	} {
 		if _, err := os.Stat(a.Path); err != nil {
 			continue

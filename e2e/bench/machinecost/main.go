@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 	"unsafe"
@@ -51,13 +52,17 @@ func main() {
 	calls := flag.Int("calls", 2_000_000, "system calls per run")
 	trips := flag.Int("trips", 100_000, "round trips per run")
 	runs := flag.Int("runs", 3, "runs of each measurement; the report gives medians")
-	out := flag.String("out", "", "also write the report to this file")
+	out := flag.String("out", "", "also write the report to this file, and its summary lines beside it (FILE without .txt + .checks.json)")
 	flag.Parse()
 	w, closer, err := report.Tee(*out)
 	if err == nil {
-		err = run(w, *calls, *trips, *runs)
+		var c report.Checked
+		c, err = run(w, *calls, *trips, *runs)
 		if cerr := closer.Close(); err == nil {
 			err = cerr
+		}
+		if err == nil && *out != "" {
+			err = report.SaveChecks(strings.TrimSuffix(*out, ".txt")+".checks.json", c)
 		}
 	}
 	if err != nil {
@@ -71,9 +76,12 @@ type hop struct {
 	wall, cpu time.Duration // per round trip
 }
 
-func run(w io.Writer, calls, trips, runs int) error {
+// run measures, writes the report to w and returns its lines for
+// BENCHMARKS.md's summary: no targets, the machine's prices that the CPU
+// per request of the other sections is read against.
+func run(w io.Writer, calls, trips, runs int) (report.Checked, error) {
 	if calls <= 0 || trips <= 0 || runs <= 0 {
-		return errors.New("-calls, -trips and -runs must be positive")
+		return report.Checked{}, errors.New("-calls, -trips and -runs must be positive")
 	}
 	started, load0, cpu0 := time.Now(), report.LoadAverage(), report.ReadCPUTime()
 	var sys []float64
@@ -82,7 +90,7 @@ func run(w io.Writer, calls, trips, runs int) error {
 	}
 	cpus, err := allowedCPUs()
 	if err != nil {
-		return err
+		return report.Checked{}, err
 	}
 	type layout struct {
 		name        string
@@ -98,7 +106,7 @@ func run(w io.Writer, calls, trips, runs int) error {
 		for i, l := range layouts {
 			h, err := roundTrips(trips, l.here, l.there)
 			if err != nil {
-				return fmt.Errorf("%s: %w", l.name, err)
+				return report.Checked{}, fmt.Errorf("%s: %w", l.name, err)
 			}
 			wall[i] = append(wall[i], h.wall.Seconds()*1e6)
 			cpu[i] = append(cpu[i], h.cpu.Seconds()*1e6)
@@ -108,12 +116,29 @@ func run(w io.Writer, calls, trips, runs int) error {
 		started.UTC().Format("2006-01-02 15:04 UTC"), load0, report.LoadAverage(), report.StealNote(report.ReadCPUTime().StealSince(cpu0)))
 	fmt.Fprintf(w, "a system call that does nothing (getppid), %d calls: %.2f µs (median of %d runs: %s)\n\n", calls, stat.Median(sys), runs, stat.Join(sys, 2, ", "))
 	fmt.Fprintf(w, "a byte handed to another process and back through two pipes, %d round trips, median of %d runs:\n", trips, runs)
+	var hops []string
 	for i, l := range layouts {
 		c := stat.Median(cpu[i])
 		fmt.Fprintf(w, "  %-16s %6.2f µs a round trip, %6.2f µs of CPU (%.2f µs a one-way hop); CPU per run: %s\n",
 			l.name, stat.Median(wall[i]), c, c/2, stat.Join(cpu[i], 2, ", "))
+		hops = append(hops, fmt.Sprintf("%.2f µs %s", c/2, l.name))
 	}
-	return nil
+	// No target: what the machine charges. Machines of one kind have
+	// differed here several times over, and every figure of CPU per
+	// request, and the burst capacity, with them.
+	const target = "none: the machine's price, which this file's CPU per request and burst capacity are read against"
+	return report.Checked{
+		Run: report.Run{
+			Command: report.Command("./e2e/bench/machinecost", os.Args[1:]),
+			Started: started, Took: time.Since(started), Load: [2]float64{load0, report.LoadAverage()}, Steal: report.ReadCPUTime().StealSince(cpu0),
+		},
+		Checks: []report.Check{
+			{Claim: "this machine: a system call that does nothing", Target: target, Info: true,
+				Measured: fmt.Sprintf("%.2f µs (getppid, median of %d runs)", stat.Median(sys), runs)},
+			{Claim: "this machine: a hop to another process (a write, its wake-up, its read)", Target: target, Info: true,
+				Measured: fmt.Sprintf("CPU per one-way hop: %s (median of %d runs of %d round trips)", strings.Join(hops, ", "), runs, trips)},
+		},
+	}, nil
 }
 
 // syscallCost is the time of one getppid, over calls of them on one
