@@ -123,9 +123,10 @@ func run(w io.Writer, calls, trips, runs int) (report.Checked, error) {
 			l.name, stat.Median(wall[i]), c, c/2, stat.Join(cpu[i], 2, ", "))
 		hops = append(hops, fmt.Sprintf("%.2f µs %s", c/2, l.name))
 	}
-	// No target: what the machine charges. Machines of one kind have
-	// differed here several times over, and every figure of CPU per
-	// request, and the burst capacity, with them.
+	// No target: what the machine charges. Machines of the same size
+	// have differed here sixfold in a system call and threefold in a hop
+	// on one CPU, and every figure of CPU per request, and the burst
+	// capacity, with them.
 	const target = "none: the machine's price, which this file's CPU per request and burst capacity are read against"
 	return report.Checked{
 		Run: report.Run{
