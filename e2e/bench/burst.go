@@ -207,6 +207,18 @@ func (s burstStep) Held() int {
 	return n
 }
 
+// reachedExactly is how many of the step's runs had the services receive
+// exactly the admitted requests.
+func (s burstStep) reachedExactly() int {
+	n := 0
+	for _, r := range s.Runs {
+		if r.Reached == r.Admitted {
+			n++
+		}
+	}
+	return n
+}
+
 // Holds reports whether most of the step's runs held (2 of 3 by default).
 func (s burstStep) Holds() bool { return 2*s.Held() > len(s.Runs) }
 
@@ -244,12 +256,6 @@ func (s burstStep) cells() []any {
 	admitted := s.median(func(r burstRun) float64 { return float64(r.Admitted) })
 	fo := s.median(func(r burstRun) float64 { return float64(r.FailedOpen) })
 	share := s.median(func(r burstRun) float64 { return 100 * float64(r.FailedOpen) / float64(r.Sent) })
-	exact := 0
-	for _, r := range s.Runs {
-		if r.Reached == r.Admitted {
-			exact++
-		}
-	}
 	sentCol := fmt.Sprintf("%.0f", sent)
 	if d := s.median(func(r burstRun) float64 { return float64(r.Dropped) }); d > 0 {
 		sentCol += fmt.Sprintf(" (%.0f more due, not sent: %d outstanding)", d, burstMaxInFlight)
@@ -259,7 +265,7 @@ func (s burstStep) cells() []any {
 	}
 	return []any{s.Gateways, s.mode(), fmt.Sprintf("%.0f", s.Offered), sentCol, fmt.Sprintf("%.0f", want), fmt.Sprintf("%.0f", admitted),
 		ratio(s.median(func(r burstRun) float64 { return float64(r.Admitted) / r.Want })), fmt.Sprintf("%.0f (%.2f%%)", fo, share),
-		fmt.Sprintf("%d of %d runs", exact, len(s.Runs)), fmt.Sprintf("%d of %d", s.Held(), len(s.Runs)), yesNo(s.Holds()),
+		fmt.Sprintf("%d of %d runs", s.reachedExactly(), len(s.Runs)), fmt.Sprintf("%d of %d", s.Held(), len(s.Runs)), yesNo(s.Holds()),
 		msOrDash(s.median(func(r burstRun) float64 { return r.FilterP99 })), msOrDash(s.median(func(r burstRun) float64 { return r.SidecarP99 })),
 		msOrDash(s.median(burstRun.AddedP99)), msOrDash(s.median(func(r burstRun) float64 { return r.WaitP99 })), s.cpu(), stealOrDash(s.steal())}
 }

@@ -45,13 +45,12 @@ func flapKey(tag string, run int) string { return fmt.Sprintf("flap-%s-%d", tag,
 func runFlapping(ctx context.Context, e *env) (*report.Scenario, error) {
 	window := runWindow(e.dur(4*time.Second), flapOffered)
 	plan := burstPlan(flapOffered)
-	pl := plans{Default: "unlimited", Plans: map[string]bucket.Limit{}, Clients: map[string]string{}}
+	pl := plans{Default: "unlimited", Plans: map[string]bucket.Limit{"unlimited": unlimitedPlan}, Clients: map[string]string{}}
 	for run := 0; run < e.runs; run++ {
 		for _, f := range flapFronts {
 			pl.addBurstClient(flapKey(f.tag, run), flapOffered)
 		}
 	}
-	pl.Plans["unlimited"] = unlimitedPlan
 	e.prog.Printf("flapping: starting redis, sidecar and two gateways (on_failure open, local)")
 	b, err := rig.StartBackend(ctx, e.bin, pl.YAML())
 	if err != nil {
@@ -131,12 +130,6 @@ func runFlapping(ctx context.Context, e *env) (*report.Scenario, error) {
 		}
 		ratio := st.median(func(r burstRun) float64 { return float64(r.Admitted) / r.Want })
 		boundRatio := st.median(func(r burstRun) float64 { return bound(r) / r.Want })
-		reachedOK := 0
-		for _, r := range runs[i] {
-			if r.Reached == r.Admitted {
-				reachedOK++
-			}
-		}
 		t.Add(f.name,
 			fmt.Sprintf("%.0f", st.median(func(r burstRun) float64 { return float64(r.Sent) })),
 			fmt.Sprintf("%.0f", st.median(func(r burstRun) float64 { return r.Want })),
@@ -144,7 +137,7 @@ func runFlapping(ctx context.Context, e *env) (*report.Scenario, error) {
 			fmt.Sprintf("%.3f", ratio), fmt.Sprintf("%.3f", boundRatio),
 			fmt.Sprintf("%.1f%%", st.median(func(r burstRun) float64 { return 100 * float64(r.FailedOpen) / float64(r.Sent) })),
 			localCell,
-			fmt.Sprintf("%d of %d runs", reachedOK, len(runs[i])),
+			fmt.Sprintf("%d of %d runs", st.reachedExactly(), len(runs[i])),
 			fmt.Sprintf("%d of %d", within, len(runs[i])))
 		c := report.Check{
 			Claim:    "an outage that comes and goes: " + f.name,

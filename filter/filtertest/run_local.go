@@ -126,9 +126,9 @@ func (r runner) localWorkers(t *testing.T) {
 	})
 }
 
-// localLearnsOnlyThePlan: a 429 teaches the plan, not the bucket's tokens.
-// The local bucket starts full when first needed, whatever the sidecar's
-// bucket held, and a newer plan replaces the old one. (Once in use, the
+// localLearnsOnlyThePlan: a 429 without the sidecar's exact tokens
+// (x-ratelimit-tokens) teaches the plan only. The local bucket starts full
+// when first needed, and a newer plan replaces the old one. (Once in use, the
 // bucket is charged for what later answers admit: localPartialOutage.)
 func (r runner) localLearnsOnlyThePlan(t *testing.T) {
 	h := r.host(t, `{"on_failure": "local", "breaker": {"failures": 0}}`)
