@@ -24,8 +24,10 @@
 //     per check is read beside what answering costs with nothing decided.
 //
 // The ratios are printed per round and as the median (the machine is
-// shared; rounds expose its noise), with a note on what differs between
-// the sidecar and RLS beyond the code. Then the sidecar is loaded at a fixed
+// shared; rounds expose its noise), with the CPU each side kept busy
+// (cpubusy.go: Redis's one thread, and every process of the side on the
+// machine's CPUs, which says where each side's checks/s stopped), and a
+// note on what differs between the sidecar and RLS beyond the code. Then the sidecar is loaded at a fixed
 // rate of half the raw Redis figure, each request timed from when it was due
 // (so a stall is not hidden by the generator waiting), for p50/p99/p99.9.
 //
@@ -281,6 +283,7 @@ func run(cfg config) error {
 	}
 	var ratios, rawRates, sidecarRates, rawRedisCPU, sidecarRedisCPU []float64
 	var beside floorFigures
+	busy := cpuBusy{ncpu: runtime.NumCPU()}
 	var vsRLS rlsRatios
 	var lastFull, lastRLS figures
 	n := cfg.redisN
@@ -359,6 +362,7 @@ func run(cfg config) error {
 		}
 		row(r, fmt.Sprintf("fasthttp, one fixed answer (%s)", cfg.loader), fix, "-", fixCPU)
 		beside.add(fullCPU.service, dec, decCPU, fix, fixCPU)
+		busy.add(raw, rawCPU, full, fullCPU)
 		ratios = append(ratios, full.rps/raw.rps)
 		rawRates = append(rawRates, raw.rps)
 		sidecarRates = append(sidecarRates, full.rps)
@@ -395,6 +399,7 @@ func run(cfg config) error {
 		stat.Median(ratios), len(ratios), stat.Join(ratios, 2, ", "), targetRatio)
 	fmt.Fprintf(out, "Redis's CPU per check, median of the rounds: %.1f µs under the sidecar's pipelines, %.1f µs under redis-benchmark -P 1\n",
 		stat.Median(sidecarRedisCPU), stat.Median(rawRedisCPU))
+	busy.print(out, cfg.loader)
 	beside.print(out)
 	if rls != nil {
 		vsRLS.print(out)
