@@ -244,19 +244,20 @@ func writeBenchmarks(root, path string, e *env) error {
 		rel = e.out
 	}
 	var atts []report.Attachment
+	// Each program but scriptbench and memory writes its summary lines
+	// beside its report (report.ChecksPath).
+	out := func(name string) string { return filepath.Join(e.out, name+".txt") }
+	withChecks := func(title, name string) report.Attachment {
+		return report.Attachment{Title: title, Path: out(name), Checks: report.ChecksPath(out(name))}
+	}
 	for _, a := range []report.Attachment{
-		{Title: "Throughput: the script through go-redis vs redis-benchmark", Path: filepath.Join(e.out, "scriptbench.txt")},
-		{Title: "Throughput: the sidecar vs redis-benchmark, and beside envoyproxy/ratelimit", Path: filepath.Join(e.out, "sidecarbench.txt"),
-			Checks: filepath.Join(e.out, "sidecarbench.checks.json")},
-		{Title: "Throughput at 10 clients over 1,000 keys: the sidecar vs redis-benchmark and envoyproxy/ratelimit", Path: filepath.Join(e.out, "sidecarbench-c10.txt"),
-			Checks: filepath.Join(e.out, "sidecarbench-c10.checks.json")},
-		{Title: "Throughput at 200 clients over 100,000 keys: the sidecar vs redis-benchmark and envoyproxy/ratelimit", Path: filepath.Join(e.out, "sidecarbench-c200.txt"),
-			Checks: filepath.Join(e.out, "sidecarbench-c200.checks.json")},
-		{Title: "The filter's cost per request: wazero against native", Path: filepath.Join(e.out, "filtercost.txt"),
-			Checks: filepath.Join(e.out, "filtercost.checks.json")},
-		{Title: "Memory: the filter, the sidecar and Redis over many requests and clients", Path: filepath.Join(e.out, "memory.txt")},
-		{Title: "This machine: what a system call and a hop between processes cost", Path: filepath.Join(e.out, "machinecost.txt"),
-			Checks: filepath.Join(e.out, "machinecost.checks.json")},
+		{Title: "Throughput: the script through go-redis vs redis-benchmark", Path: out("scriptbench")},
+		withChecks("Throughput: the sidecar vs redis-benchmark, and beside envoyproxy/ratelimit", "sidecarbench"),
+		withChecks("Throughput at 10 clients over 1,000 keys: the sidecar vs redis-benchmark and envoyproxy/ratelimit", "sidecarbench-c10"),
+		withChecks("Throughput at 200 clients over 100,000 keys: the sidecar vs redis-benchmark and envoyproxy/ratelimit", "sidecarbench-c200"),
+		withChecks("The filter's cost per request: wazero against native", "filtercost"),
+		{Title: "Memory: the filter, the sidecar and Redis over many requests and clients", Path: out("memory")},
+		withChecks("This machine: what a system call and a hop between processes cost", "machinecost"),
 	} {
 		if _, err := os.Stat(a.Path); err != nil {
 			continue

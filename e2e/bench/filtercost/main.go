@@ -122,7 +122,7 @@ func run(rounds int, benchtime, out string) error {
 		Command: report.Command("./e2e/bench/filtercost", os.Args[1:]),
 		Started: started, Took: time.Since(started), Load: [2]float64{load0, report.LoadAverage()}, Steal: report.ReadCPUTime().StealSince(cpu0),
 	}
-	return report.SaveChecks(strings.TrimSuffix(out, ".txt")+".checks.json", report.Checked{Run: run, Checks: checks})
+	return report.SaveChecks(report.ChecksPath(out), report.Checked{Run: run, Checks: checks})
 }
 
 // runBench runs one benchmark once and returns its ns/op.

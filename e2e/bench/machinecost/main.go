@@ -52,7 +52,7 @@ func main() {
 	calls := flag.Int("calls", 2_000_000, "system calls per run")
 	trips := flag.Int("trips", 100_000, "round trips per run")
 	runs := flag.Int("runs", 3, "runs of each measurement; the report gives medians")
-	out := flag.String("out", "", "also write the report to this file, and its summary lines beside it (FILE without .txt + .checks.json)")
+	out := flag.String("out", "", "also write the report to this file, and its summary lines beside it (FILE with .checks.json in place of its extension)")
 	flag.Parse()
 	w, closer, err := report.Tee(*out)
 	if err == nil {
@@ -62,7 +62,7 @@ func main() {
 			err = cerr
 		}
 		if err == nil && *out != "" {
-			err = report.SaveChecks(strings.TrimSuffix(*out, ".txt")+".checks.json", c)
+			err = report.SaveChecks(report.ChecksPath(*out), c)
 		}
 	}
 	if err != nil {

@@ -75,6 +75,12 @@ type Checked struct {
 	Checks []Check `json:"checks"`
 }
 
+// ChecksPath is where a program that writes its report to out keeps the
+// report's summary lines: out with its extension replaced by .checks.json.
+func ChecksPath(out string) string {
+	return strings.TrimSuffix(out, filepath.Ext(out)) + ".checks.json"
+}
+
 // SaveChecks writes c as JSON to path.
 func SaveChecks(path string, c Checked) error {
 	b, err := json.MarshalIndent(c, "", "  ")

@@ -21,7 +21,7 @@ const (
 )
 
 // writeChecks reads the report this program wrote to path and writes the
-// lines BENCHMARKS.md's summary gives it beside it (checksPath). The
+// lines BENCHMARKS.md's summary gives it beside it (report.ChecksPath). The
 // summary is read from the report rather than kept aside, so that a report
 // saved by an earlier run gives the same lines (`-checks-from`).
 func writeChecks(path string) error {
@@ -37,7 +37,7 @@ func writeChecks(path string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	return report.SaveChecks(checksPath(path), report.Checked{Run: run, Checks: checks})
+	return report.SaveChecks(report.ChecksPath(path), report.Checked{Run: run, Checks: checks})
 }
 
 // reportRun reads the report's command, when it ran and how busy the

@@ -264,12 +264,6 @@ func (v *rlsRatios) print(w io.Writer) {
 		stat.Median(v.p50), stat.Median(v.p99), stat.Median(v.rlsP50), stat.Median(v.rlsP99))
 }
 
-// checksPath is where the summary lines go next to the text report:
-// sidecarbench.txt → sidecarbench.checks.json.
-func checksPath(out string) string {
-	return strings.TrimSuffix(out, filepath.Ext(out)) + ".checks.json"
-}
-
 // loaderLanguage says what each full-load generator (-load) is made of.
 var loaderLanguage = map[string]string{
 	"wrk": "wrk is C and LuaJIT",
