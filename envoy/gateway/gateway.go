@@ -222,6 +222,7 @@ func (g *gateway) build(ctx context.Context, cfg *envoyconfig.Config, prev *gene
 			VMID:       cfg.Wasm.VMID,
 			FailOpen:   cfg.Wasm.FailOpen,
 			Dispatcher: gen.calls,
+			Worker:     i,
 			Stats:      g.stats,
 			SharedData: g.shared,
 			Log:        g.pluginLog(gen, i),

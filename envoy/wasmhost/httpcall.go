@@ -48,6 +48,9 @@ type Callout struct {
 	Body      []byte
 	Trailers  []Header
 	Timeout   time.Duration // 0: none
+	// Worker is the calling VM's Options.Worker: a dispatcher keeps each
+	// worker's connections apart, as Envoy's connection pools are.
+	Worker int
 }
 
 // CalloutResponse is what answers a Callout.
@@ -203,6 +206,7 @@ func (vm *VM) httpCall(s []uint64) Status {
 		Body:      body,
 		Trailers:  vm.text.pairs(trls, 0),
 		Timeout:   time.Duration(timeoutMs) * time.Millisecond,
+		Worker:    vm.o.Worker,
 	}
 	p := &pendingCall{}
 	p.ctx.init(vm.ctx)

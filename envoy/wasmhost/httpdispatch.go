@@ -74,9 +74,19 @@ type HTTPDispatcher struct {
 }
 
 type httpCluster struct {
-	endpoints []*endpointPool
-	next      atomic.Uint64
-	limits    CircuitBreaker
+	endpoints      []string
+	connectTimeout time.Duration
+	next           atomic.Uint64
+	limits         CircuitBreaker
+
+	// byWorker is each worker's connections, one pool per endpoint, made
+	// at the worker's first call: Envoy's connection pools are per worker
+	// thread and never shared between workers, so a worker's calls find
+	// only the connections its own calls opened. The circuit breaker's
+	// counts below are the cluster's, across workers, as Envoy's are.
+	pmu      sync.Mutex
+	byWorker [][]*endpointPool
+	closed   bool
 
 	mu       sync.Mutex
 	requests int            // calls in flight, from dispatch to their end
@@ -94,6 +104,40 @@ type waitingCall struct {
 	path, authority string
 	pool            *endpointPool
 	stop            func() bool
+}
+
+// pools returns the worker's pools, one per endpoint, making them at its
+// first call. After Close they are made closed: a connection dialled into
+// one closes when its call ends.
+func (c *httpCluster) pools(worker int) []*endpointPool {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	for len(c.byWorker) <= worker {
+		c.byWorker = append(c.byWorker, nil)
+	}
+	if c.byWorker[worker] == nil {
+		ps := make([]*endpointPool, len(c.endpoints))
+		for i, e := range c.endpoints {
+			ps[i] = http1.NewPool[*calloutConn](e, c.connectTimeout)
+			if c.closed {
+				ps[i].Close()
+			}
+		}
+		c.byWorker[worker] = ps
+	}
+	return c.byWorker[worker]
+}
+
+// close closes every worker's idle connections.
+func (c *httpCluster) close() {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	c.closed = true
+	for _, ps := range c.byWorker {
+		for _, p := range ps {
+			p.Close()
+		}
+	}
 }
 
 // pending is the calls waiting for a connection; c.mu is held.
@@ -144,14 +188,16 @@ func (c *httpCluster) dialFor(ctx context.Context, pool *endpointPool, a *active
 	}
 }
 
-// idle hands a connection that finished its call to the oldest waiting
-// call, or back to its pool.
+// idle hands a connection that finished its call to the oldest call
+// waiting for its pool (its worker's, to its endpoint), or back to the pool.
 func (cc *calloutConn) idle() {
 	c := cc.cluster
 	c.mu.Lock()
 	var w *waitingCall
-	if len(c.waiting) > 0 {
-		w = c.popWaiting()
+	if i := slices.IndexFunc(c.waiting, func(w *waitingCall) bool { return w.pool == cc.pool }); i >= 0 {
+		w = c.waiting[i]
+		c.waiting = slices.Delete(c.waiting, i, i+1)
+		w.stop()
 	}
 	c.mu.Unlock()
 	if w == nil {
@@ -235,11 +281,8 @@ func unread(c net.Conn) bool {
 func NewHTTPDispatcher(clusters map[string]HTTPCluster) *HTTPDispatcher {
 	d := &HTTPDispatcher{clusters: map[string]*httpCluster{}}
 	for name, c := range clusters {
-		hc := &httpCluster{limits: c.Limits.resolved()}
-		for _, e := range c.Endpoints {
-			hc.endpoints = append(hc.endpoints, http1.NewPool[*calloutConn](e, c.ConnectTimeout))
-		}
-		d.clusters[name] = hc
+		d.clusters[name] = &httpCluster{limits: c.Limits.resolved(),
+			endpoints: slices.Clone(c.Endpoints), connectTimeout: c.ConnectTimeout}
 	}
 	return d
 }
@@ -254,9 +297,7 @@ func (d *HTTPDispatcher) Cluster(name string) bool {
 // call is closed when the call ends.
 func (d *HTTPDispatcher) Close() {
 	for _, c := range d.clusters {
-		for _, p := range c.endpoints {
-			p.Close()
-		}
+		c.close()
 	}
 }
 
@@ -264,8 +305,12 @@ func (d *HTTPDispatcher) Close() {
 // refuses the same ones.
 var errBadRequest = errors.New("callout: invalid method or path")
 
-// Dispatch writes the call to an idle connection of the next endpoint, or
-// dials a new one on its own goroutine.
+// errBadWorker is a call from no worker: the host's own mistake.
+var errBadWorker = errors.New("callout: negative worker index")
+
+// Dispatch writes the call to an idle connection of the next endpoint
+// among those of the call's worker, or dials a new one on its own
+// goroutine.
 func (d *HTTPDispatcher) Dispatch(ctx context.Context, call Callout, respond func(CalloutResponse)) error {
 	_, err := d.DispatchWatched(ctx, call, respond)
 	return err
@@ -278,7 +323,11 @@ func (d *HTTPDispatcher) DispatchWatched(ctx context.Context, call Callout, resp
 	if c == nil || len(c.endpoints) == 0 {
 		return nil, ErrNoSuchCluster
 	}
-	pool := c.endpoints[c.next.Add(1)%uint64(len(c.endpoints))]
+	if call.Worker < 0 {
+		return nil, errBadWorker
+	}
+	pools := c.pools(call.Worker)
+	pool := pools[c.next.Add(1)%uint64(len(pools))]
 	var method, path, authority string
 	for _, h := range call.Headers {
 		switch h[0] {

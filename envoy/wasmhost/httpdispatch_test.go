@@ -202,16 +202,18 @@ func hold(t *testing.T, d *HTTPDispatcher, path string) (context.CancelFunc, cha
 	return cancel, got, err
 }
 
-func answered(t *testing.T, got chan CalloutResponse) {
+func answered(t *testing.T, got chan CalloutResponse) CalloutResponse {
 	t.Helper()
 	select {
 	case r := <-got:
 		if r.Status() != 200 {
 			t.Fatalf("status %d, want 200", r.Status())
 		}
+		return r
 	case <-time.After(10 * time.Second):
 		t.Fatal("no response")
 	}
+	return CalloutResponse{}
 }
 
 // Past max_requests in flight a call fails inline (ErrOverflow) with no
@@ -350,4 +352,66 @@ func goroutinesCreated() uint64 {
 	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
 	metrics.Read(s)
 	return s[0].Value.Uint64()
+}
+
+// Each worker's calls go out on connections of its own, as Envoy's
+// connection pools are per worker thread and never shared: a connection
+// one worker's call opened and left idle carries that worker's next call,
+// and never another worker's, which opens one for itself.
+func TestCalloutConnectionsArePerWorker(t *testing.T) {
+	var mu sync.Mutex
+	var opened []string // each connection's client address, in order
+	addr := testkit.RawServer(t, func(c net.Conn, br *bufio.Reader) {
+		mu.Lock()
+		opened = append(opened, c.RemoteAddr().String())
+		mu.Unlock()
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nx-conn: %s\r\ncontent-length: 0\r\n\r\n", c.RemoteAddr())
+		}
+	})
+	d := NewHTTPDispatcher(map[string]HTTPCluster{"svc": {Endpoints: []string{addr}}})
+	defer d.Close()
+	call := func(worker int) string {
+		t.Helper()
+		got := make(chan CalloutResponse, 1)
+		var ctx callContext
+		ctx.init(context.Background())
+		defer ctx.end()
+		if _, err := d.DispatchWatched(&ctx, Callout{Worker: worker, Cluster: "svc",
+			Headers: []Header{{":method", "GET"}, {":path", "/"}, {":authority", "svc"}}},
+			func(r CalloutResponse) { got <- r }); err != nil {
+			t.Fatal(err)
+		}
+		r := answered(t, got)
+		for _, h := range r.Headers {
+			if h[0] == "x-conn" {
+				return h[1]
+			}
+		}
+		t.Fatalf("worker %d: no x-conn in %v", worker, r.Headers)
+		return ""
+	}
+	first0 := call(0)
+	first1 := call(1)
+	if first1 == first0 {
+		t.Errorf("worker 1's first call went out on worker 0's idle connection %s, want one of its own", first0)
+	}
+	for i := range 3 {
+		if got := call(0); got != first0 {
+			t.Errorf("worker 0's call %d went out on %s, want its own idle %s", i+2, got, first0)
+		}
+		if got := call(1); got != first1 {
+			t.Errorf("worker 1's call %d went out on %s, want its own idle %s", i+2, got, first1)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(opened) != 2 {
+		t.Errorf("two workers, one call at a time each, opened %d connections, want 2: %v", len(opened), opened)
+	}
 }

@@ -33,6 +33,9 @@ type Options struct {
 	// Dispatcher sends the plugin's proxy_http_call requests. Without one
 	// every cluster is unknown (BAD_ARGUMENT).
 	Dispatcher Dispatcher
+	// Worker is the index, from 0, of the worker thread this VM stands
+	// for; each of its calls carries it (Callout.Worker).
+	Worker int
 	// Clock is the time source; defaults to SystemClock.
 	Clock Clock
 	// Stats receives the plugin's metrics; defaults to a store of its own.
@@ -151,6 +154,9 @@ func (m *Module) NewVM(ctx context.Context, o Options) (*VM, error) {
 	}
 	if o.LogLevel > logLevelMax {
 		return nil, fmt.Errorf("log level: want 0..5, got %d", o.LogLevel)
+	}
+	if o.Worker < 0 {
+		return nil, fmt.Errorf("worker: want >= 0, got %d", o.Worker)
 	}
 	vm := &VM{
 		mod:        m,
