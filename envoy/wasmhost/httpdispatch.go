@@ -150,7 +150,7 @@ func (c *httpCluster) connClosed() {
 	c.conns--
 	var w *waitingCall
 	if len(c.waiting) > 0 && c.conns < c.limits.MaxConnections {
-		w = c.popWaiting()
+		w = c.takeWaiting(0)
 		c.conns++
 		c.dialing++
 	}
@@ -160,11 +160,11 @@ func (c *httpCluster) connClosed() {
 	}
 }
 
-// popWaiting takes the oldest waiting call off the queue; c.mu is held.
-func (c *httpCluster) popWaiting() *waitingCall {
-	w := c.waiting[0]
-	c.waiting[0] = nil
-	c.waiting = c.waiting[1:]
+// takeWaiting takes the i-th waiting call (0: the oldest) off the queue;
+// c.mu is held.
+func (c *httpCluster) takeWaiting(i int) *waitingCall {
+	w := c.waiting[i]
+	c.waiting = slices.Delete(c.waiting, i, i+1)
 	w.stop()
 	return w
 }
@@ -195,9 +195,7 @@ func (cc *calloutConn) idle() {
 	c.mu.Lock()
 	var w *waitingCall
 	if i := slices.IndexFunc(c.waiting, func(w *waitingCall) bool { return w.pool == cc.pool }); i >= 0 {
-		w = c.waiting[i]
-		c.waiting = slices.Delete(c.waiting, i, i+1)
-		w.stop()
+		w = c.takeWaiting(i)
 	}
 	c.mu.Unlock()
 	if w == nil {
