@@ -323,22 +323,11 @@ func TestCalloutOnAPooledConnectionStartsNoGoroutine(t *testing.T) {
 	})
 	d := NewHTTPDispatcher(map[string]HTTPCluster{"svc": {Endpoints: []string{addr}}})
 	defer d.Close()
-	got := make(chan CalloutResponse, 1)
-	call := func() {
-		var ctx callContext
-		ctx.init(context.Background())
-		if _, err := d.DispatchWatched(&ctx, Callout{Cluster: "svc", Headers: []Header{{":method", "GET"}, {":path", "/"}, {":authority", "svc"}}},
-			func(r CalloutResponse) { got <- r }); err != nil {
-			t.Fatal(err)
-		}
-		answered(t, got)
-		ctx.end() // as the host does once the answer is delivered
-	}
-	call() // dials the connection and starts its reader
+	callAnswered(t, d, 0) // dials the connection and starts its reader
 	const calls = 200
 	before := goroutinesCreated()
 	for range calls {
-		call()
+		callAnswered(t, d, 0)
 	}
 	// Each call that started one would add at least one, calls in all;
 	// the rest of the process (a timer left by another test) may start
@@ -346,6 +335,23 @@ func TestCalloutOnAPooledConnectionStartsNoGoroutine(t *testing.T) {
 	if n := goroutinesCreated() - before; n > calls/10 {
 		t.Errorf("%d calls on a pooled connection started %d goroutines, want none", calls, n)
 	}
+}
+
+// callAnswered sends a GET of / to the cluster "svc" from the worker, as
+// the host does (a call context of its own, ended once the answer is
+// delivered), and returns the answer, which must be a 200.
+func callAnswered(t *testing.T, d *HTTPDispatcher, worker int) CalloutResponse {
+	t.Helper()
+	got := make(chan CalloutResponse, 1)
+	var ctx callContext
+	ctx.init(context.Background())
+	defer ctx.end()
+	if _, err := d.DispatchWatched(&ctx, Callout{Worker: worker, Cluster: "svc",
+		Headers: []Header{{":method", "GET"}, {":path", "/"}, {":authority", "svc"}}},
+		func(r CalloutResponse) { got <- r }); err != nil {
+		t.Fatal(err)
+	}
+	return answered(t, got)
 }
 
 func goroutinesCreated() uint64 {
@@ -378,16 +384,7 @@ func TestCalloutConnectionsArePerWorker(t *testing.T) {
 	defer d.Close()
 	call := func(worker int) string {
 		t.Helper()
-		got := make(chan CalloutResponse, 1)
-		var ctx callContext
-		ctx.init(context.Background())
-		defer ctx.end()
-		if _, err := d.DispatchWatched(&ctx, Callout{Worker: worker, Cluster: "svc",
-			Headers: []Header{{":method", "GET"}, {":path", "/"}, {":authority", "svc"}}},
-			func(r CalloutResponse) { got <- r }); err != nil {
-			t.Fatal(err)
-		}
-		r := answered(t, got)
+		r := callAnswered(t, d, worker)
 		for _, h := range r.Headers {
 			if h[0] == "x-conn" {
 				return h[1]
