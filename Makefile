@@ -167,9 +167,11 @@ fuzz:
 
 ## chart: render deploy/helm/edgelimit with Helm's Go API and check every
 ## object against the Kubernetes types (deploy/charttest, a module of its
-## own so the main module does not pull Helm; `go tool helm` there too).
+## own so the main module does not pull Helm; `go tool helm` there too),
+## and the pod lookups it shares with deploy/meshtest (deploy/podspec).
 .PHONY: chart
 chart:
+	cd deploy/podspec && $(GO) test -count=1 ./...
 	cd deploy/charttest && $(GO) test -count=1 ./...
 
 ## mesh: decode deploy/mesh's Istio and Envoy Gateway examples with those

@@ -36,6 +36,8 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
+
+	"github.com/edgelimit/edgelimit/deploy/podspec"
 )
 
 const chartDir = "../helm/edgelimit"
@@ -65,6 +67,9 @@ type rendered struct {
 	// docs are the manifest's documents as rendered, by "Kind name".
 	docs map[string]string
 }
+
+// pod is the Deployment's pod template.
+func (r *rendered) pod() *corev1.PodSpec { return &r.deployment.Spec.Template.Spec }
 
 // render renders the chart with vals as `helm install --dry-run` does
 // client-only (release "edge" in namespace "gateway", Kubernetes 1.33),
@@ -246,7 +251,7 @@ func TestChart(t *testing.T) {
 					t.Errorf("ServiceMonitor endpoint port %q not on the metrics Service", ep.Port)
 				}
 			}
-			if env(t, container(t, r, "sidecar"), "SIDECAR_REDIS").Value != "redis+cluster://r1:6379,r2:6379" {
+			if podspec.Env(t, podspec.Container(t, r.pod(), "sidecar"), "SIDECAR_REDIS").Value != "redis+cluster://r1:6379,r2:6379" {
 				t.Error("Redis URL not passed")
 			}
 		}},
@@ -378,7 +383,7 @@ func TestChartRefuses(t *testing.T) {
 func checkInvariants(t *testing.T, r *rendered) {
 	t.Helper()
 	spec := r.deployment.Spec.Template.Spec
-	envoy, sidecar := container(t, r, "envoy"), container(t, r, "sidecar")
+	envoy, sidecar := podspec.Container(t, r.pod(), "envoy"), podspec.Container(t, r.pod(), "sidecar")
 	boot := bootstrap(t, r)
 
 	// The callout cluster is on loopback, at the sidecar's -listen.
@@ -386,7 +391,7 @@ func checkInvariants(t *testing.T, r *rendered) {
 	if sidecarHost != "127.0.0.1" {
 		t.Errorf("ratelimit_sidecar cluster on %s, want 127.0.0.1", sidecarHost)
 	}
-	if listen := arg(t, sidecar, "-listen"); listen != net.JoinHostPort(sidecarHost, strconv.Itoa(sidecarPort)) {
+	if listen := podspec.Arg(t, sidecar, "-listen"); listen != net.JoinHostPort(sidecarHost, strconv.Itoa(sidecarPort)) {
 		t.Errorf("sidecar -listen %s, callout cluster %s:%d", listen, sidecarHost, sidecarPort)
 	}
 	// Envoy's admin is on loopback; the stats listener routes to it.
@@ -404,11 +409,11 @@ func checkInvariants(t *testing.T, r *rendered) {
 	wasmFile := dig(t, boot, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config",
 		"http_filters", 0, "typed_config", "config", "vm_config", "code", "local", "filename").(string)
 	wasmDir, file := wasmFile[:strings.LastIndex(wasmFile, "/")], wasmFile[strings.LastIndex(wasmFile, "/")+1:]
-	mount := mountOf(t, envoy, "wasm")
+	mount := podspec.Mount(t, envoy, "wasm")
 	if mount.MountPath != wasmDir {
 		t.Errorf("wasm volume mounted on %s, the bootstrap loads %s", mount.MountPath, wasmFile)
 	}
-	vol := volume(t, spec, "wasm")
+	vol := podspec.Volume(t, &spec, "wasm")
 	switch {
 	case vol.Image != nil:
 		if vol.Image.Reference == "" {
@@ -423,7 +428,7 @@ func checkInvariants(t *testing.T, r *rendered) {
 		}
 		init := spec.InitContainers[0]
 		to := init.Command[len(init.Command)-1]
-		if m := mountOf(t, &init, "wasm"); to != m.MountPath+"/"+file {
+		if m := podspec.Mount(t, &init, "wasm"); to != m.MountPath+"/"+file {
 			t.Errorf("init container copies to %s, volume mounted on %s, bootstrap wants %s", to, m.MountPath, file)
 		}
 	default:
@@ -432,7 +437,7 @@ func checkInvariants(t *testing.T, r *rendered) {
 
 	// Probes hit the admin ports: Envoy's stats listener, the sidecar's
 	// admin listener; never the check or edge listeners.
-	adminListen := arg(t, sidecar, "-admin-listen")
+	adminListen := podspec.Arg(t, sidecar, "-admin-listen")
 	_, adminPortStr, _ := net.SplitHostPort(adminListen)
 	adminPort, _ := strconv.Atoi(adminPortStr)
 	for _, c := range []struct {
@@ -454,7 +459,7 @@ func checkInvariants(t *testing.T, r *rendered) {
 				t.Errorf("%s %s probe is neither httpGet nor tcpSocket", c.c.Name, name)
 				continue
 			}
-			if got := resolvePort(t, c.c, port); got != c.want {
+			if got := podspec.Port(t, c.c, port); got != c.want {
 				t.Errorf("%s %s probe on port %d, want the admin port %d", c.c.Name, name, got, c.want)
 			}
 		}
@@ -464,7 +469,7 @@ func checkInvariants(t *testing.T, r *rendered) {
 	}
 	// Prometheus scrapes Envoy on the stats listener, through the metrics
 	// Service, at a path it passes to the admin.
-	if got := resolvePort(t, envoy, intstr.FromString("envoy-stats")); got != statsPort {
+	if got := podspec.Port(t, envoy, intstr.FromString("envoy-stats")); got != statsPort {
 		t.Errorf("Envoy's envoy-stats port %d, the stats listener is on %d", got, statsPort)
 	}
 	metrics := r.services["edge-edgelimit-metrics"]
@@ -514,15 +519,15 @@ func checkInvariants(t *testing.T, r *rendered) {
 
 	// Secrets come from the Secret; the plans from the ConfigMap.
 	for _, name := range []string{"SIDECAR_KEY_SALT", "SIDECAR_REDIS_PASSWORD"} {
-		if e := env(t, sidecar, name); e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+		if e := podspec.Env(t, sidecar, name); e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
 			t.Errorf("%s is not from a Secret: %+v", name, e)
 		}
 	}
-	plansVol := volume(t, spec, "plans")
+	plansVol := podspec.Volume(t, &spec, "plans")
 	if plansVol.ConfigMap == nil || r.configMaps[plansVol.ConfigMap.Name] == nil {
 		t.Fatalf("plans volume %+v is not a rendered ConfigMap", plansVol)
 	}
-	if p := arg(t, sidecar, "-plans"); p != mountOf(t, sidecar, "plans").MountPath+"/plans.yaml" {
+	if p := podspec.Arg(t, sidecar, "-plans"); p != podspec.Mount(t, sidecar, "plans").MountPath+"/plans.yaml" {
 		t.Errorf("-plans %s not in the plans mount", p)
 	}
 	if _, ok := r.configMaps[plansVol.ConfigMap.Name].Data["plans.yaml"]; !ok {
@@ -740,7 +745,7 @@ func clone(v any) any {
 // configuration in it may name clients by key), as generic YAML.
 func bootstrap(t *testing.T, r *rendered) map[string]any {
 	t.Helper()
-	vol := volume(t, r.deployment.Spec.Template.Spec, "envoy-config")
+	vol := podspec.Volume(t, r.pod(), "envoy-config")
 	if vol.Secret == nil || vol.Secret.SecretName != bootstrapSecret {
 		js, _ := json.Marshal(vol)
 		t.Fatalf("envoy-config volume %s, want the Secret %s", js, bootstrapSecret)
@@ -754,8 +759,8 @@ func bootstrap(t *testing.T, r *rendered) map[string]any {
 		t.Fatalf("Secret %s: want envoy.yaml as its only stringData, has data %v, stringData %v",
 			secret.Name, slices.Sorted(maps.Keys(secret.Data)), slices.Sorted(maps.Keys(secret.StringData)))
 	}
-	envoy := container(t, r, "envoy")
-	if c := arg(t, envoy, "-c"); c != mountOf(t, envoy, "envoy-config").MountPath+"/envoy.yaml" {
+	envoy := podspec.Container(t, r.pod(), "envoy")
+	if c := podspec.Arg(t, envoy, "-c"); c != podspec.Mount(t, envoy, "envoy-config").MountPath+"/envoy.yaml" {
 		t.Fatalf("envoy -c %s is not the mounted bootstrap", c)
 	}
 	// Decoded with Envoy's own API types (unknown fields and @types are
@@ -815,75 +820,6 @@ func clusterAddr(t *testing.T, boot map[string]any, name string) (string, int) {
 func listenerPort(t *testing.T, boot map[string]any, name string) int {
 	t.Helper()
 	return int(dig(t, listener(t, boot, name), "address", "socket_address", "port_value").(float64))
-}
-
-func container(t *testing.T, r *rendered, name string) *corev1.Container {
-	t.Helper()
-	for i, c := range r.deployment.Spec.Template.Spec.Containers {
-		if c.Name == name {
-			return &r.deployment.Spec.Template.Spec.Containers[i]
-		}
-	}
-	t.Fatalf("no container %s", name)
-	return nil
-}
-
-func volume(t *testing.T, spec corev1.PodSpec, name string) *corev1.Volume {
-	t.Helper()
-	for i, v := range spec.Volumes {
-		if v.Name == name {
-			return &spec.Volumes[i]
-		}
-	}
-	t.Fatalf("no volume %s", name)
-	return nil
-}
-
-func mountOf(t *testing.T, c *corev1.Container, volume string) corev1.VolumeMount {
-	t.Helper()
-	for _, m := range c.VolumeMounts {
-		if m.Name == volume {
-			return m
-		}
-	}
-	t.Fatalf("%s does not mount %s", c.Name, volume)
-	return corev1.VolumeMount{}
-}
-
-func arg(t *testing.T, c *corev1.Container, flag string) string {
-	t.Helper()
-	for i, a := range c.Args {
-		if a == flag && i+1 < len(c.Args) {
-			return c.Args[i+1]
-		}
-	}
-	t.Fatalf("%s has no %s argument: %q", c.Name, flag, c.Args)
-	return ""
-}
-
-func env(t *testing.T, c *corev1.Container, name string) corev1.EnvVar {
-	t.Helper()
-	for _, e := range c.Env {
-		if e.Name == name {
-			return e
-		}
-	}
-	t.Fatalf("%s has no %s", c.Name, name)
-	return corev1.EnvVar{}
-}
-
-func resolvePort(t *testing.T, c *corev1.Container, p intstr.IntOrString) int {
-	t.Helper()
-	if p.Type == intstr.Int {
-		return p.IntValue()
-	}
-	for _, cp := range c.Ports {
-		if cp.Name == p.StrVal {
-			return int(cp.ContainerPort)
-		}
-	}
-	t.Fatalf("%s has no port named %s", c.Name, p.StrVal)
-	return 0
 }
 
 func hasPort(s *corev1.Service, name string) bool {
@@ -963,7 +899,7 @@ func TestImagesFromTheDockerfile(t *testing.T) {
 	if !reflect.DeepEqual(init.Command, copyCmd) {
 		t.Errorf("init container runs %q, the filter target's command is %q", init.Command, copyCmd)
 	}
-	for target, image := range map[string]string{"filter": init.Image, "sidecar": container(t, r, "sidecar").Image} {
+	for target, image := range map[string]string{"filter": init.Image, "sidecar": podspec.Container(t, r.pod(), "sidecar").Image} {
 		if tags[target] == "" || image != tags[target] {
 			t.Errorf("the chart runs %s for the %s target, the Dockerfile tags it %q", image, target, tags[target])
 		}

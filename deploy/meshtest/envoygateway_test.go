@@ -13,6 +13,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/edgelimit/edgelimit/deploy/podspec"
 )
 
 const egDir = "../mesh/envoy-gateway"
@@ -105,7 +107,7 @@ func TestEnvoyGateway(t *testing.T) {
 	svc := one(t, "Service", x.services)
 	np := one(t, "NetworkPolicy", x.networkPolicies)
 	pod := &dep.Spec.Template
-	sidecar := container(t, &pod.Spec, "sidecar")
+	sidecar := podspec.Container(t, &pod.Spec, "sidecar")
 
 	// Both policies attach to the example's Gateway, from its namespace.
 	if len(eep.Spec.TargetRefs) != 1 {
@@ -207,7 +209,7 @@ func TestEnvoyGateway(t *testing.T) {
 	for _, sp := range svc.Spec.Ports {
 		if int(sp.Port) == int(sa.GetPortValue()) {
 			found = true
-			if p := containerPort(t, sidecar, sp.TargetPort); p != listenPort {
+			if p := podspec.Port(t, sidecar, sp.TargetPort); p != listenPort {
 				t.Errorf("Service port %d goes to %d, the sidecar listens on %d", sp.Port, p, listenPort)
 			}
 			// A headless Service's DNS name gives the pods' addresses: the
@@ -262,7 +264,7 @@ func checkOnlyEnvoy(t *testing.T, np *networkingv1.NetworkPolicy, sidecar *corev
 	for i, rule := range np.Spec.Ingress {
 		covers := len(rule.Ports) == 0
 		for _, p := range rule.Ports {
-			covers = covers || p.Port == nil || containerPort(t, sidecar, *p.Port) == port
+			covers = covers || p.Port == nil || podspec.Port(t, sidecar, *p.Port) == port
 		}
 		if !covers {
 			continue

@@ -13,6 +13,8 @@ import (
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/edgelimit/edgelimit/deploy/podspec"
 )
 
 const istioDir = "../mesh/istio"
@@ -119,8 +121,8 @@ func TestIstio(t *testing.T) {
 	dr := one(t, "DestinationRule", x.destinationRules)
 	dep := one(t, "Deployment", x.deployments)
 	pod := &dep.Spec.Template
-	proxy := container(t, &pod.Spec, "istio-proxy")
-	sidecar := container(t, &pod.Spec, "edgelimit-sidecar")
+	proxy := podspec.Container(t, &pod.Spec, "istio-proxy")
+	sidecar := podspec.Container(t, &pod.Spec, "edgelimit-sidecar")
 
 	// The module: the image, fail open, on the gateway's pods.
 	if !strings.HasPrefix(wp.Spec.Url, "oci://") {
@@ -209,7 +211,7 @@ func TestIstio(t *testing.T) {
 		t.Errorf("Service selector %v does not select the gateway's pods", svc.Spec.Selector)
 	}
 	for _, sp := range svc.Spec.Ports {
-		target := containerPort(t, proxy, sp.TargetPort)
+		target := podspec.Port(t, proxy, sp.TargetPort)
 		served := false
 		for _, s := range gw.Spec.Servers {
 			served = served || int(s.Port.GetNumber()) == target

@@ -17,7 +17,8 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/edgelimit/edgelimit/deploy/podspec"
 )
 
 const repoRoot = "../.."
@@ -106,11 +107,11 @@ func checkSidecar(t *testing.T, s sidecarSetup) {
 	t.Helper()
 	c := s.container
 
-	plansVol := volume(t, s.pod, "plans")
+	plansVol := podspec.Volume(t, s.pod, "plans")
 	if plansVol.ConfigMap == nil || s.configMaps[plansVol.ConfigMap.Name] == nil {
 		t.Fatalf("plans volume %+v is not a ConfigMap of the example", plansVol)
 	}
-	if p, m := arg(t, c, "-plans"), mount(t, c, "plans").MountPath; p != m+"/plans.yaml" {
+	if p, m := podspec.Arg(t, c, "-plans"), podspec.Mount(t, c, "plans").MountPath; p != m+"/plans.yaml" {
 		t.Errorf("-plans %s is not plans.yaml in the plans mount %s", p, m)
 	}
 	plansText, ok := s.configMaps[plansVol.ConfigMap.Name].Data["plans.yaml"]
@@ -149,7 +150,7 @@ func checkSidecar(t *testing.T, s sidecarSetup) {
 	}
 
 	for env, key := range map[string]string{"SIDECAR_KEY_SALT": "key-salt", "SIDECAR_REDIS_PASSWORD": "redis-password"} {
-		e := envVar(t, c, env)
+		e := podspec.Env(t, c, env)
 		if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
 			t.Errorf("%s is not from a Secret: %+v", env, e)
 			continue
@@ -169,7 +170,7 @@ func checkSidecar(t *testing.T, s sidecarSetup) {
 			}
 		}
 	}
-	redis := envVar(t, c, "SIDECAR_REDIS").Value
+	redis := podspec.Env(t, c, "SIDECAR_REDIS").Value
 	u, err := url.Parse(redis)
 	if err != nil || u.Host == "" || net.ParseIP(u.Hostname()) != nil && net.ParseIP(u.Hostname()).IsLoopback() {
 		t.Errorf("SIDECAR_REDIS %q is not an external Redis", redis)
@@ -177,7 +178,7 @@ func checkSidecar(t *testing.T, s sidecarSetup) {
 		t.Errorf("SIDECAR_REDIS %q holds a password; it belongs in the Secret", redis)
 	}
 
-	_, adminPortText, err := net.SplitHostPort(arg(t, c, "-admin-listen"))
+	_, adminPortText, err := net.SplitHostPort(podspec.Arg(t, c, "-admin-listen"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +188,7 @@ func checkSidecar(t *testing.T, s sidecarSetup) {
 			t.Errorf("sidecar %s probe %+v, want an HTTP GET", name, p)
 			continue
 		}
-		if got := containerPort(t, c, p.HTTPGet.Port); got != adminPort {
+		if got := podspec.Port(t, c, p.HTTPGet.Port); got != adminPort {
 			t.Errorf("sidecar %s probe on port %d, want the admin port %d", name, got, adminPort)
 		}
 	}
@@ -204,7 +205,7 @@ func checkSidecar(t *testing.T, s sidecarSetup) {
 // listenAddr is the sidecar's -listen, split.
 func listenAddr(t *testing.T, c *corev1.Container) (string, int) {
 	t.Helper()
-	host, port, err := net.SplitHostPort(arg(t, c, "-listen"))
+	host, port, err := net.SplitHostPort(podspec.Arg(t, c, "-listen"))
 	if err != nil {
 		t.Fatalf("-listen: %v", err)
 	}
@@ -213,76 +214,6 @@ func listenAddr(t *testing.T, c *corev1.Container) (string, int) {
 		t.Fatalf("-listen port: %v", err)
 	}
 	return host, p
-}
-
-func arg(t *testing.T, c *corev1.Container, flag string) string {
-	t.Helper()
-	for i, a := range c.Args {
-		if a == flag && i+1 < len(c.Args) {
-			return c.Args[i+1]
-		}
-	}
-	t.Fatalf("%s: no %s argument in %v", c.Name, flag, c.Args)
-	return ""
-}
-
-func envVar(t *testing.T, c *corev1.Container, name string) corev1.EnvVar {
-	t.Helper()
-	for _, e := range c.Env {
-		if e.Name == name {
-			return e
-		}
-	}
-	t.Fatalf("%s: no environment variable %s", c.Name, name)
-	return corev1.EnvVar{}
-}
-
-func container(t *testing.T, pod *corev1.PodSpec, name string) *corev1.Container {
-	t.Helper()
-	for i := range pod.Containers {
-		if pod.Containers[i].Name == name {
-			return &pod.Containers[i]
-		}
-	}
-	t.Fatalf("no container %s", name)
-	return nil
-}
-
-func volume(t *testing.T, pod *corev1.PodSpec, name string) *corev1.Volume {
-	t.Helper()
-	for i := range pod.Volumes {
-		if pod.Volumes[i].Name == name {
-			return &pod.Volumes[i]
-		}
-	}
-	t.Fatalf("no volume %s", name)
-	return nil
-}
-
-func mount(t *testing.T, c *corev1.Container, name string) corev1.VolumeMount {
-	t.Helper()
-	for _, m := range c.VolumeMounts {
-		if m.Name == name {
-			return m
-		}
-	}
-	t.Fatalf("%s: no mount of %s", c.Name, name)
-	return corev1.VolumeMount{}
-}
-
-// containerPort resolves a port given by number or by name against c.
-func containerPort(t *testing.T, c *corev1.Container, p intstr.IntOrString) int {
-	t.Helper()
-	if p.Type == intstr.Int {
-		return p.IntValue()
-	}
-	for _, cp := range c.Ports {
-		if cp.Name == p.StrVal {
-			return int(cp.ContainerPort)
-		}
-	}
-	t.Fatalf("%s: no port named %s", c.Name, p.StrVal)
-	return 0
 }
 
 // selects reports whether every label of sel is on labels.
