@@ -291,6 +291,13 @@ func Get(c *Client, target, path, key string) int {
 
 // send makes one request and reads its answer to the end; 0 on failure.
 func send(c *Client, target, method, path, key string) int {
+	status, _ := sendDecided(c, target, method, path, key)
+	return status
+}
+
+// sendDecided is send, and tells whether the answer carried the limiter's
+// RateLimit header (the field it adds to every answer it decided).
+func sendDecided(c *Client, target, method, path, key string) (status int, decided bool) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
@@ -300,9 +307,9 @@ func send(c *Client, target, method, path, key string) int {
 		req.Header.Set("x-api-key", key)
 	}
 	if err := c.c.DoTimeout(req, resp, c.timeout); err != nil {
-		return 0
+		return 0, false
 	}
-	return resp.StatusCode()
+	return resp.StatusCode(), resp.Header.Peek("ratelimit") != nil
 }
 
 func progress(f func(time.Duration, int64), start time.Time, sent *atomic.Int64) (stop func()) {
@@ -392,6 +399,9 @@ type Burst struct {
 	Targets []string // host:port, taken in turn; at least one
 	Client  string   // sent as x-api-key
 	Path    string
+	// Methods are the requests' methods, taken in turn (the first request
+	// the first, and so on); empty: every request a GET.
+	Methods []string
 	Rate    float64       // requests per second in total; > 0
 	Window  time.Duration // how long it sends; > 0
 	// Senders > 0 fire together: every tick each of them sends one request
@@ -407,6 +417,12 @@ type Burst struct {
 // BurstResult counts what the client saw.
 type BurstResult struct {
 	Sent, OK, Denied, Other int64
+	// OKBy counts the 200s by entry of Burst.Methods (one entry, GET's,
+	// when it is empty), and Limited those of them that carried a
+	// decision of the limiter's (its RateLimit header): a 200
+	// without one went through undecided, as a request that failed open
+	// does.
+	OKBy, Limited []int64
 	// Dropped were due while MaxInFlight requests were outstanding, and
 	// not sent: the target was that far behind.
 	Dropped int64
@@ -435,9 +451,14 @@ func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
 	if b.MaxInFlight == 0 {
 		b.MaxInFlight = DefaultMaxInFlight
 	}
+	methods := b.Methods
+	if len(methods) == 0 {
+		methods = []string{http.MethodGet}
+	}
 	client := newClient(10*time.Second, b.MaxInFlight)
 	defer client.CloseIdleConnections()
 	var ok, denied, other atomic.Int64
+	okBy, limited := make([]atomic.Int64, len(methods)), make([]atomic.Int64, len(methods))
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, b.MaxInFlight)
 	batch := max(b.Senders, 1)
@@ -467,14 +488,20 @@ func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
 				continue
 			}
 			target := b.Targets[res.Sent%int64(len(b.Targets))]
+			m := int(res.Sent % int64(len(methods)))
 			res.Sent++
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				defer func() { <-slots }()
-				switch send(client, target, http.MethodGet, b.Path, b.Client) {
+				status, decided := sendDecided(client, target, methods[m], b.Path, b.Client)
+				switch status {
 				case http.StatusOK:
 					ok.Add(1)
+					okBy[m].Add(1)
+					if decided {
+						limited[m].Add(1)
+					}
 				case http.StatusTooManyRequests:
 					denied.Add(1)
 				default:
@@ -485,6 +512,10 @@ func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
 	}
 	wg.Wait()
 	res.OK, res.Denied, res.Other = ok.Load(), denied.Load(), other.Load()
+	for i := range methods {
+		res.OKBy = append(res.OKBy, okBy[i].Load())
+		res.Limited = append(res.Limited, limited[i].Load())
+	}
 	res.Window = last.Sub(start)
 	return res, ctx.Err()
 }

@@ -119,6 +119,32 @@ func TestRunBurstDropsBeyondMaxInFlight(t *testing.T) {
 	}
 }
 
+// Methods are taken in turn, and each method's 200s are counted apart,
+// with those that carried the limiter's decision.
+func TestRunBurstCountsByMethod(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodGet:
+			w.Header().Set("ratelimit", `"edge";r=9;t=1`)
+		case http.MethodDelete:
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	}))
+	defer srv.Close()
+	// One tick of six senders: two requests of each method.
+	res, err := RunBurst(context.Background(), Burst{Targets: []string{strings.TrimPrefix(srv.URL, "http://")}, Client: "a", Path: "/",
+		Rate: 6, Window: 100 * time.Millisecond, Senders: 6, Methods: []string{http.MethodGet, http.MethodPost, http.MethodDelete}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Sent != 6 || res.OK != 4 || res.Denied != 2 {
+		t.Fatalf("sent %d, ok %d, denied %d; want 6, 4, 2", res.Sent, res.OK, res.Denied)
+	}
+	if !slices.Equal(res.OKBy, []int64{2, 2, 0}) || !slices.Equal(res.Limited, []int64{2, 0, 0}) {
+		t.Fatalf("200s by method %v, with a decision %v; want [2 2 0] and [2 0 0]", res.OKBy, res.Limited)
+	}
+}
+
 func TestRunRejectsBadStreams(t *testing.T) {
 	tests := []struct {
 		s    []Stream
