@@ -82,7 +82,7 @@ func TestBurstHoldsTheLimit(t *testing.T) {
 	// (filter/RATIONALE.md, "Why the deny cache is correct"), and a check
 	// spends its cost in Redis, so the tokens admitted, not the requests,
 	// are what the plan bounds.
-	t.Run("1 gateways/senders together, two costs", func(t *testing.T) {
+	t.Run(fmt.Sprintf("1 gateways/%d senders together, two costs", burstSenders[1]), func(t *testing.T) {
 		s := startStack(t, stackConfig{plans: plans, gateways: 1})
 		burstHolds(s, load.Burst{Senders: burstSenders[1], Rate: 5 * rate, Window: 8 * time.Second,
 			Methods: []string{"GET", "POST"}}, capacity, rate)
@@ -189,12 +189,8 @@ func burstHolds(s *stack, b load.Burst, capacity, rate float64) {
 	// of them, those of requests let through undecided (failed open), the
 	// 200s without the filter's RateLimit header. With one cost these are
 	// requests.
-	methods := b.Methods
-	if len(methods) == 0 {
-		methods = []string{"GET"}
-	}
 	var tokens, decidedTokens, undecided int64
-	for i, m := range methods {
+	for i, m := range r.Methods {
 		cost := shippedCost(t, m, b.Path)
 		tokens += cost * r.OKBy[i]
 		decidedTokens += cost * r.Limited[i]
@@ -212,7 +208,7 @@ func burstHolds(s *stack, b load.Burst, capacity, rate float64) {
 	excused := budget.excused(failedOpen)
 	held := decidedTokens + undecided - excused
 	t.Logf("sent %d over %.2fs through %d gateways (methods %v): admitted %d (%v by method; %d tokens, want %.0f ±5%%), denied %d, other %d, failed open %d (%.2f%%; may %d: %s); the filter's counters %v",
-		r.Sent, r.Window.Seconds(), len(s.gateways), methods, r.OK, r.OKBy, tokens, want, r.Denied, r.Other, failedOpen, 100*float64(failedOpen)/float64(r.Sent), budget.total(), budget.why, d)
+		r.Sent, r.Window.Seconds(), len(s.gateways), r.Methods, r.OK, r.OKBy, tokens, want, r.Denied, r.Other, failedOpen, 100*float64(failedOpen)/float64(r.Sent), budget.total(), budget.why, d)
 	if r.Other != 0 {
 		t.Errorf("%d requests got neither 200 nor 429", r.Other)
 	}

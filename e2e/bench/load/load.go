@@ -417,11 +417,12 @@ type Burst struct {
 // BurstResult counts what the client saw.
 type BurstResult struct {
 	Sent, OK, Denied, Other int64
-	// OKBy counts the 200s by entry of Burst.Methods (one entry, GET's,
-	// when it is empty), and Limited those of them that carried a
-	// decision of the limiter's (its RateLimit header): a 200
+	// Methods are the methods sent, Burst.Methods or GET alone. OKBy counts
+	// the 200s by method, in that order, and Limited those of them that
+	// carried a decision of the limiter's (its RateLimit header): a 200
 	// without one went through undecided, as a request that failed open
 	// does.
+	Methods       []string
 	OKBy, Limited []int64
 	// Dropped were due while MaxInFlight requests were outstanding, and
 	// not sent: the target was that far behind.
@@ -451,10 +452,12 @@ func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
 	if b.MaxInFlight == 0 {
 		b.MaxInFlight = DefaultMaxInFlight
 	}
-	methods := b.Methods
-	if len(methods) == 0 {
-		methods = []string{http.MethodGet}
+	var res BurstResult
+	res.Methods = b.Methods
+	if len(res.Methods) == 0 {
+		res.Methods = []string{http.MethodGet}
 	}
+	methods := res.Methods
 	client := newClient(10*time.Second, b.MaxInFlight)
 	defer client.CloseIdleConnections()
 	var ok, denied, other atomic.Int64
@@ -463,7 +466,6 @@ func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
 	slots := make(chan struct{}, b.MaxInFlight)
 	batch := max(b.Senders, 1)
 	interval := time.Duration(float64(time.Second) * float64(batch) / b.Rate)
-	var res BurstResult
 	start := time.Now()
 	var last time.Time
 	for tick := 0; ctx.Err() == nil; tick++ {

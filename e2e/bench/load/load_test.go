@@ -140,6 +140,9 @@ func TestRunBurstCountsByMethod(t *testing.T) {
 	if res.Sent != 6 || res.OK != 4 || res.Denied != 2 {
 		t.Fatalf("sent %d, ok %d, denied %d; want 6, 4, 2", res.Sent, res.OK, res.Denied)
 	}
+	if !slices.Equal(res.Methods, []string{http.MethodGet, http.MethodPost, http.MethodDelete}) {
+		t.Fatalf("methods %v", res.Methods)
+	}
 	if !slices.Equal(res.OKBy, []int64{2, 2, 0}) || !slices.Equal(res.Limited, []int64{2, 0, 0}) {
 		t.Fatalf("200s by method %v, with a decision %v; want [2 2 0] and [2 0 0]", res.OKBy, res.Limited)
 	}
