@@ -14,32 +14,19 @@ import (
 // Container is pod's container called name.
 func Container(t testing.TB, pod *corev1.PodSpec, name string) *corev1.Container {
 	t.Helper()
-	c := named(pod.Containers, name, func(c *corev1.Container) string { return c.Name })
-	if c == nil {
-		t.Fatalf("no container %s", name)
-	}
-	return c
+	return named(t, pod.Containers, name, func(c *corev1.Container) string { return c.Name }, "no container")
 }
 
 // Volume is pod's volume called name.
 func Volume(t testing.TB, pod *corev1.PodSpec, name string) *corev1.Volume {
 	t.Helper()
-	v := named(pod.Volumes, name, func(v *corev1.Volume) string { return v.Name })
-	if v == nil {
-		t.Fatalf("no volume %s", name)
-	}
-	return v
+	return named(t, pod.Volumes, name, func(v *corev1.Volume) string { return v.Name }, "no volume")
 }
 
 // Mount is c's mount of the volume called volume.
 func Mount(t testing.TB, c *corev1.Container, volume string) corev1.VolumeMount {
 	t.Helper()
-	m := named(c.VolumeMounts, volume, func(m *corev1.VolumeMount) string { return m.Name })
-	if m == nil {
-		t.Fatalf("%s: no mount of %s", c.Name, volume)
-		return corev1.VolumeMount{}
-	}
-	return *m
+	return *named(t, c.VolumeMounts, volume, func(m *corev1.VolumeMount) string { return m.Name }, c.Name+": no mount of")
 }
 
 // Arg is the argument that follows flag in c's args.
@@ -57,12 +44,7 @@ func Arg(t testing.TB, c *corev1.Container, flag string) string {
 // Env is c's environment variable called name.
 func Env(t testing.TB, c *corev1.Container, name string) corev1.EnvVar {
 	t.Helper()
-	e := named(c.Env, name, func(e *corev1.EnvVar) string { return e.Name })
-	if e == nil {
-		t.Fatalf("%s: no environment variable %s", c.Name, name)
-		return corev1.EnvVar{}
-	}
-	return *e
+	return *named(t, c.Env, name, func(e *corev1.EnvVar) string { return e.Name }, c.Name+": no environment variable")
 }
 
 // Port is the port number p stands for in c: p itself when it is a
@@ -72,20 +54,18 @@ func Port(t testing.TB, c *corev1.Container, p intstr.IntOrString) int {
 	if p.Type == intstr.Int {
 		return p.IntValue()
 	}
-	if cp := named(c.Ports, p.StrVal, func(cp *corev1.ContainerPort) string { return cp.Name }); cp != nil {
-		return int(cp.ContainerPort)
-	}
-	t.Fatalf("%s: no port named %s", c.Name, p.StrVal)
-	return 0
+	return int(named(t, c.Ports, p.StrVal, func(cp *corev1.ContainerPort) string { return cp.Name }, c.Name+": no port named").ContainerPort)
 }
 
-// named is the element of s that nameOf calls name, in s's own array, or
-// nil.
-func named[T any](s []T, name string, nameOf func(*T) string) *T {
+// named is the element of s that nameOf calls name, in s's own array. When
+// there is none it fails the test: missing, then the name.
+func named[T any](t testing.TB, s []T, name string, nameOf func(*T) string, missing string) *T {
+	t.Helper()
 	for i := range s {
 		if nameOf(&s[i]) == name {
 			return &s[i]
 		}
 	}
+	t.Fatalf("%s %s", missing, name)
 	return nil
 }
