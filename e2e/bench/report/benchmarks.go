@@ -175,11 +175,12 @@ func LoadAverage() float64 {
 }
 
 // CPUTime is the machine's CPU time so far, in clock ticks, from
-// /proc/stat's cpu line: all of it, and what the hypervisor gave to others
-// (steal). OK is false where it could not be read.
+// /proc/stat's cpu line: all of it, what the hypervisor gave to others
+// (steal), and what no process used (idle and waiting for I/O). OK is
+// false where it could not be read.
 type CPUTime struct {
-	Total, Steal uint64
-	OK           bool
+	Total, Steal, Idle uint64
+	OK                 bool
 }
 
 // ReadCPUTime reads the machine's CPU time so far.
@@ -202,7 +203,10 @@ func ReadCPUTime() CPUTime {
 			return CPUTime{}
 		}
 		t.Total += n
-		if i == 7 {
+		switch i {
+		case 3, 4: // idle, iowait
+			t.Idle += n
+		case 7:
 			t.Steal = n
 		}
 	}
@@ -217,6 +221,17 @@ func (t CPUTime) StealSince(earlier CPUTime) *float64 {
 		return nil
 	}
 	v := float64(t.Steal-earlier.Steal) / float64(t.Total-earlier.Total)
+	return &v
+}
+
+// BusySince is the share of the CPU time from earlier to t that the
+// machine's processes used (neither idle nor stolen); nil when either
+// reading failed or no time passed.
+func (t CPUTime) BusySince(earlier CPUTime) *float64 {
+	if !t.OK || !earlier.OK || t.Total <= earlier.Total || t.Steal < earlier.Steal || t.Idle < earlier.Idle {
+		return nil
+	}
+	v := 1 - float64(t.Idle-earlier.Idle+t.Steal-earlier.Steal)/float64(t.Total-earlier.Total)
 	return &v
 }
 
