@@ -161,34 +161,13 @@ func TestBenchmarksMarkdown(t *testing.T) {
 	}
 }
 
-func TestStealSince(t *testing.T) {
-	t0 := CPUTime{Total: 1000, Steal: 10, OK: true}
-	t1 := CPUTime{Total: 1400, Steal: 110, OK: true}
-	if got := t1.StealSince(t0); got == nil || *got != 0.25 {
-		t.Errorf("100 of 400 ticks stolen: got %v, want 0.25", got)
-	}
-	for _, c := range []struct {
-		name   string
-		t0, t1 CPUTime
-	}{
-		{"unread before", CPUTime{}, t1},
-		{"unread after", t0, CPUTime{}},
-		{"no time passed", t0, t0},
-		{"steal went back", t1, CPUTime{Total: 2000, Steal: 50, OK: true}},
-	} {
-		if got := c.t1.StealSince(c.t0); got != nil {
-			t.Errorf("%s: got %v, want nil", c.name, *got)
-		}
-	}
-	if now := ReadCPUTime(); now.OK && now.Total == 0 {
-		t.Errorf("/proc/stat read as no CPU time at all: %+v", now)
-	}
-}
-
-func TestBusySince(t *testing.T) {
+func TestStealAndBusySince(t *testing.T) {
+	// Of 400 ticks, 100 idle and 20 stolen: 280 used.
 	t0 := CPUTime{Total: 1000, Steal: 10, Idle: 500, OK: true}
 	t1 := CPUTime{Total: 1400, Steal: 30, Idle: 600, OK: true}
-	// Of 400 ticks, 100 idle and 20 stolen: 280 used.
+	if got := t1.StealSince(t0); got == nil || *got != 0.05 {
+		t.Errorf("20 of 400 ticks stolen: got %v, want 0.05", got)
+	}
 	if got := t1.BusySince(t0); got == nil || *got != 0.7 {
 		t.Errorf("280 of 400 ticks used: got %v, want 0.7", got)
 	}
@@ -199,13 +178,19 @@ func TestBusySince(t *testing.T) {
 		{"unread before", CPUTime{}, t1},
 		{"unread after", t0, CPUTime{}},
 		{"no time passed", t0, t0},
-		{"idle went back", t1, CPUTime{Total: 2000, Steal: 30, Idle: 100, OK: true}},
+		{"steal went back", t1, CPUTime{Total: 2000, Steal: 20, Idle: 700, OK: true}},
 	} {
+		if got := c.t1.StealSince(c.t0); got != nil {
+			t.Errorf("%s: steal %v, want nil", c.name, *got)
+		}
 		if got := c.t1.BusySince(c.t0); got != nil {
-			t.Errorf("%s: got %v, want nil", c.name, *got)
+			t.Errorf("%s: busy %v, want nil", c.name, *got)
 		}
 	}
-	if now := ReadCPUTime(); now.OK && (now.Idle == 0 || now.Idle > now.Total) {
-		t.Errorf("/proc/stat read with an idle time of %d of %d ticks", now.Idle, now.Total)
+	if got := (CPUTime{Total: 2000, Steal: 30, Idle: 100, OK: true}).BusySince(t1); got != nil {
+		t.Errorf("idle went back: busy %v, want nil", *got)
+	}
+	if now := ReadCPUTime(); now.OK && (now.Total == 0 || now.Idle > now.Total) {
+		t.Errorf("/proc/stat read as %d ticks, %d of them idle", now.Total, now.Idle)
 	}
 }
