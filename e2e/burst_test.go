@@ -56,13 +56,21 @@ import (
 // steal of each step (e2e/bench/burst.go).
 func TestBurstHoldsTheLimit(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs for about 60 s")
+		t.Skip("runs for about 75 s")
 	}
-	// 25 burst + 50/s, offered 250/s (five times the rate) for 8 s: the
-	// bucket admits about 25 + 50 × 8 = 425 of 2000. Eight seconds, so
-	// that 1% is 20 requests: a single stall of the shared machine (a
-	// collection, a scheduling hiccup of a few ms) does not decide a run.
+	// 25 burst + 50/s, offered 250/s (five times the rate) for 10 s: the
+	// bucket admits about 25 + 50 × 10 = 525 of 2500. Ten seconds, so
+	// that 1% is 25 requests, more than one burst of twenty senders: a
+	// single stall of the shared machine that makes a whole burst miss
+	// its 5 ms (a fresh stack's first burst, when every process runs its
+	// path for the first time; a collection; a scheduling hiccup of a few
+	// ms) does not decide a run. At eight seconds one burst was the whole
+	// 1%: of 22 runs of one gateway's twenty senders on 2026-12-05, two
+	// failed 17 and 21 requests open (the second past the 1%), the rest
+	// 0–6, and the same run driven from outside on 20 fresh stacks lost
+	// 15 of its first burst's 20 once.
 	const capacity, rate = 25, 50
+	const window = 10 * time.Second
 	plans := fmt.Sprintf("plans:\n  burst: {capacity: %d, rate: %d}\nclients:\n  %q: burst\n", capacity, rate, burstClient)
 	for _, gateways := range []int{1, 3} {
 		for _, senders := range []int{burstSenders[gateways], 0} {
@@ -72,7 +80,7 @@ func TestBurstHoldsTheLimit(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				s := startStack(t, stackConfig{plans: plans, gateways: gateways})
-				burstHolds(s, load.Burst{Senders: senders, Rate: 5 * rate, Window: 8 * time.Second}, capacity, rate)
+				burstHolds(s, load.Burst{Senders: senders, Rate: 5 * rate, Window: window}, capacity, rate)
 			})
 		}
 	}
@@ -84,7 +92,7 @@ func TestBurstHoldsTheLimit(t *testing.T) {
 	// are what the plan bounds.
 	t.Run(fmt.Sprintf("1 gateways/%d senders together, two costs", burstSenders[1]), func(t *testing.T) {
 		s := startStack(t, stackConfig{plans: plans, gateways: 1})
-		burstHolds(s, load.Burst{Senders: burstSenders[1], Rate: 5 * rate, Window: 8 * time.Second,
+		burstHolds(s, load.Burst{Senders: burstSenders[1], Rate: 5 * rate, Window: window,
 			Methods: []string{"GET", "POST"}}, capacity, rate)
 	})
 	// On a Redis Cluster the sidecar decides through go-redis's cluster
@@ -93,7 +101,7 @@ func TestBurstHoldsTheLimit(t *testing.T) {
 	// same promises, through three gateways with their senders together.
 	t.Run("Redis Cluster/3 gateways together", func(t *testing.T) {
 		s := startStack(t, stackConfig{plans: plans, gateways: 3, redisCluster: true})
-		burstHolds(s, load.Burst{Senders: burstSenders[3], Rate: 5 * rate, Window: 8 * time.Second}, capacity, rate)
+		burstHolds(s, load.Burst{Senders: burstSenders[3], Rate: 5 * rate, Window: window}, capacity, rate)
 	})
 }
 
@@ -198,7 +206,7 @@ func burstHolds(s *stack, b load.Burst, capacity, rate float64) {
 	}
 	// Redis sees the first and the last request within the client's
 	// window plus one request's latency, a few ms: under one token (20 ms
-	// at 50/s) of the 5% (over 11 tokens) allowed. A request that failed
+	// at 50/s) of the 5% (over 26 tokens) allowed. A request that failed
 	// open was admitted unlimited. The design's budget for those is in
 	// requests (1%), so each is held against the 5% as one token, whatever
 	// its cost (with one cost, the admitted requests as they are); past
