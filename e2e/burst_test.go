@@ -292,21 +292,13 @@ func TestGatewayRunsNiced(t *testing.T) {
 // request of method to path.
 func shippedCost(t *testing.T, method, path string) int64 {
 	t.Helper()
-	shippedCostsOnce.Do(func() {
-		cfg, err := envoyconfig.Load(repoFile(t, "envoy/envoy.yaml"))
-		if err == nil {
-			shippedCosts, err = limiter.Parse([]byte(cfg.Wasm.Configuration))
-		}
-		shippedCostsErr = err
-	})
-	if shippedCostsErr != nil {
-		t.Fatalf("envoy/envoy.yaml's filter configuration: %v", shippedCostsErr)
+	cfg, err := envoyconfig.Load(repoFile(t, "envoy/envoy.yaml"))
+	if err != nil {
+		t.Fatalf("envoy/envoy.yaml: %v", err)
 	}
-	return shippedCosts.Cost(method, path)
+	filter, err := limiter.Parse([]byte(cfg.Wasm.Configuration))
+	if err != nil {
+		t.Fatalf("envoy/envoy.yaml's filter configuration: %v", err)
+	}
+	return filter.Cost(method, path)
 }
-
-var (
-	shippedCostsOnce sync.Once
-	shippedCosts     *limiter.Config
-	shippedCostsErr  error
-)
