@@ -197,9 +197,10 @@ func burstHolds(s *stack, b load.Burst, capacity, rate float64) {
 	// of them, those of requests let through undecided (failed open), the
 	// 200s without the filter's RateLimit header. With one cost these are
 	// requests.
+	filter := shippedFilter(t)
 	var tokens, decidedTokens, undecided int64
 	for i, m := range r.Methods {
-		cost := shippedCost(t, m, b.Path)
+		cost := filter.Cost(m, b.Path)
 		tokens += cost * r.OKBy[i]
 		decidedTokens += cost * r.Limited[i]
 		undecided += r.OKBy[i] - r.Limited[i]
@@ -288,9 +289,8 @@ func TestGatewayRunsNiced(t *testing.T) {
 	}
 }
 
-// shippedCost is what envoy/envoy.yaml's filter configuration charges a
-// request of method to path.
-func shippedCost(t *testing.T, method, path string) int64 {
+// shippedFilter is envoy/envoy.yaml's filter configuration.
+func shippedFilter(t *testing.T) *limiter.Config {
 	t.Helper()
 	cfg, err := envoyconfig.Load(repoFile(t, "envoy/envoy.yaml"))
 	if err != nil {
@@ -300,5 +300,5 @@ func shippedCost(t *testing.T, method, path string) int64 {
 	if err != nil {
 		t.Fatalf("envoy/envoy.yaml's filter configuration: %v", err)
 	}
-	return filter.Cost(method, path)
+	return filter
 }

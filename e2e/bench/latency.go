@@ -134,9 +134,7 @@ func runLatency(ctx context.Context, e *env) (*report.Scenario, error) {
 	var xs, offP50, offP99, edgeP50, edgeP99 []float64
 	var okX, okAdd50, okAdd99 []float64
 	var rateNames []string
-	worst := time.Duration(0)
-	var worstAt float64
-	var worstBusy []float64
+	worst, worstAt := time.Duration(0), 0 // the largest added p99 and its rate's index
 	unsaturated := 0
 	for ri, rate := range rates {
 		med := func(f, i int) time.Duration {
@@ -177,7 +175,7 @@ func runLatency(ctx context.Context, e *env) (*report.Scenario, error) {
 		} else {
 			unsaturated++
 			if added[1] > worst || unsaturated == 1 {
-				worst, worstAt, worstBusy = added[1], rate, busy[ri]
+				worst, worstAt = added[1], ri
 			}
 		}
 		t.Add(fmt.Sprintf("%.0f", rate), ms(med(0, 0)), ms(med(0, 1)), ms(med(0, 2)), ms(med(1, 0)), ms(med(1, 1)), ms(med(1, 2)),
@@ -222,7 +220,7 @@ func runLatency(ctx context.Context, e *env) (*report.Scenario, error) {
 	if unsaturated == 0 {
 		check.Measured = "every rate saturated this machine"
 	} else {
-		check.Measured = fmt.Sprintf("at most %s ms (at %.0f req/s, the machine %s busy) over %d unsaturated rates", ms(worst), worstAt, busyCell(worstBusy), unsaturated)
+		check.Measured = fmt.Sprintf("at most %s ms (at %.0f req/s, the machine %s busy) over %d unsaturated rates", ms(worst), rates[worstAt], busyCell(busy[worstAt]), unsaturated)
 		check.Holds = worst < 2*time.Millisecond
 	}
 	return &report.Scenario{
