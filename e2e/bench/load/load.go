@@ -424,11 +424,18 @@ type BurstResult struct {
 	// does.
 	Methods       []string
 	OKBy, Limited []int64
+	// Undecided are the 200s without the limiter's decision, each from
+	// when it was sent to when its answer was read, in the order they
+	// were answered.
+	Undecided []Span
 	// Dropped were due while MaxInFlight requests were outstanding, and
 	// not sent: the target was that far behind.
 	Dropped int64
 	Window  time.Duration // first to last request sent
 }
+
+// Span is a request's time on the wire: from its send to its answer.
+type Span struct{ Sent, Answered time.Time }
 
 // DefaultMaxInFlight is a run's and a Burst's MaxInFlight when none is
 // given: past it the target is seconds behind at any rate the machine can
@@ -462,6 +469,7 @@ func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
 	defer client.CloseIdleConnections()
 	var ok, denied, other atomic.Int64
 	okBy, limited := make([]atomic.Int64, len(methods)), make([]atomic.Int64, len(methods))
+	var undecidedMu sync.Mutex
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, b.MaxInFlight)
 	batch := max(b.Senders, 1)
@@ -496,6 +504,7 @@ func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
 			go func() {
 				defer wg.Done()
 				defer func() { <-slots }()
+				sent := time.Now()
 				status, decided := sendDecided(client, target, methods[m], b.Path, b.Client)
 				switch status {
 				case http.StatusOK:
@@ -503,7 +512,12 @@ func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
 					okBy[m].Add(1)
 					if decided {
 						limited[m].Add(1)
+						break
 					}
+					span := Span{sent, time.Now()}
+					undecidedMu.Lock()
+					res.Undecided = append(res.Undecided, span)
+					undecidedMu.Unlock()
 				case http.StatusTooManyRequests:
 					denied.Add(1)
 				default:

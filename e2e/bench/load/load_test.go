@@ -120,8 +120,10 @@ func TestRunBurstDropsBeyondMaxInFlight(t *testing.T) {
 }
 
 // Methods are taken in turn, and each method's 200s are counted apart,
-// with those that carried the limiter's decision.
+// with those that carried the limiter's decision; those that did not are
+// timed.
 func TestRunBurstCountsByMethod(t *testing.T) {
+	before := time.Now()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.Method {
 		case http.MethodGet:
@@ -145,6 +147,15 @@ func TestRunBurstCountsByMethod(t *testing.T) {
 	}
 	if !slices.Equal(res.OKBy, []int64{2, 2, 0}) || !slices.Equal(res.Limited, []int64{2, 0, 0}) {
 		t.Fatalf("200s by method %v, with a decision %v; want [2 2 0] and [2 0 0]", res.OKBy, res.Limited)
+	}
+	after := time.Now()
+	if len(res.Undecided) != 2 {
+		t.Fatalf("%d undecided 200s timed, want the 2 POSTs: %v", len(res.Undecided), res.Undecided)
+	}
+	for _, sp := range res.Undecided {
+		if sp.Sent.Before(before) || sp.Answered.Before(sp.Sent) || sp.Answered.After(after) {
+			t.Errorf("undecided request sent %v, answered %v, not within the run (%v to %v)", sp.Sent, sp.Answered, before, after)
+		}
 	}
 }
 
