@@ -196,7 +196,7 @@ func burstHolds(s *stack, b load.Burst, capacity, rate float64) {
 	}
 	d := s.decisions().minus(before)
 	failedOpen := d.failedOpen()
-	budget := stallBudget(vcpus, host, r.Sent, r.Undecided)
+	budget := stallBudget(vcpus, host, r)
 	// The tokens the admitted requests cost, by the shipped cost rules;
 	// of them, those of requests let through undecided (failed open), the
 	// 200s without the filter's RateLimit header. With one cost these are

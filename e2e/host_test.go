@@ -69,8 +69,7 @@ func (h hostMeter) failOpenBudget(sent int64) failOpenBound {
 // break the request's budget: past the 2.5 ms a burst's callout has left
 // at p90, as above. Only such requests are the host's; a product that
 // made its callouts slow would fail open outside the stalls too, and
-// those still count against the design's 1%.
-const stallLeast = 2500 * time.Microsecond
+// those still count against the design's 1% (vcpustall.BreaksACallout).
 
 // watchVCPUs starts a watch of this machine's vCPUs, stopped when t ends.
 func watchVCPUs(t *testing.T) *vcpustall.Watch {
@@ -83,31 +82,29 @@ func watchVCPUs(t *testing.T) *vcpustall.Watch {
 	return w
 }
 
-// stallBudget is how many of sent requests may fail open in a run whose
-// failed-open requests (the 200s without the limiter's decision) waited
-// over undecided: the design's 1%, plus those during whose wait the watch
-// w saw a vCPU stand still for stallLeast or more. Where w could not
+// stallBudget is how many of the requests of the burst r may fail open:
+// the design's 1%, plus those of its failed-open requests (the 200s
+// without the limiter's decision) during whose wait the watch w saw a vCPU
+// stand still for vcpustall.BreaksACallout or more. Where w could not
 // watch, it is h's steal budget. Call it once w is closed, so that it has
 // every stall of the run.
-func stallBudget(w *vcpustall.Watch, h hostMeter, sent int64, undecided []load.Span) failOpenBound {
+func stallBudget(w *vcpustall.Watch, h hostMeter, r load.BurstResult) failOpenBound {
+	sent := r.Sent
 	if why := w.Unavailable(); why != "" {
 		b := h.failOpenBudget(sent)
 		b.why += "; no watch of the vCPUs: " + why
 		return b
 	}
-	b := failOpenBound{design: int64(0.01 * float64(sent))}
-	for _, r := range undecided {
-		if w.During(r.Sent, r.Answered, stallLeast) {
-			b.host++
-		}
-	}
-	stalls := w.Stalls(stallLeast)
+	b := failOpenBound{design: int64(0.01 * float64(sent)), host: r.UndecidedDuring(func(from, to time.Time) bool {
+		return w.During(from, to, vcpustall.BreaksACallout)
+	})}
+	stalls := w.Stalls(vcpustall.BreaksACallout)
 	var longest time.Duration
 	for _, s := range stalls {
 		longest = max(longest, s.Len())
 	}
 	b.why = fmt.Sprintf("1%% of %d is %d; %d of the %d requests let through undecided waited while a vCPU stood still for %v or more (%d such stalls in the run, the longest %v; steal %.2f%%)",
-		sent, b.design, b.host, len(undecided), stallLeast, len(stalls), longest.Round(100*time.Microsecond), 100*h.steal())
+		sent, b.design, b.host, len(r.Undecided), vcpustall.BreaksACallout, len(stalls), longest.Round(100*time.Microsecond), 100*h.steal())
 	return b
 }
 

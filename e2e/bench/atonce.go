@@ -69,8 +69,8 @@ func runAtOnce(ctx context.Context, e *env) (*report.Scenario, error) {
 			}
 			t.Add(st.cells()...)
 			if !st.Holds() {
-				what = fmt.Sprintf("%d did not: %d of %d runs held, %.2f%% failed open, steal %s", n, st.Held(), len(st.Runs),
-					st.median(func(r burstRun) float64 { return 100 * float64(r.FailedOpen) / float64(r.Sent) }), stealOrDash(st.steal()))
+				what = fmt.Sprintf("%d did not: %d of %d runs held, %.2f%% failed open, steal %s, vCPU stalls >= 2.5 ms %s", n, st.Held(), len(st.Runs),
+					st.median(func(r burstRun) float64 { return 100 * float64(r.FailedOpen) / float64(r.Sent) }), stealOrDash(st.steal()), st.stalls())
 				break
 			}
 			held = n

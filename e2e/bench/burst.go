@@ -17,6 +17,7 @@ import (
 	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/e2e/services/bucket"
 	"github.com/edgelimit/edgelimit/internal/testkit"
+	"github.com/edgelimit/edgelimit/internal/vcpustall"
 )
 
 // burstParams shape the burst sweep.
@@ -131,6 +132,11 @@ type burstRun struct {
 	// Steal is the share of the machine's CPU time the hypervisor took
 	// during the run (/proc/stat); NaN where it could not be read.
 	Steal float64
+	// Stalls are the times during the run a vCPU stood still for
+	// vcpustall.BreaksACallout or more, and UndecidedInStalls the
+	// requests let through undecided (failed open) that waited through
+	// one; both -1 where the watch could not run (no real-time priority).
+	Stalls, UndecidedInStalls int64
 	// CPU is what each part used during the run, in µs per request sent.
 	CPU burstCPU
 }
@@ -246,7 +252,7 @@ func (s burstStep) cpu() string {
 
 // burstHeader heads the burst tables, whose rows are burstStep.cells.
 var burstHeader = []string{"gateways", "sending", "offered req/s", "sent", "plan allows", "admitted", "admitted/plan", "failed open", "reached services = admitted", "runs that held", "holds",
-	"callout p99 ms (filter)", "decision p99 ms (sidecar)", "gateway adds at p99 ms", "sidecar read wait p99 ms", "CPU µs per request: gateways / sidecar / Redis / load and services", "steal"}
+	"callout p99 ms (filter)", "decision p99 ms (sidecar)", "gateway adds at p99 ms", "sidecar read wait p99 ms", "CPU µs per request: gateways / sidecar / Redis / load and services", "steal", "vCPU stalls >= 2.5 ms (failed open during them)"}
 
 // cells are the step's row in the burst tables (burstHeader): the medians
 // of its runs.
@@ -267,7 +273,18 @@ func (s burstStep) cells() []any {
 		ratio(s.median(func(r burstRun) float64 { return float64(r.Admitted) / r.Want })), fmt.Sprintf("%.0f (%.2f%%)", fo, share),
 		fmt.Sprintf("%d of %d runs", s.reachedExactly(), len(s.Runs)), fmt.Sprintf("%d of %d", s.Held(), len(s.Runs)), yesNo(s.Holds()),
 		msOrDash(s.median(func(r burstRun) float64 { return r.FilterP99 })), msOrDash(s.median(func(r burstRun) float64 { return r.SidecarP99 })),
-		msOrDash(s.median(burstRun.AddedP99)), msOrDash(s.median(func(r burstRun) float64 { return r.WaitP99 })), s.cpu(), stealOrDash(s.steal())}
+		msOrDash(s.median(burstRun.AddedP99)), msOrDash(s.median(func(r burstRun) float64 { return r.WaitP99 })), s.cpu(), stealOrDash(s.steal()), s.stalls()}
+}
+
+// stalls are the medians over the step's runs of the vCPU stalls that
+// could break a callout, and of the failed-open requests that waited
+// through one.
+func (s burstStep) stalls() string {
+	n := s.median(func(r burstRun) float64 { return float64(r.Stalls) })
+	if n < 0 {
+		return "not watched"
+	}
+	return fmt.Sprintf("%.0f (%.0f)", n, s.median(func(r burstRun) float64 { return float64(r.UndecidedInStalls) }))
 }
 
 // steal is the median over the step's runs of the hypervisor's share.
@@ -407,6 +424,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 		fmt.Sprintf("Each run is a fresh client whose plan is a fifth of what it sends (burst: a tenth), so admissions and callouts grow with the rate. \"Plan allows\" is capacity + rate x the client's sending window. A run holds when admissions are within 5%% of it, at most 1%% of the requests failed open, and the services received exactly the admitted requests (and every request due was sent, with at most %d outstanding, and answered 200 or 429); a step holds when most of its %d runs do (the figures are the runs' medians, each column on its own). A row stops at the first step that does not hold; the rates past the last of 4000 requests/s (open loop, 10 senders) or 2000 (20 to 40 senders) run once every row has reached it.", burstMaxInFlight, e.runs),
 		"The gateways run the filter with its 5 ms callout timeout and the sidecar its defaults (4 ms Redis deadline); everything (Redis, the sidecar, the gateways, the services and the load generator) shares this machine's 2 cores, so a burst of n senders is n requests' work for every one of them at once.",
 		"Steal: the share of the machine's CPU time the hypervisor gave to other tenants during the run (/proc/stat). Its vCPUs stall while it does, for up to tens of ms at a time, and whatever part of a request's path was on the stalled vCPU waits with it; runs at a few percent of steal fail open far more than runs at a tenth of a percent (e2e/host_test.go).",
+		"vCPU stalls: where the hypervisor reports no steal, a real-time thread per CPU (internal/vcpustall) counts the times during the run it woke 2.5 ms or more late, that is the times a vCPU stood still long enough to make a burst's callout miss its 5 ms; in brackets, the requests failed open that waited through one (RATIONALE.md, \"Where the hypervisor reports no steal\"). The criterion stays at 1% failed open whatever the stalls: the capacity reported is the one the machine gave.",
 		"CPU µs per request: the CPU time (user and system) each part used during the run, over the requests sent: every gateway together and the sidecar from /proc, Redis from INFO cpu, and the bench's own process (getrusage), which runs the load generator and the services. /proc counts in ticks of 10 ms, so a run of n requests reads each process to 10 ms / n (10 µs for 1000). The machine has 2 s of CPU for each second; a burst of n senders brings n requests' worth of it due at once, whatever the average.",
 		"Callout p99: the filter's edgelimit_callout_latency_us (from the callout's dispatch to its answer in the VM, every gateway) against the sidecar's sidecar_decision_duration_seconds (from reading the check to its decision), each estimated from its histogram's buckets over the step as Prometheus's histogram_quantile does: envoy.yaml and the sidecar give both the same bounds, every 0.5 ms from 1 to 5 ms, so each p99 is good to about a bucket's width. What the gateway adds is the difference: its share of the CPU, the connection and the hand-offs between the answer arriving and the filter running, and the time the check waited for the sidecar to read it, which \"sidecar read wait\" gives on its own: the sidecar's sidecar_check_wait_seconds (from the gateway's send, beyond the quickest trip seen, to the read), whose p99 is part of the difference's, though the two p99s do not subtract.",
 	}
@@ -456,7 +474,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 				// The hypervisor's share during the step that stopped the
 				// row: a few percent of steal fails steps that hold on a
 				// quiet host.
-				why := fmt.Sprintf("%d of %d runs held, steal %s", st.Held(), len(st.Runs), stealOrDash(st.steal()))
+				why := fmt.Sprintf("%d of %d runs held, steal %s, vCPU stalls >= 2.5 ms %s", st.Held(), len(st.Runs), stealOrDash(st.steal()), st.stalls())
 				if c != 0 {
 					why = fmt.Sprintf("%.0f req/s did not: %s", st.Offered, why)
 				}
@@ -583,10 +601,22 @@ func burstOnce(ctx context.Context, b *rig.Backend, fronts []*rig.Front, key str
 	if err != nil {
 		return burstRun{}, err
 	}
-	cpu := report.ReadCPUTime()
-	r, err := load.RunBurst(ctx, load.Burst{Targets: targets, Client: key, Path: "/orders/burst", Rate: offered, Window: window, Senders: senders, MaxInFlight: burstMaxInFlight})
+	vcpus, err := vcpustall.Start()
 	if err != nil {
 		return burstRun{}, err
+	}
+	cpu := report.ReadCPUTime()
+	r, err := load.RunBurst(ctx, load.Burst{Targets: targets, Client: key, Path: "/orders/burst", Rate: offered, Window: window, Senders: senders, MaxInFlight: burstMaxInFlight})
+	vcpus.Close()
+	if err != nil {
+		return burstRun{}, err
+	}
+	st.Stalls, st.UndecidedInStalls = -1, -1
+	if vcpus.Unavailable() == "" {
+		st.Stalls = int64(len(vcpus.Stalls(vcpustall.BreaksACallout)))
+		st.UndecidedInStalls = r.UndecidedDuring(func(from, to time.Time) bool {
+			return vcpus.During(from, to, vcpustall.BreaksACallout)
+		})
 	}
 	usedAfter, err := readBurstCPU(ctx, b, fronts)
 	if err != nil {

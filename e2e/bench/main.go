@@ -30,6 +30,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/e2e/bench/report"
 	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/internal/vcpustall"
 )
 
 // env is what every scenario gets.
@@ -83,6 +84,7 @@ func (s scenario) complete(r *report.Scenario) {
 }
 
 func main() {
+	vcpustall.Main() // in the vCPU watch's process (burst.go), the watch runs here and exits
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:]); err != nil {

@@ -437,6 +437,18 @@ type BurstResult struct {
 // Span is a request's time on the wire: from its send to its answer.
 type Span struct{ Sent, Answered time.Time }
 
+// UndecidedDuring counts the undecided requests for whose wait stalled
+// reports true.
+func (r BurstResult) UndecidedDuring(stalled func(from, to time.Time) bool) int64 {
+	var n int64
+	for _, s := range r.Undecided {
+		if stalled(s.Sent, s.Answered) {
+			n++
+		}
+	}
+	return n
+}
+
 // DefaultMaxInFlight is a run's and a Burst's MaxInFlight when none is
 // given: past it the target is seconds behind at any rate the machine can
 // offer, and the process would run out of file descriptors.
