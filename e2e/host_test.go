@@ -78,7 +78,7 @@ func watchVCPUs(t *testing.T) *vcpustall.Watch {
 	if err != nil {
 		t.Fatalf("watching the vCPUs: %v", err)
 	}
-	t.Cleanup(func() { w.Close() })
+	t.Cleanup(w.Close)
 	return w
 }
 

@@ -25,7 +25,7 @@ func TestWatchReportsTheTimeItWasHeld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { w.Close() })
+	t.Cleanup(w.Close)
 	if why := w.Unavailable(); why != "" {
 		t.Skipf("no real-time priority here, so no watch: %s", why)
 	}
