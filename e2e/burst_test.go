@@ -196,7 +196,7 @@ func burstHolds(s *stack, b load.Burst, capacity, rate float64) {
 	}
 	d := s.decisions().minus(before)
 	failedOpen := d.failedOpen()
-	budget := stallBudget(vcpus, host, r)
+	budget := stallBudget(vcpus, host, r.Sent, r.Undecided)
 	// The tokens the admitted requests cost, by the shipped cost rules;
 	// of them, those of requests let through undecided (failed open), the
 	// 200s without the filter's RateLimit header. With one cost these are
@@ -215,7 +215,7 @@ func burstHolds(s *stack, b load.Burst, capacity, rate float64) {
 	// open was admitted unlimited. The design's budget for those is in
 	// requests (1%), so each is held against the 5% as one token, whatever
 	// its cost (with one cost, the admitted requests as they are); past
-	// the 1%, those the host's stalls account for (see failOpenBudget) are
+	// the 1%, those the host's stalls account for (see stallBudget) are
 	// not the limiter's.
 	want := capacity + rate*r.Window.Seconds()
 	excused := budget.excused(failedOpen)

@@ -609,15 +609,18 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 	}
 
 	before := s.decisions()
-	host := watchHost()
+	vcpus, host := watchVCPUs(t), watchHost()
 	var sent, bad, undecided atomic.Int64
+	var undecidedSpans undecidedLog
 	var firstBad atomic.Value
 	load := testkit.StartLoad(t, 4, func(w, i int) {
+		at := time.Now()
 		r, err := s.try(0, "GET", "/billing/1", "x-api-key", "plans-load-"+strconv.Itoa(w)+"-"+strconv.Itoa(i%50))
 		sent.Add(1)
 		switch {
 		case err == nil && r.status == http.StatusOK && r.header.Get("ratelimit-limit") == "":
 			undecided.Add(1) // failed open: the counters say why
+			undecidedSpans.add(at)
 		case err != nil || r.status != http.StatusOK || r.header.Get("ratelimit-limit") != "1000000000":
 			if bad.Add(1) == 1 {
 				firstBad.Store(r.status)
@@ -670,16 +673,17 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 	testkit.Poll(t, time.Minute, "1000 requests under load", func() bool { return sent.Load() >= 1000 })
 
 	load.Stop()
+	vcpus.Close()
 	if n := bad.Load(); n != 0 {
 		t.Fatalf("%d of %d requests under load failed (first status %v)", n, sent.Load(), firstBad.Load())
 	}
 	d := s.decisions().minus(before)
 	// Late decisions may fail open, within the design's 1% and the host's
-	// share (failOpenBudget): the filter's timeout, or the sidecar's own
-	// 503 at its Redis deadline (unavailable); a plans change may cause
+	// share (stallBudget): the filter's timeout, or the sidecar's own 503
+	// at its Redis deadline (unavailable); a plans change may cause
 	// neither.
 	late := d["failed_open.timeout"] + d["failed_open.unavailable"]
-	budget := host.failOpenBudget(sent.Load())
+	budget := stallBudget(vcpus, host, sent.Load(), undecidedSpans.all())
 	if d.failedOpen() != late || late > budget.total() {
 		t.Fatalf("requests failed open while the plans file changed: %v (only late decisions may, at most %d: %s)", d, budget.total(), budget.why)
 	}

@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"fmt"
 	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -82,20 +83,19 @@ func watchVCPUs(t *testing.T) *vcpustall.Watch {
 	return w
 }
 
-// stallBudget is how many of the requests of the burst r may fail open:
-// the design's 1%, plus those of its failed-open requests (the 200s
-// without the limiter's decision) during whose wait the watch w saw a vCPU
-// stand still for vcpustall.BreaksACallout or more. Where w could not
-// watch, it is h's steal budget. Call it once w is closed, so that it has
-// every stall of the run.
-func stallBudget(w *vcpustall.Watch, h hostMeter, r load.BurstResult) failOpenBound {
-	sent := r.Sent
+// stallBudget is how many of sent requests may fail open: the design's
+// 1%, plus those of the failed-open requests (the 200s without the
+// limiter's decision, timed in undecided) during whose wait the watch w
+// saw a vCPU stand still for vcpustall.BreaksACallout or more. Where w
+// could not watch, it is h's steal budget. Call it once w is closed, so
+// that it has every stall of the run.
+func stallBudget(w *vcpustall.Watch, h hostMeter, sent int64, undecided load.Spans) failOpenBound {
 	if why := w.Unavailable(); why != "" {
 		b := h.failOpenBudget(sent)
 		b.why += "; no watch of the vCPUs: " + why
 		return b
 	}
-	b := failOpenBound{design: int64(0.01 * float64(sent)), host: r.UndecidedDuring(func(from, to time.Time) bool {
+	b := failOpenBound{design: int64(0.01 * float64(sent)), host: undecided.During(func(from, to time.Time) bool {
 		return w.During(from, to, vcpustall.BreaksACallout)
 	})}
 	stalls := w.Stalls(vcpustall.BreaksACallout)
@@ -104,8 +104,29 @@ func stallBudget(w *vcpustall.Watch, h hostMeter, r load.BurstResult) failOpenBo
 		longest = max(longest, s.Len())
 	}
 	b.why = fmt.Sprintf("1%% of %d is %d; %d of the %d requests let through undecided waited while a vCPU stood still for %v or more (%d such stalls in the run, the longest %v; steal %.2f%%)",
-		sent, b.design, b.host, len(r.Undecided), vcpustall.BreaksACallout, len(stalls), longest.Round(100*time.Microsecond), 100*h.steal())
+		sent, b.design, b.host, len(undecided), vcpustall.BreaksACallout, len(stalls), longest.Round(100*time.Microsecond), 100*h.steal())
 	return b
+}
+
+// undecidedLog times the requests of a test's load that came back 200
+// without the limiter's decision, from any goroutine.
+type undecidedLog struct {
+	mu    sync.Mutex
+	spans load.Spans
+}
+
+// add records a request sent at sent and answered now.
+func (l *undecidedLog) add(sent time.Time) {
+	span := load.Span{Sent: sent, Answered: time.Now()}
+	l.mu.Lock()
+	l.spans = append(l.spans, span)
+	l.mu.Unlock()
+}
+
+func (l *undecidedLog) all() load.Spans {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.spans
 }
 
 // failOpenBound is the requests of a run that may fail open, and why, for

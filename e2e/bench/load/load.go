@@ -427,7 +427,7 @@ type BurstResult struct {
 	// Undecided are the 200s without the limiter's decision, each from
 	// when it was sent to when its answer was read, in the order they
 	// were answered.
-	Undecided []Span
+	Undecided Spans
 	// Dropped were due while MaxInFlight requests were outstanding, and
 	// not sent: the target was that far behind.
 	Dropped int64
@@ -437,12 +437,14 @@ type BurstResult struct {
 // Span is a request's time on the wire: from its send to its answer.
 type Span struct{ Sent, Answered time.Time }
 
-// UndecidedDuring counts the undecided requests for whose wait stalled
-// reports true.
-func (r BurstResult) UndecidedDuring(stalled func(from, to time.Time) bool) int64 {
+// Spans are requests' times on the wire.
+type Spans []Span
+
+// During counts the requests for whose wait stalled reports true.
+func (s Spans) During(stalled func(from, to time.Time) bool) int64 {
 	var n int64
-	for _, s := range r.Undecided {
-		if stalled(s.Sent, s.Answered) {
+	for _, r := range s {
+		if stalled(r.Sent, r.Answered) {
 			n++
 		}
 	}
