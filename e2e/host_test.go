@@ -95,9 +95,7 @@ func stallBudget(w *vcpustall.Watch, h hostMeter, sent int64, undecided load.Spa
 		b.why += "; no watch of the vCPUs: " + why
 		return b
 	}
-	b := failOpenBound{design: int64(0.01 * float64(sent)), host: undecided.During(func(from, to time.Time) bool {
-		return w.During(from, to, vcpustall.BreaksACallout)
-	})}
+	b := failOpenBound{design: int64(0.01 * float64(sent)), host: undecided.During(w.Broke)}
 	stalls := w.Stalls(vcpustall.BreaksACallout)
 	var longest time.Duration
 	for _, s := range stalls {

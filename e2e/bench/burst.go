@@ -614,9 +614,7 @@ func burstOnce(ctx context.Context, b *rig.Backend, fronts []*rig.Front, key str
 	st.Stalls, st.UndecidedInStalls = -1, -1
 	if vcpus.Unavailable() == "" {
 		st.Stalls = int64(len(vcpus.Stalls(vcpustall.BreaksACallout)))
-		st.UndecidedInStalls = r.Undecided.During(func(from, to time.Time) bool {
-			return vcpus.During(from, to, vcpustall.BreaksACallout)
-		})
+		st.UndecidedInStalls = r.Undecided.During(vcpus.Broke)
 	}
 	usedAfter, err := readBurstCPU(ctx, b, fronts)
 	if err != nil {

@@ -205,6 +205,11 @@ func (w *Watch) During(from, to time.Time, min time.Duration) bool {
 	return false
 }
 
+// Broke reports whether a CPU stood still within [from, to] for
+// BreaksACallout or more: long enough to make a callout waiting then miss
+// its timeout.
+func (w *Watch) Broke(from, to time.Time) bool { return w.During(from, to, BreaksACallout) }
+
 // A stall's line: the CPU, and its start and end in µs since the epoch.
 func format(b []byte, cpu int, from, to time.Time) []byte {
 	b = strconv.AppendInt(b, int64(cpu), 10)
