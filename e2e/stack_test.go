@@ -16,7 +16,6 @@ import (
 	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/e2e/services"
 	"github.com/edgelimit/edgelimit/internal/redisproc"
-	"github.com/edgelimit/edgelimit/internal/vcpustall"
 )
 
 // bins are the deliverables under test: `make test` builds them into
@@ -27,7 +26,6 @@ import (
 var bins harness.Binaries
 
 func TestMain(m *testing.M) {
-	vcpustall.Main() // in the vCPU watch's process (host_test.go), the watch runs here and exits
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	dir := os.Getenv("EDGELIMIT_BIN_DIR")
 	tmp := ""

@@ -60,7 +60,7 @@ func runAtOnce(ctx context.Context, e *env) (*report.Scenario, error) {
 			st := burstStep{Gateways: g, Senders: n, Offered: offered}
 			for run := 0; run < e.runs; run++ {
 				e.prog.Printf("atonce: %d gateway(s), %d together, run %d of %d", g, n, run+1, e.runs)
-				one, err := burstOnce(ctx, b, fronts, atOnceKey(g, n, run), unlimitedPlan, n, offered, runWindow(window, offered))
+				one, err := burstOnce(ctx, e.vcpus, b, fronts, atOnceKey(g, n, run), unlimitedPlan, n, offered, runWindow(window, offered))
 				if err != nil {
 					b.Close()
 					return nil, err

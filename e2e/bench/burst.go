@@ -348,7 +348,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 				st := burstStep{Gateways: g, Senders: row.Senders, Offered: r}
 				for run := 0; run < e.runs; run++ {
 					e.prog.Printf("burst: %d gateway(s), %s, %.0f req/s, run %d of %d", g, st.mode(), r, run+1, e.runs)
-					one, err := burstOnce(ctx, b, fronts, burstKey(g, row.Senders, i, run), burstPlan(r), row.Senders, r, p.window(r))
+					one, err := burstOnce(ctx, e.vcpus, b, fronts, burstKey(g, row.Senders, i, run), burstPlan(r), row.Senders, r, p.window(r))
 					if err != nil {
 						return false, err
 					}
@@ -574,7 +574,7 @@ func burstCold(ctx context.Context, e *env, pl plans, g int, key string, senders
 	if err != nil {
 		return burstRun{}, err
 	}
-	run, err := burstOnce(ctx, b, fronts, key, burstPlan(offered), senders, offered, window)
+	run, err := burstOnce(ctx, e.vcpus, b, fronts, key, burstPlan(offered), senders, offered, window)
 	if cerr := b.Close(); err == nil {
 		err = cerr
 	}
@@ -582,8 +582,9 @@ func burstCold(ctx context.Context, e *env, pl plans, g int, key string, senders
 }
 
 // burstOnce sends one run of a step as client key, whose plan is plan, and
-// counts what happened.
-func burstOnce(ctx context.Context, b *rig.Backend, fronts []*rig.Front, key string, plan bucket.Limit, senders int, offered float64, window time.Duration) (burstRun, error) {
+// counts what happened; vcpus is the scenario's watch of the vCPUs (nil
+// where it could not start).
+func burstOnce(ctx context.Context, vcpus *vcpustall.Watch, b *rig.Backend, fronts []*rig.Front, key string, plan bucket.Limit, senders int, offered float64, window time.Duration) (burstRun, error) {
 	var targets []string
 	for _, f := range fronts {
 		targets = append(targets, f.Gateway.Addr)
@@ -601,19 +602,15 @@ func burstOnce(ctx context.Context, b *rig.Backend, fronts []*rig.Front, key str
 	if err != nil {
 		return burstRun{}, err
 	}
-	vcpus, err := vcpustall.Start()
-	if err != nil {
-		return burstRun{}, err
-	}
-	cpu := report.ReadCPUTime()
+	cpu, from := report.ReadCPUTime(), time.Now()
 	r, err := load.RunBurst(ctx, load.Burst{Targets: targets, Client: key, Path: "/orders/burst", Rate: offered, Window: window, Senders: senders, MaxInFlight: burstMaxInFlight})
-	vcpus.Close()
 	if err != nil {
 		return burstRun{}, err
 	}
 	st.Stalls, st.UndecidedInStalls = -1, -1
-	if vcpus.Unavailable() == "" {
-		st.Stalls = int64(len(vcpus.Stalls(vcpustall.BreaksACallout)))
+	if vcpus != nil && vcpus.Unavailable() == "" {
+		vcpus.Sync()
+		st.Stalls = int64(len(vcpus.Within(from, time.Now(), vcpustall.BreaksACallout)))
 		st.UndecidedInStalls = r.Undecided.During(vcpus.Broke)
 	}
 	usedAfter, err := readBurstCPU(ctx, b, fronts)

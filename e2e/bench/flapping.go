@@ -80,7 +80,7 @@ func runFlapping(ctx context.Context, e *env) (*report.Scenario, error) {
 			if err != nil {
 				return nil, err
 			}
-			one, err := burstOnce(ctx, b, fronts[i:i+1], flapKey(f.tag, run), plan, flapSenders, flapOffered, window)
+			one, err := burstOnce(ctx, e.vcpus, b, fronts[i:i+1], flapKey(f.tag, run), plan, flapSenders, flapOffered, window)
 			stop()
 			if err != nil {
 				return nil, err

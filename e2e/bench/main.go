@@ -41,6 +41,9 @@ type env struct {
 	scale   float64 // multiplies every phase's duration
 	command string  // how this run was started, for the reports
 	prog    *progress
+	// vcpus watches the vCPUs over the scenario running (report.Meter);
+	// nil where it could not start.
+	vcpus *vcpustall.Watch
 }
 
 // dur scales a phase's duration.
@@ -84,7 +87,6 @@ func (s scenario) complete(r *report.Scenario) {
 }
 
 func main() {
-	vcpustall.Main() // in the vCPU watch's process (burst.go), the watch runs here and exits
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:]); err != nil {
@@ -151,16 +153,15 @@ func run(ctx context.Context, args []string) error {
 		e.prog.Done()
 	}
 	for _, s := range chosen {
-		start, load0 := time.Now(), report.LoadAverage()
-		cpu0 := report.ReadCPUTime()
+		m := report.StartMeter(e.command)
+		e.vcpus = m.Watch()
 		res, err := s.run(ctx, e)
+		run := m.Stop()
 		e.prog.Done()
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
-		res.Name, res.Command, res.Started, res.Took = s.name, e.command, start, time.Since(start)
-		res.Load = [2]float64{load0, report.LoadAverage()}
-		res.Steal = report.ReadCPUTime().StealSince(cpu0)
+		res.Name, res.Run = s.name, run
 		s.complete(res)
 		if err := res.Save(e.out); err != nil {
 			return err

@@ -22,8 +22,8 @@
 // between two wake-ups: it sees less than there was, never more.
 //
 // The watching threads run in a process of their own, the calling program
-// started again with an environment variable that Main recognises, so that
-// no goroutine of the caller's shares their Ps.
+// started again with an environment variable that this package's init
+// recognises, so that no goroutine of the caller's shares their Ps.
 package vcpustall
 
 import (
@@ -46,7 +46,7 @@ import (
 	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
-// envWatch set to "1" makes Main run the watch and exit.
+// envWatch set to "1" makes init run the watch and exit.
 const envWatch = "EDGELIMIT_VCPUSTALL_WATCH"
 
 // period is how often each watching thread asks to run. Every wake-up
@@ -81,13 +81,15 @@ type Stall struct {
 // Len is how long the CPU stood still.
 func (s Stall) Len() time.Duration { return s.To.Sub(s.From) }
 
-// Main runs the watch and exits when the program was started for it by
-// Start; otherwise it returns at once. Call it first in main or TestMain.
-func Main() {
+// A program started by Start to watch runs the watch here, before its own
+// main or TestMain, and exits: any program that can start a watch (it
+// imports this package) can be the watcher, and never runs its own code a
+// second time as one.
+func init() {
 	if os.Getenv(envWatch) != "1" {
 		return
 	}
-	if err := watch(os.Stdout); err != nil {
+	if err := watch(os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stdout, "unavailable: %v\n", err)
 		os.Exit(1)
 	}
@@ -99,13 +101,17 @@ type Watch struct {
 	cmd  *exec.Cmd
 	read chan struct{} // closed when the watcher's output is read to its end
 
+	syncMu sync.Mutex     // one Sync at a time
+	ask    io.WriteCloser // the watcher's input: a line asks it to answer synced
+	synced chan struct{}  // the reader saw the answer
+
 	mu          sync.Mutex
 	stalls      []Stall
 	unavailable string
 }
 
 // Start starts the watch, in a process that is this program run again
-// (whose main or TestMain calls Main), and returns once every CPU is
+// (this package's init runs the watch there), and returns once every CPU is
 // watched. Where the threads cannot have real-time priority (no
 // CAP_SYS_NICE, or an RT budget of zero), the watch is unavailable:
 // Unavailable says why, and it records nothing. Close stops it.
@@ -124,11 +130,15 @@ func Start() (*Watch, error) {
 	if err != nil {
 		return nil, err
 	}
+	ask, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
 	testkit.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	w := &Watch{cmd: cmd, read: make(chan struct{})}
+	w := &Watch{cmd: cmd, read: make(chan struct{}), ask: ask, synced: make(chan struct{}, 1)}
 	lines := bufio.NewScanner(out)
 	// The first line says whether the watch runs.
 	first := ""
@@ -147,6 +157,10 @@ func Start() (*Watch, error) {
 	go func() {
 		defer close(w.read)
 		for lines.Scan() {
+			if lines.Text() == "synced" {
+				w.synced <- struct{}{}
+				continue
+			}
 			s, err := parse(lines.Text())
 			w.mu.Lock()
 			if err != nil && w.unavailable == "" {
@@ -192,17 +206,43 @@ func (w *Watch) Stalls(min time.Duration) []Stall {
 	return out
 }
 
+// Within are the stalls of at least min recorded so far that overlap
+// [from, to], in the order they ended.
+func (w *Watch) Within(from, to time.Time, min time.Duration) []Stall {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []Stall
+	for _, s := range w.stalls {
+		if s.Len() >= min && s.From.Before(to) && s.To.After(from) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // During reports whether a CPU stood still for at least min within
 // [from, to].
 func (w *Watch) During(from, to time.Time, min time.Duration) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, s := range w.stalls {
-		if s.Len() >= min && s.From.Before(to) && s.To.After(from) {
-			return true
-		}
+	return len(w.Within(from, to, min)) > 0
+}
+
+// Sync returns once every stall whose thread had woken from it when Sync
+// was called is recorded, so that a watch kept running can be asked about
+// a moment just past. A watching thread writes its stall's line as it
+// wakes, before anything else runs on its CPU (a request that waited
+// through the stall is answered after that); the watcher answers Sync on
+// the same output, behind every line written before it. It returns at once
+// where the watch has ended.
+func (w *Watch) Sync() {
+	w.syncMu.Lock()
+	defer w.syncMu.Unlock()
+	if _, err := io.WriteString(w.ask, "sync\n"); err != nil {
+		return
 	}
-	return false
+	select {
+	case <-w.synced:
+	case <-w.read:
+	}
 }
 
 // Broke reports whether a CPU stood still within [from, to] for
@@ -237,9 +277,9 @@ func parse(line string) (Stall, error) {
 }
 
 // watch runs a watching thread on every CPU this process may use, writes
-// "ready" once all of them run, then one line per stall, until the process
-// is killed.
-func watch(out io.Writer) error {
+// "ready" once all of them run, then one line per stall and "synced" for
+// each line read from in (Sync), until in ends or the process is killed.
+func watch(in io.Reader, out io.Writer) error {
 	// Nothing the loop does allocates, and a collection would stop the
 	// watching threads: no collections.
 	debug.SetGCPercent(-1)
@@ -288,11 +328,23 @@ func watch(out io.Writer) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	_, err := io.WriteString(out, "ready\n")
-	if err != nil {
+	if _, err := io.WriteString(out, "ready\n"); err != nil {
 		return err
 	}
-	select {} // until killed
+	var buf [64]byte
+	for {
+		n, err := in.Read(buf[:])
+		for _, c := range buf[:n] {
+			if c == '\n' {
+				mu.Lock()
+				_, _ = io.WriteString(out, "synced\n")
+				mu.Unlock()
+			}
+		}
+		if err != nil { // the caller is gone, or closed the watch
+			return nil
+		}
+	}
 }
 
 // watchCPU asks to wake every period on the calling thread and reports

@@ -2,7 +2,6 @@ package vcpustall
 
 import (
 	"fmt"
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -11,11 +10,6 @@ import (
 
 	"github.com/edgelimit/edgelimit/internal/testkit"
 )
-
-func TestMain(m *testing.M) {
-	Main()
-	os.Exit(m.Run())
-}
 
 // A watcher stopped by SIGSTOP is a CPU that does not run its threads:
 // each of them wakes, once continued, as late as it was held, and reports
@@ -45,22 +39,36 @@ func TestWatchReportsTheTimeItWasHeld(t *testing.T) {
 	if err := unix.SchedGetaffinity(0, &set); err != nil {
 		t.Fatal(err)
 	}
+	// A thread's stall ends when it runs again, and on a vCPU that was idle
+	// that can come after this goroutine has gone on: polled.
 	testkit.PollErr(t, 5*time.Second, "every CPU's report of the hold", func() error {
 		seen := map[int]bool{}
-		for _, s := range w.Stalls(held - period) {
-			if s.To.After(from) {
-				seen[s.CPU] = true
-			}
+		for _, s := range w.Within(from, time.Now(), held-period) {
+			seen[s.CPU] = true
 		}
 		if len(seen) < set.Count() {
 			return fmt.Errorf("%d of %d CPUs reported it; stalls: %v", len(seen), set.Count(), w.Stalls(least))
 		}
 		return nil
 	})
+	// Sync's answer comes on the stalls' output, and is not taken for one.
+	n := len(w.Stalls(least))
+	w.Sync()
+	if why := w.Unavailable(); why != "" {
+		t.Errorf("after Sync the watch is unavailable: %s", why)
+	}
+	if got := len(w.Stalls(least)); got < n {
+		t.Errorf("after Sync %d stalls, before it %d", got, n)
+	}
 	if !w.During(from, to.Add(time.Second), held-period) {
 		t.Errorf("During does not find the hold between %v and %v", from, to)
 	}
 	if w.During(from.Add(-time.Hour), from.Add(-time.Minute), least) {
 		t.Errorf("During finds a stall an hour before the watch began")
 	}
+	if got := w.Within(from.Add(-time.Hour), from.Add(-time.Minute), least); len(got) != 0 {
+		t.Errorf("Within finds %v an hour before the watch began", got)
+	}
+	w.Close()
+	w.Sync() // returns at once on a closed watch
 }

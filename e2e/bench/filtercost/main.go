@@ -23,7 +23,6 @@ import (
 	"os"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"golang.org/x/perf/benchfmt"
 
@@ -68,8 +67,7 @@ func run(rounds int, benchtime, out string) error {
 	if err != nil {
 		return err
 	}
-	started := time.Now()
-	load0, cpu0 := report.LoadAverage(), report.ReadCPUTime()
+	m := report.StartMeter(report.Command("./e2e/bench/filtercost", os.Args[1:]))
 	ns := make([][]float64, len(benches))
 	for r := 0; r < rounds; r++ {
 		// The order rotates, so that a machine getting busier or
@@ -87,11 +85,12 @@ func run(rounds int, benchtime, out string) error {
 	}
 	w, d, n := stat.Median(ns[0]), stat.Median(ns[1]), stat.Median(ns[2])
 	ratio, dratio := w/n, d/n
+	ran := m.Stop()
 
 	var buf bytes.Buffer
 	fmt.Fprintf(&buf, "One allowed request through the filter: filter.wasm in wazero against the same logic natively\n")
 	fmt.Fprintf(&buf, "go test -bench, %d rounds in rotating order of -benchtime %s, %s (load average %.1f at the start, %.1f at the end%s)\n\n",
-		rounds, benchtime, started.UTC().Format("2006-01-02 15:04 UTC"), load0, report.LoadAverage(), report.StealNote(report.ReadCPUTime().StealSince(cpu0)))
+		rounds, benchtime, ran.Started.UTC().Format("2006-01-02 15:04 UTC"), ran.Load[0], ran.Load[1], ran.BusyNote())
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "benchmark\tpackage\tns/op per round\tmedian ns/op\t")
 	for i, b := range benches {
@@ -118,11 +117,7 @@ func run(rounds int, benchtime, out string) error {
 		{Claim: "the filter in a minimal wazero host against the native path", Target: fmt.Sprintf("<= %dx", targetRatio),
 			Measured: fmt.Sprintf("%.0fx (%.1f µs / %.2f µs)", dratio, d/1000, n/1000), Holds: dratio <= targetRatio},
 	}
-	run := report.Run{
-		Command: report.Command("./e2e/bench/filtercost", os.Args[1:]),
-		Started: started, Took: time.Since(started), Load: [2]float64{load0, report.LoadAverage()}, Steal: report.ReadCPUTime().StealSince(cpu0),
-	}
-	return report.SaveChecks(report.ChecksPath(out), report.Checked{Run: run, Checks: checks})
+	return report.SaveChecks(report.ChecksPath(out), report.Checked{Run: ran, Checks: checks})
 }
 
 // runBench runs one benchmark once and returns its ns/op.

@@ -83,7 +83,7 @@ func run(w io.Writer, calls, trips, runs int) (report.Checked, error) {
 	if calls <= 0 || trips <= 0 || runs <= 0 {
 		return report.Checked{}, errors.New("-calls, -trips and -runs must be positive")
 	}
-	started, load0, cpu0 := time.Now(), report.LoadAverage(), report.ReadCPUTime()
+	m := report.StartMeter(report.Command("./e2e/bench/machinecost", os.Args[1:]))
 	var sys []float64
 	for range runs {
 		sys = append(sys, syscallCost(calls).Seconds()*1e6)
@@ -112,8 +112,9 @@ func run(w io.Writer, calls, trips, runs int) (report.Checked, error) {
 			cpu[i] = append(cpu[i], h.cpu.Seconds()*1e6)
 		}
 	}
+	ran := m.Stop()
 	fmt.Fprintf(w, "what a system call and a hop between processes cost: go run ./e2e/bench/machinecost, %s (load average %.1f at the start, %.1f at the end%s)\n\n",
-		started.UTC().Format("2006-01-02 15:04 UTC"), load0, report.LoadAverage(), report.StealNote(report.ReadCPUTime().StealSince(cpu0)))
+		ran.Started.UTC().Format("2006-01-02 15:04 UTC"), ran.Load[0], ran.Load[1], ran.BusyNote())
 	fmt.Fprintf(w, "a system call that does nothing (getppid), %d calls: %.2f µs (median of %d runs: %s)\n\n", calls, stat.Median(sys), runs, stat.Join(sys, 2, ", "))
 	fmt.Fprintf(w, "a byte handed to another process and back through two pipes, %d round trips, median of %d runs:\n", trips, runs)
 	var hops []string
@@ -129,10 +130,7 @@ func run(w io.Writer, calls, trips, runs int) (report.Checked, error) {
 	// capacity, with them.
 	const target = "none: the machine's price, which this file's CPU per request and burst capacity are read against"
 	return report.Checked{
-		Run: report.Run{
-			Command: report.Command("./e2e/bench/machinecost", os.Args[1:]),
-			Started: started, Took: time.Since(started), Load: [2]float64{load0, report.LoadAverage()}, Steal: report.ReadCPUTime().StealSince(cpu0),
-		},
+		Run: ran,
 		Checks: []report.Check{
 			{Claim: "this machine: a system call that does nothing", Target: target, Info: true,
 				Measured: fmt.Sprintf("%.2f µs (getppid, median of %d runs)", stat.Median(sys), runs)},

@@ -3,6 +3,7 @@ package report
 import (
 	"bufio"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -81,8 +82,10 @@ func (bm Benchmarks) Markdown() string {
 	// Each target with the section that measured it; then, for each
 	// section, its command and how busy the machine was while it ran.
 	sum := Table{Header: []string{"claim", "target", "measured", "holds", "measured in"}, TextColumns: 5}
-	runs := Table{Header: []string{"section", "command", "started", "took", "load average (start, end)", "steal"}, TextColumns: 6}
-	var lo, hi float64 = 1, 0 // the least and the most steal over the runs
+	stallsHead := "vCPU stood still >= " + BreaksACallout
+	runs := Table{Header: []string{"section", "command", "started", "took", "load average (start, end)", "steal", stallsHead}, TextColumns: 7}
+	var lo, hi float64 = 1, 0             // the least and the most steal over the runs
+	var slo, shi float64 = math.Inf(1), 0 // the fewest and the most stalls a minute
 	add := func(title string, r Run, checks []Check) {
 		if r.Steal != nil {
 			lo, hi = min(lo, *r.Steal), max(hi, *r.Steal)
@@ -91,15 +94,20 @@ func (bm Benchmarks) Markdown() string {
 			sum.Add(c.Claim, c.Target, c.Measured, c.holds(), title)
 		}
 		if r.Command == "" { // saved by a version that did not record its run
-			runs.Add(title, "not recorded", "-", "-", "-", "-")
+			runs.Add(title, "not recorded", "-", "-", "-", "-", "-")
 			return
 		}
-		steal := "not measured"
+		steal, stalls := "not measured", "not measured"
 		if r.Steal != nil {
 			steal = fmt.Sprintf("%.1f%%", 100**r.Steal)
 		}
+		if r.Stalls != nil {
+			perMin := r.Stalls.PerMinute(r.Took)
+			slo, shi = min(slo, perMin), max(shi, perMin)
+			stalls = fmt.Sprintf("%s (%.1f a minute)", r.Stalls, perMin)
+		}
 		runs.Add(title, "`"+r.Command+"`", r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Took.Round(time.Second).String(),
-			fmt.Sprintf("%.1f, %.1f", r.Load[0], r.Load[1]), steal)
+			fmt.Sprintf("%.1f, %.1f", r.Load[0], r.Load[1]), steal, stalls)
 	}
 	for _, s := range bm.Scenarios {
 		add(s.Title, s.Run, s.Checks)
@@ -117,7 +125,7 @@ func (bm Benchmarks) Markdown() string {
 	}
 	if len(sum.Rows) > 0 {
 		b.WriteString(sum.Markdown())
-		b.WriteString("\nWhere each was measured: the section's command, and how busy the machine was besides while it ran (the 1-minute load average, and the CPU time the hypervisor gave to other machines).\n\n")
+		fmt.Fprintf(&b, "\nWhere each was measured: the section's command, and how busy the machine was besides while it ran: the 1-minute load average, the CPU time the hypervisor says it gave to other machines (steal), and the times a real-time thread pinned to a CPU woke %s or more late, that is the vCPU stood still that long, which steal does not show on every hypervisor (RATIONALE.md, \"Where the hypervisor reports no steal\"). A burst's callout that meets such a stall can miss its 5 ms.\n\n", BreaksACallout)
 		b.WriteString(runs.Markdown())
 		b.WriteString("\n")
 	}
@@ -137,6 +145,9 @@ func (bm Benchmarks) Markdown() string {
 		mt.Add("load average", fmt.Sprintf("%.1f when the first scenario started: the machine is shared, and each scenario below gives its own", bm.Scenarios[0].Load[0]))
 		if lo <= hi {
 			mt.Add("CPU time taken by the hypervisor (steal)", fmt.Sprintf("%.1f%% to %.1f%% over the sections below: a virtual machine's CPUs are shared with others the load average does not show", 100*lo, 100*hi))
+		}
+		if slo <= shi {
+			mt.Add(stallsHead, fmt.Sprintf("%.1f to %.1f times a minute over the sections below", slo, shi))
 		}
 	}
 	b.WriteString(mt.Markdown())
@@ -233,14 +244,4 @@ func (t CPUTime) BusySince(earlier CPUTime) *float64 {
 	}
 	v := 1 - float64(t.Idle-earlier.Idle+t.Steal-earlier.Steal)/float64(t.Total-earlier.Total)
 	return &v
-}
-
-// StealNote is "; the hypervisor took N% of the CPU time (steal)" for a
-// share StealSince measured, to close a line that gives the load average;
-// empty when it was not measured.
-func StealNote(share *float64) string {
-	if share == nil {
-		return ""
-	}
-	return fmt.Sprintf("; the hypervisor took %.1f%% of the CPU time (steal)", 100**share)
 }

@@ -132,7 +132,7 @@ func TestBenchmarksMarkdown(t *testing.T) {
 		Scenarios: []*Scenario{{Name: "incident", Title: "Incident replay", Charts: []Chart{{"incident.png", "chart"}},
 			Checks: []Check{{Claim: "c", Target: "t", Measured: "m"}},
 			Run: Run{Command: "go run ./bench", Started: time.Date(2025, 8, 31, 23, 30, 0, 0, time.UTC), Took: 30 * time.Second,
-				Load: [2]float64{1.5, 2}, Steal: &lowSteal}},
+				Load: [2]float64{1.5, 2}, Steal: &lowSteal, Stalls: &Stalls{Count: 6, Longest: 9840 * time.Microsecond}}},
 			{Name: "noisy", Title: "Canary", Run: Run{Steal: &highSteal}}, {Name: "old", Title: "Saved before steal was measured"}},
 		ResultsDir: "e2e/bench/results",
 		Attachments: []Attachment{{Title: "Script throughput", Path: att, Shown: "bench/results/scriptbench.txt", Checks: checks},
@@ -142,9 +142,10 @@ func TestBenchmarksMarkdown(t *testing.T) {
 	for _, want := range []string{
 		"# Benchmarks", "Written by `make bench` on 2025-09-01 00:00 UTC",
 		"| c | t | m | no | Incident replay |\n| beside | none | 1.5x | - | Script throughput |",
-		"| Incident replay | `go run ./bench` | 2025-08-31 23:30 UTC | 30s | 1.5, 2.0 | 2.0% |\n| Canary | not recorded | - | - | - | - |",
-		"| Saved before steal was measured | not recorded | - | - | - | - |\n| Script throughput | `go run ./scriptbench` | 2025-08-31 23:00 UTC | 1m1s | 0.5, 1.2 | not measured |",
-		"*Command:* `go run ./bench` (took 30s, 2025-08-31 23:30 UTC; load average 1.5 at the start, 2.0 at the end; the hypervisor took 2.0% of the CPU time (steal))",
+		"| Incident replay | `go run ./bench` | 2025-08-31 23:30 UTC | 30s | 1.5, 2.0 | 2.0% | 6 times, the longest 9.8 ms (12.0 a minute) |\n| Canary | not recorded | - | - | - | - | - |",
+		"| Saved before steal was measured | not recorded | - | - | - | - | - |\n| Script throughput | `go run ./scriptbench` | 2025-08-31 23:00 UTC | 1m1s | 0.5, 1.2 | not measured | not measured |",
+		"*Command:* `go run ./bench` (took 30s, 2025-08-31 23:30 UTC; load average 1.5 at the start, 2.0 at the end; the hypervisor took 2.0% of the CPU time (steal); a vCPU stood still for 2.5 ms or more: 6 times, the longest 9.8 ms)",
+		"| vCPU stood still >= 2.5 ms | 12.0 to 12.0 times a minute over the sections below |",
 		"- side by side", "| cores | 2 |", "## Incident replay",
 		"![chart](e2e/bench/results/incident.png)", "## Script throughput",
 		"| CPU time taken by the hypervisor (steal) | 2.0% to 16.5% over the sections below", "From `bench/results/scriptbench.txt`", "script 100000/s",
@@ -158,6 +159,25 @@ func TestBenchmarksMarkdown(t *testing.T) {
 	}
 	if strings.Contains(md, "orphan") {
 		t.Error("the checks of a missing attachment reached the summary")
+	}
+}
+
+func TestStalls(t *testing.T) {
+	if got := (Stalls{}).String(); got != "none" {
+		t.Errorf("no stalls: %q", got)
+	}
+	s := Stalls{Count: 3, Longest: 12345 * time.Microsecond}
+	if got := s.String(); got != "3 times, the longest 12.3 ms" {
+		t.Errorf("three stalls: %q", got)
+	}
+	if got := s.PerMinute(90 * time.Second); got != 2 {
+		t.Errorf("3 in 90 s: %v a minute, want 2", got)
+	}
+	if got := s.PerMinute(0); got != 0 {
+		t.Errorf("no time: %v a minute, want 0", got)
+	}
+	if StallsOf(nil) != nil {
+		t.Error("no watch summed up as watched")
 	}
 }
 

@@ -36,6 +36,9 @@ type Run struct {
 	// hypervisor gave to others (/proc/stat's steal): on a shared VM, what
 	// the load average cannot show. Nil where it was not measured.
 	Steal *float64 `json:"steal,omitempty"`
+	// Stalls are the times a vCPU stood still during the run; nil where
+	// they were not watched.
+	Stalls *Stalls `json:"vcpu_stalls,omitempty"`
 }
 
 // Command is the command line that runs the program of package pkg (as
@@ -48,7 +51,21 @@ func Command(pkg string, args []string) string {
 // text.
 func (r Run) Note() string {
 	return fmt.Sprintf("`%s` (took %s, %s; load average %.1f at the start, %.1f at the end%s)",
-		r.Command, r.Took.Round(time.Second), r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Load[0], r.Load[1], StealNote(r.Steal))
+		r.Command, r.Took.Round(time.Second), r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Load[0], r.Load[1], r.BusyNote())
+}
+
+// BusyNote is "; the hypervisor took N% of the CPU time (steal); a vCPU
+// stood still for 2.5 ms or more: ..." for what the run measured, to close
+// a line that gives the load average; empty for what it did not.
+func (r Run) BusyNote() string {
+	var b strings.Builder
+	if r.Steal != nil {
+		fmt.Fprintf(&b, "; the hypervisor took %.1f%% of the CPU time (steal)", 100**r.Steal)
+	}
+	if r.Stalls != nil {
+		fmt.Fprintf(&b, "; a vCPU stood still for %s or more: %s", BreaksACallout, r.Stalls)
+	}
+	return b.String()
 }
 
 // Chart is a PNG written beside the scenario's JSON.

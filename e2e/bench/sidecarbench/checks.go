@@ -61,6 +61,13 @@ func reportRun(text string) (report.Run, error) {
 		share := num(s[1]) / 100
 		r.Steal = &share
 	}
+	if s := stallsRE.FindStringSubmatch(text); s != nil {
+		r.Stalls = &report.Stalls{}
+		if s[1] != "none" {
+			r.Stalls.Count = int(num(s[2]))
+			r.Stalls.Longest = time.Duration(num(s[3]) * float64(time.Millisecond))
+		}
+	}
 	return r, nil
 }
 
@@ -77,6 +84,7 @@ var (
 	rlsCPURE  = regexp.MustCompile(`(?m)^  service ([0-9.]+) \([^)]*\), Redis ([0-9.]+) \(`)
 	runRE     = regexp.MustCompile(`(?m)^run: started (\S+), took (\S+), load average ([0-9.]+) at the start, ([0-9.]+) at the end: (.+)$`)
 	stealRE   = regexp.MustCompile(`(?m)^over the run, the hypervisor took ([0-9.]+)% of the machine's CPU time`)
+	stallsRE  = regexp.MustCompile(`(?m)^over the run, a vCPU stood still for [0-9.]+ ms or more: (none|(\d+) times, the longest ([0-9.]+) ms) `)
 	floorRE   = regexp.MustCompile(`(?m)^the sidecar's CPU per check beside its floors, medians of the rounds: [0-9.]+ µs; deciding at once without Redis ([0-9.]+) µs \((\d+) checks/s\); one fixed answer ([0-9.]+) µs \((\d+) checks/s\)$`)
 	redisRE   = regexp.MustCompile(`(?m)^Redis's CPU per check, median of the rounds: ([0-9.]+) µs under the sidecar's pipelines, ([0-9.]+) µs under redis-benchmark -P 1$`)
 )

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/e2e/bench/report"
 )
 
 // sampleReport is the part of a report (as run writes it) that
@@ -40,6 +42,7 @@ at half the raw Redis rate, 25474 checks/s offered (open loop, timed from when e
   answered 25400/s; p50 0.277ms, p99 1.500ms, p99.9 5.569ms; not decided 0; target p99 < 2 ms
   the sidecar's own decision latency (its histogram), p99 <= 1.000ms; the load generator's lateness in sending, p99 0.326ms
 over the run, the hypervisor took 1.6% of the machine's CPU time (steal): time none of the processes above had
+over the run, a vCPU stood still for 2.5 ms or more: 4 times, the longest 9.8 ms (a real-time thread pinned to each CPU woke that late)
 run: started 2026-12-03T08:06:37Z, took 1m34s, load average 1.39 at the start, 1.81 at the end: go run ./e2e/bench/sidecarbench -out e2e/bench/results/sidecarbench.txt
 `
 
@@ -49,8 +52,17 @@ func TestReportRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r.Command != "go run ./e2e/bench/sidecarbench -out e2e/bench/results/sidecarbench.txt" || r.Took != 94*time.Second ||
-		r.Started != time.Date(2026, 12, 3, 8, 6, 37, 0, time.UTC) || r.Load != [2]float64{1.39, 1.81} || r.Steal == nil || *r.Steal != 0.016 {
-		t.Errorf("run %+v (steal %v)", r, r.Steal)
+		r.Started != time.Date(2026, 12, 3, 8, 6, 37, 0, time.UTC) || r.Load != [2]float64{1.39, 1.81} || r.Steal == nil || *r.Steal != 0.016 ||
+		r.Stalls == nil || *r.Stalls != (report.Stalls{Count: 4, Longest: 9800 * time.Microsecond}) {
+		t.Errorf("run %+v (steal %v, stalls %v)", r, r.Steal, r.Stalls)
+	}
+	none := strings.Replace(sampleReport, "4 times, the longest 9.8 ms", "none", 1)
+	if r, err := reportRun(none); err != nil || r.Stalls == nil || *r.Stalls != (report.Stalls{}) {
+		t.Errorf("a run without stalls: %v, stalls %v", err, r.Stalls)
+	}
+	noLine := strings.Replace(sampleReport, "over the run, a vCPU", "", 1)
+	if r, err := reportRun(noLine); err != nil || r.Stalls != nil {
+		t.Errorf("a report without the stalls' line (not watched, or written before it was added): %v, stalls %v", err, r.Stalls)
 	}
 	if _, err := reportRun(strings.Split(sampleReport, "run: ")[0]); err == nil {
 		t.Error("a report without its run line gave a run")

@@ -218,7 +218,7 @@ func run(cfg config) error {
 		defer rls.stop()
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
-	cpu0, load0, started := report.ReadCPUTime(), report.LoadAverage(), time.Now()
+	m := report.StartMeter(report.Command("./e2e/bench/sidecarbench", os.Args[1:]))
 	fmt.Fprintf(out, "sidecar %s on redis-server %s; %d clients, %d API keys; %d CPUs, load average %s\n",
 		cfg.sidecarBin, srv.Addr, cfg.concurrency, cfg.keys, runtime.NumCPU(), strings.Join(strings.Fields(string(load))[:3], " "))
 	if rls != nil {
@@ -424,12 +424,15 @@ func run(cfg config) error {
 			fmt.Fprintf(out, "%s: %d of %d checks not decided, first: %s\n", f.name, f.f.errors, f.f.decisions+f.f.errors, f.f.firstErr)
 		}
 	}
-	if share := report.ReadCPUTime().StealSince(cpu0); share != nil {
-		fmt.Fprintf(out, "over the run, the hypervisor took %.1f%% of the machine's CPU time (steal): time none of the processes above had\n", 100**share)
+	ran := m.Stop()
+	if ran.Steal != nil {
+		fmt.Fprintf(out, "over the run, the hypervisor took %.1f%% of the machine's CPU time (steal): time none of the processes above had\n", 100**ran.Steal)
+	}
+	if ran.Stalls != nil {
+		fmt.Fprintf(out, "over the run, a vCPU stood still for %s or more: %s (a real-time thread pinned to each CPU woke that late)\n", report.BreaksACallout, ran.Stalls)
 	}
 	fmt.Fprintf(out, "run: started %s, took %s, load average %.2f at the start, %.2f at the end: %s\n",
-		started.UTC().Format(time.RFC3339), time.Since(started).Round(time.Second), load0, report.LoadAverage(),
-		report.Command("./e2e/bench/sidecarbench", os.Args[1:]))
+		ran.Started.UTC().Format(time.RFC3339), ran.Took.Round(time.Second), ran.Load[0], ran.Load[1], ran.Command)
 	if rls != nil {
 		fmt.Fprintf(out, "\n%s\n", rlsNote(cfg))
 	}
