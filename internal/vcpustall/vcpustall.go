@@ -140,19 +140,10 @@ func Start() (*Watch, error) {
 	}
 	w := &Watch{cmd: cmd, read: make(chan struct{}), ask: ask, synced: make(chan struct{}, 1)}
 	lines := bufio.NewScanner(out)
-	// The first line says whether the watch runs.
-	first := ""
-	if lines.Scan() {
-		first = lines.Text()
-	}
-	switch {
-	case first == "ready":
-	case strings.HasPrefix(first, "unavailable: "):
-		w.unavailable = strings.TrimPrefix(first, "unavailable: ")
-	default:
+	if w.stalls, w.unavailable, err = readStart(lines); err != nil {
 		close(w.read)
 		w.Close()
-		return nil, fmt.Errorf("the watcher said %q (%v), not ready", first, lines.Err())
+		return nil, err
 	}
 	go func() {
 		defer close(w.read)
@@ -173,6 +164,32 @@ func Start() (*Watch, error) {
 		}
 	}()
 	return w, nil
+}
+
+// readStart reads the watcher's output up to the line that says whether
+// the watch runs: the stalls before it, and why the watch is unavailable
+// ("" when it runs). Stalls can come first: the threads watch from the
+// moment each has its priority, and on a loaded machine the goroutine that
+// writes "ready", of ordinary priority, can wait for a CPU longer than a
+// period.
+func readStart(lines *bufio.Scanner) (stalls []Stall, unavailable string, err error) {
+	for {
+		line := ""
+		if lines.Scan() {
+			line = lines.Text()
+		}
+		if line == "ready" {
+			return stalls, "", nil
+		}
+		if why, ok := strings.CutPrefix(line, "unavailable: "); ok {
+			return stalls, why, nil
+		}
+		s, err := parse(line)
+		if err != nil {
+			return nil, "", fmt.Errorf("the watcher said %q (%v), not ready", line, lines.Err())
+		}
+		stalls = append(stalls, s)
+	}
 }
 
 // Unavailable is why the watch records nothing, or "" when it watches.

@@ -1,7 +1,9 @@
 package vcpustall
 
 import (
+	"bufio"
 	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -71,4 +73,35 @@ func TestWatchReportsTheTimeItWasHeld(t *testing.T) {
 	}
 	w.Close()
 	w.Sync() // returns at once on a closed watch
+}
+
+// The watcher's first lines can be stalls, before "ready": on a loaded
+// machine its threads can report one before its ordinary goroutine writes
+// the line. They are kept, and only a line that is none of the three
+// stops the start.
+func TestReadStart(t *testing.T) {
+	for _, c := range []struct {
+		out, unavailable, err string
+		stalls                int
+	}{
+		{out: "ready\n"},
+		{out: "0 1000 2500\n1 1000 3000\nready\n", stalls: 2},
+		{out: "0 1000 2500\nunavailable: cpu 1: real-time priority: operation not permitted\n", stalls: 1, unavailable: "cpu 1: real-time priority: operation not permitted"},
+		{out: "0 1000 2500\nPASS\n", err: `the watcher said "PASS"`},
+		{out: "", err: `the watcher said ""`},
+	} {
+		stalls, why, err := readStart(bufio.NewScanner(strings.NewReader(c.out)))
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%q: error %v, want one with %q", c.out, err, c.err)
+			}
+			continue
+		}
+		if err != nil || len(stalls) != c.stalls || why != c.unavailable {
+			t.Errorf("%q: %d stalls, unavailable %q, error %v; want %d, %q", c.out, len(stalls), why, err, c.stalls, c.unavailable)
+		}
+	}
+	if s, _, _ := readStart(bufio.NewScanner(strings.NewReader("1 1000 2500\nready\n"))); len(s) != 1 || s[0].CPU != 1 || s[0].Len() != 1500*time.Microsecond {
+		t.Errorf("the stall before ready read as %v", s)
+	}
 }

@@ -101,6 +101,9 @@ func (bm Benchmarks) Markdown() string {
 		if r.Steal != nil {
 			steal = fmt.Sprintf("%.1f%%", 100**r.Steal)
 		}
+		if r.Unwatched != "" {
+			stalls = "not watched: " + r.Unwatched
+		}
 		if r.Stalls != nil {
 			perMin := r.Stalls.PerMinute(r.Took)
 			slo, shi = min(slo, perMin), max(shi, perMin)

@@ -56,14 +56,18 @@ type Meter struct {
 	load0   float64
 	cpu0    CPUTime
 	watch   *vcpustall.Watch // nil where it could not start
+	// unwatched is why the watch did not start.
+	unwatched string
 }
 
 // StartMeter starts measuring the run of command.
 func StartMeter(command string) *Meter {
 	m := &Meter{command: command, started: time.Now(), load0: LoadAverage(), cpu0: ReadCPUTime()}
-	if w, err := vcpustall.Start(); err == nil {
-		m.watch = w
+	w, err := vcpustall.Start()
+	if err != nil {
+		m.unwatched = err.Error()
 	}
+	m.watch = w
 	return m
 }
 
@@ -73,13 +77,16 @@ func (m *Meter) Watch() *vcpustall.Watch { return m.watch }
 
 // Stop ends the measurement and returns the run. Call it once.
 func (m *Meter) Stop() Run {
+	unwatched := m.unwatched
 	if m.watch != nil {
 		m.watch.Close()
+		unwatched = m.watch.Unavailable()
 	}
 	return Run{
 		Command: m.command, Started: m.started, Took: time.Since(m.started),
-		Load:   [2]float64{m.load0, LoadAverage()},
-		Steal:  ReadCPUTime().StealSince(m.cpu0),
-		Stalls: StallsOf(m.watch),
+		Load:      [2]float64{m.load0, LoadAverage()},
+		Steal:     ReadCPUTime().StealSince(m.cpu0),
+		Stalls:    StallsOf(m.watch),
+		Unwatched: unwatched,
 	}
 }

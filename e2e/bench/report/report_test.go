@@ -111,7 +111,7 @@ func TestBenchmarksMarkdown(t *testing.T) {
 	checks := filepath.Join(dir, "scriptbench.checks.json")
 	lowSteal, highSteal := 0.02, 0.165
 	scriptRun := Run{Command: "go run ./scriptbench", Started: time.Date(2025, 8, 31, 23, 0, 0, 0, time.UTC), Took: 61 * time.Second,
-		Load: [2]float64{0.5, 1.25}}
+		Load: [2]float64{0.5, 1.25}, Unwatched: "cpu 1: real-time priority: operation not permitted"}
 	if err := SaveChecks(checks, Checked{Run: scriptRun, Checks: []Check{{Claim: "beside", Target: "none", Measured: "1.5x", Info: true}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestBenchmarksMarkdown(t *testing.T) {
 		"# Benchmarks", "Written by `make bench` on 2025-09-01 00:00 UTC",
 		"| c | t | m | no | Incident replay |\n| beside | none | 1.5x | - | Script throughput |",
 		"| Incident replay | `go run ./bench` | 2025-08-31 23:30 UTC | 30s | 1.5, 2.0 | 2.0% | 6 times, the longest 9.8 ms (12.0 a minute) |\n| Canary | not recorded | - | - | - | - | - |",
-		"| Saved before steal was measured | not recorded | - | - | - | - | - |\n| Script throughput | `go run ./scriptbench` | 2025-08-31 23:00 UTC | 1m1s | 0.5, 1.2 | not measured | not measured |",
+		"| Saved before steal was measured | not recorded | - | - | - | - | - |\n| Script throughput | `go run ./scriptbench` | 2025-08-31 23:00 UTC | 1m1s | 0.5, 1.2 | not measured | not watched: cpu 1: real-time priority: operation not permitted |",
 		"*Command:* `go run ./bench` (took 30s, 2025-08-31 23:30 UTC; load average 1.5 at the start, 2.0 at the end; the hypervisor took 2.0% of the CPU time (steal); a vCPU stood still for 2.5 ms or more: 6 times, the longest 9.8 ms)",
 		"| vCPU stood still >= 2.5 ms | 12.0 to 12.0 times a minute over the sections below |",
 		"- side by side", "| cores | 2 |", "## Incident replay",

@@ -39,6 +39,8 @@ type Run struct {
 	// Stalls are the times a vCPU stood still during the run; nil where
 	// they were not watched.
 	Stalls *Stalls `json:"vcpu_stalls,omitempty"`
+	// Unwatched is why the vCPUs were not watched, where they were not.
+	Unwatched string `json:"vcpu_unwatched,omitempty"`
 }
 
 // Command is the command line that runs the program of package pkg (as
@@ -62,8 +64,11 @@ func (r Run) BusyNote() string {
 	if r.Steal != nil {
 		fmt.Fprintf(&b, "; the hypervisor took %.1f%% of the CPU time (steal)", 100**r.Steal)
 	}
-	if r.Stalls != nil {
+	switch {
+	case r.Stalls != nil:
 		fmt.Fprintf(&b, "; a vCPU stood still for %s or more: %s", BreaksACallout, r.Stalls)
+	case r.Unwatched != "":
+		fmt.Fprintf(&b, "; the vCPUs not watched: %s", r.Unwatched)
 	}
 	return b.String()
 }

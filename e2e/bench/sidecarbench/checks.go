@@ -61,6 +61,9 @@ func reportRun(text string) (report.Run, error) {
 		share := num(s[1]) / 100
 		r.Steal = &share
 	}
+	if s := unwatchedRE.FindStringSubmatch(text); s != nil {
+		r.Unwatched = s[1]
+	}
 	if s := stallsRE.FindStringSubmatch(text); s != nil {
 		r.Stalls = &report.Stalls{}
 		if s[1] != "none" {
@@ -72,21 +75,22 @@ func reportRun(text string) (report.Run, error) {
 }
 
 var (
-	headerRE  = regexp.MustCompile(`(?m)^sidecar .*; (\d+) clients, (\d+) API keys;`)
-	sidecarRE = regexp.MustCompile(`(?m)^\s*(\d+)\s+sidecar over HTTP \(\w+\)\s+\d+\s.*\s([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s*$`)
-	ratioRE   = regexp.MustCompile(`(?m)^ratio sidecar / redis-benchmark, checks/s: median ([0-9.]+) over (\d+) rounds \(([^)]*)\); target >= ([0-9.]+)$`)
-	halfRE    = regexp.MustCompile(`(?m)^at half the raw Redis rate, (\d+) checks/s offered`)
-	halfFigRE = regexp.MustCompile(`(?m)^  answered (\d+)/s; p50 [0-9.]+ms, p99 ([0-9.]+)ms, p99\.9 [0-9.]+ms; not decided (\d+); target p99 < ([0-9.]+) ms$`)
-	halfOfRE  = regexp.MustCompile(`(?m)^  the offer is (\d+)% of the (\d+) checks/s the sidecar answered at full load in this run`)
-	halfOwnRE = regexp.MustCompile(`(?m)^  the sidecar's own decision latency \(its histogram\), p99 (.+); the load generator's lateness in sending, p99 ([0-9.]+)ms$`)
-	rlsRpsRE  = regexp.MustCompile(`(?m)^ratio sidecar / envoyproxy/ratelimit, checks/s: median ([0-9.]+) over (\d+) rounds`)
-	busyRE    = regexp.MustCompile(`(?m)^CPU kept busy, .* shares the (\d+) CPUs\):\n  redis-benchmark's side: Redis ([0-9.]+), Redis and redis-benchmark ([0-9.]+) .*\n  the sidecar's side: Redis ([0-9.]+), the sidecar, Redis and \w+ ([0-9.]+) `)
-	rlsCPURE  = regexp.MustCompile(`(?m)^  service ([0-9.]+) \([^)]*\), Redis ([0-9.]+) \(`)
-	runRE     = regexp.MustCompile(`(?m)^run: started (\S+), took (\S+), load average ([0-9.]+) at the start, ([0-9.]+) at the end: (.+)$`)
-	stealRE   = regexp.MustCompile(`(?m)^over the run, the hypervisor took ([0-9.]+)% of the machine's CPU time`)
-	stallsRE  = regexp.MustCompile(`(?m)^over the run, a vCPU stood still for [0-9.]+ ms or more: (none|(\d+) times, the longest ([0-9.]+) ms) `)
-	floorRE   = regexp.MustCompile(`(?m)^the sidecar's CPU per check beside its floors, medians of the rounds: [0-9.]+ µs; deciding at once without Redis ([0-9.]+) µs \((\d+) checks/s\); one fixed answer ([0-9.]+) µs \((\d+) checks/s\)$`)
-	redisRE   = regexp.MustCompile(`(?m)^Redis's CPU per check, median of the rounds: ([0-9.]+) µs under the sidecar's pipelines, ([0-9.]+) µs under redis-benchmark -P 1$`)
+	headerRE    = regexp.MustCompile(`(?m)^sidecar .*; (\d+) clients, (\d+) API keys;`)
+	sidecarRE   = regexp.MustCompile(`(?m)^\s*(\d+)\s+sidecar over HTTP \(\w+\)\s+\d+\s.*\s([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s*$`)
+	ratioRE     = regexp.MustCompile(`(?m)^ratio sidecar / redis-benchmark, checks/s: median ([0-9.]+) over (\d+) rounds \(([^)]*)\); target >= ([0-9.]+)$`)
+	halfRE      = regexp.MustCompile(`(?m)^at half the raw Redis rate, (\d+) checks/s offered`)
+	halfFigRE   = regexp.MustCompile(`(?m)^  answered (\d+)/s; p50 [0-9.]+ms, p99 ([0-9.]+)ms, p99\.9 [0-9.]+ms; not decided (\d+); target p99 < ([0-9.]+) ms$`)
+	halfOfRE    = regexp.MustCompile(`(?m)^  the offer is (\d+)% of the (\d+) checks/s the sidecar answered at full load in this run`)
+	halfOwnRE   = regexp.MustCompile(`(?m)^  the sidecar's own decision latency \(its histogram\), p99 (.+); the load generator's lateness in sending, p99 ([0-9.]+)ms$`)
+	rlsRpsRE    = regexp.MustCompile(`(?m)^ratio sidecar / envoyproxy/ratelimit, checks/s: median ([0-9.]+) over (\d+) rounds`)
+	busyRE      = regexp.MustCompile(`(?m)^CPU kept busy, .* shares the (\d+) CPUs\):\n  redis-benchmark's side: Redis ([0-9.]+), Redis and redis-benchmark ([0-9.]+) .*\n  the sidecar's side: Redis ([0-9.]+), the sidecar, Redis and \w+ ([0-9.]+) `)
+	rlsCPURE    = regexp.MustCompile(`(?m)^  service ([0-9.]+) \([^)]*\), Redis ([0-9.]+) \(`)
+	runRE       = regexp.MustCompile(`(?m)^run: started (\S+), took (\S+), load average ([0-9.]+) at the start, ([0-9.]+) at the end: (.+)$`)
+	stealRE     = regexp.MustCompile(`(?m)^over the run, the hypervisor took ([0-9.]+)% of the machine's CPU time`)
+	unwatchedRE = regexp.MustCompile(`(?m)^over the run, the vCPUs were not watched: (.+)$`)
+	stallsRE    = regexp.MustCompile(`(?m)^over the run, a vCPU stood still for [0-9.]+ ms or more: (none|(\d+) times, the longest ([0-9.]+) ms) `)
+	floorRE     = regexp.MustCompile(`(?m)^the sidecar's CPU per check beside its floors, medians of the rounds: [0-9.]+ µs; deciding at once without Redis ([0-9.]+) µs \((\d+) checks/s\); one fixed answer ([0-9.]+) µs \((\d+) checks/s\)$`)
+	redisRE     = regexp.MustCompile(`(?m)^Redis's CPU per check, median of the rounds: ([0-9.]+) µs under the sidecar's pipelines, ([0-9.]+) µs under redis-benchmark -P 1$`)
 )
 
 // reportChecks returns the summary's lines for a report of this program:

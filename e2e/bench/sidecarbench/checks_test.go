@@ -61,8 +61,13 @@ func TestReportRun(t *testing.T) {
 		t.Errorf("a run without stalls: %v, stalls %v", err, r.Stalls)
 	}
 	noLine := strings.Replace(sampleReport, "over the run, a vCPU", "", 1)
-	if r, err := reportRun(noLine); err != nil || r.Stalls != nil {
-		t.Errorf("a report without the stalls' line (not watched, or written before it was added): %v, stalls %v", err, r.Stalls)
+	if r, err := reportRun(noLine); err != nil || r.Stalls != nil || r.Unwatched != "" {
+		t.Errorf("a report written before the stalls' line was added: %v, stalls %v, unwatched %q", err, r.Stalls, r.Unwatched)
+	}
+	unwatched := strings.Replace(sampleReport, "over the run, a vCPU stood still for 2.5 ms or more: 4 times, the longest 9.8 ms (a real-time thread pinned to each CPU woke that late)",
+		"over the run, the vCPUs were not watched: cpu 0: real-time priority: operation not permitted", 1)
+	if r, err := reportRun(unwatched); err != nil || r.Stalls != nil || r.Unwatched != "cpu 0: real-time priority: operation not permitted" {
+		t.Errorf("a run not watched: %v, stalls %v, unwatched %q", err, r.Stalls, r.Unwatched)
 	}
 	if _, err := reportRun(strings.Split(sampleReport, "run: ")[0]); err == nil {
 		t.Error("a report without its run line gave a run")

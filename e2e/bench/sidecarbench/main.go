@@ -430,6 +430,8 @@ func run(cfg config) error {
 	}
 	if ran.Stalls != nil {
 		fmt.Fprintf(out, "over the run, a vCPU stood still for %s or more: %s (a real-time thread pinned to each CPU woke that late)\n", report.BreaksACallout, ran.Stalls)
+	} else if ran.Unwatched != "" {
+		fmt.Fprintf(out, "over the run, the vCPUs were not watched: %s\n", ran.Unwatched)
 	}
 	fmt.Fprintf(out, "run: started %s, took %s, load average %.2f at the start, %.2f at the end: %s\n",
 		ran.Started.UTC().Format(time.RFC3339), ran.Took.Round(time.Second), ran.Load[0], ran.Load[1], ran.Command)
