@@ -212,25 +212,22 @@ func (w *Watch) Close() {
 // Stalls are the stalls of at least min recorded so far, in the order they
 // ended.
 func (w *Watch) Stalls(min time.Duration) []Stall {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var out []Stall
-	for _, s := range w.stalls {
-		if s.Len() >= min {
-			out = append(out, s)
-		}
-	}
-	return out
+	return w.kept(func(s Stall) bool { return s.Len() >= min })
 }
 
 // Within are the stalls of at least min recorded so far that overlap
 // [from, to], in the order they ended.
 func (w *Watch) Within(from, to time.Time, min time.Duration) []Stall {
+	return w.kept(func(s Stall) bool { return s.Len() >= min && s.From.Before(to) && s.To.After(from) })
+}
+
+// kept are the stalls recorded so far that keep says to keep.
+func (w *Watch) kept(keep func(Stall) bool) []Stall {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var out []Stall
 	for _, s := range w.stalls {
-		if s.Len() >= min && s.From.Before(to) && s.To.After(from) {
+		if keep(s) {
 			out = append(out, s)
 		}
 	}
