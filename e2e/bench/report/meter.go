@@ -7,6 +7,9 @@ import (
 	"github.com/edgelimit/edgelimit/internal/vcpustall"
 )
 
+// BreaksACallout is vcpustall.BreaksACallout as the reports write it.
+var BreaksACallout = fmt.Sprintf("%g ms", float64(vcpustall.BreaksACallout)/float64(time.Millisecond))
+
 // Stalls sum up the times over a run that a vCPU stood still for
 // vcpustall.BreaksACallout or more, as a real-time thread pinned to each
 // CPU saw them: the host's hold on the machine where /proc/stat's steal
@@ -36,9 +39,6 @@ func (s Stalls) String() string {
 	}
 	return fmt.Sprintf("%d times, the longest %.1f ms", s.Count, float64(s.Longest)/float64(time.Millisecond))
 }
-
-// BreaksACallout is vcpustall.BreaksACallout as the reports write it.
-var BreaksACallout = fmt.Sprintf("%g ms", float64(vcpustall.BreaksACallout)/float64(time.Millisecond))
 
 // PerMinute is how often they came over a run that took d.
 func (s Stalls) PerMinute(d time.Duration) float64 {
