@@ -96,13 +96,9 @@ func stallBudget(w *vcpustall.Watch, h hostMeter, sent int64, undecided load.Spa
 		return b
 	}
 	b := failOpenBound{design: int64(0.01 * float64(sent)), host: undecided.During(w.Broke)}
-	stalls := w.Stalls(vcpustall.BreaksACallout)
-	var longest time.Duration
-	for _, s := range stalls {
-		longest = max(longest, s.Len())
-	}
+	stalls := report.StallsOf(w)
 	b.why = fmt.Sprintf("1%% of %d is %d; %d of the %d requests let through undecided waited while a vCPU stood still for %v or more (%d such stalls in the run, the longest %v; steal %.2f%%)",
-		sent, b.design, b.host, len(undecided), vcpustall.BreaksACallout, len(stalls), longest.Round(100*time.Microsecond), 100*h.steal())
+		sent, b.design, b.host, len(undecided), vcpustall.BreaksACallout, stalls.Count, stalls.Longest.Round(100*time.Microsecond), 100*h.steal())
 	return b
 }
 
