@@ -35,12 +35,15 @@ var (
 //	make build/filter.wasm && CGO_ENABLED=0 go test -c -o /tmp/fw.test ./e2e/filterwasm
 //	flags="-test.run XXX -test.bench FilterDirect -direct.wasm $PWD/build/filter.wasm -direct.cache /tmp/fwcache"
 //	/tmp/fw.test $flags -test.benchtime 10x
-//	GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --smc-check=all /tmp/fw.test $flags -test.benchtime 1000x
+//	GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1,cpu.rdtscp=off valgrind --tool=callgrind --smc-check=all /tmp/fw.test $flags -test.benchtime 1000x
+//	callgrind_annotate --threshold=100 --auto=no callgrind.out.<pid> | grep '???:' | awk '{gsub(",", "", $1); s += $1} END {print s}'
 //
-// and the last again with 5000x. The module's compiled code has no
-// symbols, so callgrind_annotate lists it as ???; the difference of the two
-// runs' ??? totals, over 4000, is its instructions per request, the same
-// in every run. The cache spares valgrind the compilation, the prebuilt
+// and the last two again with 5000x. The module's compiled code has no
+// symbols, so callgrind_annotate lists it as ???, a line for each address
+// it entered at; the difference of the two runs' sums, over 4000, is its
+// instructions per request. Where the CPU has RDTSCP, the runtime reads
+// its clock with it, which valgrind 3.19 cannot decode (SIGILL), hence
+// cpu.rdtscp=off. The cache spares valgrind the compilation, the prebuilt
 // module a go build, whose exit signal callgrind (3.19) can trip over, as
 // it can over the runtime's preemption signals; with more than one
 // GOMAXPROCS the goroutine moves between threads and callgrind credits

@@ -1,4 +1,4 @@
-package filtertest
+package sidecaranswer
 
 import (
 	"context"
@@ -11,8 +11,8 @@ import (
 	"github.com/edgelimit/edgelimit/lua"
 )
 
-// TestScriptResultIsTheScripts: the table's model of the script
-// (scriptResult, which every SidecarAnswer is made from) answers as
+// TestScriptResultIsTheScripts: the model of the script
+// (scriptResult, which every answer of Check is made from) answers as
 // tokenbucket.lua does in Redis, to the bit. Each case writes the bucket
 // with a timestamp an hour ahead of Redis's clock, so that the script sees
 // no time pass (it never refills backwards) and starts from exactly the
