@@ -89,8 +89,7 @@ func run(rounds int, benchtime, out string) error {
 
 	var buf bytes.Buffer
 	fmt.Fprintf(&buf, "One allowed request through the filter: filter.wasm in wazero against the same logic natively\n")
-	fmt.Fprintf(&buf, "go test -bench, %d rounds in rotating order of -benchtime %s, %s (load average %.1f at the start, %.1f at the end%s)\n\n",
-		rounds, benchtime, ran.Started.UTC().Format("2006-01-02 15:04 UTC"), ran.Load[0], ran.Load[1], ran.BusyNote())
+	fmt.Fprintf(&buf, "go test -bench, %d rounds in rotating order of -benchtime %s, %s\n\n", rounds, benchtime, ran.Dated())
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "benchmark\tpackage\tns/op per round\tmedian ns/op\t")
 	for i, b := range benches {

@@ -113,8 +113,7 @@ func run(w io.Writer, calls, trips, runs int) (report.Checked, error) {
 		}
 	}
 	ran := m.Stop()
-	fmt.Fprintf(w, "what a system call and a hop between processes cost: go run ./e2e/bench/machinecost, %s (load average %.1f at the start, %.1f at the end%s)\n\n",
-		ran.Started.UTC().Format("2006-01-02 15:04 UTC"), ran.Load[0], ran.Load[1], ran.BusyNote())
+	fmt.Fprintf(w, "what a system call and a hop between processes cost: go run ./e2e/bench/machinecost, %s\n\n", ran.Dated())
 	fmt.Fprintf(w, "a system call that does nothing (getppid), %d calls: %.2f µs (median of %d runs: %s)\n\n", calls, stat.Median(sys), runs, stat.Join(sys, 2, ", "))
 	fmt.Fprintf(w, "a byte handed to another process and back through two pipes, %d round trips, median of %d runs:\n", trips, runs)
 	var hops []string

@@ -56,6 +56,14 @@ func (r Run) Note() string {
 		r.Command, r.Took.Round(time.Second), r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Load[0], r.Load[1], r.BusyNote())
 }
 
+// Dated is "2006-01-02 15:04 UTC (load average N at the start, M at the
+// end; ...)": when the run started and how busy the machine was, for a
+// report's heading line.
+func (r Run) Dated() string {
+	return fmt.Sprintf("%s (load average %.1f at the start, %.1f at the end%s)",
+		r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Load[0], r.Load[1], r.BusyNote())
+}
+
 // BusyNote is "; the hypervisor took N% of the CPU time (steal); a vCPU
 // stood still for 2.5 ms or more: ..." for what the run measured, to close
 // a line that gives the load average; empty for what it did not.
