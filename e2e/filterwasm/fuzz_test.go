@@ -1,4 +1,4 @@
-package e2e_test
+package filterwasm
 
 import (
 	"context"
@@ -13,10 +13,12 @@ import (
 	"github.com/edgelimit/edgelimit/filter/limiter"
 )
 
-// Fuzz targets for untrusted input on the e2e side: request headers as the
-// compiled filter.wasm sees them inside the headless host, and the header
-// maps that cross the ABI in both directions. Seeds are in
-// testdata/fuzz/<target>/.
+// Fuzz targets for untrusted input where the filter meets its host:
+// request headers as the compiled filter.wasm sees them inside the
+// headless host, and the header maps that cross the ABI in both
+// directions. Seeds are in testdata/fuzz/<target>/. They live here, not
+// beside the system tests in e2e, so that a fuzzing build instruments only
+// the filter, the host and what they use.
 
 // recordingSidecar answers every check "allowed" at once and keeps the
 // headers of the last one; the filter's warm-up calls (POST /v1/warm) it
@@ -60,13 +62,9 @@ var fuzzVM struct {
 // a fuzzing process (state carried from input to input is part of what is
 // fuzzed).
 func filterVM(t *testing.T) (*wasmhost.VM, *recordingSidecar) {
+	mod := filterModule(t)
 	fuzzVM.once.Do(func() {
 		ctx := context.Background()
-		mod, err := wasmhost.LoadFile(ctx, bins.Filter, wasmhost.ModuleOptions{})
-		if err != nil {
-			fuzzVM.err = err
-			return
-		}
 		fuzzVM.side = &recordingSidecar{}
 		fuzzVM.vm, fuzzVM.err = mod.NewVM(ctx, wasmhost.Options{VMID: "fuzz", Dispatcher: fuzzVM.side,
 			SharedData: wasmhost.NewSharedData(), Log: func(wasmhost.LogLevel, string) {}})
