@@ -39,10 +39,13 @@ func (d *recordingSidecar) Dispatch(_ context.Context, c wasmhost.Callout, respo
 	d.mu.Lock()
 	d.last, d.n = c.Headers, d.n+1
 	d.mu.Unlock()
-	respond(wasmhost.CalloutResponse{Headers: []wasmhost.Header{{":status", "200"}, {"ratelimit-limit", "10"},
-		{"ratelimit-remaining", "9"}, {"ratelimit-reset", "1"}, {"x-ratelimit-plan", "fuzz"}, {"x-ratelimit-tokens", "9"}}})
+	respond(wasmhost.CalloutResponse{Headers: allowed})
 	return nil
 }
+
+// allowed is the sidecar's own 200 for a check of cost 1 that leaves 9 of
+// 10 tokens, made by its code (filtertest.SidecarAnswer).
+var allowed = filtertest.SidecarAnswer("fuzz", 10, 1, 10, 1)
 
 // calls returns how many checks were sent and the last one's headers.
 func (d *recordingSidecar) calls() (int, []wasmhost.Header) {
