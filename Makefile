@@ -70,18 +70,18 @@ $(BUILD)/gateway:
 ## make test-envoy runs them against Envoy. Every go command here builds
 ## with -trimpath, as make build does, so that vet and the system tests
 ## reuse the packages the build compiled instead of compiling them again
-## under other paths: with every cache empty, 12 min 57 s on 2 cores
-## against 14 min 10 s. Compiling is most of a first run: on a machine of
-## the same size whose system calls cost 1.0 µs (e2e/bench/machinecost),
-## 19 min 12 s with Go's build cache empty (building and vetting
-## 3.9 min, the system tests 3.0, the race run 6.6, fuzzing 4.2, the
-## chart 2.2), against 7 min 42 s with it filled by a run before.
+## under other paths. The go test runs after `go vet ./...` pass -vet=off:
+## the checks go test would run are a subset of what go vet has just run
+## on the same packages and their tests, and each build flavour (race,
+## fuzzing) would run them again over every dependency. Compiling is most
+## of a first run: RATIONALE.md, "What does `make test` cost on a fresh
+## machine?".
 test: export GOFLAGS := $(strip $(GOFLAGS) -trimpath)
 test: deps build
 	$(GO) vet ./...
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/...
-	ENVOY_BIN= $(GO) test -count=1 -timeout 10m ./e2e
-	$(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -v '/e2e$$')
+	ENVOY_BIN= $(GO) test -vet=off -count=1 -timeout 10m ./e2e
+	$(GO) test -race -vet=off -count=1 -timeout 10m $$($(GO) list ./... | grep -v '/e2e$$')
 	@$(MAKE) --no-print-directory fuzz FUZZTIME_LONG=$(FUZZTIME)
 	@$(MAKE) --no-print-directory chart
 
@@ -148,7 +148,8 @@ demo: deps build
 ## fails without writing one is the fuzzing engine's own failure, not the
 ## target's: Go before 1.27 can report the -fuzztime deadline itself as
 ## "context deadline exceeded" (go.dev/issue/75804), more often on a starved
-## machine. Such a run is tried up to twice more before it counts.
+## machine. Such a run is tried up to twice more before it counts. Vet is
+## make check's and make test's job, not fuzzing's (-vet=off).
 fuzz:
 	@set -e; log=$$(mktemp); trap 'rm -f $$log' EXIT; \
 	for f in $$(grep -rl --include='*_test.go' '^func Fuzz' .); do \
@@ -157,7 +158,7 @@ fuzz:
 			echo "fuzz $$dir $$t ($(FUZZTIME_LONG))"; \
 			for try in 1 2 3; do \
 				before=$$(ls $$dir/testdata/fuzz/$$t 2>/dev/null | wc -l); \
-				if $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME_LONG) $$dir >$$log 2>&1; then break; fi; \
+				if $(GO) test -vet=off -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME_LONG) $$dir >$$log 2>&1; then break; fi; \
 				after=$$(ls $$dir/testdata/fuzz/$$t 2>/dev/null | wc -l); \
 				if [ $$try = 3 ] || [ $$after != $$before ]; then tail -40 $$log; exit 1; fi; \
 				echo "fuzz $$dir $$t: the engine failed without a failing input; once more"; tail -5 $$log; \
