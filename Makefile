@@ -76,8 +76,8 @@ $(BUILD)/gateway:
 ## harness, the host) are raced in the race run. Their gateways are
 ## build/gateway, even where an Envoy is installed (ENVOY_BIN set empty):
 ## make test-envoy runs them against Envoy. Every go command here builds
-## with -trimpath, as make build does, so that vet and the system tests
-## reuse the packages the build compiled instead of compiling them again
+## with -trimpath, as make build does, so that the system tests reuse
+## the packages the build compiled instead of compiling them again
 ## under other paths (measured once with every cache empty on 2 cores:
 ## 12 min 57 s against 14 min 10 s without -trimpath). The go test runs
 ## after `go vet ./...` pass -vet=off: the checks go test would run are a
