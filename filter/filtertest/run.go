@@ -776,7 +776,7 @@ func (r runner) denyCacheWindow(t *testing.T) {
 }
 
 func (r runner) denyCacheCosts(t *testing.T) {
-	h := r.host(t, `{"costs": [{"path_prefix": "/heavy", "cost": 5}, {"path_prefix": "/double", "cost": 2}]}`)
+	h := r.host(t, `{"costs": [{"path_prefix": "/heavy", "cost": 5}, {"path_prefix": "/double", "cost": 2}, {"path_prefix": "/huge", "cost": 50}]}`)
 	// A cost-5 request denied with 1 token left at 1 token/s: 4 s until 5
 	// tokens.
 	s, c := waiting(t, h, request("GET", "/heavy", "key-1"))
@@ -808,6 +808,13 @@ func (r runner) denyCacheCosts(t *testing.T) {
 	}
 	cached("/double", "1")            // 2 tokens: not before 1 s
 	cached("/heavy", "4")             // 5 tokens: not before 4 s
+	// Above the capacity (10): no wait admits it, so no retry-after, as
+	// for the sidecar's x-ratelimit-never answer.
+	s, _ = send(h, request("GET", "/huge", "key-1"))
+	if _, ok := s.Callout(); ok {
+		t.Fatal("/huge: callout, want the cached denial")
+	}
+	denial(t, s, `"basic";q=10;w=10;edgelimit-rate="1"`, `"basic";r=1;t=1`, "9", "")
 	h.Advance(998 * time.Millisecond) // the margin: 10 µs + 1 ms
 	cached("/double", "1")
 	h.Advance(2 * time.Millisecond)

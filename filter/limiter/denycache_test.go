@@ -88,6 +88,9 @@ func TestDenyWindow(t *testing.T) {
 	if retry != 1 {
 		t.Errorf("retry-after %d just before the window ends, want at least 1", retry)
 	}
+	if _, retry = e.reply(11, 0, anchor+second/2); retry != 0 {
+		t.Errorf("retry-after %d for a cost above the capacity, want none (0): no wait admits it", retry)
+	}
 	slow, _ := newDenyEntry("k", 1, anchor, anchor, deniedAnswer(10, 0, 1e-6))
 	if !slow.denies(1, anchor+bucketbound.MaxWindow-bucketbound.Margin(bucketbound.MaxWindow)-1) || slow.denies(1, anchor+bucketbound.MaxWindow) {
 		t.Error("a very slow refill is not capped at bucketbound.MaxWindow")
