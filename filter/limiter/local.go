@@ -69,7 +69,9 @@ func (m FailureMode) String() string {
 const (
 	// localShards × localShardEntries clients per sidecar cluster keep a
 	// plan and a bucket; past that, the client recorded or used longest ago
-	// is evicted (and passes unlimited in an outage, as with "open").
+	// is evicted from the shared data. A VM that recorded its plan
+	// (localKnownMax) still holds it to a bucket made anew; on the others
+	// it passes unlimited in an outage, as with "open".
 	localShards       = 128
 	localShardEntries = 16
 	// localKnownMax bounds each VM's map of the plans it has recorded; a
