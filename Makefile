@@ -23,18 +23,19 @@ WASIP1_VET = $$($(GO) list -f '{{if .IgnoredGoFiles}}{{.ImportPath}}{{end}}' ./f
 
 export EDGELIMIT_BIN_DIR := $(abspath $(BUILD))
 
-.PHONY: all build test test-envoy check bench demo fuzz deps tools clean help
+.PHONY: all build test test-envoy check bench demo fuzz deps clean help
 
 all: build
 
 help:
 	@echo "make demo   build everything, start Redis, the sidecar, two services and the gateway, send a burst"
-	@echo "make test   vet and test every package with -race (installs redis-server when missing)"
+	@echo "make test   vet and test every package, with -race but for the system tests of ./e2e (installs redis-server when missing)"
 	@echo "make test-envoy  the system tests against a real Envoy (ENVOY_BIN, or envoy on the PATH)"
 	@echo "make build  build/filter.wasm, build/sidecar, build/gateway"
 	@echo "make bench  the benchmark harness"
 	@echo "make check  gofmt, vet, go mod tidy: fail on any diff"
 	@echo "make fuzz   every fuzz target for $(FUZZTIME_LONG)"
+	@echo "make chart  render the Helm chart with Helm's Go API and check every object against the Kubernetes types"
 	@echo "make mesh   decode the Istio and Envoy Gateway examples and check how they fit"
 
 ## deps: system packages the build, tests, benchmarks and demo run (real
