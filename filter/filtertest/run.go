@@ -806,8 +806,6 @@ func (r runner) denyCacheCosts(t *testing.T) {
 		s, _ := waiting(t, h, request("GET", path, "key-1"))
 		s.RespondCallout(allowAnswer(10, 0, 10, "basic"), nil)
 	}
-	cached("/double", "1")            // 2 tokens: not before 1 s
-	cached("/heavy", "4")             // 5 tokens: not before 4 s
 	// Above the capacity (10): no wait admits it, so no retry-after, as
 	// for the sidecar's x-ratelimit-never answer.
 	s, _ = send(h, request("GET", "/huge", "key-1"))
@@ -815,6 +813,8 @@ func (r runner) denyCacheCosts(t *testing.T) {
 		t.Fatal("/huge: callout, want the cached denial")
 	}
 	denial(t, s, `"basic";q=10;w=10;edgelimit-rate="1"`, `"basic";r=1;t=1`, "9", "")
+	cached("/double", "1")            // 2 tokens: not before 1 s
+	cached("/heavy", "4")             // 5 tokens: not before 4 s
 	h.Advance(998 * time.Millisecond) // the margin: 10 µs + 1 ms
 	cached("/double", "1")
 	h.Advance(2 * time.Millisecond)
