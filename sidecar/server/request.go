@@ -85,6 +85,9 @@ func ParseCheck(h *fasthttp.RequestHeader) (Check, error) {
 	return c, err
 }
 
+// maxSentDigits is the most digits x-ratelimit-sent may have.
+const maxSentDigits = 17
+
 // ParseSent reads x-ratelimit-sent, which checks and warm-up calls carry:
 // 1 to 17 ASCII digits (µs since 1970 until the year 5138), or 0 when
 // absent.
@@ -93,6 +96,9 @@ func ParseSent(h *fasthttp.RequestHeader) (int64, error) {
 	case 0:
 		return 0, nil
 	case 1:
+		if len(vals[0]) > maxSentDigits {
+			return 0, ErrSentSyntax // leading zeros included
+		}
 		n, err := parseDigits(vals[0], 99_999_999_999_999_999)
 		if err != nil {
 			return 0, ErrSentSyntax

@@ -289,6 +289,7 @@ func TestBadInput(t *testing.T) {
 		{"sent fraction", []string{HeaderKey, "a", HeaderSent, "1764806400000000.5"}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 17 digits"},
 		{"sent 18 digits", []string{HeaderKey, "a", HeaderSent, "100000000000000000"}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 17 digits"},
 		{"sent overflow", []string{HeaderKey, "a", HeaderSent, "9999999999999999999"}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 17 digits"},
+		{"sent 18 digits, a leading zero", []string{HeaderKey, "a", HeaderSent, "017648064000000000"}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 17 digits"},
 		{"two sents", []string{HeaderKey, "a", HeaderSent, "1", HeaderSent, "2"}, "more than one x-ratelimit-sent header"},
 	}
 	for _, tt := range tests {
