@@ -163,11 +163,35 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	p := a.plans.Current()
 	if err := a.decider.Ready(ctx); err != nil {
 		log.Warn("redis not ready yet; checks answer 503 until it is", "redis", cfg.Redis.Redacted, "err", err)
+		go a.awaitRedis(watchCtx, log, cfg.Redis.Redacted)
 	}
 	log.Info("sidecar listening", "addr", a.Addr(), "admin_addr", a.AdminAddr(), "redis", cfg.Redis.Redacted, "redis_kind", cfg.Redis.Kind.String(),
 		"plans", cfg.PlansPath, "plan_count", len(p.ByName), "clients", p.Clients(), "hot_clients", p.HotClients(),
 		"redis_timeout", serverTimeout(cfg.RedisTimeout), "key_salt", len(cfg.KeySalt) > 0)
 	return a, nil
+}
+
+// awaitRedis asks for readiness once a second until Redis is ready, so that
+// a sidecar started before Redis loads the script, opens its connections
+// and warms the decision path then, not at its first check or its first
+// /readyz, and says so once. It ends with ctx (Close).
+func (a *App) awaitRedis(ctx context.Context, log *slog.Logger, redis string) {
+	t := time.NewTicker(decide.DefaultReadyCache)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := a.decider.Ready(rctx)
+		cancel()
+		if err == nil {
+			log.Info("redis ready", "redis", redis)
+			return
+		}
+	}
 }
 
 func serverTimeout(d time.Duration) time.Duration {

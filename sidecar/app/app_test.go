@@ -463,6 +463,31 @@ func TestRedisFaults(t *testing.T) {
 	}
 }
 
+// A sidecar started before Redis loads the script and makes its warm-up
+// decision once Redis comes up, with nobody asking it anything: no check and
+// no /readyz, as behind a probe of /healthz (the chart's).
+func TestWarmsWhenRedisComesUp(t *testing.T) {
+	srv := redisproc.StartT(t, redisproc.Options{})
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	s := startSidecar(t, srv.URL(), contractPlans, 50*time.Millisecond)
+	ctx := context.Background()
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ctl := srv.Client(t)
+	// The sidecar asks once a second (decide.DefaultReadyCache), each time
+	// for at most a second; 30 s leaves room for a stalled machine.
+	testkit.Poll(t, 30*time.Second, "the sidecar's warm-up decision (an EVALSHA) in the restarted Redis", func() bool {
+		info, err := ctl.Info(ctx, "commandstats").Result()
+		return err == nil && strings.Contains(info, "cmdstat_evalsha:calls=")
+	})
+	if n := s.Stats().Allowed.Get() + s.Stats().Denied.Get() + s.Stats().Errors.Get(); n != 0 {
+		t.Errorf("%d decisions counted, want 0: the warm-up is none", n)
+	}
+}
+
 func TestCluster(t *testing.T) {
 	cl := redisproc.StartClusterT(t, 3, 0)
 	s := startSidecar(t, "redis+cluster://"+strings.Join(cl.Addrs, ","), contractPlans, time.Second)
