@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 
+	"github.com/edgelimit/edgelimit/internal/tick"
 	"github.com/edgelimit/edgelimit/sidecar/decide"
 	"github.com/edgelimit/edgelimit/sidecar/denycache"
 	"github.com/edgelimit/edgelimit/sidecar/hot"
@@ -176,22 +177,15 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 // and warms the decision path then, not at its first check or its first
 // /readyz, and says so once. It ends with ctx (Close).
 func (a *App) awaitRedis(ctx context.Context, log *slog.Logger, redis string) {
-	t := time.NewTicker(decide.DefaultReadyCache)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	tick.Every(ctx, decide.DefaultReadyCache, func() bool {
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
-		err := a.decider.Ready(rctx)
-		cancel()
-		if err == nil {
-			log.Info("redis ready", "redis", redis)
-			return
+		defer cancel()
+		if a.decider.Ready(rctx) != nil {
+			return true
 		}
-	}
+		log.Info("redis ready", "redis", redis)
+		return false
+	})
 }
 
 func serverTimeout(d time.Duration) time.Duration {

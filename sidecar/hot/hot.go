@@ -33,6 +33,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/edgelimit/edgelimit/internal/tick"
 	"github.com/edgelimit/edgelimit/lua"
 )
 
@@ -205,14 +206,7 @@ func (s *Sharder) Run(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	tick.Every(ctx, interval, func() bool {
 		s.states.Range(func(k, v any) bool {
 			st := v.(*state)
 			if time.Since(time.Unix(0, st.lastUsed.Load())) > idleAfter {
@@ -226,7 +220,8 @@ func (s *Sharder) Run(ctx context.Context, interval time.Duration) {
 			cancel()
 			return true
 		})
-	}
+		return true
+	})
 }
 
 // Redis keys of a hot client's coordination state. They share the plain

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/edgelimit/edgelimit/internal/tick"
 )
 
 // DefaultPollInterval is how often Store.Watch looks at the file.
@@ -99,16 +101,10 @@ func (s *Store) Watch(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		interval = DefaultPollInterval
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.poll()
-		}
-	}
+	tick.Every(ctx, interval, func() bool {
+		s.poll()
+		return true
+	})
 }
 
 func (s *Store) poll() {
