@@ -28,13 +28,14 @@ type composeFile struct {
 }
 
 type service struct {
-	Image       string   `json:"image"`
-	Build       *build   `json:"build"`
-	NetworkMode string   `json:"network_mode"`
-	WorkingDir  string   `json:"working_dir"`
-	Command     []string `json:"command"`
-	Ports       []string `json:"ports"`
-	Volumes     []string `json:"volumes"`
+	Image       string            `json:"image"`
+	Build       *build            `json:"build"`
+	NetworkMode string            `json:"network_mode"`
+	WorkingDir  string            `json:"working_dir"`
+	Command     []string          `json:"command"`
+	Ports       []string          `json:"ports"`
+	Volumes     []string          `json:"volumes"`
+	Environment map[string]string `json:"environment"`
 	Healthcheck *struct {
 		Test []string `json:"test"`
 	} `json:"healthcheck"`
@@ -163,6 +164,12 @@ func TestComposeRunsEnvoyYAML(t *testing.T) {
 	}
 	if got := flag(t, envoy, "-c"); path.Join(envoy.WorkingDir, got) != volumeAt(envoy, "../../envoy/envoy.yaml") {
 		t.Errorf("envoy -c %s is not the mounted envoy.yaml", got)
+	}
+	// Envoy's timers on libevent's precise clock, which libevent turns on
+	// when the variable is there, whatever its value (envoy/README.md,
+	// "The callout timeout's clock").
+	if _, ok := envoy.Environment["EVENT_PRECISE_TIMER"]; !ok {
+		t.Errorf("envoy's environment %v has no EVENT_PRECISE_TIMER", envoy.Environment)
 	}
 }
 
