@@ -220,21 +220,25 @@ func TestRenderBootstrapAbsoluteModule(t *testing.T) {
 
 // Envoy and build/gateway get the same two things, the file and the
 // worker count, each under its own flag names; Envoy also gets a base id
-// of its own. Stand-in flags never reach Envoy.
+// of its own, and libevent's precise clock as the deployments give it.
+// Stand-in flags never reach Envoy.
 func TestGatewayCommand(t *testing.T) {
 	b := Binaries{Gateway: "/b/gateway", Filter: "/b/filter.wasm"}
-	bin, args := gatewayCommand(b, GatewayConfig{}, "/t/envoy.yaml")
-	if want := []string{"-config", "/t/envoy.yaml", "-concurrency", "2"}; bin != b.Gateway || !slices.Equal(args, want) {
-		t.Errorf("stand-in: %s %q, want %s %q", bin, args, b.Gateway, want)
+	bin, args, env := gatewayCommand(b, GatewayConfig{}, "/t/envoy.yaml")
+	if want := []string{"-config", "/t/envoy.yaml", "-concurrency", "2"}; bin != b.Gateway || !slices.Equal(args, want) || env != nil {
+		t.Errorf("stand-in: %q %s %q, want %s %q", env, bin, args, b.Gateway, want)
 	}
-	_, args = gatewayCommand(b, GatewayConfig{Concurrency: 3, AccessLog: true, Extra: []string{"-poll-oneoff", "noevents"}}, "/t/envoy.yaml")
+	_, args, _ = gatewayCommand(b, GatewayConfig{Concurrency: 3, AccessLog: true, Extra: []string{"-poll-oneoff", "noevents"}}, "/t/envoy.yaml")
 	if want := []string{"-config", "/t/envoy.yaml", "-concurrency", "3", "-access-log", "-poll-oneoff", "noevents"}; !slices.Equal(args, want) {
 		t.Errorf("stand-in with options: %q, want %q", args, want)
 	}
 	b.Envoy = "/usr/local/bin/envoy"
-	bin, args = gatewayCommand(b, GatewayConfig{AccessLog: true}, "/t/envoy.yaml")
+	bin, args, env = gatewayCommand(b, GatewayConfig{AccessLog: true}, "/t/envoy.yaml")
 	if want := []string{"-c", "/t/envoy.yaml", "--concurrency", "2", "--use-dynamic-base-id", "--log-level", "warn"}; bin != b.Envoy || !slices.Equal(args, want) {
 		t.Errorf("Envoy: %s %q, want %s %q", bin, args, b.Envoy, want)
+	}
+	if want := []string{"EVENT_PRECISE_TIMER=1"}; !slices.Equal(env, want) {
+		t.Errorf("Envoy's environment adds %q, want %q", env, want)
 	}
 	if _, err := LaunchGateway(b, GatewayConfig{Config: shippedEnvoyYAML(t), Extra: []string{"-cpuprofile", "x"}}); err == nil || !strings.Contains(err.Error(), "build/gateway's") {
 		t.Errorf("stand-in flags with Envoy: %v, want them refused", err)

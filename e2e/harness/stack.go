@@ -218,8 +218,8 @@ func LaunchGateway(b Binaries, c GatewayConfig) (*Gateway, error) {
 		}
 	}
 	if err == nil {
-		bin, args := gatewayCommand(b, c, g.Bootstrap)
-		g.Process, err = StartProcess(filepath.Base(bin), bin, args...)
+		bin, args, env := gatewayCommand(b, c, g.Bootstrap)
+		g.Process, err = StartProcessEnv(filepath.Base(bin), env, bin, args...)
 	}
 	if err != nil {
 		g.removeDir()
@@ -229,8 +229,11 @@ func LaunchGateway(b Binaries, c GatewayConfig) (*Gateway, error) {
 }
 
 // gatewayCommand is the command line of a gateway running the bootstrap
-// at file: Envoy's, or the same for build/gateway under its flag names.
-func gatewayCommand(b Binaries, c GatewayConfig, file string) (bin string, args []string) {
+// at file: Envoy's, or the same for build/gateway under its flag names;
+// env is what it adds to the environment: for Envoy, libevent's precise
+// clock for its timers, as the compose file and the chart run it
+// (envoy/README.md, "The callout timeout's clock").
+func gatewayCommand(b Binaries, c GatewayConfig, file string) (bin string, args, env []string) {
 	n := c.Concurrency
 	if n == 0 {
 		n = 2
@@ -240,13 +243,14 @@ func gatewayCommand(b Binaries, c GatewayConfig, file string) (bin string, args 
 		// side by side do not share hot-restart memory; warnings and
 		// errors only (the plugin's error lines among them). The access
 		// log is the bootstrap's, on stdout.
-		return b.Envoy, []string{"-c", file, "--concurrency", strconv.Itoa(n), "--use-dynamic-base-id", "--log-level", "warn"}
+		return b.Envoy, []string{"-c", file, "--concurrency", strconv.Itoa(n), "--use-dynamic-base-id", "--log-level", "warn"},
+			[]string{"EVENT_PRECISE_TIMER=1"}
 	}
 	args = []string{"-config", file, "-concurrency", strconv.Itoa(n)}
 	if c.AccessLog {
 		args = append(args, "-access-log")
 	}
-	return b.Gateway, append(args, c.Extra...)
+	return b.Gateway, append(args, c.Extra...), nil
 }
 
 // GatewayAddrs are where a gateway's bootstrap puts its sockets.
