@@ -226,7 +226,7 @@ func TestGatewayCommand(t *testing.T) {
 	b := Binaries{Gateway: "/b/gateway", Filter: "/b/filter.wasm"}
 	bin, args, env := gatewayCommand(b, GatewayConfig{}, "/t/envoy.yaml")
 	if want := []string{"-config", "/t/envoy.yaml", "-concurrency", "2"}; bin != b.Gateway || !slices.Equal(args, want) || env != nil {
-		t.Errorf("stand-in: %q %s %q, want %s %q", env, bin, args, b.Gateway, want)
+		t.Errorf("stand-in: %s %q adding %q to its environment, want %s %q adding nothing", bin, args, env, b.Gateway, want)
 	}
 	_, args, _ = gatewayCommand(b, GatewayConfig{Concurrency: 3, AccessLog: true, Extra: []string{"-poll-oneoff", "noevents"}}, "/t/envoy.yaml")
 	if want := []string{"-config", "/t/envoy.yaml", "-concurrency", "3", "-access-log", "-poll-oneoff", "noevents"}; !slices.Equal(args, want) {
