@@ -51,8 +51,14 @@ func (s *Server) httpServer(h fasthttp.RequestHandler) *fasthttp.Server {
 		DisablePreParseMultipartForm: true,
 		CloseOnShutdown:              true,
 		Logger:                       fasthttpLogger{s.o.Log},
-		ErrorHandler:                 requestError,
+		ErrorHandler:                 s.requestError,
 	}
+}
+
+// requestError counts a request fasthttp could not read and answers it.
+func (s *Server) requestError(ctx *fasthttp.RequestCtx, err error) {
+	s.o.Stats.Unreadable.Inc()
+	requestError(ctx, err)
 }
 
 // requestError answers a request fasthttp could not read, with a status that

@@ -432,7 +432,7 @@ func TestWarm(t *testing.T) {
 // before the handler runs.
 func TestServerLimits(t *testing.T) {
 	d := &fakeDecider{res: lua.Result{Allowed: true}}
-	s, _, _ := newTestServer(t, planYAML, d)
+	s, st, _ := newTestServer(t, planYAML, d)
 	ln := fasthttputil.NewInmemoryListener()
 	srv := s.HTTPServer()
 	go srv.Serve(ln)
@@ -464,6 +464,10 @@ func TestServerLimits(t *testing.T) {
 				t.Fatalf("status %d, want %d", resp.StatusCode(), tt.status)
 			}
 		})
+	}
+	// The two refused before the handler are counted, the one it served not.
+	if n := st.Unreadable.Get(); n != 2 {
+		t.Errorf("unreadable requests counted %d, want 2 (the 431 and the 413)", n)
 	}
 }
 

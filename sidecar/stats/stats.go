@@ -37,8 +37,10 @@ type Stats struct {
 	// and checks that expired before they were read.
 	Allowed, Denied, Errors *metrics.Counter
 	// sidecar_requests_rejected_total{reason}: checks answered without a
-	// decision: malformed (400) or an unknown key without default plan (403).
-	BadRequests, UnknownKeys *metrics.Counter
+	// decision: malformed (400) or an unknown key without default plan
+	// (403); and requests the HTTP server could not read (400, 408, 413,
+	// 431), which never reach a handler.
+	BadRequests, UnknownKeys, Unreadable *metrics.Counter
 	// sidecar_redis_errors_total: Redis answered with an error or the
 	// connection failed. sidecar_redis_timeouts_total: no answer before the
 	// sidecar's own deadline (-redis-timeout).
@@ -110,6 +112,7 @@ func New() *Stats {
 		Errors:        s.NewCounter(`sidecar_decisions_total{result="error"}`),
 		BadRequests:   s.NewCounter(`sidecar_requests_rejected_total{reason="bad_request"}`),
 		UnknownKeys:   s.NewCounter(`sidecar_requests_rejected_total{reason="unknown_key"}`),
+		Unreadable:    s.NewCounter(`sidecar_requests_rejected_total{reason="unreadable"}`),
 		RedisErrors:   s.NewCounter(`sidecar_redis_errors_total`),
 		RedisTimeouts: s.NewCounter(`sidecar_redis_timeouts_total`),
 		Expired:       s.NewCounter(`sidecar_checks_expired_total`),
