@@ -61,7 +61,8 @@ const (
 // DefaultTimeout is the default deadline for one decision.
 const DefaultTimeout = 4 * time.Millisecond
 
-// Decider makes decisions on Redis (decide.Decider in production).
+// Decider makes decisions on Redis: in production a denycache.Cache in
+// front of a decide.Decider, or the Decider alone with -deny-cache=false.
 type Decider interface {
 	// Decide takes cost tokens from bucket key under limit l, or returns
 	// an error wrapping context.DeadlineExceeded at deadline.
@@ -290,7 +291,8 @@ func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
 	text(ctx, fasthttp.StatusOK, "ready")
 }
 
-// maxAnswerFields is the most headers one answer carries.
+// maxAnswerFields bounds the headers one answer carries (Fill writes eight
+// at most).
 const maxAnswerFields = 10
 
 // Answer is the status and headers of a decided check, formatted without
@@ -301,9 +303,12 @@ type Answer struct {
 	Status int
 	fields [maxAnswerFields]span
 	n, end int
-	// buf holds the values: a plan name (at most 64 bytes) and numbers of
-	// at most 25 bytes each fit with room to spare.
-	buf [320]byte
+	// buf holds the values: a plan name (at most 64 bytes), the two numbers
+	// in 'f' form, x-ratelimit-tokens and x-ratelimit-retry-after-ms, at
+	// most 326 bytes each (a subnormal float64 written out: a float's
+	// residue after a spend can take 33), and four integers and the rate
+	// ('g') of at most 24 each: 812 bytes at most.
+	buf [1024]byte
 }
 
 type span struct {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -24,7 +25,7 @@ import (
 )
 
 // fakeDecider answers with a fixed result or error, or, with block set, only
-// when the context ends. It records what it was asked. The Redis-backed
+// at the call's deadline, with context.DeadlineExceeded. It records what it was asked. The Redis-backed
 // behaviour is tested in package app against real Redis.
 type fakeDecider struct {
 	mu       sync.Mutex
@@ -502,6 +503,30 @@ func TestAnswerDoesNotAllocate(t *testing.T) {
 		}
 	}); n != 0 {
 		t.Errorf("Fill allocates %v times, want 0", n)
+	}
+}
+
+// TestAnswerKeepsEveryDigit: the longest values an answer can carry, the
+// two numbers in 'f' form at their longest (subnormals, 326 bytes each)
+// beside a plan name of 64 bytes, come out whole and parse back to the
+// script's float64.
+func TestAnswerKeepsEveryDigit(t *testing.T) {
+	p := &plans.Plan{Name: strings.Repeat("p", 64), Capacity: 200, Rate: 100, LimitHeader: "200"}
+	res := lua.Result{Tokens: math.SmallestNonzeroFloat64, RetryMs: 2.2250738585072014e-308, ResetMs: 1990}
+	var a Answer
+	a.Fill(res, p)
+	want := map[string]float64{HeaderTokens: res.Tokens, HeaderRetryAfterMs: res.RetryMs}
+	for i := range a.Len() {
+		name, v := a.Field(i)
+		if w, ok := want[name]; ok {
+			if got, err := strconv.ParseFloat(string(v), 64); err != nil || got != w {
+				t.Errorf("%s: %d bytes %q parse to %v (%v), want %v", name, len(v), v, got, err, w)
+			}
+			delete(want, name)
+		}
+	}
+	if len(want) != 0 {
+		t.Errorf("no header for %v", want)
 	}
 }
 
