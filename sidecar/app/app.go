@@ -175,7 +175,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 // awaitRedis asks for readiness once a second until Redis is ready, so that
 // a sidecar started before Redis loads the script, opens its connections
 // and warms the decision path then, not at its first check or its first
-// /readyz, and says so once. It ends with ctx (Close).
+// /readyz, and says so once. It ends with ctx (Shutdown cancels it).
 func (a *App) awaitRedis(ctx context.Context, log *slog.Logger, redis string) {
 	tick.Every(ctx, decide.DefaultReadyCache, func() bool {
 		rctx, cancel := context.WithTimeout(ctx, time.Second)

@@ -367,8 +367,8 @@ func (d *Decider) run(batch []*call) {
 }
 
 // reloadOnTransportError asks a cluster client to re-read the slot map when
-// a call failed for any reason but a Redis error reply: a master that is down
-// or was replaced by its replica shows up that way, and the new owner of its
+// a call failed for any reason but a Redis error reply, or with CLUSTERDOWN:
+// a master that is down or was replaced by its replica shows up that way, and the new owner of its
 // slots is only known after a reload. go-redis rate-limits the reloads.
 func (d *Decider) reloadOnTransportError(cmds []*redis.Cmd) {
 	cc, ok := d.client.(*redis.ClusterClient)

@@ -164,8 +164,8 @@ func TestBatching(t *testing.T) {
 	})
 }
 
-// TestDeadline: a caller gets its context's error at the deadline while
-// Redis is still stuck, and a call that expired in the queue is never sent,
+// TestDeadline: a caller gets ErrTimeout at its deadline while Redis is
+// still stuck, and a call that expired in the queue is never sent,
 // so its bucket is not charged.
 func TestDeadline(t *testing.T) {
 	paths(t, func(t *testing.T, direct bool) {

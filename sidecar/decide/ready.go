@@ -50,7 +50,9 @@ func (d *Decider) Ready(ctx context.Context) error {
 // lazily, on a connection's first command, which would spend a decision's
 // few milliseconds. Only a single-node client can hold several
 // connections at once (a cluster client keeps a pool per node and warms
-// each on its first use).
+// each on its first use). On a single server the decisions go over the
+// sidecar's own connection instead, which is dialed and authenticated
+// here (direct.warm), with no PING.
 func (d *Decider) warm(ctx context.Context) error {
 	if d.direct != nil {
 		if d.opt.WarmConns <= 0 {

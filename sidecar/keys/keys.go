@@ -3,7 +3,8 @@
 //
 // Neither ever contains the raw API key: Redis, logs and metric labels see a
 // SHA-256 digest only (an HMAC-SHA256 keyed by a secret salt when one is
-// configured). See RATIONALE.md, "Why are bucket keys digests?".
+// configured). See the repository's RATIONALE.md, "Why are bucket keys
+// digests of the API key?".
 package keys
 
 import (

@@ -108,8 +108,8 @@ type Hot struct {
 	Regions []string
 }
 
-// HotClient returns how apiKey's bucket is split, or nil when it is not a
-// hot client.
+// HotClient returns how apiKey's bucket is split when the file lists that
+// key as a hot client, else nil (a hot client listed by digest included).
 func (p *Plans) HotClient(apiKey []byte) *Hot {
 	if len(p.hot) == 0 {
 		return nil
