@@ -354,8 +354,9 @@ func (c *Config) clusterNames() []string {
 	return names
 }
 
-// checkHostPort accepts "host:port" with a non-empty host and a numeric port;
-// port 0 (pick a free one) only for a listening address.
+// checkHostPort accepts "host:port" with a numeric port, and a non-empty
+// host but for a listening address (":port", every address); port 0 (pick
+// a free one) only for a listening address.
 func checkHostPort(addr string, listening bool) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {

@@ -2,10 +2,11 @@
 // for the plugin's callouts (wasmhost.HTTPDispatcher) and for the router's
 // upstream requests (envoy/gateway). It is not net/http's Transport, for what
 // a request costs (envoy/wasmhost/RATIONALE.md, "What a request costs the
-// host"): no goroutines per request, no read and write loops per
-// connection; a connection is written and read by whoever holds it, and
-// kept idle per endpoint between requests as Envoy's connection pool keeps
-// upstream connections.
+// host"): no goroutines per request and no write loop per connection; a
+// connection is written by whoever holds it (the router's upstream
+// requests read it too, a callout's connection has one reader of its
+// own: wasmhost's httpdispatch.go) and kept idle per endpoint between
+// requests as Envoy's connection pool keeps upstream connections.
 package http1
 
 import (

@@ -5,8 +5,9 @@
 //
 // A Module is compiled once (through a process-wide wazero compilation
 // cache); each VM is one instance of it, as Envoy runs one VM per worker
-// thread. Calls into one VM are serialized on that VM's own goroutine, the
-// way a worker's event loop serializes them. Plugin start-up follows Envoy:
+// thread. Calls into one VM are serialized, the way a worker's event loop
+// serializes them: a call runs on its caller's goroutine when the VM is
+// idle, else it queues for the VM's own goroutine. Plugin start-up follows Envoy:
 // _initialize (only proxy_log and WASI allowed), proxy_on_context_create for
 // the root context, proxy_on_vm_start, proxy_on_configure; a false return
 // rejects the configuration. A VM runs more than one plugin as Envoy does

@@ -12,7 +12,7 @@ import (
 var soakRounds = flag.Int("soak.rounds", 40, "GC-heavy callbacks per poll_oneoff mode in TestSoakPollOneoff")
 
 // soak runs rounds callbacks that each allocate and collect (the probe's
-// "gc" command: 1 MiB of garbage and runtime.GC, 4 times) and returns after
+// "gc" command: 256 KiB of garbage and runtime.GC, 4 times) and returns after
 // how many the VM failed (0: it did not) and why.
 func soak(t *testing.T, poll PollMode, rounds int) (int, int64, error) {
 	vm := newProbeVM(t, poll, Options{ManualTicks: true})

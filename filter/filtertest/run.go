@@ -181,7 +181,7 @@ func allowAnswer(limit, remaining, reset int64, plan string) []Header {
 // denyAnswer is a hand-made 429 for the edges of the contract (an older
 // sidecar, values the sidecar never sends); tokens and rate are the exact
 // bucket state ("" leaves the header out). Answers the sidecar really makes
-// come from sidecarAnswer.
+// come from SidecarAnswer.
 func denyAnswer(limit, remaining, reset, retryAfter int64, tokens, rate, plan string) []Header {
 	h := []Header{
 		{":status", "429"},

@@ -8,9 +8,9 @@ import (
 	"github.com/edgelimit/edgelimit/filter/limiter"
 )
 
-// The circuit breaker's cases. They never advance the clock while a callout
-// is pending: the headless host, like Envoy, would then answer it with a
-// timeout.
+// The circuit breaker's cases. They never advance the clock past a pending
+// callout's timeout: the headless host, like Envoy, would then answer it
+// with a timeout.
 
 // breakerConfig opens after 3 failures in a row, for 100 ms first, then
 // 200 ms and 400 ms at most. The callout timeout is the default 5 ms, so a

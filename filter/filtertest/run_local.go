@@ -9,7 +9,7 @@ import (
 )
 
 // The cases of "on_failure": "local". Like the breaker's, they never
-// advance the clock while a callout is pending.
+// advance the clock past a pending callout's timeout.
 
 const (
 	localAllowed = limiter.MetricLocalAllowed

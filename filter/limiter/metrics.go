@@ -34,7 +34,8 @@ const (
 	MetricBreakerClosed   = "edgelimit.breaker.closed"
 	// MetricBreakerState is a gauge of the breaker's state: 0 closed, 1
 	// open, 2 half-open (a probe is out). Set at each transition and
-	// refreshed from the shared state at every tick (10 s).
+	// refreshed from the shared state at every tick (1 ms after start, then
+	// every second until a warm-up round goes well, then every 10 s).
 	MetricBreakerState = "edgelimit.breaker.state"
 	// MetricLocalAllowed and MetricLocalDenied count requests the sidecar
 	// could not decide that the local bucket admitted or answered 429

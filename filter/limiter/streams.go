@@ -3,7 +3,7 @@ package limiter
 // streamTable maps the proxy's context ids, or a root's callout tokens, to
 // their streams. Every request adds and removes an entry in two of these, so
 // they are open-addressing tables with linear probing rather than Go maps:
-// inside wazero a map insert and delete cost about 0.6 µs together (the
+// inside wazero a map insert and delete cost about 0.5 µs together (the
 // runtime's hashing, its per-map seed drawn again whenever the map empties,
 // slot clearing with write barriers), this table a small fraction of it.
 // filter/RATIONALE.md, "Why the stream tables are not maps", has the

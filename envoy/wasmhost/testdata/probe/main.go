@@ -64,7 +64,8 @@ func parseSections(text string) map[string]string {
 }
 
 // run executes the script of a phase and returns what the callback returns
-// (1, i.e. continue or true, unless a "return" command said otherwise).
+// unless a "return" command said otherwise: 0 (continue) for the header
+// phases, 1 (true) for the others.
 func run(phase string, id uint32) uint32 {
 	allocs = allocs[:0]
 	result = 1
