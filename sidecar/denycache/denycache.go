@@ -22,9 +22,11 @@
 // client's next request, which is admitted a little later; none is added
 // or lost.
 //
-// An answer for a bucket that has an entry replaces the entry, which then
-// counts nothing as pending: every check still out was passed on before
-// that answer came, and Redis may have decided it first.
+// A denial the bound explains, or an admission of a check counted in the
+// entry, replaces the entry, which then counts nothing as pending: every
+// check still out was passed on before that answer came, and Redis may
+// have decided it first. Errors, never answers and answers to checks sent
+// before the entry was made leave it as it is.
 //
 // Entries are keyed by the bucket's Redis key and its limit: a plan that
 // changes its capacity or rate starts afresh. A bucket that gains tokens
