@@ -438,10 +438,15 @@ func nextTokenSeconds(tokens, rate float64, limit int64) int64 {
 	return seconds.Ceil((math.Floor(tokens) + 1 - tokens) / rate * 1000)
 }
 
-// retryAfterFor is the Retry-After of a denied cost from a bucket holding
-// tokens: whole seconds no earlier than the exact wait, nor than t (next),
-// and at least 1.
-func retryAfterFor(cost int64, tokens, rate float64, next int64) int64 {
+// retryAfterFor is the Retry-After of a denied cost from a bucket of
+// capacity limit holding tokens: whole seconds no earlier than the exact
+// wait, nor than t (next), and at least 1; none (0) for a cost above the
+// capacity, which no wait admits, as the sidecar's x-ratelimit-never answer
+// has none.
+func retryAfterFor(cost, limit int64, tokens, rate float64, next int64) int64 {
+	if cost > limit {
+		return 0
+	}
 	return max(1, next, seconds.Ceil((float64(cost)-tokens)/rate*1000))
 }
 

@@ -114,9 +114,8 @@ func (e *denyEntry) valid() bool {
 // reply is what a cached denial of cost at now tells the client: the least
 // the bucket can hold at now if nobody else spent since the answer came,
 // less spent (the cost of the callouts on their way that the denial
-// counted), and a Retry-After no earlier than the wait from there; none (0)
-// for a cost above the capacity, which no wait admits, as the sidecar's
-// x-ratelimit-never answer has none.
+// counted), and a Retry-After no earlier than the wait from there (none for
+// a cost above the capacity: retryAfterFor).
 func (e *denyEntry) reply(cost, spent, now int64) (q quota, retry int64) {
 	tokens := e.tokens
 	if now > e.recv {
@@ -124,10 +123,7 @@ func (e *denyEntry) reply(cost, spent, now int64) (q quota, retry int64) {
 	}
 	tokens = math.Min(tokens, float64(e.limit)) - float64(spent)
 	q = quotaAt(e.plan, e.limit, e.rate, tokens)
-	if cost > e.limit {
-		return q, 0
-	}
-	return q, retryAfterFor(cost, tokens, e.rate, q.next)
+	return q, retryAfterFor(cost, e.limit, tokens, e.rate, q.next)
 }
 
 // denyCache is one plugin's view of the shared deny entries.

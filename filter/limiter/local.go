@@ -217,8 +217,8 @@ func (e *localEntry) take(cost, now int64) localDecision {
 	}
 	d.quota.next = min(d.quota.next, maxLocalWaitSeconds)
 	d.quota.reset = min(d.quota.reset, maxLocalWaitSeconds)
-	if !d.allowed && cost <= e.plan.limit {
-		d.retryAfter = min(retryAfterFor(cost, tokens, e.plan.rate, d.quota.next), maxLocalWaitSeconds)
+	if !d.allowed {
+		d.retryAfter = min(retryAfterFor(cost, e.plan.limit, tokens, e.plan.rate, d.quota.next), maxLocalWaitSeconds)
 	}
 	return d
 }

@@ -471,7 +471,7 @@ func TestWarmsWhenRedisComesUp(t *testing.T) {
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	s := startSidecar(t, srv.URL(), contractPlans, 50*time.Millisecond)
+	s := startSidecar(t, srv.URL(), contractPlans, 0) // the shipped 4 ms
 	ctx := context.Background()
 	if err := srv.Restart(ctx); err != nil {
 		t.Fatal(err)
