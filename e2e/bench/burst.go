@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -450,7 +451,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 		}
 		measured := "no step at the target held"
 		if where != "" {
-			measured = fmt.Sprintf("at most %s ms (%s; median of the runs' filter p99 less sidecar p99, from histogram buckets 0.5 ms wide)", msOrDash(worst), where)
+			measured = fmt.Sprintf("at most %s ms (%s; median of the runs' filter p99 less sidecar p99, each from histogram buckets 0.5 ms wide from 1 to 5 ms and 2.5 ms from 5 to 10)", msOrDash(worst), where)
 		}
 		checks = append(checks, report.Check{
 			Claim:    fmt.Sprintf("in bursts the gateway adds at most 1 ms to a callout at p99: %d gateway(s)", g),
@@ -481,11 +482,27 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 				what += " (" + why + ")"
 			}
 			summary.Add(g, mode, what)
+			// The sweep's steps each run on a stack the lower steps have
+			// warmed; the same sending from cold, on stacks of their own,
+			// is said beside it.
+			var fromCold []string
+			coldHolds := true // at the target, where it ran from cold
+			for _, st := range cold {
+				if st.Gateways == g && st.Senders == row.Senders {
+					fromCold = append(fromCold, fmt.Sprintf("%.0f req/s %d of %d runs held", st.Offered, st.Held(), len(st.Runs)))
+					if st.Offered == burstTarget {
+						coldHolds = st.Holds()
+					}
+				}
+			}
+			if len(fromCold) > 0 {
+				what += "; from cold: " + strings.Join(fromCold, ", ")
+			}
 			checks = append(checks, report.Check{
 				Claim:    fmt.Sprintf("the limit holds under bursts: %d gateway(s), %s", g, mode),
-				Target:   fmt.Sprintf("at %d req/s, in most of a step's %d runs: admitted within 5%%, <= 1%% failed open, services get exactly the admitted", burstTarget, e.runs),
+				Target:   fmt.Sprintf("at %d req/s, in most of a step's %d runs, in the sweep and from cold where that ran: admitted within 5%%, <= 1%% failed open, services get exactly the admitted", burstTarget, e.runs),
 				Measured: what,
-				Holds:    c >= burstTarget,
+				Holds:    c >= burstTarget && coldHolds,
 			})
 		}
 	}

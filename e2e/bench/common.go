@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/bench/rig"
+	"github.com/edgelimit/edgelimit/e2e/bench/stat"
 	"github.com/edgelimit/edgelimit/e2e/services/bucket"
 	"github.com/edgelimit/edgelimit/e2e/services/safety"
 )
@@ -78,9 +79,14 @@ func servicePaths(services []string, suffix string) []string {
 }
 
 // ms formats a duration in milliseconds with sensible precision.
-func ms(d time.Duration) string {
-	v := float64(d) / float64(time.Millisecond)
+func ms(d time.Duration) string { return msv(stat.Ms(d)) }
+
+// msv formats milliseconds as ms does, "-" for NaN (no value: nothing
+// was answered).
+func msv(v float64) string {
 	switch {
+	case math.IsNaN(v):
+		return "-"
 	case v >= 100:
 		return fmt.Sprintf("%.0f", v)
 	case v >= 10:

@@ -247,19 +247,20 @@ func writeBenchmarks(root, path string, e *env) error {
 		rel = e.out
 	}
 	var atts []report.Attachment
-	// Each program but scriptbench and memory writes its summary lines
-	// beside its report (report.ChecksPath).
+	// Each program writes its summary lines beside its report
+	// (report.ChecksPath): its targets, and how it ran (scriptbench and
+	// memory have no target, only the run).
 	out := func(name string) string { return filepath.Join(e.out, name+".txt") }
 	withChecks := func(title, name string) report.Attachment {
 		return report.Attachment{Title: title, Path: out(name), Checks: report.ChecksPath(out(name))}
 	}
 	for _, a := range []report.Attachment{
-		{Title: "Throughput: the script through go-redis vs redis-benchmark", Path: out("scriptbench")},
+		withChecks("Throughput: the script through go-redis vs redis-benchmark", "scriptbench"),
 		withChecks("Throughput: the sidecar vs redis-benchmark, and beside envoyproxy/ratelimit", "sidecarbench"),
 		withChecks("Throughput at 10 clients over 1,000 keys: the sidecar vs redis-benchmark and envoyproxy/ratelimit", "sidecarbench-c10"),
 		withChecks("Throughput at 200 clients over 100,000 keys: the sidecar vs redis-benchmark and envoyproxy/ratelimit", "sidecarbench-c200"),
 		withChecks("The filter's cost per request: wazero against native", "filtercost"),
-		{Title: "Memory: the filter, the sidecar and Redis over many requests and clients", Path: out("memory")},
+		withChecks("Memory: the filter, the sidecar and Redis over many requests and clients", "memory"),
 		withChecks("This machine: what a system call and a hop between processes cost", "machinecost"),
 	} {
 		if _, err := os.Stat(a.Path); err != nil {

@@ -132,7 +132,13 @@ func runThroughput(ctx context.Context, e *env) (*report.Scenario, error) {
 		[]report.Bars{{Name: "req/s", Values: rates}}); err != nil {
 		return nil, err
 	}
-	cached := stat.Median(paths[0].rates)
+	// The paths take turns within each run: the ratio is the median of
+	// the runs' own ratios.
+	var cachedVsCallout []float64
+	for i := range paths[0].rates {
+		cachedVsCallout = append(cachedVsCallout, paths[0].rates[i]/paths[1].rates[i])
+	}
+	vs := stat.Median(cachedVsCallout)
 	return &report.Scenario{
 		Title:  "Throughput: the filter's cached-deny path vs a callout",
 		Claim:  throughputClaim,
@@ -141,9 +147,9 @@ func runThroughput(ctx context.Context, e *env) (*report.Scenario, error) {
 		Charts: []report.Chart{{File: chart, Alt: "gateway requests per second for each filter path"}},
 		Checks: []report.Check{{
 			Claim:    "cached denials need no callout and cost less than a check",
-			Target:   "cached deny > 1x callout deny req/s, ~0 callouts/request",
-			Measured: fmt.Sprintf("%s, %.3f callouts/request", ratio(cached/callout), stat.Median(paths[0].callouts)),
-			Holds:    cached > callout && stat.Median(paths[0].callouts) < 0.01,
+			Target:   "cached deny > 1x callout deny req/s (median of the runs' ratios), < 0.01 callouts/request",
+			Measured: fmt.Sprintf("%s (runs: %s), %.3f callouts/request", ratio(vs), stat.Join(cachedVsCallout, 2, ", "), stat.Median(paths[0].callouts)),
+			Holds:    vs > 1 && stat.Median(paths[0].callouts) < 0.01,
 		}},
 	}, nil
 }

@@ -110,6 +110,7 @@ func run(args []string, stderr io.Writer) error {
 	}
 	defer closeOut.Close()
 
+	m := report.StartMeter(report.Command("./e2e/bench/memory", append([]string{cmd}, args...)))
 	if cmd == "all" {
 		fmt.Fprintf(stdout, "memory of the filter, the sidecar and Redis: go run ./e2e/bench/memory all, %s (load average %.1f)\n\n",
 			time.Now().UTC().Format("2006-01-02 15:04 UTC"), report.LoadAverage())
@@ -135,7 +136,14 @@ func run(args []string, stderr io.Writer) error {
 			return err
 		}
 	}
-	return nil
+	// How it ran, for BENCHMARKS.md's table of runs: this report has no
+	// target, so its summary lines are none.
+	ran := m.Stop()
+	fmt.Fprintf(stdout, "\nrun: %s\n", ran.Note())
+	if *out == "" || cmd != "all" {
+		return nil
+	}
+	return report.SaveChecks(report.ChecksPath(*out), report.Checked{Run: ran})
 }
 
 func runFilter(ctx context.Context, w io.Writer, bins harness.Binaries, requests, every int, gogc string) error {

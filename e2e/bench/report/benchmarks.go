@@ -75,8 +75,8 @@ type Benchmarks struct {
 func (bm Benchmarks) Markdown() string {
 	var b strings.Builder
 	b.WriteString("# Benchmarks\n\n")
-	fmt.Fprintf(&b, "Written by `%s` on %s from the run's own measurements; rerun the command to regenerate it, never edit it by hand.\n\n",
-		bm.Command, bm.Generated.UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&b, "Written from the stored results of the runs listed under the summary, each with its own command, start and load; the last of them ended %s. `%s` measures every one again and writes this file; `go run ./e2e/bench report` writes it from the stored results. Never edit it by hand.\n\n",
+		bm.Generated.UTC().Format("2006-01-02 15:04 UTC"), bm.Command)
 
 	b.WriteString("## Summary: every target, met or not\n\n")
 	// Each target with the section that measured it; then, for each
@@ -86,7 +86,11 @@ func (bm Benchmarks) Markdown() string {
 	runs := Table{Header: []string{"section", "command", "started", "took", "load average (start, end)", "steal", stallsHead}, TextColumns: 7}
 	var lo, hi float64 = 1, 0             // the least and the most steal over the runs
 	var slo, shi float64 = math.Inf(1), 0 // the fewest and the most stalls a minute
+	var first Run                         // the run that started first
 	add := func(title string, r Run, checks []Check) {
+		if r.Command != "" && (first.Command == "" || r.Started.Before(first.Started)) {
+			first = r
+		}
 		if r.Steal != nil {
 			lo, hi = min(lo, *r.Steal), max(hi, *r.Steal)
 		}
@@ -138,14 +142,17 @@ func (bm Benchmarks) Markdown() string {
 		b.WriteString("- " + m + "\n")
 	}
 	b.WriteString("\n## Machine\n\n")
+	b.WriteString("As read where this file was written; the runs are read against it, and each gives its own load above.\n\n")
 	mt := Table{Header: []string{"", ""}, TextColumns: 2}
 	mt.Add("CPU", bm.Machine.CPU)
 	mt.Add("cores", bm.Machine.Cores)
 	mt.Add("OS", bm.Machine.OS+", kernel "+bm.Machine.Kernel)
 	mt.Add("Go", bm.Machine.Go)
 	mt.Add("Redis", bm.Machine.Redis)
+	if first.Command != "" {
+		mt.Add("load average", fmt.Sprintf("%.1f when the first run started (%s): the machine is shared, and each run gives its own", first.Load[0], first.Started.UTC().Format("2006-01-02 15:04 UTC")))
+	}
 	if len(bm.Scenarios) > 0 {
-		mt.Add("load average", fmt.Sprintf("%.1f when the first scenario started: the machine is shared, and each scenario below gives its own", bm.Scenarios[0].Load[0]))
 		if lo <= hi {
 			mt.Add("CPU time taken by the hypervisor (steal)", fmt.Sprintf("%.1f%% to %.1f%% over the sections below: a virtual machine's CPUs are shared with others the load average does not show", 100*lo, 100*hi))
 		}

@@ -140,7 +140,10 @@ func TestBenchmarksMarkdown(t *testing.T) {
 	}
 	md := bm.Markdown()
 	for _, want := range []string{
-		"# Benchmarks", "Written by `make bench` on 2025-09-01 00:00 UTC",
+		"# Benchmarks", "the last of them ended 2025-09-01 00:00 UTC. `make bench` measures every one again",
+		// The first run to start is the attachment's, not the first
+		// scenario's.
+		"| load average | 0.5 when the first run started (2025-08-31 23:00 UTC)",
 		"| c | t | m | no | Incident replay |\n| beside | none | 1.5x | - | Script throughput |",
 		"| Incident replay | `go run ./bench` | 2025-08-31 23:30 UTC | 30s | 1.5, 2.0 | 2.0% | 6 times, the longest 9.8 ms (12.0 a minute) |\n| Canary | not recorded | - | - | - | - | - |",
 		"| Saved before steal was measured | not recorded | - | - | - | - | - |\n| Script throughput | `go run ./scriptbench` | 2025-08-31 23:00 UTC | 1m1s | 0.5, 1.2 | not measured | not watched: cpu 1: real-time priority: operation not permitted |",

@@ -187,6 +187,14 @@ func checksTable(checks []Check) Table {
 	return t
 }
 
+// Met is "met" or "not met": a target's verdict in a report's text.
+func Met(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "not met"
+}
+
 // holds is the check's "holds" cell.
 func (c Check) holds() string {
 	switch {

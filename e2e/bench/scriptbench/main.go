@@ -89,6 +89,7 @@ func run(cfg config) error {
 		return fmt.Errorf("redis-benchmark not found: run `make test`, which installs redis-tools")
 	}
 
+	m := report.StartMeter(report.Command("./e2e/bench/scriptbench", os.Args[1:]))
 	ctx := context.Background()
 	srv, err := redisproc.Start(ctx, redisproc.Options{})
 	if err != nil {
@@ -174,7 +175,14 @@ func run(cfg config) error {
 	}
 	fmt.Fprintf(out, "\nratio go-redis/redis-benchmark, checks/s: %.2f overall; rounds %s (median %.2f)\n",
 		(float64(len(goAll))/goSecs)/(float64(rbN)/rbSecs), strings.Join(perRound, " "), median(ratios))
-	return nil
+	// How it ran, for BENCHMARKS.md's table of runs: this report has no
+	// target, so its summary lines are none.
+	ran := m.Stop()
+	fmt.Fprintf(out, "run: %s\n", ran.Note())
+	if cfg.out == "" {
+		return nil
+	}
+	return report.SaveChecks(report.ChecksPath(cfg.out), report.Checked{Run: ran})
 }
 
 type goResult struct {

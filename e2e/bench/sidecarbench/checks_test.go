@@ -41,6 +41,8 @@ at half the raw Redis rate, 25474 checks/s offered (open loop, timed from when e
   the offer is 86% of the 29523 checks/s the sidecar answered at full load in this run (median of the rounds)
   answered 25400/s; p50 0.277ms, p99 1.500ms, p99.9 5.569ms; not decided 0; target p99 < 2 ms
   the sidecar's own decision latency (its histogram), p99 <= 1.000ms; the load generator's lateness in sending, p99 0.326ms
+
+targets, on the unrounded figures: ratio 0.5509 >= 0.8 not met; sidecar CPU per check 9.1 µs <= 10 met; p99 at half the raw rate 1.5 ms < 2 met
 over the run, the hypervisor took 1.6% of the machine's CPU time (steal): time none of the processes above had
 over the run, a vCPU stood still for 2.5 ms or more: 4 times, the longest 9.8 ms (a real-time thread pinned to each CPU woke that late)
 run: started 2026-12-03T08:06:37Z, took 1m34s, load average 1.39 at the start, 1.81 at the end: go run ./e2e/bench/sidecarbench -out e2e/bench/results/sidecarbench.txt
@@ -111,6 +113,19 @@ func TestReportChecks(t *testing.T) {
 	noFloors := strings.Split(sampleReport, "the sidecar's CPU per check beside")[0] + sampleReport[strings.Index(sampleReport, "ratio sidecar / envoyproxy"):]
 	if checks, err := reportChecks(noFloors); err != nil || checks[1].Measured != "9.1 µs (median of 3 rounds)" {
 		t.Errorf("without the floors: %+v, %v", checks, err)
+	}
+	// A figure that rounds to its target is decided as measured: 0.7951
+	// prints as 0.80 and does not meet ">= 0.80", 10.04 µs prints as
+	// 10.0 and does not meet "<= 10".
+	rounded := strings.NewReplacer("median 0.55 over", "median 0.80 over",
+		"medians of the rounds: 9.1 µs", "medians of the rounds: 10.0 µs", "                    9.1   19.1", "                   10.0   19.1",
+		"ratio 0.5509 >= 0.8 not met; sidecar CPU per check 9.1 µs <= 10 met", "ratio 0.7951 >= 0.8 not met; sidecar CPU per check 10.04 µs <= 10 not met").Replace(sampleReport)
+	if checks, err := reportChecks(rounded); err != nil || checks[0].Holds || checks[1].Holds || !strings.HasPrefix(checks[0].Measured, "0.80x") || !strings.HasPrefix(checks[1].Measured, "10.0 µs") {
+		t.Errorf("figures that round to their targets: %+v, %v", checks, err)
+	}
+	noVerdicts := strings.Replace(sampleReport, "targets, on the unrounded", "", 1)
+	if _, err := reportChecks(noVerdicts); err == nil {
+		t.Error("a report without the verdicts' line gave checks")
 	}
 	if _, err := reportChecks("sidecar x; 50 clients, 10 API keys;\n"); err == nil {
 		t.Error("a report without the figures gave checks")

@@ -41,10 +41,26 @@ func rank(n int, p float64) int {
 	return min(max(r, 0), n-1)
 }
 
+// PercentilesMs is Percentiles in milliseconds, each NaN when ds is empty:
+// a run in which nothing was answered has no latency, and a check that
+// reads one must fail rather than read 0.
+func PercentilesMs(ds []time.Duration, ps ...float64) []float64 {
+	out := make([]float64, len(ps))
+	for i, d := range Percentiles(ds, ps...) {
+		out[i] = Ms(d)
+		if len(ds) == 0 {
+			out[i] = math.NaN()
+		}
+	}
+	return out
+}
+
 // Median returns the median of xs (the mean of the middle two for an even
-// count), NaN for none. xs is not modified.
+// count), NaN for none and NaN when any of xs is: a run without a value
+// is not left out of the runs it is the median of, which would hide it.
+// xs is not modified.
 func Median(xs []float64) float64 {
-	if len(xs) == 0 {
+	if len(xs) == 0 || slices.ContainsFunc(xs, math.IsNaN) {
 		return math.NaN()
 	}
 	s := slices.Clone(xs)

@@ -36,6 +36,12 @@ func TestPercentile(t *testing.T) {
 			t.Errorf("Percentile(%d values, %v) = %v, want %v", len(tt.ds), tt.p, got, tt.want)
 		}
 	}
+	if got := PercentilesMs(nil, 50, 99); len(got) != 2 || !math.IsNaN(got[0]) || !math.IsNaN(got[1]) {
+		t.Errorf("PercentilesMs(none) = %v, want NaN for each", got)
+	}
+	if got := PercentilesMs(ms(3, 1, 2), 50, 100); got[0] != 2 || got[1] != 3 {
+		t.Errorf("PercentilesMs(3, 1, 2 ms) = %v, want [2 3]", got)
+	}
 	in := ms(hundred...)
 	got := Percentiles(in, 50, 99)
 	if got[0] != 50*time.Millisecond || got[1] != 99*time.Millisecond || in[0] != 100*time.Millisecond {
@@ -59,6 +65,9 @@ func TestMedian(t *testing.T) {
 	}
 	if !math.IsNaN(Median(nil)) {
 		t.Error("Median(nil) is not NaN")
+	}
+	if got := Median([]float64{1, math.NaN(), 2}); !math.IsNaN(got) {
+		t.Errorf("Median of values one of which is NaN = %v, want NaN", got)
 	}
 	if got := MedianDuration([]time.Duration{3, 1, 2}); got != 2 {
 		t.Errorf("MedianDuration = %v", got)
