@@ -166,6 +166,10 @@ func waiting(t *testing.T, h Host, headers []Header) (Stream, Callout) {
 	return s, c
 }
 
+// allowAnswer is a hand-made 200 as an older sidecar sent it: whole
+// remaining tokens as x-ratelimit-tokens, and no x-ratelimit-rate, so that
+// it updates no deny-cache entry. Answers the sidecar really makes come from
+// SidecarAnswer; rows about the deny cache use those.
 func allowAnswer(limit, remaining, reset int64, plan string) []Header {
 	return []Header{
 		{":status", "200"},
@@ -737,8 +741,9 @@ func (r runner) hostileAnswers(t *testing.T) {
 
 func (r runner) denyCacheWindow(t *testing.T) {
 	h := r.host(t, "")
-	// 0.5 tokens left on a 10-token plan refilling 0.2 tokens/s: 1 token is
-	// back in 2.5 s.
+	// 0.5 tokens left at t = 0 on a 10-token plan refilling 0.2 tokens/s,
+	// and nobody spends: the bucket holds 0.5 + 0.2·t. 1 token is back in
+	// 2.5 s.
 	s, _ := waiting(t, h, get("key-1"))
 	s.RespondCallout(SidecarAnswer("basic", 10, 0.2, 0.5, 1), nil)
 	const policy = `"basic";q=10;w=50;edgelimit-rate="0.2"`
@@ -753,9 +758,9 @@ func (r runner) denyCacheWindow(t *testing.T) {
 	}
 	denial(t, s, policy, `"basic";r=0;t=3`, "48", "3")
 
-	// Another client is not affected.
+	// Another client is not affected: its bucket is full, and 1 is taken.
 	s, _ = waiting(t, h, get("key-2"))
-	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	s.RespondCallout(SidecarAnswer("basic", 10, 0.2, 10, 1), nil)
 	wentOn(t, s)
 
 	// The cache gives up early by its margin (10 µs + 2.5 s / 1000 =
@@ -768,29 +773,47 @@ func (r runner) denyCacheWindow(t *testing.T) {
 	// By now 0.5 + 0.2·2.497 = 0.9994 tokens: full in 45.003 s, the token
 	// back in 3 ms.
 	denial(t, s, policy, `"basic";r=0;t=1`, "46", "1")
+	// At 2.498 s the filter asks; the bucket holds 0.5 + 0.2·2.498 =
+	// 0.9996 tokens (the script's 0.5 + 2498000·0.2/10⁶ is that double),
+	// so the sidecar denies: the token is 2 ms away, full in 45.002 s.
 	h.Advance(time.Millisecond)
 	s, _ = waiting(t, h, get("key-1"))
-	s.RespondCallout(allowAnswer(10, 0, 50, "basic"), nil)
+	s.RespondCallout(SidecarAnswer("basic", 10, 0.2, 0.9996, 1), nil)
+	denial(t, s, policy, `"basic";r=0;t=1`, "46", "1")
+	// That denial is the entry now: 0.9996 tokens at 2.498 s, the token
+	// 2 ms on, less the margin of 10 µs + 2 µs. At 2.5 s the filter asks
+	// again, and the bucket holds 0.5 + 0.2·2.5 = 1 token (exactly: the
+	// script's 2500000·0.2/10⁶ is 0.5): admitted, none left.
+	h.Advance(2 * time.Millisecond)
+	s, _ = waiting(t, h, get("key-1"))
+	s.RespondCallout(SidecarAnswer("basic", 10, 0.2, 1, 1), nil)
 	wentOn(t, s)
-	counters(t, h, map[string]int64{limiter.MetricDenied: 1, limiter.MetricDeniedCached: 2, limiter.MetricAllowed: 2})
+	counters(t, h, map[string]int64{limiter.MetricDenied: 2, limiter.MetricDeniedCached: 2, limiter.MetricAllowed: 2})
 }
 
 func (r runner) denyCacheCosts(t *testing.T) {
 	h := r.host(t, `{"costs": [{"path_prefix": "/heavy", "cost": 5}, {"path_prefix": "/double", "cost": 2}, {"path_prefix": "/huge", "cost": 50}]}`)
+	const policy = `"basic";q=10;w=10;edgelimit-rate="1"`
 	// A cost-5 request denied with 1 token left at 1 token/s: 4 s until 5
-	// tokens.
+	// tokens, 9 s until full.
 	s, c := waiting(t, h, request("GET", "/heavy", "key-1"))
 	if got := header(t, c.Headers, "x-ratelimit-cost"); got != "5" {
 		t.Fatalf("cost %q, want 5", got)
 	}
 	s.RespondCallout(SidecarAnswer("basic", 10, 1, 1, 5), nil)
-	reply(t, s, 429)
+	denial(t, s, policy, `"basic";r=1;t=1`, "9", "4")
 
-	// Cost 1 can be met by the token left: ask the sidecar.
-	s, _ = waiting(t, h, get("key-1"))
-	s.RespondCallout(allowAnswer(10, 0, 10, "basic"), nil)
-	wentOn(t, s)
-
+	// asks requires a callout for a request of cost on path and answers it
+	// as the sidecar does when the bucket holds tokens.
+	asks := func(path string, cost int64, tokens float64) Stream {
+		t.Helper()
+		s, c := waiting(t, h, request("GET", path, "key-1"))
+		if got := header(t, c.Headers, "x-ratelimit-cost"); got != strconv.FormatInt(cost, 10) {
+			t.Fatalf("%s: cost %q, want %d", path, got, cost)
+		}
+		s.RespondCallout(SidecarAnswer("basic", 10, 1, tokens, cost), nil)
+		return s
+	}
 	cached := func(path string, retryAfter string) {
 		t.Helper()
 		s, _ := send(h, request("GET", path, "key-1"))
@@ -801,27 +824,51 @@ func (r runner) denyCacheCosts(t *testing.T) {
 			t.Errorf("%s: retry-after %s, want %s", path, got, retryAfter)
 		}
 	}
-	asks := func(path string) {
-		t.Helper()
-		s, _ := waiting(t, h, request("GET", path, "key-1"))
-		s.RespondCallout(allowAnswer(10, 0, 10, "basic"), nil)
-	}
+
+	// Cost 1 can be met by the token left: the filter asks, and the
+	// sidecar takes it. The 200 replaces the client's entry: 0 tokens at
+	// t = 0. Nobody else spends, so until the next admission the bucket
+	// holds t tokens at t s (the script's elapsed·1/10⁶ from 0).
+	wentOn(t, asks("/", 1, 1))
+
 	// Above the capacity (10): no wait admits it, so no retry-after, as
-	// for the sidecar's x-ratelimit-never answer.
+	// for the sidecar's x-ratelimit-never answer. The bucket is empty:
+	// the next token in 1 s, full in 10 s.
 	s, _ = send(h, request("GET", "/huge", "key-1"))
 	if _, ok := s.Callout(); ok {
 		t.Fatal("/huge: callout, want the cached denial")
 	}
-	denial(t, s, `"basic";q=10;w=10;edgelimit-rate="1"`, `"basic";r=1;t=1`, "9", "")
-	cached("/double", "1")            // 2 tokens: not before 1 s
-	cached("/heavy", "4")             // 5 tokens: not before 4 s
-	h.Advance(998 * time.Millisecond) // the margin: 10 µs + 1 ms
+	denial(t, s, policy, `"basic";r=0;t=1`, "10", "")
+	cached("/double", "2") // 2 tokens: not before 2 s
+	cached("/heavy", "5")  // 5 tokens: not before 5 s
+	// The cache's window for 2 tokens ends at 2 s less its margin,
+	// 10 µs + 2 ms: 1.99799 s. At 1.997 s the bucket holds 1.997 tokens,
+	// 3 ms short of 2, told as 1 s.
+	h.Advance(1997 * time.Millisecond)
 	cached("/double", "1")
-	h.Advance(2 * time.Millisecond)
-	asks("/double")
-	cached("/heavy", "3")
-	h.Advance(3 * time.Second)
-	asks("/heavy")
+	// At 1.998 s the filter asks, and the sidecar denies: 1.998 tokens,
+	// 2 ms short (1 s), full in 8.002 s (9 s).
+	h.Advance(time.Millisecond)
+	denial(t, asks("/double", 2, 1.998), policy, `"basic";r=1;t=1`, "9", "1")
+	// That denial is the entry now: 1.998 tokens at 1.998 s. 5 tokens are
+	// 3.002 s away (4 s); 2 tokens 2 ms away, so its window for them ends
+	// 10 µs + 2 µs sooner, at 1.999988 s.
+	cached("/heavy", "4")
+	h.Advance(time.Millisecond)
+	cached("/double", "1") // 1.999 tokens, 1 ms short
+	// At 2 s the bucket holds 2: admitted, 0 left, and that 200 is the
+	// entry: 5 tokens at 7 s, the window ending 10 µs + 5 ms sooner, at
+	// 6.99499 s.
+	h.Advance(time.Millisecond)
+	wentOn(t, asks("/double", 2, 2))
+	cached("/heavy", "5")
+	h.Advance(4994 * time.Millisecond)
+	cached("/heavy", "1") // 6.994 s: 4.994 tokens, 6 ms short
+	// At 7 s the bucket holds 5 (the script's 5000000·1/10⁶ from the 0
+	// written at 2 s): admitted.
+	h.Advance(6 * time.Millisecond)
+	wentOn(t, asks("/heavy", 5, 5))
+	counters(t, h, map[string]int64{limiter.MetricDenied: 2, limiter.MetricDeniedCached: 8, limiter.MetricAllowed: 3})
 }
 
 // denyCacheInFlight: with an entry for the client, a request whose cost the
@@ -1062,6 +1109,8 @@ func (r runner) denyCacheNeedsExactState(t *testing.T) {
 		path   string
 		answer []Header
 	}{
+		// Hand-made 429s the sidecar does not make, an older one's or
+		// malformed; the last row is the sidecar's own answer.
 		{"no tokens", "", "/", denyAnswer(10, 0, 5, 5, "", "0.2", "basic")},
 		// An older sidecar: its wait was rounded, and nothing is derived
 		// from a rounded figure.
