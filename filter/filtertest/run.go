@@ -2,7 +2,6 @@ package filtertest
 
 import (
 	"encoding/json"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -10,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/filter/filtertest/sidecaranswer"
 	"github.com/edgelimit/edgelimit/filter/limiter"
 )
 
@@ -1131,25 +1131,24 @@ func (r runner) denyCacheNeedsExactState(t *testing.T) {
 	}
 }
 
-// bucket is the token bucket the sidecar's script keeps, with time from
-// the test's clock (the host's, relative to the test's start).
-type bucket struct {
-	capacity, rate float64 // tokens, tokens per second
-	tokens         float64
-	at             time.Duration
+// bucket is a client's bucket as the sidecar's script keeps it
+// (sidecaranswer.Bucket: written only on admissions, refilled with the
+// script's arithmetic), on the test's clock: Redis's time is the host's
+// relative to the test's start, in whole microseconds as TIME gives it
+// (the script uses only differences of times).
+type bucket struct{ *sidecaranswer.Bucket }
+
+// newBucket is the bucket of a client never seen: full.
+func newBucket(capacity, rate float64) bucket {
+	return bucket{sidecaranswer.NewBucket(capacity, rate)}
 }
 
-func (b *bucket) level(now time.Duration) float64 {
-	return math.Min(b.capacity, b.tokens+b.rate*(now-b.at).Seconds())
-}
+// level is what the script reads the bucket to hold at now.
+func (b bucket) level(now time.Duration) float64 { return b.Level(now.Microseconds()) }
 
 // answer decides a request of cost at now and answers as the sidecar does.
-func (b *bucket) answer(now time.Duration, cost int64) []Header {
-	b.tokens, b.at = b.level(now), now
-	if b.tokens >= float64(cost) {
-		defer func() { b.tokens -= float64(cost) }()
-	}
-	return SidecarAnswer("model", b.capacity, b.rate, b.tokens, cost)
+func (b bucket) answer(now time.Duration, cost int64) []Header {
+	return b.Check("model", now.Microseconds(), cost)
 }
 
 // denyCacheBucketModel drives the filter with a random mix of clients,
@@ -1161,13 +1160,13 @@ func (r runner) denyCacheBucketModel(t *testing.T) {
 	h := r.host(t, `{"costs": [{"path_prefix": "/c2", "cost": 2}, {"path_prefix": "/c3", "cost": 3}, {"path_prefix": "/c5", "cost": 5}]}`)
 	paths := []string{"/", "/c2", "/c3", "/c5"}
 	costs := []int64{1, 2, 3, 5}
-	buckets := map[string]*bucket{}
+	buckets := map[string]bucket{}
 	for _, k := range []string{"client-a", "client-b", "client-c"} {
-		buckets[k] = &bucket{capacity: 10, rate: 4, tokens: 10}
+		buckets[k] = newBucket(10, 4)
 	}
 	// A client whose rate has no short binary form, as most plans have.
 	for _, k := range []string{"client-d"} {
-		buckets[k] = &bucket{capacity: 7, rate: 10.0 / 3, tokens: 7}
+		buckets[k] = newBucket(7, 10.0/3)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	var now time.Duration
@@ -1234,9 +1233,9 @@ func (r runner) denyCacheBucketModelBursts(t *testing.T) {
 	paths := []string{"/", "/c2", "/c3"}
 	costs := []int64{1, 2, 3}
 	keys := []string{"client-a", "client-b"}
-	buckets := map[string]*bucket{}
+	buckets := map[string]bucket{}
 	for _, k := range keys {
-		buckets[k] = &bucket{capacity: 10, rate: 200, tokens: 10}
+		buckets[k] = newBucket(10, 200)
 	}
 	type call struct {
 		s     Stream
