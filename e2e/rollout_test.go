@@ -4,21 +4,24 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/e2e/services"
 	"github.com/edgelimit/edgelimit/e2e/services/shadow"
+	"github.com/edgelimit/edgelimit/filter/limiter"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
 
 // The rollout plan of the design document, walked on one running system
-// (Redis, sidecar, gateway, two services) by configuration changes only:
-// the gateway's file is rewritten and the gateway reloaded (SIGHUP), never
-// restarted.
+// (Redis, sidecar, gateway, two services, each with its own per-client
+// limiter in observe mode) by configuration changes only: the gateway's
+// file is rewritten and the gateway reloaded (SIGHUP), never restarted.
 //
 //	step 0  mode off              the filter is deployed and decides nothing
 //	step 1  canary                noisy is enforced, everyone else in shadow
@@ -34,9 +37,14 @@ func TestRolloutCanaryShadowEnforce(t *testing.T) {
 	standInOnly(t, "each step reloads the gateway's configuration with SIGHUP; Envoy applies a changed static bootstrap by a hot restart, which the harness does not drive")
 	const capacity = 10
 	const plans = "default_plan: free\nplans:\n  free: {capacity: 10, rate: 0.001}\n"
+	// The services' limiters observe: each decides every request by the
+	// plan, as it did before the edge, and compares its decision with the
+	// edge's shadow decision (package shadow), rejecting nothing. That
+	// comparison is what step 2 reads.
 	s := startStack(t, stackConfig{
-		plans:  plans,
-		filter: filterConfig{Mode: "off"},
+		plans:          plans,
+		filter:         filterConfig{Mode: "off"},
+		serviceLimiter: services.LimiterObserve,
 	})
 	g := s.gateways[0]
 	host := watchHost()
@@ -124,17 +132,33 @@ func TestRolloutCanaryShadowEnforce(t *testing.T) {
 		t.Errorf("billing saw quiet's shadow allow=%d deny=%d unknown=%d (%d failed open), want %d, 5 and 0",
 			c.ShadowAllow, c.ShadowDeny, c.ShadowUnknown, failedOpen, capacity)
 	}
+	// billing's limiter saw the same 15 requests of quiet against the same
+	// plan as the edge, so the two agree on each one the edge decided. A
+	// check that failed open is not compared, and may shift the edge's
+	// later decisions by the token it did or did not spend.
+	if c := s.billing.Shadow().Clients["quiet"]; c.Unknown != int64(failedOpen) || c.Compared()+c.Unknown != capacity+5 ||
+		c.Invalid != 0 || failedOpen == 0 && c.Agree != capacity+5 {
+		t.Errorf("billing's shadow report for quiet %+v (%d failed open), want all %d in agreement", c, failedOpen, capacity+5)
+	}
+	// noisy was enforced: its requests carry no shadow decision, and the
+	// services compare none of them.
+	if c, ok := s.orders.Shadow().Clients["noisy"]; ok {
+		t.Errorf("orders compared %+v of the canary client noisy, whose requests the edge enforced", c)
+	}
 
-	// Step 2: shadow for everyone, and the comparison with the services'
-	// per-service limiters.
+	// Step 2: shadow for everyone, and the comparison the services'
+	// limiters make with the edge's decisions.
 	apply("step 2 (shadow)", filterConfig{Mode: "shadow"})
+	earlier := shadow.Merge(s.orders.Shadow(), s.billing.Shadow())
 	cmp := compareShadow(t, s, capacity, shadowTraffic())
-	t.Logf("step 2 (shadow): %s", cmp.report())
 	// A request whose check failed open carries "unknown" and is not a
 	// comparison; the design allows 1% of them, and the host's stalls
 	// some more (failOpenBudget).
 	if budget := host.failOpenBudget(int64(cmp.total)); int64(cmp.unknown) > budget.total() {
 		t.Fatalf("%d of %d requests carried x-ratelimit-shadow: unknown (the sidecar did not decide), more than %d (%s)", cmp.unknown, cmp.total, budget.total(), budget.why)
+	}
+	if cmp.unmarked != 0 {
+		t.Fatalf("%d of %d requests reached their service in shadow mode without %s, or with a value the filter never sends", cmp.unmarked, cmp.total, limiter.ShadowHeader)
 	}
 	if cmp.edgeMismatch != 0 {
 		t.Fatalf("%d shadow decisions differ from the edge bucket's arithmetic", cmp.edgeMismatch)
@@ -144,17 +168,58 @@ func TestRolloutCanaryShadowEnforce(t *testing.T) {
 	if cmp.total != 1210 || cmp.expected > 1 || cmp.expected+cmp.unknown < 1 {
 		t.Fatalf("the traffic holds %d requests and %d predicted disagreements (%d not compared); shadowTraffic says 1210 and 1", cmp.total, cmp.expected, cmp.unknown)
 	}
-	if cmp.disagree != cmp.expected {
-		t.Fatalf("disagreements %d, want %d (%v)", cmp.disagree, cmp.expected, cmp.perClient)
+	// Each service's own report, client by client: the edge's decision
+	// each request carried against the decision of the service's bucket.
+	reports := map[string]shadow.Report{"orders": s.orders.Shadow(), "billing": s.billing.Shadow()}
+	wrong := 0
+	var want shadow.Counts
+	for _, svc := range []string{"orders", "billing"} {
+		for _, client := range slices.Sorted(maps.Keys(cmp.want[svc])) {
+			w := cmp.want[svc][client]
+			want = plusCounts(want, w)
+			if got := reports[svc].Clients[client]; got != w {
+				if wrong++; wrong <= 5 {
+					t.Errorf("%s's shadow report for %s: %+v, want %+v", svc, client, got, w)
+				}
+			}
+		}
 	}
-	if cmp.perClient["spread"] != cmp.expected {
-		t.Errorf("disagreements by client %v; want all %d from spread", cmp.perClient, cmp.expected)
+	if wrong > 5 {
+		t.Errorf("… and %d more clients whose reports differ", wrong-5)
+	}
+	// The step's report, the services' merged as the bench reads them:
+	// what they compared during the step, and no more than its traffic.
+	after := shadow.Merge(reports["orders"], reports["billing"])
+	step := shadow.Report{Total: minusCounts(after.Total, earlier.Total), Clients: map[string]shadow.Counts{}}
+	for client, c := range after.Clients {
+		if c != earlier.Clients[client] {
+			step.Clients[client] = minusCounts(c, earlier.Clients[client])
+		}
+	}
+	t.Logf("step 2 (shadow): the services compared %d requests: %d agree, %d disagree (%.3f%%), %d unknown; exit criterion under %.1f%%: %t",
+		step.Total.Compared(), step.Total.Agree, step.Total.Disagree(), 100*step.Total.DisagreementRate(), step.Total.Unknown,
+		100*shadow.ExitCriterion, step.MeetsExitCriterion())
+	if step.Total != want {
+		t.Errorf("the services' reports for step 2 total %+v, want %+v", step.Total, want)
+	}
+	if n := step.Total.Compared() + step.Total.Unknown; n != int64(cmp.total) {
+		t.Errorf("the services recorded %d of the %d requests", n, cmp.total)
+	}
+	// The disagreement the traffic holds is the leak the edge closes: the
+	// edge denies what billing's own bucket would have allowed.
+	// (A check that failed open can move a client's disagreement to
+	// another request, either way.)
+	if d := step.Total.Disagree(); d != int64(cmp.expected) || cmp.unknown == 0 && step.Total.EdgeDenied != d {
+		t.Fatalf("the services report %d disagreements (%d where the edge would deny), want %d, all where it would deny", d, step.Total.EdgeDenied, cmp.expected)
+	}
+	if worst := step.Worst(3); cmp.expected > 0 && (len(worst) != 1 || worst[0] != "spread") {
+		t.Errorf("clients with disagreements %v; want spread alone", worst)
 	}
 	// The traffic holds exactly one disagreement in more than 1000
 	// requests, so the criterion is met; with ten spread clients instead
 	// of one it would not be.
-	if !cmp.meetsExit() {
-		t.Errorf("exit criterion not met: %s", cmp.report())
+	if !step.MeetsExitCriterion() {
+		t.Errorf("exit criterion not met: %+v", step.Total)
 	}
 	if got := s.stat(counter("denied")) + s.stat(counter("denied_cached")); got != int64(denied) {
 		t.Errorf("requests denied at the edge so far %d, want noisy's %d from step 1", got, denied)
@@ -245,68 +310,38 @@ func shadowTraffic() [][]request {
 	return append(clients, solo, spread)
 }
 
-// legacyBucket is the services' old in-process limiter (ADR-001): each
-// service keeps its own token bucket per client, with the client's whole
-// plan, on its own clock.
-type legacyBucket struct {
-	capacity, rate, tokens float64
-	last                   time.Time
-}
-
-func (b *legacyBucket) allow(now time.Time) bool {
-	if b.last.IsZero() {
-		b.tokens, b.last = b.capacity, now
-	}
-	b.tokens = math.Min(b.capacity, b.tokens+now.Sub(b.last).Seconds()*b.rate)
-	b.last = now
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
-}
-
-// shadowComparison counts, request by request, whether the edge's shadow
-// decision (the x-ratelimit-shadow header the service received) agrees
-// with the service's own limiter.
+// shadowComparison is step 2's traffic as the edge decided it, and the
+// comparison each service should report for it.
 type shadowComparison struct {
-	total, agree, disagree, unknown int
+	// total is the requests sent; unknown, those that carried
+	// x-ratelimit-shadow: unknown (the check failed open); unmarked, those
+	// that reached their service without the header or with a value the
+	// filter never sends.
+	total, unknown, unmarked int
 	// expected is the number of disagreements the arithmetic predicts;
 	// edgeMismatch counts shadow decisions that differ from the edge
 	// bucket's arithmetic (the first capacity requests of a client pass).
 	expected, edgeMismatch int
-	perClient              map[string]int
-}
-
-// exitCriterion is the design document's threshold for leaving shadow
-// mode: under 0.1% of decisions in disagreement.
-const exitCriterion = 0.001
-
-func (c *shadowComparison) rate() float64 { return float64(c.disagree) / float64(c.total) }
-
-func (c *shadowComparison) meetsExit() bool { return c.total > 0 && c.rate() < exitCriterion }
-
-func (c *shadowComparison) report() string {
-	verdict := "met"
-	if !c.meetsExit() {
-		verdict = "NOT met"
-	}
-	return fmt.Sprintf("%d requests compared: %d agree, %d disagree (%.3f%%), %d unknown; exit criterion under %.1f%%: %s",
-		c.total, c.agree, c.disagree, 100*c.rate(), c.unknown, 100*exitCriterion, verdict)
+	// want is, by service and client, the comparison the service's limiter
+	// should report: each request's shadow decision, as the service
+	// received it, against the service's own bucket.
+	want map[string]map[string]shadow.Counts
 }
 
 // compareShadow sends the traffic through gateway 0 (each client's
-// requests in order) and compares, per request, the shadow decision the
-// service received with the service's legacy limiter. The decision a
-// request carried is read from the service's per-client counts of
+// requests in order) and works out, per request, what the edge decided
+// and what the service's own limiter decides. The decision a request
+// carried is read from the service's per-client counts of
 // x-ratelimit-shadow values before and after it: requests of one client
 // are sent one at a time, so the one count that rose is this request's.
+// With no refill to speak of (one token per 1000 s), a bucket admits the
+// first capacity requests it sees: the edge has one bucket per client,
+// each service one per client of its own.
 func compareShadow(t *testing.T, s *stack, capacity int, traffic [][]request) *shadowComparison {
 	t.Helper()
 	svcs := map[string]*services.Service{"orders": s.orders, "billing": s.billing}
-	legacy := map[request]*legacyBucket{} // by (client, service)
-	edgeUsed := map[string]int{}          // requests of the client the edge model has admitted
-	legacyUsed := map[request]int{}
+	edgeUsed := map[string]int{}     // requests of the client the edge model has admitted
+	serviceUsed := map[request]int{} // requests of the client the service's bucket has admitted
 	// unsure are the clients with a check that failed open: Redis may
 	// still decide it after the answer was given up on (the sidecar's
 	// command was sent), so the model reads their buckets again before
@@ -319,15 +354,15 @@ func compareShadow(t *testing.T, s *stack, capacity int, traffic [][]request) *s
 			edgeUsed[client] = capacity - int(math.Floor(tokens))
 		}
 	}
-	c := &shadowComparison{perClient: map[string]int{}}
-	values := []shadow.Edge{shadow.EdgeAllow, shadow.EdgeDeny, shadow.EdgeUnknown}
+	c := &shadowComparison{want: map[string]map[string]shadow.Counts{"orders": {}, "billing": {}}}
+	values := []shadow.Edge{shadow.EdgeAllow, shadow.EdgeDeny, shadow.EdgeUnknown, shadow.EdgeInvalid}
 	for _, rs := range traffic {
 		for _, r := range rs {
 			if unsure[r.client] {
 				resync(r.client)
 			}
 			svc := svcs[r.service]
-			var before [3]int64
+			var before [4]int64
 			for i, v := range values {
 				before[i] = svc.Stats().Client(r.client).Shadowed(v)
 			}
@@ -341,61 +376,64 @@ func compareShadow(t *testing.T, s *stack, capacity int, traffic [][]request) *s
 				}
 			}
 			c.total++
-			if seen == shadow.EdgeNone || seen == shadow.EdgeUnknown {
+			// The service's bucket decides every request that reaches it,
+			// whatever the edge said.
+			service := serviceUsed[r] < capacity
+			if service {
+				serviceUsed[r]++
+			}
+			w := c.want[r.service][r.client]
+			switch {
+			case seen == shadow.EdgeNone:
+				// Not shadowed: the service compares nothing.
+				c.unmarked++
+				continue
+			case seen == shadow.EdgeInvalid:
+				c.unmarked++
+				w.Invalid++
+			case seen == shadow.EdgeUnknown:
+				w.Unknown++
+			case (seen == shadow.EdgeAllow) == service:
+				w.Agree++
+			case seen == shadow.EdgeDeny:
+				w.EdgeDenied++
+			default:
+				w.EdgeAllowed++
+			}
+			c.want[r.service][r.client] = w
+			if seen == shadow.EdgeInvalid {
+				continue
+			}
+			if seen == shadow.EdgeUnknown {
 				// Failed open: the sidecar may or may not have spent a
 				// token before the answer was given up on. The bucket
-				// says which; the model goes on from there (no refill
-				// to speak of: one token per 1000 s).
+				// says which; the model goes on from there.
 				c.unknown++
 				unsure[r.client] = true
 				resync(r.client)
-				// The service saw it all the same (shadow passes every
-				// request): its own limiter counted it.
-				if legacyDecision(legacy, r, capacity) {
-					legacyUsed[r]++
-				}
 				continue
 			}
-			edge := seen == shadow.EdgeAllow
-			service := legacyDecision(legacy, r, capacity)
-
-			// The arithmetic: with no refill during the test, a bucket
-			// admits the first capacity requests it sees. The edge has one
-			// bucket per client; each service one per client of its own.
 			edgeModel := edgeUsed[r.client] < capacity
 			if edgeModel {
 				edgeUsed[r.client]++
 			}
-			serviceModel := legacyUsed[r] < capacity
-			if serviceModel {
-				legacyUsed[r]++
-			}
-			if edge != edgeModel {
+			if (seen == shadow.EdgeAllow) != edgeModel {
 				c.edgeMismatch++
 			}
-			if service != serviceModel {
-				t.Fatalf("the legacy bucket decided %t for %v, its arithmetic %t", service, r, serviceModel)
-			}
-			if edgeModel != serviceModel {
+			if edgeModel != service {
 				c.expected++
-			}
-			if edge == service {
-				c.agree++
-			} else {
-				c.disagree++
-				c.perClient[r.client]++
 			}
 		}
 	}
 	return c
 }
 
-func legacyDecision(buckets map[request]*legacyBucket, r request, capacity int) bool {
-	b := buckets[r]
-	if b == nil {
-		// The plan's rate: one token per 1000 s.
-		b = &legacyBucket{capacity: float64(capacity), rate: 0.001}
-		buckets[r] = b
-	}
-	return b.allow(time.Now())
+func plusCounts(a, b shadow.Counts) shadow.Counts {
+	return shadow.Counts{Agree: a.Agree + b.Agree, EdgeDenied: a.EdgeDenied + b.EdgeDenied,
+		EdgeAllowed: a.EdgeAllowed + b.EdgeAllowed, Unknown: a.Unknown + b.Unknown, Invalid: a.Invalid + b.Invalid}
+}
+
+func minusCounts(a, b shadow.Counts) shadow.Counts {
+	return shadow.Counts{Agree: a.Agree - b.Agree, EdgeDenied: a.EdgeDenied - b.EdgeDenied,
+		EdgeAllowed: a.EdgeAllowed - b.EdgeAllowed, Unknown: a.Unknown - b.Unknown, Invalid: a.Invalid - b.Invalid}
 }

@@ -102,6 +102,11 @@ type stackConfig struct {
 	// sidecarFront, if set, is given each sidecar's address and returns the
 	// address the gateways use for it instead (a proxy in front of it).
 	sidecarFront func(t *testing.T, addr string) string
+	// serviceLimiter is the mode of each service's own per-client limiter
+	// (ADR-001), which limits by the plans file as the sidecar does. The
+	// default, services.LimiterOff, is the design with the edge: the
+	// services count what reaches them and limit nothing.
+	serviceLimiter services.Mode
 }
 
 type stack struct {
@@ -112,7 +117,7 @@ type stack struct {
 	scAddrs  []string
 	fronts   []string // what the gateways dial for each sidecar
 	gateways []*harness.Gateway
-	orders   *services.Service // counting services: one replica, no limiter
+	orders   *services.Service // counting services: one replica, limiter as stackConfig.serviceLimiter
 	billing  *services.Service
 	http     *http.Client
 }
@@ -171,12 +176,22 @@ func startStack(t *testing.T, c stackConfig) *stack {
 			s.fronts = append(s.fronts, addr)
 		}
 	}
+	svc := services.Config{Replicas: 1, Limiter: c.serviceLimiter}
+	if c.serviceLimiter != services.LimiterOff {
+		p, err := services.PlansFromFile(s.plans)
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc.Plans = p
+	}
 	var err error
-	if s.orders, err = services.Start("127.0.0.1:0", services.Config{Name: "orders", Replicas: 1}); err != nil {
+	svc.Name = "orders"
+	if s.orders, err = services.Start("127.0.0.1:0", svc); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.orders.Close() })
-	if s.billing, err = services.Start("127.0.0.1:0", services.Config{Name: "billing", Replicas: 1}); err != nil {
+	svc.Name = "billing"
+	if s.billing, err = services.Start("127.0.0.1:0", svc); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.billing.Close() })
