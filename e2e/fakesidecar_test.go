@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/filter/filtertest"
 	"github.com/edgelimit/edgelimit/filter/limiter"
 )
 
@@ -163,9 +164,24 @@ func response(status string, headers []string, body string) string {
 	return b.String()
 }
 
-// validAllow are the headers of a well-formed 200 from the sidecar.
-var validAllow = []string{"ratelimit-limit: 10", "ratelimit-remaining: 9", "ratelimit-reset: 1",
-	"x-ratelimit-tokens: 9", "x-ratelimit-plan: fake"}
+// validAllow are the header lines of a well-formed 200 from the sidecar:
+// its own answer (filtertest.SidecarAnswer, made by the sidecar's code) for
+// a plan of 10 tokens at 1/s whose full bucket admits a request of cost 1.
+// The cases that use it put them under another status, or beside other
+// bytes, to make an answer the sidecar never sends.
+var validAllow = headerLines(filtertest.SidecarAnswer("fake", 10, 1, 10, 1))
+
+// headerLines writes an answer's headers as HTTP/1.1 header lines, less
+// :status and content-length, which response writes itself.
+func headerLines(headers []filtertest.Header) []string {
+	var lines []string
+	for _, h := range headers {
+		if h[0] != ":status" && h[0] != "content-length" {
+			lines = append(lines, h[0]+": "+h[1])
+		}
+	}
+	return lines
+}
 
 // resetAfter writes text, then resets the connection (RST rather than
 // FIN, as a crashed peer's kernel does).

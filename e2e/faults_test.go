@@ -454,9 +454,11 @@ func TestFaultSidecarGarbage(t *testing.T) {
 			status: 200, count: "failed_open.malformed"},
 		{name: "200 with 256 KiB of plan name", answer: rawAnswer(response("200 OK",
 			[]string{"ratelimit-limit: 10", "ratelimit-remaining: 9", "ratelimit-reset: 1", "x-ratelimit-plan: " + huge}, "")),
-			// Envoy's default 60 KiB limit on response headers would
-			// reset this callout (fail open); the headless gateway passes
-			// it on, and the filter must not copy the name to the client.
+			// Made by hand: the sidecar never sends a plan name this
+			// long, nor an answer without its exact state. Envoy's
+			// default 60 KiB limit on response headers would reset this
+			// callout (fail open); the headless gateway passes it on, and
+			// the filter must not copy the name to the client.
 			status: 200, count: "allowed", standIn: envoyRefuses,
 			check: func(t *testing.T, r reply) {
 				if got := r.header.Get("ratelimit-policy"); got != `"default";q=10` {

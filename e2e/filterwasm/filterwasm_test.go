@@ -76,10 +76,20 @@ func TestFilterSmoke(t *testing.T) {
 	}
 	s.Done()
 
+	// The sidecar's own answers (filtertest.SidecarAnswer) under a plan of
+	// 10 tokens and 1/s: a full bucket, which admits the request and keeps
+	// 9; and half a token, which refuses it for the 0.5 s until the next
+	// whole one, a Retry-After of 1 s.
 	for _, c := range []struct {
 		status string
-		want   int // 0: continued
-	}{{"200", 0}, {"429", 429}} {
+		answer []filtertest.Header
+		want   int    // 0: continued
+		header string // the answer's header the client sees
+		value  string
+	}{
+		{"200", filtertest.SidecarAnswer("free", 10, 1, 10, 1), 0, "ratelimit-remaining", "9"},
+		{"429", filtertest.SidecarAnswer("free", 10, 1, 0.5, 1), 429, "retry-after", "1"},
+	} {
 		s = h.NewStream()
 		if s.RequestHeaders(append(req, filtertest.Header{"x-api-key", "k-" + c.status})) {
 			t.Fatal("a request went on before its check")
@@ -88,15 +98,20 @@ func TestFilterSmoke(t *testing.T) {
 		if !ok || call.Cluster != "ratelimit_sidecar" {
 			t.Fatalf("callout %+v, %t", call, ok)
 		}
-		s.RespondCallout([]filtertest.Header{{":status", c.status}, {"ratelimit-limit", "10"}, {"ratelimit-remaining", "0"},
-			{"ratelimit-reset", "5"}, {"retry-after", "2"}, {"x-ratelimit-plan", "free"}, {"x-ratelimit-tokens", "0.5"},
-			{"x-ratelimit-retry-after-ms", "1500"}}, nil)
+		s.RespondCallout(c.answer, nil)
+		var seen []filtertest.Header
 		if c.want == 0 {
 			if !s.Continued() {
 				t.Errorf("sidecar said %s: not continued; logs:\n%s", c.status, strings.Join(h.Logs(), "\n"))
 			}
+			seen = s.ResponseHeaders([]filtertest.Header{{":status", "200"}})
 		} else if r, ok := s.LocalReply(); !ok || r.Status != c.want {
 			t.Errorf("sidecar said %s: reply %+v, %t", c.status, r, ok)
+		} else {
+			seen = r.Headers
+		}
+		if got, _ := filtertest.Get(seen, c.header); got != c.value {
+			t.Errorf("sidecar said %s: %s %q, want %q (headers %v)", c.status, c.header, got, c.value, seen)
 		}
 		s.Done()
 	}
