@@ -412,8 +412,7 @@ func TestShadowMode(t *testing.T) {
 // the envoy_admin cluster follows it) and nothing else.
 func TestStatsListener(t *testing.T) {
 	s := startStack(t, stackConfig{
-		plans:  "default_plan: tiny\nplans:\n  tiny: {capacity: 2, rate: 0.001}\n",
-		filter: filterConfig{Mode: "shadow"},
+		plans: "default_plan: tiny\nplans:\n  tiny: {capacity: 2, rate: 0.001}\n",
 	})
 	stats := s.gateways[0].Listeners["stats"]
 	if stats == "" {
@@ -426,8 +425,11 @@ func TestStatsListener(t *testing.T) {
 		}
 		return m
 	}
-	// envoy.yaml's stats_tags make the request counters one family.
-	const allowedName, wouldDenyName = `edgelimit_requests{decision="shadow_allowed"}`, `edgelimit_requests{decision="shadow_would_deny"}`
+	// envoy.yaml's stats_tags make the request counters one family. A
+	// denial is counted as denied when a callout decided it, denied_cached
+	// when the deny cache answered it without one.
+	const allowedName, deniedName, cachedName = `edgelimit_requests{decision="allowed"}`, `edgelimit_requests{decision="denied"}`,
+		`edgelimit_requests{decision="denied_cached"}`
 	const calloutsName, infName = "edgelimit_callout_latency_us_count", `edgelimit_callout_latency_us_bucket{le="+Inf"}`
 	var m map[string]float64
 	s.decidedRun(t, "five requests of a client of capacity 2", func(run int) error {
@@ -436,9 +438,9 @@ func TestStatsListener(t *testing.T) {
 			s.do(0, "GET", "/orders/1", "x-api-key", fmt.Sprintf("scraped-%d", run))
 		}
 		m = scrape()
-		allowed, wouldDeny := m[allowedName]-before[allowedName], m[wouldDenyName]-before[wouldDenyName]
-		if allowed != 2 || wouldDeny != 3 {
-			return fmt.Errorf("scraped shadow_allowed %v, shadow_would_deny %v; want 2 and 3", allowed, wouldDeny)
+		allowed, denied, cached := m[allowedName]-before[allowedName], m[deniedName]-before[deniedName], m[cachedName]-before[cachedName]
+		if allowed != 2 || denied < 1 || denied+cached != 3 {
+			return fmt.Errorf("scraped allowed %v, denied %v, denied_cached %v; want 2, and 3 denials of which at least the first by a callout", allowed, denied, cached)
 		}
 		// The deny cache answers some requests without a callout.
 		if n := m[calloutsName] - before[calloutsName]; n < 1 || n > 5 {
@@ -450,8 +452,8 @@ func TestStatsListener(t *testing.T) {
 		t.Errorf("scraped callout latency count %v, +Inf bucket %v; want the same", m[calloutsName], m[infName])
 	}
 	// What the stats listener serves is the admin's own counters.
-	if got, want := m[allowedName], float64(s.stat(counter("shadow_allowed"))); got != want {
-		t.Errorf("scraped shadow_allowed %v, the admin's %v", got, want)
+	if got, want := m[allowedName], float64(s.stat(counter("allowed"))); got != want {
+		t.Errorf("scraped allowed %v, the admin's %v", got, want)
 	}
 	for path, want := range map[string]int{"/ready": 200, "/stats": 404, "/config_dump": 404} {
 		resp, _ := testkit.Get(t, "http://"+stats+path)
@@ -502,13 +504,11 @@ func TestCanaryClients(t *testing.T) {
 }
 
 // A missing key is rejected by the filter; a Bearer key is the same client
-// as the header; a per-route cost spends more tokens.
+// as the header; a per-route cost spends more tokens (envoy.yaml's rule: a
+// POST under /orders costs 5).
 func TestKeysAndCosts(t *testing.T) {
 	s := startStack(t, stackConfig{
-		plans: "default_plan: ten\nplans:\n  ten: {capacity: 10, rate: 0.001}\n",
-		filter: filterConfig{Costs: []cost{
-			{Method: "POST", PathPrefix: "/orders", Cost: 4},
-		}},
+		plans: "default_plan: twelve\nplans:\n  twelve: {capacity: 12, rate: 0.001}\n",
 	})
 	r := s.do(0, "GET", "/orders/1")
 	if r.status != http.StatusUnauthorized {
@@ -522,7 +522,7 @@ func TestKeysAndCosts(t *testing.T) {
 		t.Fatalf("a request without a key reached a service (%d)", got)
 	}
 
-	// 10 tokens: two POSTs to /orders cost 8, then a third (4) is denied,
+	// 12 tokens: two POSTs to /orders cost 10, then a third (5) is denied,
 	// a GET (1) by Bearer is admitted from the same bucket, leaving 1. A
 	// request that failed open went through undecided, and its bucket may
 	// or may not have paid: such a run tests nothing and runs again with a

@@ -588,10 +588,7 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 		return "default_plan: bulk\nplans:\n  bulk: {capacity: 1000000000, rate: 1000000000}\n" +
 			"  gold: {capacity: " + strconv.Itoa(capacity) + ", rate: 1}\nclients:\n  \"" + listed + "\": gold\n"
 	}
-	s := startStack(t, stackConfig{
-		plans:       valid(777777),
-		sidecarArgs: []string{"-plans-poll", "20ms"},
-	})
+	s := startStack(t, stackConfig{plans: valid(777777)})
 	// limitOf asks as the listed client; a request that failed open (no
 	// decision, no header) is asked again.
 	limitOf := func() string {
@@ -668,9 +665,11 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 	}
 	replace(valid(888888))
 	testkit.Poll(t, 10*time.Second, "the sidecar loads the new valid plans", func() bool { return limitOf() == "888888" })
-	// The changes above take a fraction of a second; the load goes on to
-	// 1000 requests, so that the 1% below is 10 requests rather than one
-	// or two, which a single stall of this shared machine would take.
+	// The changes above take a few seconds, each found at the sidecar's
+	// next look at the file (its shipped -plans-poll, 1 s); the load goes
+	// on to at least 1000 requests, so that the 1% below is 10 requests
+	// rather than one or two, which a single stall of this shared machine
+	// would take.
 	testkit.Poll(t, time.Minute, "1000 requests under load", func() bool { return sent.Load() >= 1000 })
 
 	load.Stop()

@@ -801,37 +801,37 @@ func writeTestPKI(t *testing.T, dir string) (caFile, certFile, keyFile string) {
 // the gateway normalizes the path (dot segments, repeated slashes) before
 // the filter matches its cost rules and the router picks the service, as
 // Envoy does with normalize_path and merge_slashes, so a request pays the
-// price of the route that serves it, however the path was spelled.
+// price of the route that serves it, however the path was spelled. The
+// rule is envoy.yaml's: a POST under /orders costs 5, any other request 1.
 // A percent-encoded dot is a dot to normalize_path, so
-// "/orders/%2e%2e/billing/1" is billing's, at billing's price.
+// "/billing/%2e%2e/orders/1" is orders', at orders' price.
 func TestCostRulesSeeNormalizedPaths(t *testing.T) {
 	s := startStack(t, stackConfig{
-		plans: tinyPlans,
-		filter: filterConfig{Costs: []cost{
-			{PathPrefix: "/billing", Cost: 2},
-		}},
+		plans: "default_plan: five\nplans:\n  five: {capacity: 5, rate: 0.001}\n",
 	})
-	for i, path := range []string{"/billing/1", "/orders/../billing/1", "//billing//1", "/./billing/./1",
-		"/orders/%2e%2e/billing/1", "/orders/1"} {
+	for i, path := range []string{"/orders/1", "/billing/../orders/1", "//orders//1", "/./orders/./1",
+		"/billing/%2e%2e/orders/1", "/billing/1"} {
 		s.decidedRun(t, path, func(run int) error {
 			key := fmt.Sprintf("path-spelling-%d-%d", i, run)
-			st, body := rawRequest(t, s.gateways[0].Addr, "GET "+path+" HTTP/1.1\r\nhost: shop\r\nconnection: close\r\nx-api-key: "+key+"\r\n")
+			st, body := rawRequest(t, s.gateways[0].Addr, "POST "+path+" HTTP/1.1\r\nhost: shop\r\nconnection: close\r\ncontent-length: 0\r\nx-api-key: "+key+"\r\n")
 			if st != 200 {
 				return fmt.Errorf("%s: status %d (%q)", path, st, body)
 			}
-			// The bucket holds 2: after billing's price it is empty, after
-			// orders' one token is left.
+			// The bucket holds 5: after orders' price it is empty, after
+			// billing's four tokens are left for the next request (a GET,
+			// 1 token wherever it goes).
+			billing, orders := s.billing.Stats().Client(key).Received, s.orders.Stats().Client(key).Received
 			next := s.do(0, "GET", "/orders/1", "x-api-key", key).status
-			switch billing, orders := s.billing.Stats().Client(key).Received, s.orders.Stats().Client(key).Received; {
-			case billing == 1 && next != http.StatusTooManyRequests:
-				return fmt.Errorf("%s reached billing but was charged less than 2 (the next request got %d)", path, next)
-			case billing == 0 && orders == 2 && next != http.StatusOK:
-				return fmt.Errorf("%s reached orders but was charged more than 1 (the next request got %d)", path, next)
+			switch {
+			case orders == 1 && next != http.StatusTooManyRequests:
+				return fmt.Errorf("%s reached orders but was charged less than 5 (the next request got %d)", path, next)
+			case billing == 1 && next != http.StatusOK:
+				return fmt.Errorf("%s reached billing but was charged more than 1 (the next request got %d)", path, next)
 			case billing+orders == 0:
 				return fmt.Errorf("%s: 200 but no service received it", path)
 			}
-			if (path == "/orders/../billing/1" || path == "/orders/%2e%2e/billing/1") && s.billing.Stats().Client(key).Received != 1 {
-				return fmt.Errorf("%s did not reach billing", path)
+			if (path == "/billing/../orders/1" || path == "/billing/%2e%2e/orders/1") && orders != 1 {
+				return fmt.Errorf("%s did not reach orders", path)
 			}
 			return nil
 		})
