@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
@@ -26,13 +27,22 @@ func TestSetNice(t *testing.T) {
 		start, n  int
 		lowerOnly bool
 		want      int
+		raises    bool // needs the privilege to raise a priority
 	}{
 		{start: 0, n: 10, lowerOnly: true, want: 10},
 		{start: 12, n: 10, lowerOnly: true, want: 12}, // the default never raises
 		{start: 3, n: 7, lowerOnly: false, want: 7},
+		// A value given raises a priority, where the default would keep
+		// the threads at 12 (the case above).
+		{start: 12, n: 10, lowerOnly: false, want: 10, raises: true},
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("from %d to %d lower-only %t", c.start, c.n, c.lowerOnly), func(t *testing.T) {
+			if c.raises {
+				if err := mayRaisePriority(); err != nil {
+					t.Skipf("raising a priority needs CAP_SYS_NICE or an RLIMIT_NICE that allows it, and this process may not: %v", err)
+				}
+			}
 			cmd := exec.Command("nice", "-n", strconv.Itoa(c.start), os.Args[0], "-test.run=^TestSetNice$")
 			cmd.Env = append(os.Environ(), fmt.Sprintf("GATEWAY_SETNICE=%d,%t", c.n, c.lowerOnly))
 			out, err := cmd.CombinedOutput()
@@ -58,6 +68,35 @@ func TestSetNice(t *testing.T) {
 			}
 		})
 	}
+}
+
+// mayRaisePriority returns why this process may not raise a thread's
+// priority, nil if it may: it tries on a thread of its own, made one nicer
+// and then set back, which the kernel allows only with CAP_SYS_NICE or an
+// RLIMIT_NICE that reaches the niceness set back. The thread ends with the
+// goroutine, its niceness with it.
+func mayRaisePriority() error {
+	res := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		tid := syscall.Gettid()
+		raw, err := syscall.Getpriority(syscall.PRIO_PROCESS, tid)
+		if err != nil {
+			res <- err
+			return
+		}
+		nice := 20 - raw // the raw syscall answers 20 - nice
+		if nice >= 19 {
+			res <- fmt.Errorf("the thread is at niceness %d already, none nicer to come back from", nice)
+			return
+		}
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, nice+1); err != nil {
+			res <- err
+			return
+		}
+		res <- syscall.Setpriority(syscall.PRIO_PROCESS, tid, nice)
+	}()
+	return <-res
 }
 
 // setNiceChild is the child: more than one thread before setNice, one more
