@@ -26,6 +26,7 @@ import (
 	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
+	"github.com/redis/go-redis/v9"
 )
 
 // Security properties of the deployed binaries, each named in SECURITY.md.
@@ -90,6 +91,24 @@ func (m *monitor) String() string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.buf.String()
+}
+
+// caughtUp waits until the recording holds every command Redis ran before
+// the call: it has Redis echo a marker and waits for the marker in the
+// recording, as Redis feeds MONITOR in the order it runs commands.
+func (m *monitor) caughtUp(t *testing.T, rc *redis.Client) {
+	t.Helper()
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	marker := "monitor-marker-" + hex.EncodeToString(b[:])
+	if err := rc.Echo(context.Background(), marker).Err(); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Poll(t, 10*time.Second, "the Redis command stream to show the marker", func() bool {
+		return strings.Contains(m.String(), marker)
+	})
 }
 
 // dumpRedis returns every key and value in Redis as text (SCAN, then the
@@ -162,7 +181,9 @@ func TestRawKeysNeverStored(t *testing.T) {
 		sidecarArgs: []string{"-log-level", "debug"},
 		accessLog:   true,
 	})
-	mon := startMonitor(t, s.redis.Addr)
+	// Redis's command stream, recorded until the outage; after it comes
+	// a second recording.
+	before := startMonitor(t, s.redis.Addr)
 
 	want := func(what string, r reply, status int) {
 		t.Helper()
@@ -196,9 +217,15 @@ func TestRawKeysNeverStored(t *testing.T) {
 	want("malformed", s.do(0, "GET", "/orders/1", "x-api-key", badKey+" with spaces"), 401)
 	want("over-long", s.do(0, "GET", "/orders/1", "x-api-key", strings.Repeat(badKey, 20)), 401)
 
+	// The outage below takes Redis's data and its command stream with it
+	// (Redis comes back empty, and MONITOR ends with the process), so what
+	// the traffic so far left in Redis is read now, and the recording kept.
+	beforeKeys, beforeDump := s.dumpRedis()
+	before.caughtUp(t, s.redis.Client(t))
 	if err := s.redis.Kill(); err != nil {
 		t.Fatal(err)
 	}
+	before.stop()
 	want("during an outage", s.do(0, "GET", "/orders/1", "x-api-key", outageKey), 200)
 	testkit.Poll(t, 10*time.Second, "the sidecar logs the failed decision", func() bool {
 		return strings.Contains(s.sidecars[0].Output(), "decision failed")
@@ -206,7 +233,7 @@ func TestRawKeysNeverStored(t *testing.T) {
 	if err := s.redis.Restart(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	mon = startMonitor(t, s.redis.Addr) // the restart closed the first
+	after := startMonitor(t, s.redis.Addr)
 	want("after the outage", s.do(0, "GET", "/orders/1", "x-api-key", outageKey), 200)
 	want("allowed again", s.doDecided(0, "GET", "/orders/1", "x-api-key", allowedKey), 200)
 
@@ -224,30 +251,43 @@ func TestRawKeysNeverStored(t *testing.T) {
 	})
 
 	redisKeys, redisDump := s.dumpRedis()
-	mon.stop()
+	after.caughtUp(t, s.redis.Client(t))
+	after.stop()
 	places := map[string]string{
-		"Redis keys and values":   redisDump,
-		"Redis command stream":    mon.String(),
-		"Redis log":               s.redis.Log(),
-		"sidecar log":             s.sidecars[0].Output(),
-		"gateway log":             s.gateways[0].Output(),
-		"sidecar /metrics":        get(t, "http://"+s.scAddrs[0]+"/metrics"),
-		"gateway /stats":          get(t, "http://"+s.gateways[0].Admin+"/stats"),
-		"sidecar /readyz":         get(t, "http://"+s.scAddrs[0]+"/readyz"),
-		"sidecar /healthz":        get(t, "http://"+s.scAddrs[0]+"/healthz"),
-		"gateway /ready":          get(t, "http://"+s.gateways[0].Admin+"/ready"),
-		"sidecar's log, unquoted": unquote(s.sidecars[0].Output()),
+		"Redis keys and values before the outage": beforeDump,
+		"Redis command stream before the outage":  before.String(),
+		"Redis keys and values":                   redisDump,
+		"Redis command stream":                    after.String(),
+		"Redis log":                               s.redis.Log(),
+		"sidecar log":                             s.sidecars[0].Output(),
+		"gateway log":                             s.gateways[0].Output(),
+		"sidecar /metrics":                        get(t, "http://"+s.scAddrs[0]+"/metrics"),
+		"gateway /stats":                          get(t, "http://"+s.gateways[0].Admin+"/stats"),
+		"sidecar /readyz":                         get(t, "http://"+s.scAddrs[0]+"/readyz"),
+		"sidecar /healthz":                        get(t, "http://"+s.scAddrs[0]+"/healthz"),
+		"gateway /ready":                          get(t, "http://"+s.gateways[0].Admin+"/ready"),
+		"sidecar's log, unquoted":                 unquote(s.sidecars[0].Output()),
 	}
 	// Not vacuous: the places searched saw these clients, by digest.
+	// Before the outage Redis held the bucket of every client the sidecar
+	// decided for (the cached denial is the gateway's own and reaches
+	// neither the sidecar nor Redis); after it, the allowed client's again.
 	digest := keys.New(nil)
 	allowedBucket := digest.BucketKey([]byte(allowedKey))
+	for client, key := range map[string]string{"allowed": allowedKey, "denied": deniedKey, "bearer": bearerKey, "listed": listedKey} {
+		bucket := digest.BucketKey([]byte(key))
+		if !slices.Contains(beforeKeys, bucket) {
+			t.Errorf("Redis had no bucket %s for the %s client before the outage; keys: %v", bucket, client, beforeKeys)
+		}
+		mustContain(t, "Redis command stream before the outage", before.String(), bucket)
+	}
 	if !slices.Contains(redisKeys, allowedBucket) {
 		t.Errorf("Redis has no bucket %s for the allowed client; keys: %v", allowedBucket, redisKeys)
 	}
-	mustContain(t, "Redis command stream", mon.String(), allowedBucket)
+	mustContain(t, "Redis command stream", after.String(), allowedBucket)
 	mustContain(t, "sidecar log", s.sidecars[0].Output(), "client="+keys.LogID(allowedBucket))
 	bucketKey := regexp.MustCompile(`^rl:\{[0-9a-f]{64}\}$`)
-	for _, k := range redisKeys {
+	for _, k := range append(beforeKeys, redisKeys...) {
 		if !bucketKey.MatchString(k) {
 			t.Errorf("Redis key %q is not a bucket digest", k)
 		}
