@@ -31,6 +31,7 @@ clients:
   c-pace: pace
   c-pace5: pace5
   c-never: pro
+  c-warm: pro
 `
 
 // exactCosts are cost rules for GET /orders/c<N>/ (cost N) before the
@@ -259,9 +260,19 @@ func check429(r clientReply, cost int64) []string {
 // tokens left after the decision, so spending them is admitted; t is no
 // earlier than the next whole token, and the plans refill at least the
 // cost in one second (t ≥ 1). Replies that failed open carry no field: the
-// client then counts down its last r itself; they are counted and bounded.
+// client then counts down its last r itself; they are counted and bounded
+// by the design's 1% and the host's stalls (stallBudget), as every test's.
 func TestClientPacingFromRateLimit(t *testing.T) {
 	s := startStack(t, stackConfig{plans: exactPlans, filter: filterConfig{Costs: exactCosts}})
+	// One watch of the vCPUs for both clients, started before anything is
+	// sent: starting one runs a process of its own.
+	vcpus := watchVCPUs(t)
+	// The stack's first callout is each process's first pass over the
+	// check path, which on a loaded machine can miss the 5 ms and fail open
+	// (RATIONALE.md, "What does a fresh stack's first burst cost?"): another
+	// client goes first until one is decided, so that the clients' fail-opens
+	// are held to the budget of a warm stack.
+	s.doDecided(0, "GET", "/orders/1", "x-api-key", "c-warm")
 	for _, c := range []struct {
 		client, method, path string
 		cost, capacity       int64
@@ -272,6 +283,8 @@ func TestClientPacingFromRateLimit(t *testing.T) {
 	} {
 		t.Run(c.client, func(t *testing.T) {
 			t.Parallel()
+			var undecided undecidedLog
+			host := watchHost()
 			start := time.Now()
 			var admitted, failedOpen, requests int64
 			r, wait := c.capacity, int64(1) // nothing known yet: the plan's burst
@@ -280,6 +293,7 @@ func TestClientPacingFromRateLimit(t *testing.T) {
 					time.Sleep(time.Duration(max(wait, 1)) * time.Second)
 					r = c.cost // what t promises: more quota is back
 				}
+				sent := time.Now()
 				rep, err := s.send(c.method, c.path, c.client)
 				if err != nil {
 					t.Fatal(err)
@@ -293,6 +307,7 @@ func TestClientPacingFromRateLimit(t *testing.T) {
 					t.Fatalf("status %d", rep.status)
 				case item == nil:
 					failedOpen++
+					undecided.add(sent)
 					r -= c.cost
 				default:
 					admitted++
@@ -300,13 +315,20 @@ func TestClientPacingFromRateLimit(t *testing.T) {
 				}
 			}
 			elapsed := time.Since(start).Seconds()
+			// The watch runs on for the other client: Sync has it report
+			// every stall up to now, as closing it would. Over a few dozen
+			// requests the design's 1% is none, so each that failed open
+			// must have waited through a stall that breaks a callout.
+			vcpus.Sync()
+			budget := stallBudget(vcpus, host, requests, undecided.all())
 			limit := float64(c.capacity) + c.rate*elapsed
-			t.Logf("%s: %d admitted by the limiter (%d tokens) in %.2f s, plan allows %.0f; %d failed open", c.client, admitted, admitted*c.cost, elapsed, limit, failedOpen)
+			t.Logf("%s: %d admitted by the limiter (%d tokens) in %.2f s, plan allows %.0f; %d of %d failed open (may %d: %s)",
+				c.client, admitted, admitted*c.cost, elapsed, limit, failedOpen, requests, budget.total(), budget.why)
 			if float64(admitted*c.cost) > limit {
 				t.Errorf("admitted %d tokens, the plan allows %.1f", admitted*c.cost, limit)
 			}
-			if failedOpen*10 > requests {
-				t.Errorf("%d of %d requests failed open, want at most 10%%", failedOpen, requests)
+			if failedOpen > budget.total() {
+				t.Errorf("%d of %d requests failed open, more than %d (%s)", failedOpen, requests, budget.total(), budget.why)
 			}
 		})
 	}
