@@ -342,13 +342,43 @@ func testTTL(t *testing.T, b backend) {
 			if got > tc.want || got < tc.want-took-1 {
 				t.Errorf("PTTL %d ms, want %d ms minus at most %d ms", got, tc.want, took+1)
 			}
-			// A denied call leaves the expiry as it was: the stored state,
-			// and so the time it takes to fill, did not change.
-			if _, err := Take(ctx, b.c, key, tc.l, int64(tc.l.Capacity)+1); err != nil {
+			// A refused call, an ordinary denial or a cost above the
+			// capacity, leaves the expiry as it was: the stored state, and
+			// so the time it takes to fill, did not change. The bucket is
+			// emptied and stamped an hour ahead of Redis's clock, so that
+			// nothing refills (the script never refills backwards) and a
+			// cost of 1 is an ordinary denial however slow the test; then
+			// the key gets a marker expiry an hour longer than any the
+			// script sets for this limit. After each refused call PTTL is
+			// the marker less the time since it was set: at most the
+			// marker, and at least the marker less the time measured here
+			// (plus 1 ms of rounding). A call that set the expiry again
+			// would bring PTTL down to at most tc.want, an hour below that.
+			writeState(t, b.c, key, "0", redisMicros(t, b.c)+time.Hour.Microseconds())
+			marker := tc.want + time.Hour.Milliseconds()
+			set := time.Now()
+			if err := b.c.Do(ctx, "PEXPIRE", key, marker).Err(); err != nil {
 				t.Fatal(err)
 			}
-			if again := pttl(t, b.c, key); again > got {
-				t.Errorf("a refused call extended PTTL from %v to %v", got, again)
+			for _, refused := range []struct {
+				what  string
+				cost  int64
+				never bool
+			}{
+				{"denial", 1, false},
+				{"cost above the capacity", int64(tc.l.Capacity) + 1, true},
+			} {
+				r, err := Take(ctx, b.c, key, tc.l, refused.cost)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Allowed || r.Never != refused.never {
+					t.Fatalf("%s (cost %d): %+v, want refused with never %v", refused.what, refused.cost, r, refused.never)
+				}
+				again := pttl(t, b.c, key)
+				if took := time.Since(set).Milliseconds(); again > marker || again < marker-took-1 {
+					t.Errorf("after a %s: PTTL %d ms, want the marker's %d ms less at most %d ms", refused.what, again, marker, took+1)
+				}
 			}
 		})
 	}
