@@ -6,19 +6,18 @@ import (
 	"net"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/valyala/fasthttp"
-
-	"github.com/edgelimit/edgelimit/lua"
 )
 
 // FuzzCheckRequest feeds raw HTTP requests, as read off the wire by fasthttp,
 // to the handler. Seeds are in testdata/fuzz/FuzzCheckRequest. Nothing may
 // panic; every answer is one of the contract's statuses; a 200 or 429 carries
-// the ratelimit headers, and a 400 reason is one short line.
+// the ratelimit headers, a 429 the script's wait, and a 400 reason is one
+// short line. Every bucket holds half a token: a check is denied (or, above
+// the capacity, never), a warm-up's peek allowed.
 func FuzzCheckRequest(f *testing.F) {
-	d := &fakeDecider{res: lua.Result{Tokens: 0.5, RetryAfter: 500 * time.Millisecond, ResetAfter: 9500 * time.Millisecond}}
+	d := &fakeDecider{bucket: holding(0.5)}
 	s, _, _ := newTestServer(f, planYAML, d)
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var req fasthttp.Request
@@ -53,6 +52,18 @@ func FuzzCheckRequest(f *testing.F) {
 			if code == 429 {
 				if v, err := strconv.Atoi(string(ctx.Response.Header.Peek(HeaderRetryAfter))); err != nil || v < 1 {
 					t.Fatalf("429 with retry-after %q", ctx.Response.Header.Peek(HeaderRetryAfter))
+				}
+				// The wait is the script's for the plan and cost the
+				// decider was asked about.
+				d.mu.Lock()
+				call := d.calls[len(d.calls)-1]
+				d.mu.Unlock()
+				want := scriptResult(call.limit, d.bucket(call.limit), call.cost)
+				never, ms := ctx.Response.Header.Peek(HeaderNever), ctx.Response.Header.Peek(HeaderRetryAfterMs)
+				if v, err := strconv.ParseFloat(string(ms), 64); (never != nil) != want.Never ||
+					!want.Never && (err != nil || v != want.RetryMs || v <= 0) {
+					t.Fatalf("429 for cost %d under %+v: never %q, retry-after-ms %q; want never %v, %v ms",
+						call.cost, call.limit, never, ms, want.Never, want.RetryMs)
 				}
 			}
 		case 400:

@@ -24,12 +24,14 @@ import (
 	"github.com/edgelimit/edgelimit/sidecar/stats"
 )
 
-// fakeDecider answers with a fixed result or error, or, with block set, only
-// at the call's deadline, with context.DeadlineExceeded. It records what it was asked. The Redis-backed
-// behaviour is tested in package app against real Redis.
+// fakeDecider answers as tokenbucket.lua does (scriptResult) for a bucket
+// that holds bucket(l) tokens when the call runs, a full one when bucket is
+// nil; or with a fixed error; or, with block set, only at the call's
+// deadline, with context.DeadlineExceeded. It records what it was asked.
+// The Redis-backed behaviour is tested in package app against real Redis.
 type fakeDecider struct {
 	mu       sync.Mutex
-	res      lua.Result
+	bucket   func(lua.Limit) float64
 	err      error
 	block    bool
 	readyErr error
@@ -47,13 +49,52 @@ func (f *fakeDecider) Decide(deadline time.Time, key string, l lua.Limit, cost i
 	f.mu.Lock()
 	f.calls = append(f.calls, fakeCall{key, l, cost})
 	f.left = append(f.left, time.Until(deadline))
-	res, err, block := f.res, f.err, f.block
+	bucket, err, block := f.bucket, f.err, f.block
 	f.mu.Unlock()
 	if block {
 		time.Sleep(time.Until(deadline))
 		return lua.Result{}, fmt.Errorf("fake: %w", context.DeadlineExceeded)
 	}
-	return res, err
+	if err != nil {
+		return lua.Result{}, err
+	}
+	tokens := l.Capacity
+	if bucket != nil {
+		tokens = bucket(l)
+	}
+	return scriptResult(l, tokens, cost), nil
+}
+
+// holding is a fakeDecider's bucket that holds tokens, or the capacity if
+// that is less, as the script caps a balance above a shrunk capacity.
+func holding(tokens float64) func(lua.Limit) float64 {
+	return func(l lua.Limit) float64 { return min(tokens, l.Capacity) }
+}
+
+// scriptResult is tokenbucket.lua's answer to a call of cost under l on a
+// bucket that holds tokens (refilled to now, at most l.Capacity), as the
+// decider reads it: the script's three branches and its float64
+// expressions in its order, its replies as the 17-digit strings it
+// sends, read by lua.ParseFields. (filter/filtertest/sidecaranswer keeps
+// the same model, checked against the script in Redis to the bit.)
+func scriptResult(l lua.Limit, tokens float64, cost int64) lua.Result {
+	exact := func(x float64) string { return strconv.FormatFloat(x, 'g', 17, 64) }
+	c := float64(cost)
+	decision, retry := int64(0), ""
+	switch {
+	case c > l.Capacity:
+		retry = "never"
+	case tokens < c:
+		retry = exact((c - tokens) / l.Rate * 1000)
+	default:
+		decision, retry = 1, "0"
+		tokens -= c
+	}
+	r, err := lua.ParseFields(decision, exact(tokens), retry, exact((l.Capacity-tokens)/l.Rate*1000))
+	if err != nil {
+		panic(fmt.Sprintf("the script's answer to cost %d under %+v on %v tokens: %v", cost, l, tokens, err))
+	}
+	return r
 }
 
 func (f *fakeDecider) Ready(context.Context) error { return f.readyErr }
@@ -114,50 +155,63 @@ func doFrom(s *Server, ip net.IP, method, path string, headers ...string) *fasth
 func header(r *fasthttp.Response, name string) string { return string(r.Header.Peek(name)) }
 
 // TestCheckHeaders maps script results to status and headers, exactly.
+// Each row's bucket holds tokens when the check runs; the decider answers
+// as the script does for the plan and cost the check carries.
 func TestCheckHeaders(t *testing.T) {
 	tests := []struct {
 		name   string
-		res    lua.Result
+		key    string // planYAML: "someone" is free (10, 1/s), "client-key-123" pro (200, 100/s)
+		cost   string // x-ratelimit-cost; "" sends none (cost 1)
+		tokens float64
 		status int
 		want   map[string]string // "" means the header must be absent
 	}{
-		{"allowed", lua.Result{Allowed: true, Tokens: 9, ResetMs: 1000}, 200, map[string]string{
+		{"allowed", "someone", "", 10, 200, map[string]string{
 			HeaderLimit: "10", HeaderRemaining: "9", HeaderReset: "1", HeaderTokens: "9", HeaderPlan: "free",
 			HeaderRate: "1", HeaderRetryAfter: "", HeaderRetryAfterMs: "", HeaderNever: "",
 		}},
-		{"allowed fractional", lua.Result{Allowed: true, Tokens: 3.75, ResetMs: 6250}, 200, map[string]string{
+		// 3.75 left, 6.25 s to refill: reset rounds up.
+		{"allowed fractional", "someone", "", 4.75, 200, map[string]string{
 			HeaderRemaining: "3", HeaderReset: "7", HeaderTokens: "3.75",
 		}},
-		{"full bucket resets now", lua.Result{Allowed: true, Tokens: 10, ResetMs: 0}, 200, map[string]string{
-			HeaderRemaining: "10", HeaderReset: "0", HeaderTokens: "10",
-		}},
-		{"denied, sub-second wait rounds up to 1 s", lua.Result{Tokens: 0.25, RetryMs: 750, ResetMs: 9750}, 429, map[string]string{
+		// Short by 0.75 at 1/s: 750 ms.
+		{"denied, sub-second wait rounds up to 1 s", "someone", "", 0.25, 429, map[string]string{
 			HeaderRemaining: "0", HeaderReset: "10", HeaderTokens: "0.25",
 			HeaderRetryAfter: "1", HeaderRetryAfterMs: "750", HeaderNever: "", HeaderRate: "1",
 		}},
 		// The issue's case: 0.999 tokens, 100/s, cost 1. The wait is 0.01 ms,
 		// sent as it is: a gateway that divided by a rounded 1 ms would
 		// believe the bucket refills 100 times slower than it does.
-		{"denied, a wait far below 1 ms stays exact", lua.Result{Tokens: 0.999, RetryMs: 0.010000000000000009, ResetMs: 9.01}, 429, map[string]string{
-			HeaderRetryAfter: "1", HeaderRetryAfterMs: "0.010000000000000009", HeaderTokens: "0.999",
+		{"denied, a wait far below 1 ms stays exact", "client-key-123", "", 0.999, 429, map[string]string{
+			HeaderLimit: "200", HeaderRate: "100", HeaderRetryAfter: "1", HeaderRetryAfterMs: "0.010000000000000009",
+			HeaderTokens: "0.999", HeaderReset: "2",
 		}},
-		{"denied, exact seconds", lua.Result{Tokens: 0, RetryMs: 2000, ResetMs: 10000}, 429, map[string]string{
-			HeaderRetryAfter: "2", HeaderRetryAfterMs: "2000",
+		// Short by 2 at 1/s.
+		{"denied, exact seconds", "someone", "2", 0, 429, map[string]string{
+			HeaderRetryAfter: "2", HeaderRetryAfterMs: "2000", HeaderReset: "10",
 		}},
-		{"denied, just over a second", lua.Result{Tokens: 0, RetryMs: 1000.001, ResetMs: 10000}, 429, map[string]string{
-			HeaderRetryAfter: "2", HeaderRetryAfterMs: "1000.001",
+		// Short by 1.000001 at 1/s.
+		{"denied, just over a second", "someone", "2", 0.999999, 429, map[string]string{
+			HeaderRetryAfter: "2", HeaderRetryAfterMs: "1000.0010000000001", HeaderReset: "10",
 		}},
-		{"never, full bucket", lua.Result{Never: true, Tokens: 10, ResetMs: 0}, 429, map[string]string{
-			HeaderNever: "true", HeaderRetryAfter: "1", HeaderRetryAfterMs: "", HeaderRemaining: "10", HeaderPlan: "free", HeaderRate: "1",
+		// A full bucket is full again now: no wait to tell, but Retry-After
+		// is at least 1.
+		{"never, full bucket", "someone", "11", 10, 429, map[string]string{
+			HeaderNever: "true", HeaderRetryAfter: "1", HeaderRetryAfterMs: "", HeaderRemaining: "10", HeaderReset: "0",
+			HeaderPlan: "free", HeaderRate: "1",
 		}},
-		{"never, bucket refilling", lua.Result{Never: true, Tokens: 2.5, ResetMs: 7500}, 429, map[string]string{
+		{"never, bucket refilling", "someone", "11", 2.5, 429, map[string]string{
 			HeaderNever: "true", HeaderRetryAfter: "8", HeaderRetryAfterMs: "", HeaderRemaining: "2", HeaderReset: "8",
 		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, _, _ := newTestServer(t, planYAML, &fakeDecider{res: tt.res})
-			r := do(s, "POST", "/v1/check", HeaderKey, "someone")
+			s, _, _ := newTestServer(t, planYAML, &fakeDecider{bucket: holding(tt.tokens)})
+			headers := []string{HeaderKey, tt.key}
+			if tt.cost != "" {
+				headers = append(headers, HeaderCost, tt.cost)
+			}
+			r := do(s, "POST", "/v1/check", headers...)
 			if r.StatusCode() != tt.status {
 				t.Fatalf("status %d, want %d", r.StatusCode(), tt.status)
 			}
@@ -174,7 +228,7 @@ func TestCheckHeaders(t *testing.T) {
 }
 
 func TestCheckPassesPlanAndDigest(t *testing.T) {
-	d := &fakeDecider{res: lua.Result{Allowed: true, Tokens: 199}}
+	d := &fakeDecider{}
 	s, _, logs := newTestServer(t, planYAML, d)
 	r := do(s, "POST", "/v1/check", HeaderKey, "client-key-123", HeaderCost, "7", HeaderRegion, "eu-west-1")
 	if r.StatusCode() != 200 || header(r, HeaderPlan) != "pro" || header(r, HeaderLimit) != "200" {
@@ -209,26 +263,40 @@ clients:
   "k-odd": odd
 `
 	for _, c := range []struct {
-		key  string
-		rate float64
-		want string
+		key      string
+		capacity float64
+		rate     float64
+		want     string
 	}{
-		{"someone", 1, "1"},
-		{"k-slow", 0.001, "0.001"},
-		{"k-third", 0.3333333333333333, "0.3333333333333333"},
-		{"k-fast", 1e9, "1e+09"},
-		{"k-odd", 2.5e-5, "2.5e-05"},
+		{"someone", 10, 1, "1"},
+		{"k-slow", 5, 0.001, "0.001"},
+		{"k-third", 3, 0.3333333333333333, "0.3333333333333333"},
+		{"k-fast", 1e9, 1e9, "1e+09"},
+		{"k-odd", 7, 2.5e-5, "2.5e-05"},
 	} {
-		for _, res := range []lua.Result{
-			{Allowed: true, Tokens: 1, ResetAfter: time.Second},
-			{Tokens: 0, RetryAfter: time.Second, ResetAfter: time.Second},
-			{Never: true, Tokens: 0, ResetAfter: time.Second},
+		// Cost 1 on a full bucket, cost 1 on an empty one, and a cost
+		// above the capacity (none is for the plan of MaxCost tokens).
+		for _, a := range []struct {
+			what   string
+			tokens float64
+			cost   int64
+			status int
+		}{
+			{"allowed", c.capacity, 1, 200},
+			{"denied", 0, 1, 429},
+			{"never", c.capacity, int64(c.capacity) + 1, 429},
 		} {
-			s, _, _ := newTestServer(t, yaml, &fakeDecider{res: res})
-			r := do(s, "POST", "/v1/check", HeaderKey, c.key)
+			if a.cost > MaxCost {
+				continue
+			}
+			s, _, _ := newTestServer(t, yaml, &fakeDecider{bucket: holding(a.tokens)})
+			r := do(s, "POST", "/v1/check", HeaderKey, c.key, HeaderCost, strconv.FormatInt(a.cost, 10))
+			if r.StatusCode() != a.status || (r.Header.Peek(HeaderNever) != nil) != (a.what == "never") {
+				t.Errorf("%s, %s: status %d, %s %q", c.key, a.what, r.StatusCode(), HeaderNever, header(r, HeaderNever))
+			}
 			got := header(r, HeaderRate)
 			if got != c.want {
-				t.Errorf("%s, status %d: %s = %q, want %q", c.key, r.StatusCode(), HeaderRate, got, c.want)
+				t.Errorf("%s, %s: %s = %q, want %q", c.key, a.what, HeaderRate, got, c.want)
 			}
 			if f, err := strconv.ParseFloat(got, 64); err != nil || f != c.rate {
 				t.Errorf("%s: %q parses to %v (%v), want exactly %v", c.key, got, f, err, c.rate)
@@ -244,7 +312,7 @@ clients:
 
 func TestUnknownKey(t *testing.T) {
 	noDefault := "plans:\n  pro: {capacity: 200, rate: 100}\nclients:\n  \"client-key-123\": pro\n"
-	d := &fakeDecider{res: lua.Result{Allowed: true}}
+	d := &fakeDecider{}
 	s, st, _ := newTestServer(t, noDefault, d)
 	r := do(s, "POST", "/v1/check", HeaderKey, "stranger")
 	if r.StatusCode() != 403 || string(r.Body()) != "unknown api key\n" {
@@ -295,7 +363,7 @@ func TestBadInput(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := &fakeDecider{res: lua.Result{Allowed: true}}
+			d := &fakeDecider{}
 			s, st, _ := newTestServer(t, planYAML, d)
 			r := do(s, "POST", "/v1/check", tt.headers...)
 			if r.StatusCode() != 400 || string(r.Body()) != tt.want+"\n" {
@@ -316,21 +384,22 @@ func TestGoodInputEdges(t *testing.T) {
 		name    string
 		headers []string
 		cost    int64
+		status  int // on a full bucket of the free plan (10 tokens)
 	}{
-		{"default cost", []string{HeaderKey, "a"}, 1},
-		{"max cost", []string{HeaderKey, "a", HeaderCost, "1000000000"}, 1_000_000_000},
-		{"leading zeros", []string{HeaderKey, "a", HeaderCost, "007"}, 7},
-		{"256-byte key", []string{HeaderKey, strings.Repeat("k", 256)}, 1},
-		{"empty region", []string{HeaderKey, "a", HeaderRegion, ""}, 1},
-		{"unicode key", []string{HeaderKey, "clé-ünïcødé"}, 1},
+		{"default cost", []string{HeaderKey, "a"}, 1, 200},
+		{"max cost", []string{HeaderKey, "a", HeaderCost, "1000000000"}, 1_000_000_000, 429}, // above the capacity: never
+		{"leading zeros", []string{HeaderKey, "a", HeaderCost, "007"}, 7, 200},
+		{"256-byte key", []string{HeaderKey, strings.Repeat("k", 256)}, 1, 200},
+		{"empty region", []string{HeaderKey, "a", HeaderRegion, ""}, 1, 200},
+		{"unicode key", []string{HeaderKey, "clé-ünïcødé"}, 1, 200},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := &fakeDecider{res: lua.Result{Allowed: true}}
+			d := &fakeDecider{}
 			s, _, _ := newTestServer(t, planYAML, d)
 			r := do(s, "POST", "/v1/check", tt.headers...)
-			if r.StatusCode() != 200 || len(d.calls) != 1 || d.calls[0].cost != tt.cost {
-				t.Fatalf("got %d %q, calls %+v; want 200 with cost %d", r.StatusCode(), r.Body(), d.calls, tt.cost)
+			if r.StatusCode() != tt.status || len(d.calls) != 1 || d.calls[0].cost != tt.cost {
+				t.Fatalf("got %d %q, calls %+v; want %d with cost %d", r.StatusCode(), r.Body(), d.calls, tt.status, tt.cost)
 			}
 		})
 	}
@@ -390,7 +459,7 @@ func TestEndpoints(t *testing.T) {
 			}
 		})
 	}
-	s, _, _ := newTestServer(t, planYAML, &fakeDecider{res: lua.Result{Allowed: true}})
+	s, _, _ := newTestServer(t, planYAML, &fakeDecider{})
 	do(s, "POST", "/v1/check", HeaderKey, "a")
 	r := do(s, "GET", "/metrics")
 	if !strings.Contains(string(r.Body()), `sidecar_decisions_total{result="allowed"} 1`) ||
@@ -403,7 +472,7 @@ func TestEndpoints(t *testing.T) {
 // WarmLimit, answered as a check with the warm-up plan, and counted as a
 // warm-up, not a decision.
 func TestWarm(t *testing.T) {
-	d := &fakeDecider{res: lua.Result{Allowed: true, Tokens: 1}}
+	d := &fakeDecider{}
 	s, st, _ := newTestServer(t, planYAML, d)
 	r := do(s, "POST", "/v1/warm")
 	if r.StatusCode() != 200 || header(r, HeaderPlan) != "warm-up" || header(r, HeaderLimit) != "1" ||
@@ -432,7 +501,7 @@ func TestWarm(t *testing.T) {
 // fasthttp's own limits apply: oversized headers and bodies are refused
 // before the handler runs.
 func TestServerLimits(t *testing.T) {
-	d := &fakeDecider{res: lua.Result{Allowed: true}}
+	d := &fakeDecider{}
 	s, st, _ := newTestServer(t, planYAML, d)
 	ln := fasthttputil.NewInmemoryListener()
 	srv := s.HTTPServer()
@@ -562,7 +631,7 @@ func TestSetHeadersAsFasthttpNames(t *testing.T) {
 // bounds below follow from the times the test can see: a call's own
 // duration bounds how late the server read it.
 func TestCheckTheProxyGaveUpOnIsNotDecided(t *testing.T) {
-	d := &fakeDecider{res: lua.Result{Allowed: true}}
+	d := &fakeDecider{}
 	s, st, _ := newTestServer(t, planYAML, d)
 	timeout := s.o.Timeout
 	sent := func(at time.Time) string { return strconv.FormatInt(at.UnixMicro(), 10) }
@@ -649,7 +718,7 @@ func TestCheckTheProxyGaveUpOnIsNotDecided(t *testing.T) {
 // quickest trip, so neither's are refused for the other's clock, and a
 // check one of them sent long ago is still known.
 func TestProxiesWithClocksOfTheirOwn(t *testing.T) {
-	d := &fakeDecider{res: lua.Result{Allowed: true}}
+	d := &fakeDecider{}
 	s, st, _ := newTestServer(t, planYAML, d)
 	sent := func(skew time.Duration) string { return strconv.FormatInt(time.Now().Add(skew).UnixMicro(), 10) }
 	ahead, behind := net.ParseIP("10.0.0.1"), net.ParseIP("10.0.0.2")
@@ -680,7 +749,7 @@ func TestProxiesWithClocksOfTheirOwn(t *testing.T) {
 // warm-up that check is the first the sidecar hears from the proxy, its
 // lag the least seen, and it is decided.
 func TestWarmUpsTeachTheQuickestTrip(t *testing.T) {
-	d := &fakeDecider{res: lua.Result{Allowed: true, Tokens: 1}}
+	d := &fakeDecider{}
 	s, st, _ := newTestServer(t, planYAML, d)
 	sent := func(ago time.Duration) string { return strconv.FormatInt(time.Now().Add(-ago).UnixMicro(), 10) }
 	warmed, cold := net.ParseIP("10.0.0.1"), net.ParseIP("10.0.0.2")
