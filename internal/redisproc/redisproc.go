@@ -1,6 +1,6 @@
 // Package redisproc runs real redis-server processes for tests, benchmarks
-// and demos: a standalone server on a free loopback port, or a Redis Cluster
-// built with redis-cli. Every process it starts is owned by the caller and
+// and demos: a standalone server (or a Sentinel) on a free loopback port, or
+// a Redis Cluster built with redis-cli. Every process it starts is owned by the caller and
 // stopped by Stop (or at test cleanup with the ...T helpers), so tests never
 // share a Redis with each other or with anything already on the machine.
 package redisproc
@@ -57,6 +57,11 @@ type Options struct {
 	// Dir is the server's working directory (its log file lives there).
 	// Defaults to a new temporary directory, removed by Stop.
 	Dir string
+	// Sentinel, if set, runs the server as a Redis Sentinel
+	// (redis-server FILE --sentinel) whose configuration file holds these
+	// lines, e.g. "sentinel monitor mymaster 127.0.0.1 6379 1". Sentinel
+	// rewrites the file as it runs; each start writes it afresh, in Dir.
+	Sentinel []string
 }
 
 // Server is one redis-server process listening on 127.0.0.1.
@@ -64,12 +69,13 @@ type Server struct {
 	// Addr is "127.0.0.1:port".
 	Addr string
 
-	port    int
-	busPort int      // cluster bus port; 0 unless cluster mode is on
-	args    []string // extra arguments from Options
-	dir     string
-	ownDir  bool // dir was created by Start and is removed by Stop
-	logPath string
+	port     int
+	busPort  int      // cluster bus port; 0 unless cluster mode is on
+	args     []string // extra arguments from Options
+	sentinel []string // sentinel configuration lines from Options
+	dir      string
+	ownDir   bool // dir was created by Start and is removed by Stop
+	logPath  string
 
 	mu      sync.Mutex
 	proc    *process // nil while stopped
@@ -91,7 +97,7 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		return nil, fmt.Errorf("redis-server not found: %w", ErrNotInstalled)
 	}
-	s := &Server{args: append([]string(nil), o.Args...), dir: o.Dir}
+	s := &Server{args: append([]string(nil), o.Args...), sentinel: append([]string(nil), o.Sentinel...), dir: o.Dir}
 	if s.dir == "" {
 		dir, err := os.MkdirTemp("", "redisproc-")
 		if err != nil {
@@ -328,6 +334,14 @@ func (s *Server) launch(ctx context.Context) (*process, error) {
 		args = append(args, "--cluster-port", strconv.Itoa(s.busPort))
 	}
 	args = append(args, s.args...)
+	if len(s.sentinel) > 0 {
+		// The file comes first; the options after it override it.
+		conf := filepath.Join(s.dir, fmt.Sprintf("sentinel-%d.conf", s.port))
+		if err := os.WriteFile(conf, []byte(strings.Join(s.sentinel, "\n")+"\n"), 0o600); err != nil {
+			return nil, fmt.Errorf("redis-server: write sentinel config: %w", err)
+		}
+		args = append([]string{conf, "--sentinel"}, args...)
+	}
 	logFile, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("redis-server: open log: %w", err)

@@ -2,11 +2,7 @@ package app
 
 import (
 	"context"
-	"fmt"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,49 +18,19 @@ import (
 // down-after, and returns its address once it sees the master and a replica.
 func startSentinel(t *testing.T, master string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	host, port, _ := net.SplitHostPort(addr)
 	mhost, mport, _ := net.SplitHostPort(master)
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "sentinel.conf")
-	content := fmt.Sprintf("port %s\nbind %s\ndir %s\ndaemonize no\n"+
-		"sentinel monitor mymaster %s %s 1\n"+
-		"sentinel down-after-milliseconds mymaster 500\n"+
-		"sentinel failover-timeout mymaster 5000\n", port, host, dir, mhost, mport)
-	if err := os.WriteFile(conf, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	logPath := filepath.Join(dir, "sentinel.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("redis-server", conf, "--sentinel")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		logFile.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("sentinel log:\n%s", b)
-		}
-	})
-	sc := redis.NewSentinelClient(&redis.Options{Addr: addr})
+	s := redisproc.StartT(t, redisproc.Options{Sentinel: []string{
+		"sentinel monitor mymaster " + mhost + " " + mport + " 1",
+		"sentinel down-after-milliseconds mymaster 500",
+		"sentinel failover-timeout mymaster 5000",
+	}})
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
 	t.Cleanup(func() { sc.Close() })
 	testkit.Poll(t, 30*time.Second, "the sentinel to see the master and its replica", func() bool {
 		replicas, err := sc.Replicas(context.Background(), "mymaster").Result()
 		return err == nil && len(replicas) > 0
 	})
-	return addr
+	return s.Addr
 }
 
 // TestSentinelFailover: the sidecar finds the master through Sentinel, and
