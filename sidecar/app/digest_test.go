@@ -32,11 +32,8 @@ func TestDigestOnlyPlans(t *testing.T) {
 	for _, salt := range []string{"", "pepper"} {
 		t.Run("salt="+salt, func(t *testing.T) {
 			d := keys.New([]byte(salt))
-			plansYAML := digestPlans(d)
-			if strings.Contains(plansYAML, "client-key-123") {
-				t.Fatal("the plans file holds a key")
-			}
-			s := startSidecarWith(t, srv.URL(), plansYAML, time.Second, slog.LevelInfo, func(c *Config) { c.KeySalt = []byte(salt) })
+			// At debug level the sidecar logs every check.
+			s := startSidecarWith(t, srv.URL(), digestPlans(d), time.Second, slog.LevelDebug, func(c *Config) { c.KeySalt = []byte(salt) })
 			r := s.check(t, "client-key-123")
 			if r.status != 200 || r.h("x-ratelimit-plan") != "pro" || r.h("ratelimit-limit") != "200" {
 				t.Fatalf("client-key-123: %d plan %q limit %q", r.status, r.h("x-ratelimit-plan"), r.h("ratelimit-limit"))
@@ -53,6 +50,22 @@ func TestDigestOnlyPlans(t *testing.T) {
 			// No default plan: an unlisted key is refused.
 			if r := s.check(t, "someone-else"); r.status != 403 {
 				t.Fatalf("unlisted key: %d, want 403", r.status)
+			}
+			// Nothing the sidecar wrote, in Redis or in its log, holds a
+			// key it was sent.
+			written, err := srv.Client(t).Keys(t.Context(), "*").Result()
+			if err != nil || len(written) == 0 {
+				t.Fatalf("KEYS *: %q, %v", written, err)
+			}
+			for _, key := range []string{"client-key-123", "client-tiny", "someone-else"} {
+				for _, k := range written {
+					if strings.Contains(k, key) {
+						t.Errorf("Redis key %q holds the API key %q", k, key)
+					}
+				}
+				if strings.Contains(s.logs.String(), key) {
+					t.Errorf("the log holds the API key %q", key)
+				}
 			}
 			// The bucket is named by the same digits as the plans file.
 			_, digits, _ := strings.Cut(d.Digest([]byte("client-tiny")), ":")
