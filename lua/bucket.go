@@ -179,6 +179,34 @@ func Denial(tokens, retryMs, resetMs float64) Result {
 	return Result{Tokens: tokens, RetryMs: retryMs, RetryAfter: millis(retryMs), ResetMs: resetMs, ResetAfter: millis(resetMs)}
 }
 
+// Decide is the script's decision computed in Go, for a call of cost
+// under l on a bucket that holds tokens once refilled to the call's time
+// (at most l.Capacity): its three branches and its float64 expressions in
+// its order, its reply written with 17 significant digits and read as
+// ParseFields reads Redis's. The sidecar never calls it, the script
+// decides; tests and models of the sidecar's answers do, and package
+// sidecaranswer's TestScriptResultIsTheScripts and TestBucketIsTheScripts
+// hold it to the script in Redis bit for bit.
+func Decide(l Limit, tokens float64, cost int64) Result {
+	exact := func(x float64) string { return strconv.FormatFloat(x, 'g', 17, 64) }
+	c := float64(cost)
+	decision, retry := int64(0), ""
+	switch {
+	case c > l.Capacity:
+		retry = "never"
+	case tokens < c:
+		retry = exact((c - tokens) / l.Rate * 1000)
+	default:
+		decision, retry = 1, "0"
+		tokens -= c
+	}
+	r, err := ParseFields(decision, exact(tokens), retry, exact((l.Capacity-tokens)/l.Rate*1000))
+	if err != nil {
+		panic(fmt.Sprintf("lua.Decide: cost %d under %+v on %v tokens: %v", cost, l, tokens, err))
+	}
+	return r
+}
+
 // IsNoScript reports whether err is Redis's NOSCRIPT (the script is not in
 // the server's cache), for callers that pipeline EVALSHA themselves and must
 // fall back to EVAL.

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/edgelimit/edgelimit/lua"
 )
 
 // FuzzCheckRequest feeds raw HTTP requests, as read off the wire by fasthttp,
@@ -58,7 +60,7 @@ func FuzzCheckRequest(f *testing.F) {
 				d.mu.Lock()
 				call := d.calls[len(d.calls)-1]
 				d.mu.Unlock()
-				want := scriptResult(call.limit, d.bucket(call.limit), call.cost)
+				want := lua.Decide(call.limit, d.bucket(call.limit), call.cost)
 				never, ms := ctx.Response.Header.Peek(HeaderNever), ctx.Response.Header.Peek(HeaderRetryAfterMs)
 				if v, err := strconv.ParseFloat(string(ms), 64); (never != nil) != want.Never ||
 					!want.Never && (err != nil || v != want.RetryMs || v <= 0) {

@@ -24,7 +24,7 @@ import (
 	"github.com/edgelimit/edgelimit/sidecar/stats"
 )
 
-// fakeDecider answers as tokenbucket.lua does (scriptResult) for a bucket
+// fakeDecider answers as tokenbucket.lua does (lua.Decide) for a bucket
 // that holds bucket(l) tokens when the call runs, a full one when bucket is
 // nil; or with a fixed error; or, with block set, only at the call's
 // deadline, with context.DeadlineExceeded. It records what it was asked.
@@ -62,39 +62,13 @@ func (f *fakeDecider) Decide(deadline time.Time, key string, l lua.Limit, cost i
 	if bucket != nil {
 		tokens = bucket(l)
 	}
-	return scriptResult(l, tokens, cost), nil
+	return lua.Decide(l, tokens, cost), nil
 }
 
 // holding is a fakeDecider's bucket that holds tokens, or the capacity if
 // that is less, as the script caps a balance above a shrunk capacity.
 func holding(tokens float64) func(lua.Limit) float64 {
 	return func(l lua.Limit) float64 { return min(tokens, l.Capacity) }
-}
-
-// scriptResult is tokenbucket.lua's answer to a call of cost under l on a
-// bucket that holds tokens (refilled to now, at most l.Capacity), as the
-// decider reads it: the script's three branches and its float64
-// expressions in its order, its replies as the 17-digit strings it
-// sends, read by lua.ParseFields. (filter/filtertest/sidecaranswer keeps
-// the same model, checked against the script in Redis to the bit.)
-func scriptResult(l lua.Limit, tokens float64, cost int64) lua.Result {
-	exact := func(x float64) string { return strconv.FormatFloat(x, 'g', 17, 64) }
-	c := float64(cost)
-	decision, retry := int64(0), ""
-	switch {
-	case c > l.Capacity:
-		retry = "never"
-	case tokens < c:
-		retry = exact((c - tokens) / l.Rate * 1000)
-	default:
-		decision, retry = 1, "0"
-		tokens -= c
-	}
-	r, err := lua.ParseFields(decision, exact(tokens), retry, exact((l.Capacity-tokens)/l.Rate*1000))
-	if err != nil {
-		panic(fmt.Sprintf("the script's answer to cost %d under %+v on %v tokens: %v", cost, l, tokens, err))
-	}
-	return r
 }
 
 func (f *fakeDecider) Ready(context.Context) error { return f.readyErr }

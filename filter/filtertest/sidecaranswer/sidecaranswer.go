@@ -17,7 +17,6 @@ package sidecaranswer
 import (
 	"math"
 	"strconv"
-	"time"
 
 	"github.com/edgelimit/edgelimit/lua"
 	"github.com/edgelimit/edgelimit/sidecar/plans"
@@ -27,7 +26,7 @@ import (
 // Check is the sidecar's answer to a check of cost under plan (capacity,
 // rate) whose bucket holds tokens when the script runs.
 func Check(plan string, capacity, rate, tokens float64, cost int64) [][2]string {
-	return headers(scriptResult(capacity, rate, tokens, cost), planOf(plan, capacity, rate))
+	return headers(decide(capacity, rate, tokens, cost), planOf(plan, capacity, rate))
 }
 
 // planOf is the plan name with capacity and rate, as the sidecar loads it.
@@ -40,7 +39,7 @@ func planOf(name string, capacity, rate float64) *plans.Plan {
 // plan.
 func Warm() [][2]string {
 	l := server.WarmLimit
-	return headers(scriptResult(l.Capacity, l.Rate, l.Capacity, 0), &server.WarmPlan)
+	return headers(decide(l.Capacity, l.Rate, l.Capacity, 0), &server.WarmPlan)
 }
 
 // Bucket is one client's bucket as tokenbucket.lua keeps it in Redis: the
@@ -84,7 +83,7 @@ func (b *Bucket) Level(now int64) float64 {
 // Take runs the script for a call of cost at Redis time now (µs) and
 // returns its result, as lua.ParseReply reads it.
 func (b *Bucket) Take(now, cost int64) lua.Result {
-	r := scriptResult(b.Capacity, b.Rate, b.Level(now), cost)
+	r := decide(b.Capacity, b.Rate, b.Level(now), cost)
 	if r.Allowed && cost > 0 {
 		b.written, b.tokens, b.ts = true, r.Tokens, now
 	}
@@ -110,32 +109,8 @@ func headers(res lua.Result, p *plans.Plan) [][2]string {
 	return h
 }
 
-// scriptResult is what tokenbucket.lua replies, as lua.ParseReply reads it,
-// for a bucket holding tokens (already refilled to now).
-func scriptResult(capacity, rate, tokens float64, cost int64) lua.Result {
-	c := float64(cost)
-	var r lua.Result
-	switch {
-	case c > capacity:
-		r.Never = true
-	case tokens < c:
-		r.RetryMs = (c - tokens) / rate * 1000
-	default:
-		r.Allowed = true
-		if cost > 0 {
-			tokens -= c
-		}
-	}
-	r.Tokens = tokens
-	r.ResetMs = (capacity - tokens) / rate * 1000
-	r.RetryAfter, r.ResetAfter = ceilNs(r.RetryMs), ceilNs(r.ResetMs)
-	return r
-}
-
-func ceilNs(ms float64) time.Duration {
-	ns := math.Ceil(ms * 1e6)
-	if ns >= math.MaxInt64 {
-		return math.MaxInt64
-	}
-	return time.Duration(ns)
+// decide is the script's answer to a call of cost under (capacity, rate)
+// on a bucket that holds tokens (lua.Decide).
+func decide(capacity, rate, tokens float64, cost int64) lua.Result {
+	return lua.Decide(lua.Limit{Capacity: capacity, Rate: rate}, tokens, cost)
 }

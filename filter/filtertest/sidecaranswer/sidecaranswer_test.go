@@ -13,7 +13,7 @@ import (
 )
 
 // TestScriptResultIsTheScripts: the model of the script
-// (scriptResult, which every answer of Check is made from) answers as
+// (lua.Decide, which every answer of Check is made from) answers as
 // tokenbucket.lua does in Redis, to the bit. Each case writes the bucket
 // with a timestamp an hour ahead of Redis's clock, so that the script sees
 // no time pass (it never refills backwards) and starts from exactly the
@@ -48,7 +48,7 @@ func TestScriptResultIsTheScripts(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%+v: %v", c, err)
 		}
-		want := scriptResult(c.capacity, c.rate, c.tokens, c.cost)
+		want := decide(c.capacity, c.rate, c.tokens, c.cost)
 		if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
 			t.Errorf("%+v:\nscript %+v\nmodel  %+v", c, got, want)
 		}
