@@ -167,9 +167,12 @@ func waiting(t *testing.T, h Host, headers []Header) (Stream, Callout) {
 }
 
 // allowAnswer is a hand-made 200 as an older sidecar sent it: whole
-// remaining tokens as x-ratelimit-tokens, and no x-ratelimit-rate, so that
-// it updates no deny-cache entry. Answers the sidecar really makes come from
-// SidecarAnswer; rows about the deny cache use those.
+// remaining tokens as x-ratelimit-tokens, and no x-ratelimit-rate, which the
+// sidecar's 200 always carries now (server.Answer.Fill). It is only for the
+// rows about such an answer: what the filter tells the client without a
+// rate (sidecar/allowed) and that it teaches on_failure local nothing
+// (local/learns-only-the-plan). Every other row answers with the sidecar's
+// own answer, SidecarAnswer or a sidecaranswer.Bucket.
 func allowAnswer(limit, remaining, reset int64, plan string) []Header {
 	return []Header{
 		{":status", "200"},
@@ -181,6 +184,13 @@ func allowAnswer(limit, remaining, reset int64, plan string) []Header {
 		{"x-ratelimit-plan", plan},
 	}
 }
+
+// firstAllow is the sidecar's 200 to a client's first check, of cost 1,
+// under plan "basic" (10 tokens, refilled at 1 token/s): the bucket is full,
+// 1 is taken and 9 are left (ratelimit-remaining 9, x-ratelimit-tokens 9),
+// full again in 1 s (ratelimit-reset 1). Rows whose clients are each checked
+// once, and about something else than the answer, use it.
+var firstAllow = SidecarAnswer("basic", 10, 1, 10, 1)
 
 // denyAnswer is a hand-made 429 for the edges of the contract (an older
 // sidecar, values the sidecar never sends); tokens and rate are the exact
@@ -483,6 +493,8 @@ func (r runner) calloutConfigured(t *testing.T) {
 
 func (r runner) allowed(t *testing.T) {
 	h := r.host(t, "")
+	// First an older sidecar's 200 (allowAnswer: no x-ratelimit-rate), what
+	// this row is about beside the sidecar's own answer below.
 	s, _ := waiting(t, h, get("key-1"))
 	s.RespondCallout(allowAnswer(100, 42, 7, "gold"), []byte(`{"allowed":true}`))
 	wentOn(t, s)
@@ -652,9 +664,10 @@ func (r runner) dispatchFailure(t *testing.T) {
 	if !slices.Contains(h.Logs(), want) {
 		t.Errorf("logs %q, want %q", h.Logs(), want)
 	}
-	// Only the next dispatch failed.
+	// Only the next dispatch failed. The sidecar never saw the first
+	// request: key-1's bucket is full.
 	s, _ = waiting(t, h, get("key-1"))
-	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	s.RespondCallout(firstAllow, nil)
 	wentOn(t, s)
 }
 
@@ -707,6 +720,10 @@ func (r runner) failOpenLogs(t *testing.T) {
 }
 
 func (r runner) hostileAnswers(t *testing.T) {
+	// A plan name the sidecar's plans file would refuse (A-Z a-z 0-9 . _ -,
+	// at most 64) is hostile; the rest of the answer is the sidecar's own
+	// 200 to a client's first check: 10 tokens refilled at 1 token/s, so w
+	// is ceil(10 / 1) = 10 and the exact rate is "1".
 	for _, c := range []struct {
 		plan, policy string
 	}{
@@ -719,10 +736,11 @@ func (r runner) hostileAnswers(t *testing.T) {
 	} {
 		h := r.host(t, "")
 		s, _ := waiting(t, h, get("key-1"))
-		s.RespondCallout(allowAnswer(10, 3, 2, c.plan), nil)
+		s.RespondCallout(SidecarAnswer(c.plan, 10, 1, 10, 1), nil)
 		resp := s.ResponseHeaders([]Header{{":status", "200"}})
-		if got := header(t, resp, "ratelimit-policy"); got != c.policy+";q=10" {
-			t.Errorf("plan %q: ratelimit-policy %q, want %q", c.plan, got, c.policy+";q=10")
+		want := c.policy + `;q=10;w=10;edgelimit-rate="1"`
+		if got := header(t, resp, "ratelimit-policy"); got != want {
+			t.Errorf("plan %q: ratelimit-policy %q, want %q", c.plan, got, want)
 		}
 	}
 	// Numbers the contract does not allow are a malformed answer.
@@ -1389,6 +1407,10 @@ func (r runner) denyCacheBucketModelBursts(t *testing.T) {
 func (r runner) costs(t *testing.T) {
 	h := r.host(t, `{"costs": [{"method": "POST", "path_prefix": "/upload", "cost": 5},
 		{"path_prefix": "/search", "cost": 2}, {"method": "DELETE", "cost": 3}]}`)
+	// The sidecar answers from key-1's bucket, 100 tokens refilled at 10/s,
+	// as its script keeps it; the clock stands still, so each check takes
+	// its cost from what the last one left: 95, 94, 92, 90, 87, 85, 84.
+	b := sidecaranswer.NewBucket(100, 10)
 	for _, c := range []struct {
 		method, path, cost string
 	}{
@@ -1404,7 +1426,8 @@ func (r runner) costs(t *testing.T) {
 		if got := header(t, call.Headers, "x-ratelimit-cost"); got != c.cost {
 			t.Errorf("%s %s: cost %s, want %s", c.method, c.path, got, c.cost)
 		}
-		s.RespondCallout(allowAnswer(100, 50, 10, "basic"), nil)
+		s.RespondCallout(b.Check("basic", 0, toInt(c.cost)), nil)
+		wentOn(t, s)
 		s.Done()
 	}
 }
@@ -1431,7 +1454,7 @@ func (r runner) modeShadow(t *testing.T) {
 	h := r.host(t, `{"mode": "shadow"}`)
 	// A client's own decision header never reaches the service.
 	s, _ := waiting(t, h, get("key-1", Header{"x-ratelimit-shadow", "allow"}))
-	s.RespondCallout(allowAnswer(10, 5, 3, "basic"), nil)
+	s.RespondCallout(firstAllow, nil)
 	wentOn(t, s)
 	if got := header(t, s.UpstreamHeaders(), "x-ratelimit-shadow"); got != "allow" {
 		t.Errorf("shadow allow: header %q", got)
@@ -1490,11 +1513,12 @@ func (r runner) canary(t *testing.T) {
 		t.Errorf("non-canary client: header %q", got)
 	}
 
+	// vip-2's first check: its full bucket of 10 keeps 9.
 	s, _ = waiting(t, h, get("vip-2"))
-	s.RespondCallout(allowAnswer(10, 4, 2, "basic"), nil)
+	s.RespondCallout(SidecarAnswer("basic", 10, 0.5, 10, 1), nil)
 	wentOn(t, s)
 	absent(t, s.UpstreamHeaders(), "x-ratelimit-shadow")
-	if got := header(t, s.ResponseHeaders([]Header{{":status", "200"}}), "ratelimit-remaining"); got != "4" {
+	if got := header(t, s.ResponseHeaders([]Header{{":status", "200"}}), "ratelimit-remaining"); got != "9" {
 		t.Errorf("canary client allowed: ratelimit-remaining %q", got)
 	}
 	counters(t, h, map[string]int64{limiter.MetricDenied: 1, limiter.MetricShadowWouldDeny: 1, limiter.MetricAllowed: 1})
@@ -1593,7 +1617,7 @@ func (r runner) bearer(t *testing.T) {
 		if got := header(t, call.Headers, "x-api-key"); got != c.key {
 			t.Errorf("%q: key %q, want %q", c.headers, got, c.key)
 		}
-		s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+		s.RespondCallout(firstAllow, nil)
 		wentOn(t, s)
 	}
 }
@@ -1619,7 +1643,7 @@ func (r runner) hostileHeaders(t *testing.T) {
 	if got := header(t, c.Headers, "x-api-key"); got != "key-a" {
 		t.Errorf("charged %q, want key-a", got)
 	}
-	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	s.RespondCallout(firstAllow, nil)
 	if got := header(t, s.UpstreamHeaders(), "x-api-key"); got != "key-a" {
 		t.Errorf("service sees x-api-key %q, want key-a alone", got)
 	}
@@ -1633,14 +1657,14 @@ func (r runner) hostileHeaders(t *testing.T) {
 	if got := header(t, c.Headers, "x-api-key"); got != "key-c" {
 		t.Errorf("with 500 headers: key %q", got)
 	}
-	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	s.RespondCallout(firstAllow, nil)
 	wentOn(t, s)
 	s, _ = send(h, get(strings.Repeat("x", 64<<10)))
 	reply(t, s, 401)
 
 	// A huge or binary answer body is ignored.
 	s, _ = waiting(t, h, get("key-d"))
-	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), []byte(strings.Repeat("\x00\xff", 1<<16)))
+	s.RespondCallout(firstAllow, []byte(strings.Repeat("\x00\xff", 1<<16)))
 	wentOn(t, s)
 }
 
@@ -1673,7 +1697,7 @@ func (r runner) lifecycle(t *testing.T) {
 
 	// Streams keep working after all that.
 	s, _ = waiting(t, h, get("key-2"))
-	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	s.RespondCallout(firstAllow, nil)
 	wentOn(t, s)
 	s.Done()
 	counters(t, h, map[string]int64{limiter.MetricDeniedCached: 1, limiter.MetricAllowed: 1})

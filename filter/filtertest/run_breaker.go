@@ -2,6 +2,7 @@ package filtertest
 
 import (
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -35,11 +36,12 @@ func failing(t *testing.T, h Host, key string, answer []Header) {
 	s.Done()
 }
 
-// allowing sends a request the sidecar allows.
+// allowing sends a request the sidecar allows: key's first check
+// (firstAllow).
 func allowing(t *testing.T, h Host, key string) {
 	t.Helper()
 	s, _ := waiting(t, h, get(key))
-	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	s.RespondCallout(firstAllow, nil)
 	wentOn(t, s)
 	s.Done()
 }
@@ -153,7 +155,7 @@ func (r runner) breakerProbeCloses(t *testing.T) {
 	for range 3 {
 		bypassed(t, h, "key-3")
 	}
-	probe.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	probe.RespondCallout(firstAllow, nil)
 	wentOn(t, probe)
 	if got := header(t, probe.ResponseHeaders([]Header{{":status", "200"}}), "ratelimit-remaining"); got != "9" {
 		t.Errorf("probe's response: ratelimit-remaining %q, want 9", got)
@@ -198,10 +200,11 @@ func (r runner) breakerProbeReopens(t *testing.T) {
 		wentOn(t, s)
 	})
 	transitions(t, h, 1, 3, 0)
-	// A 429 is an answer: the sidecar is back.
+	// A 429 is an answer: the sidecar is back. key-2's bucket is empty
+	// (other gateways spent it): the token is 1 s away at 1 token/s.
 	step(400*time.Millisecond, func() {
 		s, _ := waiting(t, h, get("key-2"))
-		s.RespondCallout(denyAnswer(10, 0, 10, 2, "", "", "basic"), nil)
+		s.RespondCallout(SidecarAnswer("basic", 10, 1, 0, 1), nil)
 		reply(t, s, 429)
 	})
 	transitions(t, h, 1, 3, 1)
@@ -233,15 +236,18 @@ func (r runner) breakerProbeReopens(t *testing.T) {
 // and breaks the run of failures.
 func (r runner) breakerAnswersAreSuccess(t *testing.T) {
 	h := r.host(t, breakerConfig)
-	for _, a := range [][]Header{
-		denyAnswer(10, 0, 10, 2, "", "", "basic"),
-		allowAnswer(10, 9, 1, "basic"),
+	// Each answer is to another client's check, so that the sidecar's 429
+	// (an empty bucket, which the deny cache then holds) keeps no later
+	// check from being made; the 200 is a client's first check.
+	for i, a := range [][]Header{
+		SidecarAnswer("basic", 10, 1, 0, 1),
+		firstAllow,
 		{{":status", "500"}},
 		{{":status", "200"}}, // malformed: no rate-limit headers
 	} {
 		failing(t, h, "key-1", timeoutAnswer)
 		failing(t, h, "key-1", unavailableAnswer)
-		s, _ := waiting(t, h, get("key-2"))
+		s, _ := waiting(t, h, get("client-"+strconv.Itoa(i)))
 		s.RespondCallout(a, nil)
 		s.Done()
 	}
@@ -265,7 +271,7 @@ func (r runner) breakerLateAnswers(t *testing.T) {
 	for _, s := range out[:4] {
 		s.RespondCallout(timeoutAnswer, nil)
 	}
-	out[4].RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	out[4].RespondCallout(firstAllow, nil)
 	wentOn(t, out[4])
 	transitions(t, h, 1, 0, 0)
 	bypassed(t, h, "key-1")
@@ -278,7 +284,7 @@ func (r runner) breakerLateAnswers(t *testing.T) {
 // callouts that fail after the sidecar's last answer still open it.
 func (r runner) breakerBurstStaysClosed(t *testing.T) {
 	answers := slices.Repeat([][]Header{timeoutAnswer}, 10)
-	answers[0] = allowAnswer(10, 9, 1, "basic")
+	answers[0] = firstAllow
 	r.sentTogether(t, 2*time.Millisecond, answers, map[string]int64{
 		limiter.MetricFailedOpenPrefix + "timeout": 12, limiter.MetricAllowed: 2, circuitOpen: 1,
 	})
@@ -375,7 +381,7 @@ func (r runner) breakerWorkers(t *testing.T) {
 	probe, _ := waiting(t, w, get("key-2"))
 	bypassed(t, h, "key-1")
 	bypassed(t, w, "key-1")
-	probe.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	probe.RespondCallout(firstAllow, nil)
 	wentOn(t, probe)
 	allowing(t, h, "key-1")
 	transitions(t, h, 1, 0, 1)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/filter/filtertest/sidecaranswer"
 	"github.com/edgelimit/edgelimit/filter/limiter"
 )
 
@@ -26,14 +27,19 @@ func withRate(h []Header, rate float64) []Header {
 // in 6 s.
 const goldPolicy = `"gold";q=3;w=6;edgelimit-rate="0.5"`
 
-// learnPlan has the sidecar allow one request of key under plan "gold":
-// capacity 3, 0.5 tokens/s.
-func learnPlan(t *testing.T, h Host, key string) {
+// learnPlan has the sidecar allow key's first request under plan "gold":
+// capacity 3, 0.5 tokens/s. It is called at the row's start, Redis time 0,
+// and returns key's bucket as the sidecar's script keeps it, for the row's
+// later answers: the full 3, less 1, leave 2 (x-ratelimit-tokens 2; full
+// again in (3 - 2) / 0.5 = 2 s).
+func learnPlan(t *testing.T, h Host, key string) *sidecaranswer.Bucket {
 	t.Helper()
+	b := sidecaranswer.NewBucket(3, 0.5)
 	s, _ := waiting(t, h, get(key))
-	s.RespondCallout(withRate(allowAnswer(3, 2, 2, "gold"), 0.5), nil)
+	s.RespondCallout(b.Check("gold", 0, 1), nil)
 	wentOn(t, s)
 	s.Done()
+	return b
 }
 
 // failingTo sends a request whose callout gets answer and returns the
@@ -132,24 +138,37 @@ func (r runner) localWorkers(t *testing.T) {
 // bucket is charged for what later answers admit: localPartialOutage.)
 func (r runner) localLearnsOnlyThePlan(t *testing.T) {
 	h := r.host(t, `{"on_failure": "local", "breaker": {"failures": 0}}`)
-	// Without the exact headers, so that the deny cache stays out of it.
+	// Without the exact tokens, which the sidecar always sends: the row is
+	// about an answer that lacks them, and the deny cache stays out of it.
+	// The rest is the sidecar's 429 for a bucket of 0 tokens under plan
+	// "free", 2 tokens refilled at 0.5/s.
 	s := failingTo(t, h, "bob", withRate(denyAnswer(2, 0, 4, 2, "", "", "free"), 0.5))
 	reply(t, s, 429)
 	wentOn(t, failingTo(t, h, "bob", timeoutAnswer))
 	wentOn(t, failingTo(t, h, "bob", timeoutAnswer))
 	denial(t, failingTo(t, h, "bob", timeoutAnswer), `"free";q=2;w=4;edgelimit-rate="0.5"`, `"free";r=0;t=2`, "4", "2")
 
+	// 2 s on, the local bucket has refilled one token at 0.5/s, and
+	// another failure takes it: 0 left, written now.
+	h.Advance(2 * time.Second)
+	wentOn(t, failingTo(t, h, "bob", timeoutAnswer))
+
 	// The plan grows to 5 at 1 token/s in an answer that admits a
-	// request: the bucket in use is charged for it, from its 0 tokens to a
-	// debt of 1, and refills at the new rate.
-	s = failingTo(t, h, "bob", withRate(allowAnswer(5, 4, 1, "pro"), 1))
+	// request. The 429 came from a bucket of 0 tokens (remaining 0, full
+	// in (2 - 0) / 0.5 = 4 s, a token in 2 s) that nobody has spent from
+	// since, so the script, reading it under the new plan 2 s on, finds
+	// 0 + 2 * 1 = 2 tokens and leaves 1. The bucket in use is charged for
+	// the admission, from its 0 tokens to a debt of 1 (the answer's 1 does
+	// not raise it), and refills at the new rate: the next whole token is
+	// 2 tokens away, 2 s at 1/s; full in (5 + 1) / 1 = 6 s.
+	s = failingTo(t, h, "bob", SidecarAnswer("pro", 5, 1, 2, 1))
 	wentOn(t, s)
 	denial(t, failingTo(t, h, "bob", timeoutAnswer), `"pro";q=5;w=5;edgelimit-rate="1"`, `"pro";r=0;t=2`, "6", "2")
 	h.Advance(2 * time.Second)
 	wentOn(t, failingTo(t, h, "bob", timeoutAnswer))
 
-	// An answer without x-ratelimit-rate (an older sidecar) teaches
-	// nothing: that client passes.
+	// An answer without x-ratelimit-rate (an older sidecar's, the case
+	// this answer stands for) teaches nothing: that client passes.
 	s = failingTo(t, h, "carol", allowAnswer(1, 0, 1, "free"))
 	wentOn(t, s)
 	for range 3 {
@@ -157,8 +176,8 @@ func (r runner) localLearnsOnlyThePlan(t *testing.T) {
 	}
 	counters(t, h, map[string]int64{
 		limiter.MetricDenied: 1, limiter.MetricAllowed: 2,
-		limiter.MetricFailedOpenPrefix + "timeout": 8,
-		localAllowed: 3, localDenied: 2,
+		limiter.MetricFailedOpenPrefix + "timeout": 9,
+		localAllowed: 4, localDenied: 2,
 	})
 }
 
@@ -167,7 +186,9 @@ func (r runner) localLearnsOnlyThePlan(t *testing.T) {
 // decision, and shadow mode exists to compare the sidecar's.
 func (r runner) localNotForShadow(t *testing.T) {
 	h := r.host(t, `{"mode": "shadow", "on_failure": "local", "breaker": {"failures": 0}}`)
-	s := failingTo(t, h, "alice", withRate(allowAnswer(1, 0, 2, "gold"), 0.5))
+	// alice's first check under a plan of 1 token refilled at 0.5/s: 0
+	// left, full in 2 s.
+	s := failingTo(t, h, "alice", SidecarAnswer("gold", 1, 0.5, 1, 1))
 	wentOn(t, s)
 	for range 3 {
 		s := failingTo(t, h, "alice", unavailableAnswer)
@@ -198,19 +219,25 @@ func (r runner) localOffByDefault(t *testing.T) {
 // once more through the bucket.
 func (r runner) localPartialOutage(t *testing.T) {
 	h := r.host(t, `{"on_failure": "local", "breaker": {"failures": 0}}`)
-	learnPlan(t, h, "alice") // the sidecar's bucket: 2 of 3 left
-	// The bucket starts at those 2, not full: 1 left.
+	// The sidecar's bucket (b, Redis time in µs from the row's start):
+	// 2 of 3 left at 0. Its failures below decide nothing in Redis.
+	b := learnPlan(t, h, "alice")
+	// The local bucket starts at those 2, not full: 1 left.
 	wentOn(t, failingTo(t, h, "alice", unavailableAnswer))
-	// The sidecar admits one, which empties its bucket: charged, 0 left.
-	wentOn(t, failingTo(t, h, "alice", withRate(allowAnswer(3, 0, 6, "gold"), 0.5)))
+	// The sidecar admits one from its 2: 1 left there. The local bucket is
+	// charged, 0 left, and not raised to the answer's 1.
+	wentOn(t, failingTo(t, h, "alice", b.Check("gold", 0, 1)))
 	denial(t, failingTo(t, h, "alice", unavailableAnswer), goldPolicy, `"gold";r=0;t=2`, "6", "2")
-	// 4 s: 2 tokens in both. The sidecar admits one, the bucket another,
-	// and the sidecar one more: a debt of 1, so the next token is 4 s away
-	// and the bucket full in 8 s.
+	// 4 s: the local bucket refills 4 * 0.5 = 2 tokens, the sidecar's
+	// min(3, 1 + 2) = 3. The sidecar admits one (2 left there; the local
+	// bucket, charged, 1), the local bucket another (0), and the sidecar
+	// one more (1 left there; the local bucket, charged, -1): a debt of
+	// 1, so the next whole token is 2 tokens, 4 s, away, and the bucket
+	// full in (3 + 1) / 0.5 = 8 s.
 	h.Advance(4 * time.Second)
-	wentOn(t, failingTo(t, h, "alice", withRate(allowAnswer(3, 1, 4, "gold"), 0.5)))
+	wentOn(t, failingTo(t, h, "alice", b.Check("gold", 4e6, 1)))
 	wentOn(t, failingTo(t, h, "alice", timeoutAnswer))
-	wentOn(t, failingTo(t, h, "alice", withRate(allowAnswer(3, 0, 6, "gold"), 0.5)))
+	wentOn(t, failingTo(t, h, "alice", b.Check("gold", 4e6, 1)))
 	denial(t, failingTo(t, h, "alice", timeoutAnswer), goldPolicy, `"gold";r=0;t=4`, "8", "4")
 	h.Advance(2 * time.Second)
 	denial(t, failingTo(t, h, "alice", timeoutAnswer), goldPolicy, `"gold";r=0;t=2`, "6", "2")

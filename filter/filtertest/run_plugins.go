@@ -61,8 +61,9 @@ func (r runner) twoPlugins(t *testing.T) {
 	wentOn(t, s)
 	s.Done()
 
-	// The answers come back to the root context that asked.
-	sb.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	// The answers come back to the root context that asked. key-b, and
+	// key-c and key-d below, are each checked once: firstAllow.
+	sb.RespondCallout(firstAllow, nil)
 	wentOn(t, sb)
 	sa.RespondCallout(SidecarAnswer("basic", 10, 0.5, 0, 3), nil)
 	reply(t, sa, 429)
@@ -78,7 +79,7 @@ func (r runner) twoPlugins(t *testing.T) {
 	if got := header(t, c.Headers, "x-ratelimit-region"); got != "eu-b" {
 		t.Errorf("after the removal: region %q, want eu-b", got)
 	}
-	s.RespondCallout(allowAnswer(10, 8, 1, "basic"), nil)
+	s.RespondCallout(firstAllow, nil)
 	wentOn(t, s)
 	s.Done()
 	b.Tick()
@@ -89,7 +90,7 @@ func (r runner) twoPlugins(t *testing.T) {
 		t.Error("an invalid configuration was accepted")
 	}
 	s, _ = waiting(t, b, get("", Header{"x-key-b", "key-d"}))
-	s.RespondCallout(allowAnswer(10, 7, 1, "basic"), nil)
+	s.RespondCallout(firstAllow, nil)
 	wentOn(t, s)
 	s.Done()
 	counters(t, b, map[string]int64{limiter.MetricAllowed: 3, limiter.MetricDenied: 1, limiter.MetricMissingKey: 2})

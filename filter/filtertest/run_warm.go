@@ -85,7 +85,7 @@ func (r runner) warmConnections(t *testing.T) {
 	warmDefault(n)
 	h.RespondRootCallouts(nil)
 	s, _ := waiting(t, h, get("key-1"))
-	s.RespondCallout(allowAnswer(10, 9, 1, "basic"), nil)
+	s.RespondCallout(firstAllow, nil)
 	wentOn(t, s)
 	s.Done()
 	counters(t, h, map[string]int64{limiter.MetricAllowed: 1})
