@@ -17,7 +17,6 @@ import (
 	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/filter/limiter"
 	"github.com/edgelimit/edgelimit/internal/testkit"
-	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
 
 // A burst over the plan gets 200s up to the capacity, then 429s whose
@@ -306,7 +305,7 @@ func TestStalledSidecarTakesNoTokensForRequestsLetThrough(t *testing.T) {
 	})
 	var client string
 	tokens := func() float64 {
-		v, err := s.redis.Client(t).HGet(context.Background(), keys.New(nil).BucketKey([]byte(client)), "tokens").Float64()
+		v, err := s.tokens(client)
 		if err != nil {
 			t.Fatal(err)
 		}

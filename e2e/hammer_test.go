@@ -1,7 +1,6 @@
 package e2e_test
 
 import (
-	"context"
 	"net/http"
 	"strconv"
 	"sync"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/internal/testkit"
-	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
 
 // Three gateways and two sidecars share one Redis; 48 concurrent clients
@@ -154,7 +152,7 @@ func hammer(s *stack, key string, capacity, clients, requests int64) {
 
 	// The bucket in Redis agrees: less than one token left, once the
 	// sidecars denied any.
-	tokens, err := s.redis.Client(t).HGet(context.Background(), keys.New(nil).BucketKey([]byte(key)), "tokens").Float64()
+	tokens, err := s.tokens(key)
 	if err != nil {
 		t.Fatal(err)
 	}

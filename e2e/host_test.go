@@ -87,8 +87,9 @@ func watchVCPUs(t *testing.T) *vcpustall.Watch {
 // 1%, plus those of the failed-open requests (the 200s without the
 // limiter's decision, timed in undecided) during whose wait the watch w
 // saw a vCPU stand still for vcpustall.BreaksACallout or more. Where w
-// could not watch, it is h's steal budget. Call it once w is closed, so
-// that it has every stall of the run.
+// could not watch, it is h's steal budget. Call it once w is closed, or
+// after w.Sync where the watch goes on, so that it has every stall of the
+// run.
 func stallBudget(w *vcpustall.Watch, h hostMeter, sent int64, undecided load.Spans) failOpenBound {
 	if why := w.Unavailable(); why != "" {
 		b := h.failOpenBudget(sent)

@@ -15,7 +15,6 @@ import (
 	"github.com/edgelimit/edgelimit/e2e/services"
 	"github.com/edgelimit/edgelimit/e2e/services/shadow"
 	"github.com/edgelimit/edgelimit/filter/limiter"
-	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
 
 // The rollout plan of the design document, walked on one running system
@@ -176,7 +175,7 @@ func TestRolloutCanaryShadowEnforce(t *testing.T) {
 	for _, svc := range []string{"orders", "billing"} {
 		for _, client := range slices.Sorted(maps.Keys(cmp.want[svc])) {
 			w := cmp.want[svc][client]
-			want = plusCounts(want, w)
+			want = want.Plus(w)
 			if got := reports[svc].Clients[client]; got != w {
 				if wrong++; wrong <= 5 {
 					t.Errorf("%s's shadow report for %s: %+v, want %+v", svc, client, got, w)
@@ -190,10 +189,10 @@ func TestRolloutCanaryShadowEnforce(t *testing.T) {
 	// The step's report, the services' merged as the bench reads them:
 	// what they compared during the step, and no more than its traffic.
 	after := shadow.Merge(reports["orders"], reports["billing"])
-	step := shadow.Report{Total: minusCounts(after.Total, earlier.Total), Clients: map[string]shadow.Counts{}}
+	step := shadow.Report{Total: after.Total.Minus(earlier.Total), Clients: map[string]shadow.Counts{}}
 	for client, c := range after.Clients {
 		if c != earlier.Clients[client] {
-			step.Clients[client] = minusCounts(c, earlier.Clients[client])
+			step.Clients[client] = c.Minus(earlier.Clients[client])
 		}
 	}
 	t.Logf("step 2 (shadow): the services compared %d requests: %d agree, %d disagree (%.3f%%), %d unknown; exit criterion under %.1f%%: %t",
@@ -347,9 +346,8 @@ func compareShadow(t *testing.T, s *stack, capacity int, traffic [][]request) *s
 	// command was sent), so the model reads their buckets again before
 	// each of their requests rather than once.
 	unsure := map[string]bool{}
-	rc := s.redis.Client(t)
 	resync := func(client string) {
-		tokens, err := rc.HGet(context.Background(), keys.New(nil).BucketKey([]byte(client)), "tokens").Float64()
+		tokens, err := s.tokens(client)
 		if err == nil {
 			edgeUsed[client] = capacity - int(math.Floor(tokens))
 		}
@@ -426,14 +424,4 @@ func compareShadow(t *testing.T, s *stack, capacity int, traffic [][]request) *s
 		}
 	}
 	return c
-}
-
-func plusCounts(a, b shadow.Counts) shadow.Counts {
-	return shadow.Counts{Agree: a.Agree + b.Agree, EdgeDenied: a.EdgeDenied + b.EdgeDenied,
-		EdgeAllowed: a.EdgeAllowed + b.EdgeAllowed, Unknown: a.Unknown + b.Unknown, Invalid: a.Invalid + b.Invalid}
-}
-
-func minusCounts(a, b shadow.Counts) shadow.Counts {
-	return shadow.Counts{Agree: a.Agree - b.Agree, EdgeDenied: a.EdgeDenied - b.EdgeDenied,
-		EdgeAllowed: a.EdgeAllowed - b.EdgeAllowed, Unknown: a.Unknown - b.Unknown, Invalid: a.Invalid - b.Invalid}
 }

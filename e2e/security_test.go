@@ -849,7 +849,6 @@ func TestCostRulesSeeNormalizedPaths(t *testing.T) {
 	s := startStack(t, stackConfig{
 		plans: "default_plan: five\nplans:\n  five: {capacity: 5, rate: 0.001}\n",
 	})
-	rc := s.redis.Client(t)
 	for i, path := range []string{"/orders/1", "/billing/../orders/1", "//orders//1", "/./orders/./1",
 		"/billing/%2e%2e/orders/1", "/billing/1"} {
 		s.decidedRun(t, path, func(run int) error {
@@ -873,7 +872,7 @@ func TestCostRulesSeeNormalizedPaths(t *testing.T) {
 			default:
 				return fmt.Errorf("%s: 200, and billing received %d, orders %d; want one request at one of them", path, billing, orders)
 			}
-			tokens, err := rc.HGet(context.Background(), keys.New(nil).BucketKey([]byte(key)), "tokens").Float64()
+			tokens, err := s.tokens(key)
 			if err != nil {
 				return fmt.Errorf("%s: the bucket's tokens: %v", path, err)
 			}

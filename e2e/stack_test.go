@@ -16,6 +16,7 @@ import (
 	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/e2e/services"
 	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
 
 // bins are the deliverables under test: `make test` builds them into
@@ -324,6 +325,12 @@ func (s *stack) decidedRun(t *testing.T, what string, fn func(run int) error) {
 		}
 		t.Logf("%s: a request failed open (run %d of %d; it found: %v): nothing tested, run again with fresh clients", what, run, decidedAttempts, err)
 	}
+}
+
+// tokens reads what client's bucket holds in Redis as the script last
+// wrote it (no refill since): a bucket the script never wrote is an error.
+func (s *stack) tokens(client string) (float64, error) {
+	return s.redis.Client(s.t).HGet(context.Background(), keys.New(nil).BucketKey([]byte(client)), "tokens").Float64()
 }
 
 // received is what reached both services from client.

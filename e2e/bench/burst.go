@@ -443,9 +443,15 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 	// gateway count: the worst step of those that held.
 	for _, g := range p.Gateways {
 		worst, where := math.NaN(), ""
+		var unmeasured []string // held steps at the target where neither histogram gave a p99
 		for _, s := range steps {
+			if s.Gateways != g || s.Offered != burstTarget || !s.Holds() {
+				continue
+			}
 			added := s.median(burstRun.AddedP99)
-			if s.Gateways == g && s.Offered == burstTarget && s.Holds() && !math.IsNaN(added) && !(added <= worst) {
+			if math.IsNaN(added) {
+				unmeasured = append(unmeasured, s.mode())
+			} else if !(added <= worst) {
 				worst, where = added, s.mode()
 			}
 		}
@@ -453,11 +459,14 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 		if where != "" {
 			measured = fmt.Sprintf("at most %s ms (%s; median of the runs' filter p99 less sidecar p99, each from histogram buckets 0.5 ms wide from 1 to 5 ms and 2.5 ms from 5 to 10)", msOrDash(worst), where)
 		}
+		if len(unmeasured) > 0 {
+			measured += "; not measured in " + strings.Join(unmeasured, ", ")
+		}
 		checks = append(checks, report.Check{
 			Claim:    fmt.Sprintf("in bursts the gateway adds at most 1 ms to a callout at p99: %d gateway(s)", g),
-			Target:   fmt.Sprintf("filter's callout p99 - sidecar's decision p99 <= 1 ms, at %d req/s", burstTarget),
+			Target:   fmt.Sprintf("filter's callout p99 - sidecar's decision p99 <= 1 ms, at %d req/s, in every way of sending that held", burstTarget),
 			Measured: measured,
-			Holds:    where != "" && worst <= 1,
+			Holds:    where != "" && worst <= 1 && len(unmeasured) == 0,
 		})
 	}
 	for _, g := range p.Gateways {

@@ -213,8 +213,8 @@ var method = []string{
 }
 
 // writeBenchmarks writes BENCHMARKS.md from the results saved in e.out,
-// and only from them: the date is when the last scenario ended and the
-// command the one the scenarios ran with, so that `report` rebuilds the
+// and only from them: the date is when the last run ended (a scenario's
+// or an attached report's) and the command the one the scenarios ran with, so that `report` rebuilds the
 // same file from the same results.
 func writeBenchmarks(root, path string, e *env) error {
 	var list []*report.Scenario
@@ -269,8 +269,12 @@ func writeBenchmarks(root, path string, e *env) error {
 		// A report whose summary lines cannot be read would leave its
 		// targets out of the summary without a word: refuse instead.
 		if a.Checks != "" {
-			if _, err := report.LoadChecks(a.Checks); err != nil {
+			c, err := report.LoadChecks(a.Checks)
+			if err != nil {
 				return fmt.Errorf("%s has no readable summary lines beside it: %w", a.Path, err)
+			}
+			if end := c.Run.Started.Add(c.Run.Took); end.After(ended) {
+				ended = end
 			}
 		}
 		a.Shown, _ = filepath.Rel(root, a.Path)

@@ -39,7 +39,7 @@ func TestSetNice(t *testing.T) {
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("from %d to %d lower-only %t", c.start, c.n, c.lowerOnly), func(t *testing.T) {
 			if c.raises {
-				if err := mayRaisePriority(); err != nil {
+				if err := mayRaisePriority(c.start, c.n); err != nil {
 					t.Skipf("raising a priority needs CAP_SYS_NICE or an RLIMIT_NICE that allows it, and this process may not: %v", err)
 				}
 			}
@@ -70,31 +70,26 @@ func TestSetNice(t *testing.T) {
 	}
 }
 
-// mayRaisePriority returns why this process may not raise a thread's
-// priority, nil if it may: it tries on a thread of its own, made one nicer
-// and then set back, which the kernel allows only with CAP_SYS_NICE or an
-// RLIMIT_NICE that reaches the niceness set back. The thread ends with the
-// goroutine, its niceness with it.
-func mayRaisePriority() error {
+// mayRaisePriority returns why this process may not take a thread from
+// niceness from to a lower niceness to, nil if it may: it tries exactly
+// that on a thread of its own, which the kernel allows only with
+// CAP_SYS_NICE or an RLIMIT_NICE that reaches to (and going to from
+// needs the same where the thread starts nicer than from). The thread ends
+// with the goroutine, its niceness with it.
+func mayRaisePriority(from, to int) error {
 	res := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
 		tid := syscall.Gettid()
-		raw, err := syscall.Getpriority(syscall.PRIO_PROCESS, tid)
-		if err != nil {
-			res <- err
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, from); err != nil {
+			res <- fmt.Errorf("niceness %d: %w", from, err)
 			return
 		}
-		nice := 20 - raw // the raw syscall answers 20 - nice
-		if nice >= 19 {
-			res <- fmt.Errorf("the thread is at niceness %d already, none nicer to come back from", nice)
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, to); err != nil {
+			res <- fmt.Errorf("niceness %d to %d: %w", from, to, err)
 			return
 		}
-		if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, nice+1); err != nil {
-			res <- err
-			return
-		}
-		res <- syscall.Setpriority(syscall.PRIO_PROCESS, tid, nice)
+		res <- nil
 	}()
 	return <-res
 }

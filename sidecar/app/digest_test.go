@@ -57,6 +57,12 @@ func TestDigestOnlyPlans(t *testing.T) {
 			if err != nil || len(written) == 0 {
 				t.Fatalf("KEYS *: %q, %v", written, err)
 			}
+			// The log has the checks in it (named by their digests), so
+			// that a key missing from it is one the log left out.
+			_, digits, _ := strings.Cut(d.Digest([]byte("client-tiny")), ":")
+			if id := keys.LogID("rl:{" + digits + "}"); id == "" || !strings.Contains(s.logs.String(), "client="+id) {
+				t.Fatalf("the debug log has no decision for client-tiny (client=%s):\n%s", id, s.logs)
+			}
 			for _, key := range []string{"client-key-123", "client-tiny", "someone-else"} {
 				for _, k := range written {
 					if strings.Contains(k, key) {
@@ -68,7 +74,6 @@ func TestDigestOnlyPlans(t *testing.T) {
 				}
 			}
 			// The bucket is named by the same digits as the plans file.
-			_, digits, _ := strings.Cut(d.Digest([]byte("client-tiny")), ":")
 			if n, err := srv.Client(t).Exists(t.Context(), "rl:{"+digits+"}").Result(); err != nil || n != 1 {
 				t.Fatalf("bucket rl:{%s}: exists %d, %v", digits, n, err)
 			}

@@ -63,8 +63,8 @@ type Benchmarks struct {
 	Method  []string
 	Machine Machine
 	// Generated is when the measurements the file shows ended (the last
-	// scenario's end), so that rebuilding the file from the same results
-	// gives the same file.
+	// run's end, a scenario's or an attached report's), so that
+	// rebuilding the file from the same results gives the same file.
 	Generated   time.Time
 	Scenarios   []*Scenario
 	ResultsDir  string // relative to the file, where the charts are

@@ -72,12 +72,17 @@ func (c Counts) DisagreementRate() float64 {
 	return 0
 }
 
-func (c *Counts) add(o Counts) {
-	c.Agree += o.Agree
-	c.EdgeDenied += o.EdgeDenied
-	c.EdgeAllowed += o.EdgeAllowed
-	c.Unknown += o.Unknown
-	c.Invalid += o.Invalid
+// Plus returns c and o counted together.
+func (c Counts) Plus(o Counts) Counts {
+	return Counts{Agree: c.Agree + o.Agree, EdgeDenied: c.EdgeDenied + o.EdgeDenied,
+		EdgeAllowed: c.EdgeAllowed + o.EdgeAllowed, Unknown: c.Unknown + o.Unknown, Invalid: c.Invalid + o.Invalid}
+}
+
+// Minus returns what c counts beyond an earlier reading o of the same
+// counts.
+func (c Counts) Minus(o Counts) Counts {
+	return Counts{Agree: c.Agree - o.Agree, EdgeDenied: c.EdgeDenied - o.EdgeDenied,
+		EdgeAllowed: c.EdgeAllowed - o.EdgeAllowed, Unknown: c.Unknown - o.Unknown, Invalid: c.Invalid - o.Invalid}
 }
 
 // MarshalJSON writes the counts with their derived totals and rate.
@@ -161,7 +166,7 @@ func (c *Counter) Report() Report {
 	r := Report{Clients: make(map[string]Counts, len(c.m))}
 	for k, v := range c.m {
 		r.Clients[k] = *v
-		r.Total.add(*v)
+		r.Total = r.Total.Plus(*v)
 	}
 	return r
 }
@@ -173,10 +178,10 @@ func Merge(reports ...Report) Report {
 	for _, r := range reports {
 		for k, v := range r.Clients {
 			c := out.Clients[k]
-			c.add(v)
+			c = c.Plus(v)
 			out.Clients[k] = c
 		}
-		out.Total.add(r.Total)
+		out.Total = out.Total.Plus(r.Total)
 	}
 	return out
 }
