@@ -273,8 +273,8 @@ func (s burstStep) cells() []any {
 	return []any{s.Gateways, s.mode(), fmt.Sprintf("%.0f", s.Offered), sentCol, fmt.Sprintf("%.0f", want), fmt.Sprintf("%.0f", admitted),
 		ratio(s.median(func(r burstRun) float64 { return float64(r.Admitted) / r.Want })), fmt.Sprintf("%.0f (%.2f%%)", fo, share),
 		fmt.Sprintf("%d of %d runs", s.reachedExactly(), len(s.Runs)), fmt.Sprintf("%d of %d", s.Held(), len(s.Runs)), yesNo(s.Holds()),
-		msOrDash(s.median(func(r burstRun) float64 { return r.FilterP99 })), msOrDash(s.median(func(r burstRun) float64 { return r.SidecarP99 })),
-		msOrDash(s.median(burstRun.AddedP99)), msOrDash(s.median(func(r burstRun) float64 { return r.WaitP99 })), s.cpu(), stealOrDash(s.steal()), s.stalls()}
+		msv(s.median(func(r burstRun) float64 { return r.FilterP99 })), msv(s.median(func(r burstRun) float64 { return r.SidecarP99 })),
+		msv(s.median(burstRun.AddedP99)), msv(s.median(func(r burstRun) float64 { return r.WaitP99 })), s.cpu(), stealOrDash(s.steal()), s.stalls()}
 }
 
 // stalls are the medians over the step's runs of the vCPU stalls that
@@ -457,7 +457,7 @@ func runBurst(ctx context.Context, e *env) (*report.Scenario, error) {
 		}
 		measured := "no step at the target held"
 		if where != "" {
-			measured = fmt.Sprintf("at most %s ms (%s; median of the runs' filter p99 less sidecar p99, each from histogram buckets 0.5 ms wide from 1 to 5 ms and 2.5 ms from 5 to 10)", msOrDash(worst), where)
+			measured = fmt.Sprintf("at most %s ms (%s; median of the runs' filter p99 less sidecar p99, each from histogram buckets 0.5 ms wide from 1 to 5 ms and 2.5 ms from 5 to 10)", msv(worst), where)
 		}
 		if len(unmeasured) > 0 {
 			measured += "; not measured in " + strings.Join(unmeasured, ", ")
@@ -695,14 +695,6 @@ func sumCounters(fronts []*rig.Front) (map[string]int64, error) {
 		}
 	}
 	return sum, nil
-}
-
-// msOrDash formats milliseconds, "-" for NaN.
-func msOrDash(v float64) string {
-	if math.IsNaN(v) {
-		return "-"
-	}
-	return fmt.Sprintf("%.2f", v)
 }
 
 // stealOrDash is a share as a percentage, "-" for NaN.

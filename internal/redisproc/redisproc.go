@@ -1,8 +1,9 @@
 // Package redisproc runs real redis-server processes for tests, benchmarks
-// and demos: a standalone server (or a Sentinel) on a free loopback port, or
-// a Redis Cluster built with redis-cli. Every process it starts is owned by the caller and
-// stopped by Stop (or at test cleanup with the ...T helpers), so tests never
-// share a Redis with each other or with anything already on the machine.
+// and demos: a standalone server (or a Sentinel) on a free loopback port,
+// or a Redis Cluster built with redis-cli. Every process it starts is owned
+// by the caller and stopped by Stop (or at test cleanup with the ...T
+// helpers), so tests never share a Redis with each other or with anything
+// already on the machine.
 package redisproc
 
 import (
