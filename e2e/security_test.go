@@ -842,12 +842,19 @@ func writeTestPKI(t *testing.T, dir string) (caFile, certFile, keyFile string) {
 // the filter matches its cost rules and the router picks the service, as
 // Envoy does with normalize_path and merge_slashes, so a request pays the
 // price of the route that serves it, however the path was spelled. The
-// rule is envoy.yaml's: a POST under /orders costs 5, any other request 1.
-// A percent-encoded dot is a dot to normalize_path, so
+// prices are envoy.yaml's rules' (a POST under /orders costs 5, any other
+// request 1), read from the file, and the plan holds exactly one orders
+// request. A percent-encoded dot is a dot to normalize_path, so
 // "/billing/%2e%2e/orders/1" is orders', at orders' price.
 func TestCostRulesSeeNormalizedPaths(t *testing.T) {
+	filter := shippedFilter(t)
+	ordersPrice, billingPrice := float64(filter.Cost("POST", "/orders/1")), float64(filter.Cost("POST", "/billing/1"))
+	if ordersPrice == billingPrice {
+		t.Fatalf("envoy.yaml prices a POST to orders and to billing alike (%v), so where a path went cannot be read from the tokens it spent", ordersPrice)
+	}
+	capacity := ordersPrice
 	s := startStack(t, stackConfig{
-		plans: "default_plan: five\nplans:\n  five: {capacity: 5, rate: 0.001}\n",
+		plans: fmt.Sprintf("default_plan: one-order\nplans:\n  one-order: {capacity: %v, rate: 0.001}\n", capacity),
 	})
 	for i, path := range []string{"/orders/1", "/billing/../orders/1", "//orders//1", "/./orders/./1",
 		"/billing/%2e%2e/orders/1", "/billing/1"} {
@@ -857,18 +864,17 @@ func TestCostRulesSeeNormalizedPaths(t *testing.T) {
 			if st != 200 {
 				return fmt.Errorf("%s: status %d (%q)", path, st, body)
 			}
-			// The bucket held 5 and this was its first decision, which
-			// Redis stores as exactly 5 less the price (the refill of a
-			// bucket that starts full adds nothing): after orders' price
-			// 0 is left, after billing's 4.
+			// The bucket was full and this was its first decision, which
+			// Redis stores as exactly the capacity less the price (the
+			// refill of a bucket that starts full adds nothing).
 			billing, orders := s.billing.Stats().Client(key).Received, s.orders.Stats().Client(key).Received
 			var service string
 			var price float64
 			switch {
 			case billing == 1 && orders == 0:
-				service, price = "billing", 1
+				service, price = "billing", billingPrice
 			case billing == 0 && orders == 1:
-				service, price = "orders", 5
+				service, price = "orders", ordersPrice
 			default:
 				return fmt.Errorf("%s: 200, and billing received %d, orders %d; want one request at one of them", path, billing, orders)
 			}
@@ -876,8 +882,8 @@ func TestCostRulesSeeNormalizedPaths(t *testing.T) {
 			if err != nil {
 				return fmt.Errorf("%s: the bucket's tokens: %v", path, err)
 			}
-			if tokens != 5-price {
-				return fmt.Errorf("%s reached %s and left %v of the bucket's 5 tokens, want %v (its price %v)", path, service, tokens, 5-price, price)
+			if tokens != capacity-price {
+				return fmt.Errorf("%s reached %s and left %v of the bucket's %v tokens, want %v (its price %v)", path, service, tokens, capacity, capacity-price, price)
 			}
 			if (path == "/billing/../orders/1" || path == "/billing/%2e%2e/orders/1") && orders != 1 {
 				return fmt.Errorf("%s did not reach orders", path)
