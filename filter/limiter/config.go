@@ -194,7 +194,7 @@ func (c *Config) set(name string, v jsonValue) error {
 		c.SidecarAuthority = s
 		return err
 	case "region":
-		s, err := visibleString(name, v, 0, MaxRegionLen)
+		s, err := regionString(name, v)
 		c.Region = s
 		return err
 	case "timeout_ms":
@@ -427,6 +427,25 @@ func visibleString(field string, v jsonValue, lo, hi int) (string, error) {
 			rule = strconv.Itoa(lo) + " to " + strconv.Itoa(hi) + " visible ASCII characters"
 		}
 		return "", mustBe(field, rule, v)
+	}
+	return v.text, nil
+}
+
+// regionString reads the region: what the sidecar accepts in
+// x-ratelimit-region (sidecar/README.md), at most MaxRegionLen characters of
+// A-Z a-z 0-9 . _ -. A region the sidecar would refuse would have every
+// check answered 400, and every request fail open.
+func regionString(field string, v jsonValue) (string, error) {
+	if v.kind != jsonString {
+		return "", mustBe(field, "a string", v)
+	}
+	ok := len(v.text) <= MaxRegionLen
+	for i := 0; ok && i < len(v.text); i++ {
+		c := v.text[i]
+		ok = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
+	}
+	if !ok {
+		return "", mustBe(field, "at most "+strconv.Itoa(MaxRegionLen)+" characters of A-Z a-z 0-9 . _ -", v)
 	}
 	return v.text, nil
 }
