@@ -37,6 +37,7 @@ help:
 	@echo "make fuzz   every fuzz target for $(FUZZTIME_LONG)"
 	@echo "make chart  render the Helm chart with Helm's Go API and check every object against the Kubernetes types"
 	@echo "make mesh   decode the Istio and Envoy Gateway examples and check how they fit"
+	@echo "make deps   install what the other targets need: redis-server, redis-tools, binaryen (wasm-opt); Go's modules"
 
 ## deps: system packages the build, tests, benchmarks and demo run (real
 ## Redis; wasm-opt for the module).
