@@ -33,9 +33,11 @@ const usageHead = `Usage: sidecar [flags]
        sidecar healthcheck [-timeout D] URL           (exit 0 if URL answers 2xx; for container health checks)
 
 The rate limiter's sidecar: POST /v1/check decides, with one Redis round trip,
-whether the client in x-api-key may go on (200) or not (429). Also GET /healthz,
-GET /readyz (Redis reachable, script loaded) and GET /metrics (Prometheus), on
-the check listener (-listen) and, if set, on the admin listener (-admin-listen).
+whether the client in x-api-key may go on (200) or not (429); POST /v1/warm is
+the gateways' warm-up call, the same path without a client (no decision). Also
+GET /healthz, GET /readyz (Redis reachable, script loaded) and GET /metrics
+(Prometheus), on the check listener (-listen) and, if set, on the admin
+listener (-admin-listen), which serves only these three.
 
 Every flag can also be set by the environment variable shown with it; a flag on
 the command line wins over the variable. Signals: SIGHUP reloads the plans file
@@ -72,7 +74,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs := flag.NewFlagSet("sidecar", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		listen       = fs.String("listen", "127.0.0.1:8081", "`address` to serve POST /v1/check (and /healthz, /readyz, /metrics) on; loopback by default, the sidecar sits next to the proxy")
+		listen       = fs.String("listen", "127.0.0.1:8081", "`address` to serve POST /v1/check and POST /v1/warm (and /healthz, /readyz, /metrics) on; loopback by default, the sidecar sits next to the proxy")
 		adminListen  = fs.String("admin-listen", "", "`address` of a second listener serving only /healthz, /readyz and /metrics, for probes and Prometheus (e.g. :8082); empty: none")
 		redisURL     = fs.String("redis", "redis://127.0.0.1:6379/0", "Redis `URL`: a server, a cluster or a sentinel-managed master (forms below)")
 		redisPass    = fs.String("redis-password", "", "Redis password, instead of one in the -redis URL (keeps it out of the URL; prefer the environment variable)")

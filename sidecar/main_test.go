@@ -127,6 +127,7 @@ func TestUsageListsEveryEnvVar(t *testing.T) {
 		"SIDECAR_LISTEN", "SIDECAR_ADMIN_LISTEN", "SIDECAR_REDIS_PASSWORD", "SIDECAR_REDIS (", "SIDECAR_PLANS\n", "SIDECAR_REDIS_TIMEOUT", "SIDECAR_CHECK", "SIDECAR_KEY_SALT",
 		"SIDECAR_PLANS_POLL", "SIDECAR_REDIS_PIPELINES", "SIDECAR_REDIS_MAX_BATCH", "SIDECAR_DENY_CACHE", "SIDECAR_LOG_LEVEL", "SIDECAR_LOG_FORMAT",
 		"redis+cluster://", "redis+sentinel://", "rediss://", `(default "4ms")`, `(default "127.0.0.1:8081")`,
+		"POST /v1/warm",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("-h does not mention %q", want)
