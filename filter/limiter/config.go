@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+
+	"github.com/edgelimit/edgelimit/internal/region"
 )
 
 // Mode is what the filter does with a client's request.
@@ -87,7 +89,6 @@ const (
 	MaxTimeoutMs    = 60000
 	MaxCost         = 1000000
 	MaxCostRules    = 256
-	MaxRegionLen    = 64
 	maxNameLen      = 255
 	maxMethodLen    = 32
 	maxPathPrefix   = 1024
@@ -432,20 +433,14 @@ func visibleString(field string, v jsonValue, lo, hi int) (string, error) {
 }
 
 // regionString reads the region: what the sidecar accepts in
-// x-ratelimit-region (sidecar/README.md), at most MaxRegionLen characters of
-// A-Z a-z 0-9 . _ -. A region the sidecar would refuse would have every
-// check answered 400, and every request fail open.
+// x-ratelimit-region (region.Valid). A region the sidecar would refuse
+// would have every check answered 400, and every request fail open.
 func regionString(field string, v jsonValue) (string, error) {
 	if v.kind != jsonString {
 		return "", mustBe(field, "a string", v)
 	}
-	ok := len(v.text) <= MaxRegionLen
-	for i := 0; ok && i < len(v.text); i++ {
-		c := v.text[i]
-		ok = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
-	}
-	if !ok {
-		return "", mustBe(field, "at most "+strconv.Itoa(MaxRegionLen)+" characters of A-Z a-z 0-9 . _ -", v)
+	if !region.Valid(v.text) {
+		return "", mustBe(field, region.Rule, v)
 	}
 	return v.text, nil
 }

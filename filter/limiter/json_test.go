@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/edgelimit/edgelimit/internal/region"
 )
 
 func TestParseJSONValues(t *testing.T) {
@@ -127,7 +129,7 @@ func FuzzParse(f *testing.F) {
 		}
 		if c.TimeoutMs < 1 || c.TimeoutMs > MaxTimeoutMs || !isVisible(c.SidecarCluster) || c.SidecarCluster == "" ||
 			!isVisible(c.SidecarAuthority) || !isHeaderName(c.APIKeyHeader) || c.Mode > ModeOff ||
-			len(c.Region) > MaxRegionLen || (c.Region != "" && !isVisible(c.Region)) || len(c.Costs) > MaxCostRules ||
+			!region.Valid(c.Region) || len(c.Costs) > MaxCostRules ||
 			c.Breaker.Failures > MaxBreakerFailures || c.Breaker.MinOpenMs < 1 ||
 			c.Breaker.MaxOpenMs < c.Breaker.MinOpenMs || c.Breaker.MaxOpenMs > MaxBreakerOpenMs {
 			t.Fatalf("accepted out-of-range config %+v", c)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/edgelimit/edgelimit/internal/region"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 	"github.com/edgelimit/edgelimit/sidecar/plans"
 )
@@ -21,9 +22,6 @@ const (
 // MaxCost is the largest x-ratelimit-cost accepted: the largest capacity a
 // plan may have, so every accepted cost fits some plan.
 const MaxCost = plans.MaxCapacity
-
-// MaxRegionLen bounds x-ratelimit-region.
-const MaxRegionLen = 64
 
 // Check is one parsed /v1/check request.
 type Check struct {
@@ -45,7 +43,7 @@ var (
 	ErrCostTooLarge = fmt.Errorf("x-ratelimit-cost must be at most %d", MaxCost)
 	ErrManySents    = errors.New("more than one x-ratelimit-sent header")
 	ErrSentSyntax   = errors.New("x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 17 digits")
-	ErrRegion       = fmt.Errorf("x-ratelimit-region must be at most %d characters of A-Z a-z 0-9 . _ -", MaxRegionLen)
+	ErrRegion       = errors.New("x-ratelimit-region must be " + region.Rule)
 )
 
 // ParseCheck reads and validates the check headers. A header sent twice is
@@ -77,7 +75,7 @@ func ParseCheck(h *fasthttp.RequestHeader) (Check, error) {
 		return c, ErrManyCosts
 	}
 	c.Region = h.Peek(HeaderRegion)
-	if !validRegion(c.Region) {
+	if !region.Valid(c.Region) {
 		return c, ErrRegion
 	}
 	var err error
@@ -147,16 +145,4 @@ func parseDigits(b []byte, max int64) (int64, error) {
 		}
 	}
 	return n, nil
-}
-
-func validRegion(b []byte) bool {
-	if len(b) > MaxRegionLen {
-		return false
-	}
-	for _, c := range b {
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
