@@ -11,6 +11,8 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
+require k8s.io/pod-security-admission v0.37.2
+
 require (
 	cel.dev/expr v0.25.2 // indirect
 	github.com/cncf/xds/go v0.0.0-20260202195803-dba9d589def2 // indirect
