@@ -493,12 +493,16 @@ func checkInvariants(t *testing.T, r *rendered) {
 		}
 	}
 
-	// Draining: Envoy's preStop asks the admin to drain, then waits; the
-	// sidecar outlives it; the grace period covers both.
+	// Draining: Envoy's preStop fails Envoy's health check (so that /ready
+	// answers 503: a drain alone leaves it LIVE), asks the admin to drain,
+	// then waits; the sidecar outlives it; the grace period covers both.
 	pre := envoy.Lifecycle.PreStop.Exec.Command
 	script := pre[len(pre)-1]
 	if !strings.Contains(script, fmt.Sprintf("/dev/tcp/127.0.0.1/%v", admin["port_value"])) || !strings.Contains(script, "POST /drain_listeners?graceful") {
 		t.Errorf("Envoy preStop does not drain through the admin: %q", script)
+	}
+	if fail := strings.Index(script, "POST /healthcheck/fail "); fail < 0 || fail > strings.Index(script, "POST /drain_listeners?graceful") {
+		t.Errorf("Envoy preStop does not fail the health check before draining (/ready stays 200 through a drain): %q", script)
 	}
 	drain := regexp.MustCompile(`sleep (\d+)$`).FindStringSubmatch(script)
 	if drain == nil {
