@@ -493,6 +493,23 @@ func checkInvariants(t *testing.T, r *rendered) {
 		}
 	}
 
+	// Envoy's workers: set, not Envoy's default of one per hardware thread
+	// of the node (whatever the container's CPU), each with its own wasm VM
+	// and its own warm connections to the sidecar, which all fit in the
+	// callout cluster's connection limit.
+	workers, err := strconv.Atoi(podspec.Arg(t, envoy, "--concurrency"))
+	if err != nil || workers < 1 {
+		t.Errorf("Envoy --concurrency %q: want a number of workers", podspec.Arg(t, envoy, "--concurrency"))
+	}
+	warm := 16.0 // filter/README.md: warm_connections' default
+	if w, ok := filterConfig(t, boot)["warm_connections"].(float64); ok {
+		warm = w
+	}
+	maxConns := dig(t, cluster(t, boot, "ratelimit_sidecar"), "circuit_breakers", "thresholds", 0, "max_connections").(float64)
+	if float64(workers)*warm > maxConns {
+		t.Errorf("%d workers x %v warm connections exceed ratelimit_sidecar's max_connections %v", workers, warm, maxConns)
+	}
+
 	// Draining: Envoy's preStop fails Envoy's health check (so that /ready
 	// answers 503: a drain alone leaves it LIVE), asks the admin to drain,
 	// then waits; the sidecar outlives it; the grace period covers both.
