@@ -266,7 +266,7 @@ func TestChart(t *testing.T) {
 				t.Errorf("the canary key is not in the Secret %s", bootstrapSecret)
 			}
 		}},
-		{"secret from values", values("secrets.keySalt", "pepper", "secrets.redisPassword", "hunter2"), func(t *testing.T, r *rendered) {
+		{"secret from values", values("secrets.keySalt", "pepper", "secrets.redisPassword", "hunter2", "plans.clients", map[string]any{}), func(t *testing.T, r *rendered) {
 			s := r.secrets["edge-edgelimit-secrets"]
 			if s == nil || string(s.Data["key-salt"]) != "pepper" || string(s.Data["redis-password"]) != "hunter2" {
 				t.Fatalf("Secret: %+v", s)
@@ -364,6 +364,10 @@ func TestChartRefuses(t *testing.T) {
 			"plans.clients: every client must be listed by digest"},
 		{"digest in capitals", values("plans.clients", map[string]any{strings.ToUpper(digest("k")): "pro"}),
 			"plans.clients: every client must be listed by digest"},
+		{"sha256 digests with a key salt", values("secrets.keySalt", "pepper"),
+			"plans.clients: secrets.keySalt is set, so the sidecar matches hmac-sha256: digests"},
+		{"hmac-sha256 digests without a key salt", values("plans.clients", map[string]any{"hmac-sha256:" + strings.TrimPrefix(digest("k"), "sha256:"): "pro"}),
+			"plans.clients: no key salt is set, so the sidecar matches sha256: digests"},
 		{"wasm source", values("wasm.source", "http"), `wasm.source: must be initContainer or imageVolume, got "http"`},
 		{"no Redis", values("redis.url", ""), "redis.url is required"},
 	}
