@@ -179,7 +179,8 @@ func startStack(t *testing.T, c stackConfig) *stack {
 	}
 	svc := services.Config{Replicas: 1, Limiter: c.serviceLimiter}
 	if c.serviceLimiter != services.LimiterOff {
-		p, err := services.PlansFromFile(s.plans)
+		// The stack's sidecars run without -key-salt.
+		p, err := services.PlansFromFile(s.plans, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -65,6 +65,7 @@ func run(args []string) error {
 	fs.Var(&svcs, "service", "a service as NAME=HOST:PORT, repeatable (default orders=127.0.0.1:9001 and billing=127.0.0.1:9002, envoy/envoy.yaml's clusters)")
 	replicas := fs.Int("replicas", services.DefaultReplicas, "replicas per service")
 	plansPath := fs.String("plans", "", "the sidecar's plans file: each client's plan (required with -limiter other than off, or -safety > 0)")
+	keySalt := fs.String("key-salt", "", "the sidecar's -key-salt, which a plans file listing clients by hmac-sha256: digest needs; when not given, $SIDECAR_KEY_SALT, which keeps it off the command line")
 	limiter := fs.String("limiter", "off", "per-service limiter: off, enforce (the old design) or observe (decide, count, never reject)")
 	safetyFactor := fs.Float64("safety", 10, "coarse safety limit per replica, as a multiple of the client's plan; 0 for none")
 	workers := fs.Int("workers", 0, "workers per replica; 0 for unbounded capacity")
@@ -73,6 +74,9 @@ func run(args []string) error {
 	check := fs.Bool("check", false, "check the flags and the plans file, then exit")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *keySalt == "" {
+		*keySalt = os.Getenv("SIDECAR_KEY_SALT")
 	}
 	if len(svcs) == 0 {
 		svcs = serviceFlags{{"orders", "127.0.0.1:9001"}, {"billing", "127.0.0.1:9002"}}
@@ -86,7 +90,7 @@ func run(args []string) error {
 		Workers: *workers, Queue: *queue, ServiceTime: *serviceTime,
 	}
 	if *plansPath != "" {
-		if c.Plans, err = services.PlansFromFile(*plansPath); err != nil {
+		if c.Plans, err = services.PlansFromFile(*plansPath, []byte(*keySalt)); err != nil {
 			return err
 		}
 	} else if mode != services.LimiterOff || *safetyFactor != 0 {
