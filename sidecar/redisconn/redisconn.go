@@ -107,6 +107,9 @@ func Parse(rawURL string) (*Spec, error) {
 				return fail("%v", err)
 			}
 		}
+		if err := checkOptions(o.DB, o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns, o.DialTimeout, u.Query().Get("dial_timeout")); err != nil {
+			return fail("%v", err)
+		}
 		s.Kind, s.Addrs, s.single = Standalone, []string{o.Addr}, o
 	case "cluster":
 		addrs, err := splitAddrs(u.Host)
@@ -130,6 +133,9 @@ func Parse(rawURL string) (*Spec, error) {
 		v.RawQuery = q.Encode()
 		o, err := redis.ParseClusterURL(v.String())
 		if err != nil {
+			return fail("%v", err)
+		}
+		if err := checkOptions(0, o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns, o.DialTimeout, u.Query().Get("dial_timeout")); err != nil {
 			return fail("%v", err)
 		}
 		if o.TLSConfig != nil {
@@ -158,6 +164,9 @@ func Parse(rawURL string) (*Spec, error) {
 		}
 		o, err := redis.ParseURL(v.String())
 		if err != nil {
+			return fail("%v", err)
+		}
+		if err := checkOptions(o.DB, o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns, o.DialTimeout, u.Query().Get("dial_timeout")); err != nil {
 			return fail("%v", err)
 		}
 		if o.TLSConfig != nil {
@@ -293,6 +302,32 @@ func orDefault(d, def time.Duration) time.Duration {
 		return def
 	}
 	return d
+}
+
+// checkOptions rejects the values go-redis parses from a URL but cannot
+// use: a negative database (Redis refuses SELECT, so the sidecar would never
+// be ready), a negative pool size (go-redis panics building the pool), a
+// negative count of idle or active connections, a dial_timeout of zero or
+// less (go-redis reads it as "no timeout", which for a dial is a deadline
+// already past: every dial fails at once). dialText is the URL's
+// dial_timeout, for the error. An option left out keeps go-redis's or the
+// sidecar's default.
+func checkOptions(db, pool, minIdle, maxIdle, maxActive int, dial time.Duration, dialText string) error {
+	switch {
+	case db < 0:
+		return fmt.Errorf("database: must be >= 0, got %d", db)
+	case pool < 0:
+		return fmt.Errorf("pool_size: must be >= 0, got %d", pool)
+	case minIdle < 0:
+		return fmt.Errorf("min_idle_conns: must be >= 0, got %d", minIdle)
+	case maxIdle < 0:
+		return fmt.Errorf("max_idle_conns: must be >= 0, got %d", maxIdle)
+	case maxActive < 0:
+		return fmt.Errorf("max_active_conns: must be >= 0, got %d", maxActive)
+	case dial < 0:
+		return fmt.Errorf("dial_timeout: must be > 0, got %q", dialText)
+	}
+	return nil
 }
 
 // splitAddrs splits "h1:p1,h2:p2" and checks each address.

@@ -77,6 +77,19 @@ func TestParseErrors(t *testing.T) {
 		{"redis+sentinel://s1:1/m/1/2", `redis+sentinel://s1:1/m/1/2: a sentinel URL's path is /mastername or /mastername/db, got "/m/1/2"`},
 		{"redis+sentinel://s1:1/m/x", `redis+sentinel://s1:1/m/x: redis: invalid database number: "x"`},
 		{"127.0.0.1:6379", `not a URL: first path segment in URL cannot contain colon`},
+		{"redis://u:secret@h:1/-1", `redis://u:xxxxx@h:1/-1: database: must be >= 0, got -1`},
+		{"unix:///tmp/r.sock?db=-2", `unix:///tmp/r.sock?db=-2: database: must be >= 0, got -2`},
+		{"redis+sentinel://s1:1/m/-1", `redis+sentinel://s1:1/m/-1: database: must be >= 0, got -1`},
+		{"redis://h:1?pool_size=-3", `redis://h:1?pool_size=-3: pool_size: must be >= 0, got -3`},
+		{"redis+cluster://h1:1,h2:2?pool_size=-1", `redis+cluster://h1:1,h2:2?pool_size=-1: pool_size: must be >= 0, got -1`},
+		{"redis+sentinel://s1:1/m?pool_size=-1", `redis+sentinel://s1:1/m?pool_size=-1: pool_size: must be >= 0, got -1`},
+		{"redis://h:1?min_idle_conns=-1", `redis://h:1?min_idle_conns=-1: min_idle_conns: must be >= 0, got -1`},
+		{"redis://h:1?max_idle_conns=-1", `redis://h:1?max_idle_conns=-1: max_idle_conns: must be >= 0, got -1`},
+		{"redis+cluster://h1:1?max_active_conns=-1", `redis+cluster://h1:1?max_active_conns=-1: max_active_conns: must be >= 0, got -1`},
+		{"redis://h:1?dial_timeout=-1s", `redis://h:1?dial_timeout=-1s: dial_timeout: must be > 0, got "-1s"`},
+		{"redis://h:1?dial_timeout=0", `redis://h:1?dial_timeout=0: dial_timeout: must be > 0, got "0"`},
+		{"redis+cluster://h1:1?dial_timeout=0s", `redis+cluster://h1:1?dial_timeout=0s: dial_timeout: must be > 0, got "0s"`},
+		{"redis+sentinel://s1:1/m?dial_timeout=-5ms", `redis+sentinel://s1:1/m?dial_timeout=-5ms: dial_timeout: must be > 0, got "-5ms"`},
 	}
 	for _, tt := range tests {
 		_, err := Parse(tt.url)
