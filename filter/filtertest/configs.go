@@ -50,6 +50,9 @@ var InvalidConfigs = []ConfigCase{
 	{"api-key-header-pseudo.json", `api_key_header: must be an HTTP header name, got ":path"`},
 	{"api-key-header-space.json", `api_key_header: must be an HTTP header name, got "x api key"`},
 	{"api-key-header-number.json", "api_key_header: must be a string, got 42"},
+	{"api-key-header-authorization.json", `api_key_header: must not be "authorization": "authorization: Bearer <key>" is read ` +
+		`whatever the header, leave api_key_header out or name another header, got "Authorization"`},
+	{"api-key-header-shadow.json", `api_key_header: must not be "x-ratelimit-shadow", the filter's own header, got "x-ratelimit-shadow"`},
 	{"canary-not-array.json", `canary_clients: must be an array of API keys, got "vip"`},
 	{"canary-bad-key.json", "canary_clients[1]: must be an API key of 1 to 256 visible ASCII characters, " +
 		"got a string of 9 bytes (not shown: API keys are never logged)"},

@@ -214,6 +214,17 @@ func (c *Config) set(name string, v jsonValue) error {
 		if !isHeaderName(h) {
 			return mustBe(name, "an HTTP header name", v)
 		}
+		switch h {
+		case AuthorizationHeader:
+			// Its value is "Bearer <key>", which is no key: every request
+			// with a Bearer token would be refused as an invalid key.
+			return errors.New(name + `: must not be "authorization": "authorization: Bearer <key>" is read ` +
+				"whatever the header, leave api_key_header out or name another header, got " + render(v))
+		case ShadowHeader:
+			// The filter removes a client's copy before it looks for the
+			// key: every request would be missing its key.
+			return errors.New(name + `: must not be "x-ratelimit-shadow", the filter's own header, got ` + render(v))
+		}
 		c.APIKeyHeader = h
 	case "mode":
 		switch {
