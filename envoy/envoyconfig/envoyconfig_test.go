@@ -646,6 +646,38 @@ func TestConfigurationText(t *testing.T) {
 	}
 }
 
+// The filter reads an empty configuration, or one of whitespace only, as
+// every default (filter/README.md): the bootstrap check takes it as the
+// empty object, whose sidecar cluster is the default one.
+func TestCheckFilterJSON(t *testing.T) {
+	withDefault := map[string]Cluster{"ratelimit_sidecar": {}}
+	withOther := map[string]Cluster{"sidecar": {}}
+	tests := []struct {
+		text     string
+		clusters map[string]Cluster
+		want     string // "" for no error
+	}{
+		{``, withDefault, ""},
+		{" \n\t\r\n", withDefault, ""},
+		{`{}`, withDefault, ""},
+		{`{"sidecar_cluster": "sidecar"}`, withOther, ""},
+		{``, withOther, `p: sidecar_cluster: cluster "ratelimit_sidecar" is not defined in static_resources.clusters`},
+		{"\n", withOther, `p: sidecar_cluster: cluster "ratelimit_sidecar" is not defined in static_resources.clusters`},
+		{`null`, withDefault, `p: want a JSON object, got null`},
+		{` {`, withDefault, `p: not valid JSON: unexpected end of JSON input`},
+	}
+	for _, tt := range tests {
+		err := checkFilterJSON(tt.text, "p", tt.clusters)
+		got := ""
+		if err != nil {
+			got = err.Error()
+		}
+		if got != tt.want {
+			t.Errorf("checkFilterJSON(%q) = %q, want %q", tt.text, got, tt.want)
+		}
+	}
+}
+
 // failure_policy FAIL_OPEN means the same as fail_open: true.
 func TestFailurePolicyOpen(t *testing.T) {
 	clusters := map[string]Cluster{"ratelimit_sidecar": {}}

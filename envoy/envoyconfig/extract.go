@@ -517,8 +517,12 @@ func configurationText(a *anypb.Any, path string) (string, error) {
 // for: the text is one JSON object, and the cluster the filter calls exists
 // (a callout to an undefined cluster fails every time, so the limiter would
 // silently fail open on every request). The fields' own rules are the
-// filter's to check when it starts.
+// filter's to check when it starts. An empty text (or only whitespace) is
+// every default to the filter (filter/README.md), as an empty object is.
 func checkFilterJSON(text, path string, clusters map[string]Cluster) error {
+	if strings.TrimLeft(text, " \t\r\n") == "" {
+		text = "{}"
+	}
 	var v any
 	if err := json.Unmarshal([]byte(text), &v); err != nil {
 		return fmt.Errorf("%s: not valid JSON: %w", path, err)
