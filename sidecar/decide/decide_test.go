@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -297,8 +298,9 @@ func TestRedisRestart(t *testing.T) {
 	})
 }
 
-// TestReadyWarmsThePath: the first Ready makes one decision, a peek that
-// leaves Redis as it was, and later ones make none.
+// TestReadyWarmsThePath: every Ready that is not answered from its cache
+// makes one decision, a peek that leaves Redis as it was; the first is the
+// path's first run.
 func TestReadyWarmsThePath(t *testing.T) {
 	paths(t, func(t *testing.T, direct bool) {
 		srv, c := standalone(t)
@@ -314,12 +316,50 @@ func TestReadyWarmsThePath(t *testing.T) {
 				t.Fatalf("Ready %d = %v", i+1, err)
 			}
 			// Ready returns once Redis has answered the peek.
-			if n, err := redisproc.CommandCalls(ctx, srv.Addr, "evalsha", "eval"); err != nil || n != 1 {
-				t.Fatalf("after Ready %d Redis ran the script %d times (%v), want once", i+1, n, err)
+			if n, err := redisproc.CommandCalls(ctx, srv.Addr, "evalsha", "eval"); err != nil || n != int64(i+1) {
+				t.Fatalf("after Ready %d Redis ran the script %d times (%v), want %d", i+1, n, err, i+1)
 			}
+		}
+		// A third Ready within the cache's second asks Redis nothing.
+		if err := d.Ready(ctx); err != nil {
+			t.Fatalf("Ready 3 = %v", err)
+		}
+		if n, err := redisproc.CommandCalls(ctx, srv.Addr, "evalsha", "eval"); err != nil || n != 2 {
+			t.Fatalf("after a cached Ready Redis ran the script %d times (%v), want 2", n, err)
 		}
 		if n, err := srv.Client(t).DBSize(ctx).Result(); err != nil || n != 0 {
 			t.Fatalf("DBSIZE after Ready = %d, %v; want 0: the peek writes nothing", n, err)
+		}
+	})
+}
+
+// TestReadyNeedsTheBucketKeys: an ACL user that may run every command but
+// on no rl: key passes SCRIPT EXISTS and is refused every EVALSHA on a
+// bucket (NOPERM): no check can be decided, and Ready says so with
+// Redis's reason. The same user given the bucket keys is ready.
+func TestReadyNeedsTheBucketKeys(t *testing.T) {
+	paths(t, func(t *testing.T, direct bool) {
+		const password = "pw-51e0a2"
+		srv := redisproc.StartT(t, redisproc.Options{})
+		ctx := context.Background()
+		admin := srv.Client(t)
+		if err := admin.Do(ctx, "ACL", "SETUSER", "limiter", "on", ">"+password, "~other:*", "+@all").Err(); err != nil {
+			t.Fatal(err)
+		}
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "limiter", Password: password})
+		t.Cleanup(func() { c.Close() })
+		d := newDecider(t, c, Options{Direct: direct, WarmConns: 1})
+		if err := d.Ready(ctx); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+			t.Fatalf("Ready of a user without the bucket keys = %v, want NOPERM", err)
+		}
+		if err := admin.Do(ctx, "ACL", "SETUSER", "limiter", "resetkeys", "~rl:*").Err(); err != nil {
+			t.Fatal(err)
+		}
+		d.ready.mu.Lock()
+		d.ready.until = time.Time{} // skip the cache
+		d.ready.mu.Unlock()
+		if err := d.Ready(ctx); err != nil {
+			t.Fatalf("Ready of a user with the bucket keys = %v", err)
 		}
 	})
 }

@@ -2,6 +2,7 @@ package decide
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -19,12 +20,12 @@ const (
 )
 
 // Ready reports whether decisions can be made now: Redis answers and holds
-// the script (every shard of a cluster). A missing script is loaded, since a
-// Redis that restarted empty is otherwise healthy. The answer is cached for
+// the script (every shard of a cluster), and runs it on a bucket key as a
+// check does (peek). A missing script is loaded, since a Redis that
+// restarted empty is otherwise healthy. The answer is cached for
 // DefaultReadyCache so that frequent probes cost Redis almost nothing, and a
 // check is bounded by DefaultReadyTimeout. The first time Redis is ready it
-// also opens the warm connections and warms the decision path (warm,
-// warmPath).
+// also opens the warm connections (warm).
 func (d *Decider) Ready(ctx context.Context) error {
 	d.ready.mu.Lock()
 	defer d.ready.mu.Unlock()
@@ -37,8 +38,10 @@ func (d *Decider) Ready(ctx context.Context) error {
 	if err == nil && !d.ready.warmed {
 		if err = d.warm(ctx); err == nil {
 			d.ready.warmed = true
-			d.warmPath(ctx)
 		}
+	}
+	if err == nil {
+		err = d.peek(ctx)
 	}
 	d.ready.err, d.ready.until = err, time.Now().Add(DefaultReadyCache)
 	return err
@@ -81,24 +84,33 @@ func (d *Decider) warm(ctx context.Context) error {
 	return nil
 }
 
-// warmPath makes one decision the way every check is made (the queue, a
+// peek makes one decision the way every check is made (the queue, a
 // batch, the connection's writer and reader, the reply's parsing, the
-// script in Redis), so that a client's first check does not pay for their
-// first run inside the gateway's 5 ms: on a fresh sidecar the first
-// decision took 0.8-1.4 ms where later ones took 0.4-0.7 (the repository's
-// RATIONALE.md, "What does a fresh stack's first burst cost?"). It is a
-// peek (cost 0) at keys.WarmBucket, which writes nothing. Its result is of
-// no use: Redis has just answered, and a failure here shows in the checks.
-func (d *Decider) warmPath(ctx context.Context) {
+// script in Redis on a bucket key): a peek (cost 0) at keys.WarmBucket,
+// which writes nothing. Redis refusing it (an error reply: an ACL user
+// without the bucket keys, say, whose SCRIPT EXISTS succeeds while every
+// EVALSHA answers NOPERM) means no check can be decided, and is returned.
+// A peek without an answer in time is not: Redis has just answered
+// checkScript, and a slow decision is the checks' 503, not a reason to
+// take the proxy out of service. The first peek also warms the path, so
+// that a client's first check does not pay for its first run inside the
+// gateway's 5 ms: on a fresh sidecar the first decision took 0.8-1.4 ms
+// where later ones took 0.4-0.7 (the repository's RATIONALE.md, "What
+// does a fresh stack's first burst cost?").
+func (d *Decider) peek(ctx context.Context) error {
 	deadline, _ := ctx.Deadline() // Ready's, which always has one
-	_, _ = d.Decide(deadline, keys.WarmBucket, lua.Limit{Capacity: 1, Rate: 1}, 0)
+	_, err := d.Decide(deadline, keys.WarmBucket, lua.Limit{Capacity: 1, Rate: 1}, 0)
+	if reply := redis.Error(nil); errors.As(err, &reply) {
+		return fmt.Errorf("redis: a decision: %w", err)
+	}
+	return nil
 }
 
 type readyCache struct {
 	mu     sync.Mutex
 	until  time.Time
 	err    error
-	warmed bool // the warm connections were opened and the path warmed, once
+	warmed bool // the warm connections were opened, once
 }
 
 func (d *Decider) checkScript(ctx context.Context) error {
