@@ -105,25 +105,29 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		fmt.Fprintf(fs.Output(), usageTail, server.MaxCost)
 	}
 
-	// Environment first, so the command line overrides it.
-	var envErr error
-	fs.VisitAll(func(f *flag.Flag) {
-		v := getenv(envName(f.Name))
-		if v == "" || envErr != nil {
-			return
-		}
-		if err := fs.Set(f.Name, v); err != nil {
-			envErr = fmt.Errorf("%s (-%s): want %s, got %q", envName(f.Name), f.Name, want(f), v)
-		}
-	})
-	if envErr != nil {
-		return nil, envErr
-	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q: every setting is a flag", fs.Arg(0))
+	}
+	// The environment sets what the command line did not: a flag given
+	// wins, and its variable is not read at all. Every bad variable is
+	// reported.
+	onCommandLine := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
+	var envErrs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		v := getenv(envName(f.Name))
+		if v == "" || onCommandLine[f.Name] {
+			return
+		}
+		if err := fs.Set(f.Name, v); err != nil {
+			envErrs = append(envErrs, fmt.Errorf("%s (-%s): want %s, got %q", envName(f.Name), f.Name, want(f), v))
+		}
+	})
+	if err := errors.Join(envErrs...); err != nil {
+		return nil, err
 	}
 
 	o := &options{check: *check, logFormat: *logFormat}

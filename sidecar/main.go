@@ -131,7 +131,8 @@ func splitHostPort(addr string) (string, string, error) {
 	if err != nil {
 		return "", "", err
 	}
-	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+	// Digits only: Atoi would take "+80", which no listener does.
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
 		return "", "", fmt.Errorf("bad port %q", port)
 	}
 	return host, port, nil

@@ -62,6 +62,12 @@ func TestParseOptions(t *testing.T) {
 				t.Errorf("admin %q, password set %v", o.cfg.AdminListen, o.cfg.Redis.HasPassword())
 			}
 		}},
+		{"a flag given leaves its variable unread", []string{"-redis-timeout", "3ms", "-plans", "p"},
+			map[string]string{"SIDECAR_REDIS_TIMEOUT": "abc"}, func(t *testing.T, o *options) {
+				if o.cfg.RedisTimeout != 3*time.Millisecond {
+					t.Errorf("redis timeout %v, want the command line's 3ms", o.cfg.RedisTimeout)
+				}
+			}},
 		{"flag wins over environment", []string{"-redis-timeout", "7ms", "-plans", "flag.yaml"},
 			map[string]string{"SIDECAR_REDIS_TIMEOUT": "5ms", "SIDECAR_PLANS": "env.yaml"}, func(t *testing.T, o *options) {
 				if o.cfg.RedisTimeout != 7*time.Millisecond || o.cfg.PlansPath != "flag.yaml" {
@@ -104,6 +110,10 @@ func TestParseOptionsErrors(t *testing.T) {
 		{nil, map[string]string{"SIDECAR_REDIS_TIMEOUT": "soon"}, `SIDECAR_REDIS_TIMEOUT (-redis-timeout): want a duration such as 3ms or 1s, got "soon"`},
 		{nil, map[string]string{"SIDECAR_REDIS_PIPELINES": "many"}, `SIDECAR_REDIS_PIPELINES (-redis-pipelines): want a whole number, got "many"`},
 		{nil, map[string]string{"SIDECAR_CHECK": "maybe"}, `SIDECAR_CHECK (-check): want true or false, got "maybe"`},
+		{nil, map[string]string{"SIDECAR_REDIS_TIMEOUT": "soon", "SIDECAR_REDIS_PIPELINES": "many"},
+			"SIDECAR_REDIS_PIPELINES (-redis-pipelines): want a whole number, got \"many\"\n" +
+				`SIDECAR_REDIS_TIMEOUT (-redis-timeout): want a duration such as 3ms or 1s, got "soon"`},
+		{[]string{"-plans", "p", "-admin-listen", "127.0.0.1:+80"}, nil, `-admin-listen (SIDECAR_ADMIN_LISTEN): must be host:port, got "127.0.0.1:+80"`},
 		{[]string{"-plans", "p", "extra"}, nil, `unexpected argument "extra": every setting is a flag`},
 		{[]string{"-nope"}, nil, "flag provided but not defined: -nope"},
 	}
