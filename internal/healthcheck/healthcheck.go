@@ -24,9 +24,8 @@ const DefaultTimeout = 2 * time.Second
 // start of the body (a sidecar's /readyz says why it is not ready).
 // Redirects are not followed: a redirect is not a healthy answer.
 func Check(rawURL string, timeout time.Duration) error {
-	u, err := url.Parse(rawURL)
-	if err != nil || u.Scheme != "http" || u.Host == "" {
-		return fmt.Errorf("URL %q: want http://HOST:PORT/PATH", rawURL)
+	if err := checkURL(rawURL); err != nil {
+		return err
 	}
 	client := &http.Client{
 		Timeout:       timeout,
@@ -46,6 +45,15 @@ func Check(rawURL string, timeout time.Duration) error {
 		return fmt.Errorf("GET %s: %s: %s", rawURL, resp.Status, line)
 	}
 	return fmt.Errorf("GET %s: %s", rawURL, resp.Status)
+}
+
+// checkURL refuses a URL Check cannot GET.
+func checkURL(rawURL string) error {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme != "http" || u.Host == "" {
+		return fmt.Errorf("URL %q: want http://HOST:PORT/PATH", rawURL)
+	}
+	return nil
 }
 
 // Main is the healthcheck command of the binary named name, with its
@@ -73,6 +81,10 @@ func Main(name string, args []string, stdout, stderr io.Writer) int {
 	}
 	if *timeout <= 0 {
 		fmt.Fprintf(stderr, "%s healthcheck: -timeout: want a positive duration, got %v\n", name, *timeout)
+		return 2
+	}
+	if err := checkURL(fs.Arg(0)); err != nil {
+		fmt.Fprintf(stderr, "%s healthcheck: %v\n", name, err)
 		return 2
 	}
 	if err := Check(fs.Arg(0), *timeout); err != nil {
