@@ -44,11 +44,12 @@ var (
 	ErrManySents    = errors.New("more than one x-ratelimit-sent header")
 	ErrSentSyntax   = errors.New("x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 17 digits")
 	ErrRegion       = errors.New("x-ratelimit-region must be " + region.Rule)
+	ErrManyRegions  = errors.New("more than one x-ratelimit-region header")
 )
 
 // ParseCheck reads and validates the check headers. A header sent twice is
 // an error rather than "first one wins": the filter and the sidecar must not
-// be able to read different keys or costs from the same request.
+// be able to read different keys, costs or regions from the same request.
 func ParseCheck(h *fasthttp.RequestHeader) (Check, error) {
 	var c Check
 	switch vals := h.PeekAll(HeaderKey); len(vals) {
@@ -74,7 +75,14 @@ func ParseCheck(h *fasthttp.RequestHeader) (Check, error) {
 	default:
 		return c, ErrManyCosts
 	}
-	c.Region = h.Peek(HeaderRegion)
+	// The region picks a hot client's bucket: one, or the check is unclear.
+	switch vals := h.PeekAll(HeaderRegion); len(vals) {
+	case 0:
+	case 1:
+		c.Region = vals[0]
+	default:
+		return c, ErrManyRegions
+	}
 	if !region.Valid(c.Region) {
 		return c, ErrRegion
 	}

@@ -334,6 +334,7 @@ func TestBadInput(t *testing.T) {
 		{"sent overflow", []string{HeaderKey, "a", HeaderSent, "9999999999999999999"}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 17 digits"},
 		{"sent 18 digits, a leading zero", []string{HeaderKey, "a", HeaderSent, "017648064000000000"}, "x-ratelimit-sent must be the proxy's clock in whole microseconds since 1970, at most 17 digits"},
 		{"two sents", []string{HeaderKey, "a", HeaderSent, "1", HeaderSent, "2"}, "more than one x-ratelimit-sent header"},
+		{"two regions", []string{HeaderKey, "a", HeaderRegion, "eu", HeaderRegion, "us"}, "more than one x-ratelimit-region header"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
