@@ -34,6 +34,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/edgelimit/edgelimit/internal/region"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
 
@@ -66,8 +67,8 @@ const (
 	MaxCapacity   = 1_000_000_000 // tokens
 	MaxRate       = 1_000_000_000 // tokens per second
 	MaxRefillSecs = 365 * 24 * 3600
-	MaxNameLen    = 64
-	MaxFileSize   = 16 << 20 // bytes
+	MaxNameLen    = region.MaxLen // a plan's or a region's name
+	MaxFileSize   = 16 << 20      // bytes
 	// MinRegions and MaxRegions bound a hot client's region list.
 	MinRegions = 2
 	MaxRegions = 16
@@ -640,17 +641,10 @@ func fieldName(s string) string {
 	return strconv.Quote(s)
 }
 
+// validName reports whether s names a plan or a hot client's region: the
+// rule of the regions the filter sends (region.Valid), and not empty.
 func validName(s string) bool {
-	if len(s) == 0 || len(s) > MaxNameLen {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
+	return s != "" && region.Valid(s)
 }
 
 func known(declared map[string]bool) string {
