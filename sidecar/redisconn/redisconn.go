@@ -252,6 +252,14 @@ func (s *Spec) NewClient(t Tuning) redis.UniversalClient {
 		o := *s.cluster
 		t.apply(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.PoolSize, &o.MinIdleConns)
 		o.ClusterStateReloadInterval = orDefault(o.ClusterStateReloadInterval, DefaultClusterReload)
+		// go-redis resends a pipeline's commands that a redirection (ASK,
+		// MOVED) sent elsewhere only after its retry backoff, 10 to 30 ms
+		// by default (a single command's, at once): past a decision's
+		// deadline, so every check of a slot being resharded would fail
+		// until the move ends and the slot map is re-read. The retries are
+		// few (max_redirects, max_retries) and end with the batch's
+		// deadline, so they go at once. A URL's min_retry_backoff stays.
+		o.MinRetryBackoff = orDefault(o.MinRetryBackoff, -1)
 		o.ContextTimeoutEnabled = true
 		return redis.NewClusterClient(&o)
 	case Sentinel:

@@ -132,7 +132,7 @@ func TestNewClientKinds(t *testing.T) {
 			if tt.want != "*redis.ClusterClient" {
 				t.Errorf("%s: got *redis.ClusterClient", tt.url)
 			}
-			if o := v.Options(); o.PoolSize != 7 || o.MinIdleConns != 2 || o.MaxRetries != DefaultMaxRetries {
+			if o := v.Options(); o.PoolSize != 7 || o.MinIdleConns != 2 || o.MaxRetries != DefaultMaxRetries || o.MinRetryBackoff != 0 {
 				t.Errorf("%s: options %+v", tt.url, o)
 			}
 		}
