@@ -4,8 +4,9 @@
 // errors), one reader of the Prometheus text format
 // (ParseMetrics, GetMetrics), one HTTP round trip that fails the test on an
 // error (Do, Get), one server of raw answers (RawServer), an address that
-// refuses connections for as long as the test runs (RefusedAddr), and a
-// load of workers that run until stopped (StartLoad).
+// refuses connections for as long as the test runs (RefusedAddr), a
+// load of workers that run until stopped (StartLoad), and whether the race
+// detector is on (Race).
 //
 // The product — the filter, the sidecar's non-test code, the Lua script —
 // never imports it.

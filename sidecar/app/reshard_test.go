@@ -15,6 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/sidecar/hot"
 	"github.com/edgelimit/edgelimit/sidecar/redisconn"
 	"github.com/edgelimit/edgelimit/sidecar/server"
@@ -200,7 +201,7 @@ func TestClusterReshard(t *testing.T) {
 	// decision redirected (ASK, then NOSCRIPT and ASK again) misses 4 ms
 	// for that alone: the deadline is five times as long there.
 	deadline := time.Duration(0) // server.DefaultTimeout
-	if raceEnabled {
+	if testkit.Race {
 		deadline = 5 * server.DefaultTimeout
 	}
 	s := startSidecarWith(t, "redis+cluster://"+strings.Join(cl.Addrs, ","), reshardPlans, deadline, slog.LevelInfo, nil)
@@ -379,6 +380,13 @@ func TestClusterReshard(t *testing.T) {
 	if float64(allowed) > bound {
 		t.Errorf("admitted %d in %.3f s, want at most %d + %v/s × %.3f s + %d failed = %.1f",
 			allowed, w, reshardCapacity, reshardRate, w, failed, bound)
+	}
+	// And the bucket did not stop admitting: asked four times its rate, it
+	// spends every token it refills, but for what it holds when the window
+	// closes (at most its capacity) and those a failed check took.
+	if floor := reshardRate*w - reshardCapacity - float64(failed); float64(allowed) < floor {
+		t.Errorf("admitted %d in %.3f s, want at least %v/s × %.3f s - %d - %d failed = %.1f",
+			allowed, w, reshardRate, w, reshardCapacity, failed, floor)
 	}
 	t.Logf("admitted %d, bound %.1f (capacity %d + rate × window %.1f + failed %d)",
 		allowed, bound, reshardCapacity, reshardRate*w, failed)

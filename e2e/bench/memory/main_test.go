@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
 // filterWasm returns build/filter.wasm from EDGELIMIT_BIN_DIR (as `make
@@ -56,7 +57,7 @@ func filterWasm(t *testing.T) string {
 func TestFilterMemoryFlat(t *testing.T) {
 	const warmUp = 80000
 	requests := warmUp + 30000
-	if raceEnabled {
+	if testkit.Race {
 		requests = warmUp + 10000
 	}
 	res, err := soakFilter(context.Background(), filterWasm(t), requests, warmUp, "10")

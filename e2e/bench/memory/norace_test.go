@@ -1,6 +1,0 @@
-//go:build !race
-
-package main
-
-// raceEnabled is true under the race detector.
-const raceEnabled = false
