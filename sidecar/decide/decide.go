@@ -98,6 +98,8 @@ type Decider struct {
 	argsCount atomic.Int64
 
 	direct *direct // nil: go-redis pipelines
+
+	healing atomic.Bool // a cluster's script is being loaded (healScript)
 }
 
 type call struct {
@@ -350,6 +352,7 @@ func (d *Decider) run(batch []*call) {
 		if d.opt.OnNoScript != nil {
 			d.opt.OnNoScript()
 		}
+		d.healScript(retry[0].key)
 		again := d.exec(ctx, retry, true)
 		for j, i := range retryIdx {
 			cmds[i] = again[j]
@@ -364,6 +367,32 @@ func (d *Decider) run(batch []*call) {
 			c.answer(lua.Result{}, err)
 		}
 	}
+}
+
+// healScript puts the script back, on a Redis Cluster, on the master that
+// answered NOSCRIPT for key, whatever the checks' deadlines: a peek at key
+// (cost 0, which writes nothing) sent as EVAL with the source, in the
+// background, one at a time, within DefaultReadyTimeout. The EVAL that run
+// resends for the checks themselves also loads it, but only within their
+// deadline, and while a slot moves to a master without the script that is
+// four round trips (EVALSHA, ASK, ASKING and EVALSHA, NOSCRIPT, then the
+// EVAL with ASK again): on a network of a millisecond a round trip, past
+// the 4 ms, so that no EVAL would ever reach the new master, and every
+// check on the slot fail, until the move ended. This one follows the
+// redirection as a single command does, at once.
+func (d *Decider) healScript(key string) {
+	if _, ok := d.client.(*redis.ClusterClient); !ok || !d.healing.CompareAndSwap(false, true) {
+		return
+	}
+	args := d.args(lua.Limit{Capacity: 1, Rate: 1}, 0).vals
+	d.wg.Add(1) // from a loop, which Close waits for: the count is not 0
+	go func() {
+		defer d.wg.Done()
+		defer d.healing.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), DefaultReadyTimeout)
+		defer cancel()
+		_ = d.client.Eval(ctx, lua.Source, []string{key}, args...).Err()
+	}()
 }
 
 // reloadOnTransportError asks a cluster client to re-read the slot map when

@@ -394,6 +394,51 @@ func TestClose(t *testing.T) {
 	})
 }
 
+// TestClusterScriptHealed: a cluster master that lost the script gets it
+// back from a peek of its own as well as from the checks' EVAL, so that it
+// is loaded even where the checks' deadline passes first (healScript): one
+// NOSCRIPT makes two EVALs there, and the peek spends no token.
+func TestClusterScriptHealed(t *testing.T) {
+	cl := redisproc.StartClusterT(t, 3, 0)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs})
+	t.Cleanup(func() { c.Close() })
+	d := newDecider(t, c, Options{})
+	ctx := context.Background()
+	const key = "rl:{healed}"
+	if r, err := d.Decide(far(), key, slow, 1); err != nil || !r.Allowed {
+		t.Fatalf("first decision: %+v, %v", r, err)
+	}
+	owner, err := c.MasterForKey(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := owner.Options().Addr
+	if err := owner.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	evals := func() int64 {
+		n, err := redisproc.CommandCalls(ctx, addr, "eval")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := evals()
+	if r, err := d.Decide(far(), key, slow, 1); err != nil || !r.Allowed {
+		t.Fatalf("decision after SCRIPT FLUSH: %+v, %v", r, err)
+	}
+	testkit.Poll(t, 5*time.Second, "the peek's EVAL", func() bool { return evals()-before >= 2 })
+	d.Close() // waits for the peek
+	if n := evals() - before; n != 2 {
+		t.Fatalf("%d EVALs on %s after one NOSCRIPT, want 2: the checks' and the peek's", n, addr)
+	}
+	// Two decisions of cost 1 on a bucket of 5 that refills 1 in 1,000 s:
+	// the peek took nothing.
+	if tokens, err := owner.HGet(ctx, key, "tokens").Float64(); err != nil || tokens < 3 || tokens >= 3.1 {
+		t.Fatalf("tokens %v, %v; want 3 and the refill of a few seconds", tokens, err)
+	}
+}
+
 // TestCluster runs decisions on a 3-master Redis Cluster: pipelines are split
 // by slot, and buckets of different clients land on different masters.
 func TestCluster(t *testing.T) {
