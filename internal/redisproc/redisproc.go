@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -207,26 +208,46 @@ func (s *Server) CPUTime(ctx context.Context) (time.Duration, error) {
 // commands named (lower case, as INFO commandstats names them), together,
 // since it started.
 func CommandCalls(ctx context.Context, addr string, commands ...string) (int64, error) {
+	calls, _, err := CommandCounts(ctx, addr, commands...)
+	return calls, err
+}
+
+// CommandCounts returns, from one INFO commandstats of the Redis at addr,
+// how many times it has run the commands named (calls) and how many of them
+// it refused without running them (rejected_calls: a MOVED or ASK
+// redirection, a NOPERM, ...), together, since it started.
+func CommandCounts(ctx context.Context, addr string, commands ...string) (calls, rejected int64, err error) {
 	c := redis.NewClient(&redis.Options{Addr: addr})
 	defer c.Close()
 	info, err := c.Info(ctx, "commandstats").Result()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	var n int64
 	for line := range strings.SplitSeq(info, "\r\n") {
-		for _, cmd := range commands {
-			if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
-				v, _, _ := strings.Cut(rest, ",")
-				k, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					return 0, fmt.Errorf("INFO commandstats: %s: %w", line, err)
-				}
-				n += k
+		name, fields, ok := strings.Cut(line, ":")
+		cmd, isStat := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !isStat || !slices.Contains(commands, cmd) {
+			continue
+		}
+		for f := range strings.SplitSeq(fields, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			var sum *int64
+			switch k {
+			case "calls":
+				sum = &calls
+			case "rejected_calls":
+				sum = &rejected
+			default:
+				continue
 			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return 0, 0, fmt.Errorf("INFO commandstats: %s: %w", line, err)
+			}
+			*sum += n
 		}
 	}
-	return n, nil
+	return calls, rejected, nil
 }
 
 // Log returns what the server has logged so far (across restarts).

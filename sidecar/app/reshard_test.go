@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -133,32 +132,9 @@ func (l *reshardLoad) close() {
 // running (rejected_calls: a MOVED or ASK redirection among them).
 func scriptCalls(t *testing.T, addr string) (ran, refused int64) {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
-	info, err := c.Info(context.Background(), "commandstats").Result()
+	ran, refused, err := redisproc.CommandCounts(context.Background(), addr, "evalsha", "eval")
 	if err != nil {
 		t.Fatal(err)
-	}
-	for line := range strings.SplitSeq(info, "\r\n") {
-		name, fields, ok := strings.Cut(line, ":")
-		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
-			continue
-		}
-		for f := range strings.SplitSeq(fields, ",") {
-			k, v, _ := strings.Cut(f, "=")
-			n, err := strconv.ParseInt(v, 10, 64)
-			switch k {
-			case "calls":
-				ran += n
-			case "rejected_calls":
-				refused += n
-			default:
-				continue
-			}
-			if err != nil {
-				t.Fatalf("INFO commandstats: %s: %v", line, err)
-			}
-		}
 	}
 	return ran, refused
 }
