@@ -53,10 +53,10 @@ var InvalidConfigs = []ConfigCase{
 	{"api-key-header-authorization.json", `api_key_header: must not be "authorization": "authorization: Bearer <key>" is read ` +
 		`whatever the header, leave api_key_header out or name another header, got "Authorization"`},
 	{"api-key-header-shadow.json", `api_key_header: must not be "x-ratelimit-shadow", the filter's own header, got "x-ratelimit-shadow"`},
-	{"canary-not-array.json", `canary_clients: must be an array of API keys, got "vip"`},
+	{"canary-not-array.json", "canary_clients: must be an array of API keys, got a string of 3 bytes (not shown: API keys are never logged)"},
 	{"canary-bad-key.json", "canary_clients[1]: must be an API key of 1 to 256 visible ASCII characters, " +
 		"got a string of 9 bytes (not shown: API keys are never logged)"},
-	{"canary-number.json", "canary_clients[0]: must be a string, got 5"},
+	{"canary-number.json", "canary_clients[0]: must be a string, got a number (not shown: API keys are never logged)"},
 	{"costs-not-array.json", "costs: must be an array of rules, got an object"},
 	{"costs-rule-string.json", `costs[0]: must be an object, got "POST /upload"`},
 	{"costs-rule-matches-all.json", `costs[0]: must set "method" or "path_prefix" or both`},

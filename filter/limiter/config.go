@@ -308,7 +308,7 @@ func (c *Config) setBreaker(v jsonValue) error {
 
 func (c *Config) setCanary(v jsonValue) error {
 	if v.kind != jsonArray {
-		return mustBe("canary_clients", "an array of API keys", v)
+		return errors.New("canary_clients: must be an array of API keys, got " + renderSecret(v))
 	}
 	if len(v.items) == 0 {
 		return nil
@@ -317,13 +317,12 @@ func (c *Config) setCanary(v jsonValue) error {
 	for i, item := range v.items {
 		where := "canary_clients[" + strconv.Itoa(i) + "]"
 		if item.kind != jsonString {
-			return mustBe(where, "a string", item)
+			return errors.New(where + ": must be a string, got " + renderSecret(item))
 		}
 		// The value is an API key: say what is wrong without logging it.
 		if !ValidKey(item.text) {
 			return errors.New(where + ": must be an API key of 1 to " + strconv.Itoa(MaxKeyLen) +
-				" visible ASCII characters, got a string of " + strconv.Itoa(len(item.text)) +
-				" bytes (not shown: API keys are never logged)")
+				" visible ASCII characters, got " + renderSecret(item))
 		}
 		c.CanaryClients[item.text] = struct{}{}
 	}
@@ -482,6 +481,19 @@ func render(v jsonValue) string {
 		return "an object"
 	}
 	return "null"
+}
+
+// renderSecret shows a value that may be an API key in an error: its kind
+// and, for a string, its length, never its text. A key written as a string
+// where the list belongs, or as a number, is still a key.
+func renderSecret(v jsonValue) string {
+	switch v.kind {
+	case jsonString:
+		return "a string of " + strconv.Itoa(len(v.text)) + " bytes (not shown: API keys are never logged)"
+	case jsonNumber:
+		return "a number (not shown: API keys are never logged)"
+	}
+	return render(v)
 }
 
 func quote(s string) string {

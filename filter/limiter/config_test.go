@@ -224,3 +224,29 @@ func TestParseOnFailure(t *testing.T) {
 		}
 	}
 }
+
+// TestParseNeverQuotesCanaryKeys: canary_clients holds API keys, so no
+// error about it quotes its value, whatever shape the value has.
+func TestParseNeverQuotesCanaryKeys(t *testing.T) {
+	const key = "secret-canary-4711"
+	for _, c := range []struct{ config, want string }{
+		{`{"canary_clients": "` + key + `"}`,
+			"canary_clients: must be an array of API keys, got a string of 18 bytes (not shown: API keys are never logged)"},
+		{`{"canary_clients": 4711}`,
+			"canary_clients: must be an array of API keys, got a number (not shown: API keys are never logged)"},
+		{`{"canary_clients": ["vip", 4711]}`,
+			"canary_clients[1]: must be a string, got a number (not shown: API keys are never logged)"},
+		{`{"canary_clients": ["` + key + ` "]}`,
+			"canary_clients[0]: must be an API key of 1 to 256 visible ASCII characters, got a string of 19 bytes (not shown: API keys are never logged)"},
+		{`{"canary_clients": {"` + key + `": true}}`, "canary_clients: must be an array of API keys, got an object"},
+		{`{"canary_clients": [["` + key + `"]]}`, "canary_clients[0]: must be a string, got an array"},
+	} {
+		_, err := limiter.Parse([]byte(c.config))
+		if err == nil || err.Error() != c.want {
+			t.Errorf("%s:\n got %v\nwant %s", c.config, err, c.want)
+		}
+		if err != nil && (strings.Contains(err.Error(), key) || strings.Contains(err.Error(), "4711")) {
+			t.Errorf("%s: the error quotes the key: %v", c.config, err)
+		}
+	}
+}
