@@ -409,7 +409,7 @@ func (p *parser) parsePlan(n *yaml.Node, field string) *Plan {
 
 func (p *parser) parseClients(n *yaml.Node, out *Plans) {
 	if n.Kind != yaml.MappingNode {
-		p.fail(n, "clients", "must be a mapping of API key to plan name, got %s", describe(n))
+		p.fail(n, "clients", "must be a mapping of API key to plan name, got %s", describeSecret(n))
 		return
 	}
 	// Keys are secrets: errors below point at the line, never quote the key.
@@ -418,8 +418,14 @@ func (p *parser) parseClients(n *yaml.Node, out *Plans) {
 		if kind, digits, ok := strings.Cut(k.Value, ":"); ok && (kind == keys.KindSHA256 || kind == keys.KindHMACSHA256) {
 			sum, ok := parseDigest(digits)
 			if !ok {
-				// A digest is no secret: quote it.
-				p.fail(k, "clients", "a %s: digest must be followed by 64 lowercase hex digits, got %q", kind, k.Value)
+				// A digest is no secret: quote it. Text that is not hex
+				// digits is no digest, and may be a key written after
+				// the prefix: say only how long it is.
+				got := strconv.Quote(k.Value)
+				if !anyCaseHex.MatchString(digits) {
+					got = strconv.Itoa(len(digits)) + " characters that are not hex digits (not shown: it may be an API key)"
+				}
+				p.fail(k, "clients", "a %s: digest must be followed by 64 lowercase hex digits, got %s", kind, got)
 				return
 			}
 			if out.DigestKind == "" {
@@ -481,7 +487,10 @@ func (c client) set(out *Plans, plan *Plan, hot *Hot) {
 	}
 }
 
-var hexDigits = regexp.MustCompile(`^[0-9a-f]{64}$`)
+var (
+	hexDigits  = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	anyCaseHex = regexp.MustCompile(`^[0-9a-fA-F]*$`)
+)
 
 func parseDigest(digits string) ([sha256.Size]byte, bool) {
 	var sum [sha256.Size]byte
@@ -502,7 +511,9 @@ func (p *parser) parseHotClient(c client, n *yaml.Node, out *Plans) {
 		case "regions":
 			regionsNode = v
 		default:
-			p.fail(k, "clients."+fieldName(k.Value), "unknown field (known: plan, regions)")
+			// Not named: the next client's line, indented one level too
+			// deep, is a field of this one, and its name an API key.
+			p.fail(k, "clients", "unknown field on this line (known: plan, regions)")
 		}
 	})
 	var plan *Plan
@@ -630,6 +641,18 @@ func describe(n *yaml.Node) string {
 		return n.Value
 	}
 	return "an unsupported YAML node"
+}
+
+// describeSecret says what a node is, as describe does, without the text of
+// a scalar, which in the clients section may be an API key.
+func describeSecret(n *yaml.Node) string {
+	switch {
+	case n.Kind != yaml.ScalarNode || n.Tag == "!!null":
+		return describe(n)
+	case n.Tag == "!!str":
+		return "a string (not shown: it may be an API key)"
+	}
+	return "a single value (not shown: it may be an API key)"
 }
 
 // fieldName returns s as it should appear in a field path: as is when it is

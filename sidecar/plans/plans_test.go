@@ -84,6 +84,7 @@ func TestParseInvalid(t *testing.T) {
 		{"client-digest-mixed.yaml", `F:5: clients: a hmac-sha256: digest in a file that lists sha256: digests (line 4); a sidecar computes one kind, list every client the same way`},
 		{"client-digest-short.yaml", `F:4: clients: a sha256: digest must be followed by 64 lowercase hex digits, got "sha256:abc123"`},
 		{"client-digest-upper.yaml", `F:4: clients: a sha256: digest must be followed by 64 lowercase hex digits, got "sha256:8766B9CB08E6040B704F1E3EE1E186EFCCF2635B1D2634D6525333007E6AEAE1"`},
+		{"client-digest-not-hex.yaml", `F:4: clients: a sha256: digest must be followed by 64 lowercase hex digits, got 12 characters that are not hex digits (not shown: it may be an API key)`},
 		{"client-unknown-plan.yaml", `F:4: clients: no plan named "gold" (plans: free)`},
 		{"comment-only.yaml", `F: empty file: a plans mapping is required`},
 		{"default-unknown.yaml", `F:1: default_plan: no plan named "gold" (plans: free)`},
@@ -95,8 +96,11 @@ func TestParseInvalid(t *testing.T) {
 		{"hot-region-duplicate.yaml", `F:4: clients.regions: region "eu" is listed twice`},
 		{"hot-regions-missing.yaml", `F:4: clients.regions: required: a list of 2 to 16 region names`},
 		{"hot-regions-scalar.yaml", `F:4: clients.regions: must be a list of 2 to 16 region names, got string "eu"`},
-		{"hot-unknown-field.yaml", `F:4: clients.hot: unknown field (known: plan, regions)`},
+		{"hot-unknown-field.yaml", `F:4: clients: unknown field on this line (known: plan, regions)`},
+		// The next client's line indented under a hot client is a field of it.
+		{"hot-next-client-indented.yaml", `F:7: clients: unknown field on this line (known: plan, regions)`},
 		{"hot-unknown-plan.yaml", `F:4: clients.plan: no plan named "gold" (plans: pro)`},
+		{"clients-string.yaml", `F:3: clients: must be a mapping of API key to plan name, got a string (not shown: it may be an API key)`},
 		{"list.yaml", `F:1: top level must be a mapping with plans, clients and default_plan, got a list`},
 		{"many-errors.yaml", "F:2: plans.free.capacity: must be a whole number from 1 to 1000000000, got 0\n" +
 			"F:2: plans.free.rate: must be a number of tokens per second > 0 and <= 1000000000, got 0\n" +
