@@ -305,7 +305,9 @@ func (p *parser) parse(data []byte) *Plans {
 		case "clients":
 			clientsNode = v
 		default:
-			p.fail(k, fieldName(k.Value), "unknown field (known: default_plan, plans, clients)")
+			// Not named: a client's line appended without its
+			// indentation lands here, and its name is an API key.
+			p.fail(k, "", "unknown top-level field on this line (known: default_plan, plans, clients)")
 		}
 	})
 

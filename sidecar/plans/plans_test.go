@@ -122,7 +122,9 @@ func TestParseInvalid(t *testing.T) {
 		{"syntax.yaml", `F: yaml: line 1: did not find expected ',' or '}'`},
 		{"two-documents.yaml", `F:3: more than one YAML document; put everything in one`},
 		{"unknown-plan-field.yaml", `F:2: plans.free.burst: unknown field (known: capacity, rate)`},
-		{"unknown-top.yaml", `F:3: limits: unknown field (known: default_plan, plans, clients)`},
+		{"unknown-top.yaml", `F:3: unknown top-level field on this line (known: default_plan, plans, clients)`},
+		// A client's line appended without its indentation.
+		{"client-line-top-level.yaml", `F:5: unknown top-level field on this line (known: default_plan, plans, clients)`},
 	}
 	seen := map[string]bool{}
 	for _, tt := range tests {

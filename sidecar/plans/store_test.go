@@ -143,7 +143,7 @@ func TestStoreReloadForced(t *testing.T) {
 	}
 	replace(t, path, "nonsense: true\n")
 	err := s.Reload("SIGHUP")
-	if err == nil || !strings.Contains(err.Error(), path+":1: nonsense: unknown field") {
+	if err == nil || !strings.Contains(err.Error(), path+":1: unknown top-level field") {
 		t.Fatalf("Reload(bad) = %v, want the field error", err)
 	}
 	if capacity(s) != 10 || r.ok.Load() != 1 || r.failed.Load() != 1 {
