@@ -462,6 +462,12 @@ func (p *parser) parseClients(n *yaml.Node, out *Plans) {
 		if !ok {
 			return
 		}
+		if !p.declared[name] && p.declared[k.Value] {
+			// A key that is a plan's name, and a value that is none: the
+			// line is most likely "plan: API key", the value the key.
+			p.fail(v, "clients", "no plan named by the value on this line, whose key is the plan %q: are the key and the plan swapped? (the value is not shown: it may be an API key)", k.Value)
+			return
+		}
 		if plan := p.resolve(v, "clients", name, out); plan != nil {
 			c.set(out, plan, nil)
 		}

@@ -85,6 +85,7 @@ func TestParseInvalid(t *testing.T) {
 		{"client-digest-short.yaml", `F:4: clients: a sha256: digest must be followed by 64 lowercase hex digits, got "sha256:abc123"`},
 		{"client-digest-upper.yaml", `F:4: clients: a sha256: digest must be followed by 64 lowercase hex digits, got "sha256:8766B9CB08E6040B704F1E3EE1E186EFCCF2635B1D2634D6525333007E6AEAE1"`},
 		{"client-digest-not-hex.yaml", `F:4: clients: a sha256: digest must be followed by 64 lowercase hex digits, got 12 characters that are not hex digits (not shown: it may be an API key)`},
+		{"client-swapped.yaml", `F:4: clients: no plan named by the value on this line, whose key is the plan "free": are the key and the plan swapped? (the value is not shown: it may be an API key)`},
 		{"client-unknown-plan.yaml", `F:4: clients: no plan named "gold" (plans: free)`},
 		{"comment-only.yaml", `F: empty file: a plans mapping is required`},
 		{"default-unknown.yaml", `F:1: default_plan: no plan named "gold" (plans: free)`},
