@@ -340,7 +340,9 @@ func (p *parser) parsePlans(n *yaml.Node, out *Plans) {
 		name := k.Value
 		field := "plans." + name
 		if !validName(name) {
-			p.fail(k, "plans", "plan name must be 1 to %d characters of A-Z a-z 0-9 . _ -, got %q", MaxNameLen, name)
+			// Not shown: a client's line put under plans: by mistake
+			// lands here, and its name is an API key.
+			p.fail(k, "plans", "plan name must be 1 to %d characters of A-Z a-z 0-9 . _ -, got %d characters (not shown: it may be an API key)", MaxNameLen, len(name))
 			return
 		}
 		p.declared[name] = true
@@ -351,12 +353,18 @@ func (p *parser) parsePlans(n *yaml.Node, out *Plans) {
 	})
 }
 
+// parsePlan reads the plan at field ("plans.NAME"). An entry that is not a
+// plan's mapping, or has fields a plan has not, is reported by its line
+// only, neither its name nor its fields shown: a client's line put under
+// plans: by mistake is one ("KEY": pro, or "KEY": {plan: pro, regions:
+// [...]}), and its name an API key.
 func (p *parser) parsePlan(n *yaml.Node, field string) *Plan {
 	if n.Kind != yaml.MappingNode {
-		p.fail(n, field, "must be a mapping {capacity: N, rate: R}, got %s", describe(n))
+		p.fail(n, "plans", "the plan on this line must be a mapping {capacity: N, rate: R}, got %s", describeSecret(n))
 		return nil
 	}
 	var capNode, rateNode *yaml.Node
+	unknown := false
 	p.eachPair(n, field, func(k, v *yaml.Node) {
 		switch k.Value {
 		case "capacity":
@@ -364,9 +372,13 @@ func (p *parser) parsePlan(n *yaml.Node, field string) *Plan {
 		case "rate":
 			rateNode = v
 		default:
-			p.fail(k, field+"."+fieldName(k.Value), "unknown field (known: capacity, rate)")
+			unknown = true
+			p.fail(k, "plans", "unknown field on this line (known: capacity, rate)")
 		}
 	})
+	if unknown {
+		return nil
+	}
 	errsBefore := len(p.errs)
 	plan := &Plan{}
 	if capNode == nil {
@@ -661,15 +673,6 @@ func describeSecret(n *yaml.Node) string {
 		return "a string (not shown: it may be an API key)"
 	}
 	return "a single value (not shown: it may be an API key)"
-}
-
-// fieldName returns s as it should appear in a field path: as is when it is
-// a plain name, quoted otherwise.
-func fieldName(s string) string {
-	if validName(s) {
-		return s
-	}
-	return strconv.Quote(s)
 }
 
 // validName reports whether s names a plan or a hot client's region: the

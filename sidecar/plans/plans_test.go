@@ -70,7 +70,7 @@ func TestParseInvalid(t *testing.T) {
 		file string
 		want string // with F standing for the fixture's path
 	}{
-		{"bad-plan-name.yaml", `F:2: plans: plan name must be 1 to 64 characters of A-Z a-z 0-9 . _ -, got "fr ee"`},
+		{"bad-plan-name.yaml", `F:2: plans: plan name must be 1 to 64 characters of A-Z a-z 0-9 . _ -, got 5 characters (not shown: it may be an API key)`},
 		{"bad-plan-referenced.yaml", `F:3: plans.free.capacity: must be a whole number from 1 to 1000000000, got 0`},
 		{"capacity-fraction.yaml", `F:2: plans.free.capacity: must be a whole number from 1 to 1000000000, got 2.5`},
 		{"capacity-huge.yaml", `F:2: plans.free.capacity: must be a whole number from 1 to 1000000000, got 1000000001`},
@@ -105,11 +105,16 @@ func TestParseInvalid(t *testing.T) {
 		{"list.yaml", `F:1: top level must be a mapping with plans, clients and default_plan, got a list`},
 		{"many-errors.yaml", "F:2: plans.free.capacity: must be a whole number from 1 to 1000000000, got 0\n" +
 			"F:2: plans.free.rate: must be a number of tokens per second > 0 and <= 1000000000, got 0\n" +
-			"F:3: plans.pro: must be a mapping {capacity: N, rate: R}, got a list\n" +
+			"F:3: plans: the plan on this line must be a mapping {capacity: N, rate: R}, got a list\n" +
 			"F:4: clients: must be a mapping of API key to plan name, got a list"},
 		{"no-plans.yaml", `F:1: plans: required: at least one plan`},
 		{"plan-duplicate.yaml", `F:3: plans: "free" is listed twice (first on line 2)`},
-		{"plan-scalar.yaml", `F:2: plans.free: must be a mapping {capacity: N, rate: R}, got 10`},
+		{"plan-scalar.yaml", `F:2: plans: the plan on this line must be a mapping {capacity: N, rate: R}, got a single value (not shown: it may be an API key)`},
+		// A client's line put under plans: is reported by its line only.
+		{"client-line-under-plans.yaml", `F:4: plans: the plan on this line must be a mapping {capacity: N, rate: R}, got a string (not shown: it may be an API key)`},
+		{"hot-client-under-plans.yaml", "F:4: plans: unknown field on this line (known: capacity, rate)\n" +
+			"F:4: plans: unknown field on this line (known: capacity, rate)"},
+		{"client-key-under-plans.yaml", `F:4: plans: plan name must be 1 to 64 characters of A-Z a-z 0-9 . _ -, got 12 characters (not shown: it may be an API key)`},
 		{"rate-inf.yaml", `F:2: plans.free.rate: must be a finite number, got .inf`},
 		{"rate-missing.yaml", `F:2: plans.free.rate: required`},
 		{"rate-nan.yaml", `F:2: plans.free.rate: must be a finite number, got .nan`},
@@ -122,7 +127,7 @@ func TestParseInvalid(t *testing.T) {
 		{"refill-too-slow.yaml", `F:2: plans.free.rate: refilling 100 tokens at 0.000001/s takes 100000000 s, more than the 31536000 s (365 days) allowed; raise the rate`},
 		{"syntax.yaml", `F: yaml: line 1: did not find expected ',' or '}'`},
 		{"two-documents.yaml", `F:3: more than one YAML document; put everything in one`},
-		{"unknown-plan-field.yaml", `F:2: plans.free.burst: unknown field (known: capacity, rate)`},
+		{"unknown-plan-field.yaml", `F:2: plans: unknown field on this line (known: capacity, rate)`},
 		{"unknown-top.yaml", `F:3: unknown top-level field on this line (known: default_plan, plans, clients)`},
 		// A client's line appended without its indentation.
 		{"client-line-top-level.yaml", `F:5: unknown top-level field on this line (known: default_plan, plans, clients)`},
