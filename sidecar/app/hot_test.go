@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -54,71 +53,53 @@ const perWorker = 60 // checks/s per worker; 10 workers = 600/s
 // load drives the skewed demand at a set of sidecars, counts the checks it
 // sends to each region, and counts answers while counting is on.
 type load struct {
-	sent     [3]atomic.Int64
+	*pacedLoad
+	regionOf []int // each sender's region, an index into skewed
 	counting atomic.Bool
 	allowed  [3]atomic.Int64
 	denied   atomic.Int64
 	other    atomic.Int64
 	lastErr  atomic.Value
-	stop     context.CancelFunc
-	wg       sync.WaitGroup
 }
 
 func startLoad(t *testing.T, addrs []string) *load {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	l := &load{stop: cancel}
-	client := &fasthttp.Client{MaxConnsPerHost: 64}
-	n := 0
+	l := &load{}
+	var senders []pacedSender
 	for ri, rl := range skewed {
 		for range rl.workers {
-			addr := addrs[n%len(addrs)]
-			n++
-			l.wg.Add(1)
-			go func() {
-				defer l.wg.Done()
-				tick := time.NewTicker(time.Second / perWorker)
-				defer tick.Stop()
-				req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-				defer fasthttp.ReleaseRequest(req)
-				defer fasthttp.ReleaseResponse(resp)
-				for {
-					select {
-					case <-ctx.Done():
-						return
-					case <-tick.C:
-					}
-					req.Reset()
-					req.SetRequestURI("http://" + addr + "/v1/check")
-					req.Header.SetMethod("POST")
-					req.Header.Set("x-api-key", hotKey)
-					req.Header.Set("x-ratelimit-region", rl.region)
-					l.sent[ri].Add(1)
-					err := client.DoTimeout(req, resp, 5*time.Second)
-					if !l.counting.Load() {
-						continue
-					}
-					switch {
-					case err != nil:
-						l.other.Add(1)
-						l.lastErr.Store(err.Error())
-					case resp.StatusCode() == 200:
-						l.allowed[ri].Add(1)
-					case resp.StatusCode() == 429:
-						l.denied.Add(1)
-					default:
-						l.other.Add(1)
-						l.lastErr.Store(fmt.Sprintf("%d %s", resp.StatusCode(), resp.Body()))
-					}
-				}
-			}()
+			senders = append(senders, pacedSender{addrs[len(senders)%len(addrs)], hotKey, rl.region})
+			l.regionOf = append(l.regionOf, ri)
 		}
 	}
-	t.Cleanup(l.close)
+	l.pacedLoad = startPaced(t, senders, perWorker, func(i int, _ time.Time, resp *fasthttp.Response, err error) {
+		if !l.counting.Load() {
+			return
+		}
+		switch {
+		case err != nil:
+			l.other.Add(1)
+			l.lastErr.Store(err.Error())
+		case resp.StatusCode() == 200:
+			l.allowed[l.regionOf[i]].Add(1)
+		case resp.StatusCode() == 429:
+			l.denied.Add(1)
+		default:
+			l.other.Add(1)
+			l.lastErr.Store(fmt.Sprintf("%d %s", resp.StatusCode(), resp.Body()))
+		}
+	})
 	return l
 }
 
-func (l *load) close() { l.stop(); l.wg.Wait() }
+// regionSent returns the checks sent so far to each region of skewed.
+func (l *load) regionSent() []float64 {
+	out := make([]float64, len(skewed))
+	for i := range l.sent {
+		out[l.regionOf[i]] += float64(l.sent[i].Load())
+	}
+	return out
+}
 
 func (l *load) admitted() int64 {
 	return l.allowed[0].Load() + l.allowed[1].Load() + l.allowed[2].Load()
@@ -260,7 +241,7 @@ func TestHotClientSharding(t *testing.T) {
 			return false // no new reconcile seen
 		}
 		last = sa
-		target = targetOf([]float64{float64(l.sent[0].Load()), float64(l.sent[1].Load()), float64(l.sent[2].Load())})
+		target = targetOf(l.regionSent())
 		for _, sh := range [][]float64{sa, sb} {
 			for i := range sh {
 				if math.Abs(sh[i]-target[i]) > tol {

@@ -54,60 +54,38 @@ const (
 // reshardLoad sends the client's checks at a steady pace and counts the
 // answers; the failed ones (503) with the time they were sent.
 type reshardLoad struct {
-	sent, allowed, denied atomic.Int64
-	mu                    sync.Mutex
-	failed                []time.Time // send times of the 503s
-	failedWhy             map[string]int
-	other                 []string // anything but 200, 429 and 503
-	stop                  chan struct{}
-	wg                    sync.WaitGroup
+	*pacedLoad
+	allowed, denied atomic.Int64
+	mu              sync.Mutex
+	failed          []time.Time // send times of the 503s
+	failedWhy       map[string]int
+	other           []string // anything but 200, 429 and 503
 }
 
 func startReshardLoad(t *testing.T, addr string) *reshardLoad {
 	t.Helper()
-	l := &reshardLoad{stop: make(chan struct{}), failedWhy: map[string]int{}}
-	client := &fasthttp.Client{MaxConnsPerHost: 2 * reshardSenders}
-	for range reshardSenders {
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
-			tick := time.NewTicker(time.Second / reshardPerSender)
-			defer tick.Stop()
-			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-			defer fasthttp.ReleaseRequest(req)
-			defer fasthttp.ReleaseResponse(resp)
-			for {
-				select {
-				case <-l.stop:
-					return
-				case <-tick.C:
-				}
-				req.Reset()
-				req.SetRequestURI("http://" + addr + "/v1/check")
-				req.Header.SetMethod("POST")
-				req.Header.Set("x-api-key", reshardKey)
-				sent := time.Now()
-				l.sent.Add(1)
-				err := client.DoTimeout(req, resp, 5*time.Second)
-				switch {
-				case err != nil:
-					l.note(fmt.Sprintf("transport: %v", err))
-				case resp.StatusCode() == 200:
-					l.allowed.Add(1)
-				case resp.StatusCode() == 429:
-					l.denied.Add(1)
-				case resp.StatusCode() == 503:
-					l.mu.Lock()
-					l.failed = append(l.failed, sent)
-					l.failedWhy[strings.TrimSpace(string(resp.Body()))]++
-					l.mu.Unlock()
-				default:
-					l.note(fmt.Sprintf("%d %s", resp.StatusCode(), resp.Body()))
-				}
-			}
-		}()
+	l := &reshardLoad{failedWhy: map[string]int{}}
+	senders := make([]pacedSender, reshardSenders)
+	for i := range senders {
+		senders[i] = pacedSender{addr: addr, key: reshardKey}
 	}
-	t.Cleanup(l.close)
+	l.pacedLoad = startPaced(t, senders, reshardPerSender, func(_ int, sent time.Time, resp *fasthttp.Response, err error) {
+		switch {
+		case err != nil:
+			l.note(fmt.Sprintf("transport: %v", err))
+		case resp.StatusCode() == 200:
+			l.allowed.Add(1)
+		case resp.StatusCode() == 429:
+			l.denied.Add(1)
+		case resp.StatusCode() == 503:
+			l.mu.Lock()
+			l.failed = append(l.failed, sent)
+			l.failedWhy[strings.TrimSpace(string(resp.Body()))]++
+			l.mu.Unlock()
+		default:
+			l.note(fmt.Sprintf("%d %s", resp.StatusCode(), resp.Body()))
+		}
+	})
 	return l
 }
 
@@ -115,16 +93,6 @@ func (l *reshardLoad) note(s string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.other = append(l.other, s)
-}
-
-// close stops the senders and returns once every answer is counted.
-func (l *reshardLoad) close() {
-	select {
-	case <-l.stop:
-	default:
-		close(l.stop)
-	}
-	l.wg.Wait()
 }
 
 // scriptCalls is how many times the node at addr has been sent the
