@@ -17,6 +17,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/filter/limiter"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/lua"
 )
@@ -691,4 +693,61 @@ func TestFaultPlansReplacedUnderLoad(t *testing.T) {
 		t.Fatalf("%d requests came back without a decision, %d failed open", n, d.failedOpen())
 	}
 	t.Logf("%d requests while the plans file was replaced %d times: %v", sent.Load(), len(invalid)+2, d)
+}
+
+// The sidecar restarted under traffic, as a rolling update or a crash
+// does: the old one stops on SIGTERM and a new one listens at the same
+// address. Every connection the gateway held to the sidecar closed with
+// the old one, and its filter's warm-up rounds, once they went well, come
+// every 10 s: left to the next one, a burst after the restart would set up
+// its connections inside the check's 5 ms, as on a fresh stack. The
+// checks that failed meanwhile bring a round within a second of the
+// sidecar's return (filter/README.md, "Warm connections"). The restart
+// comes right after the gateway's second round, so the next regular one is
+// about 10 s away; the new sidecar must see a whole round of warm-up calls
+// within half that. Requests flow throughout and each is answered 200
+// (decided, or failed open) within the hang bound.
+func TestSidecarRestartWarmsAgain(t *testing.T) {
+	s := startStack(t, stackConfig{plans: "default_plan: bulk\nplans:\n  bulk: {capacity: 1000000000, rate: 1000000000}\n"})
+	const n = limiter.DefaultWarmConnections
+	warmUps := func() float64 { return s.sidecarMetric(0, `sidecar_warm_ups_total{result="ok"}`) }
+	// Each of the gateway's two workers makes a round as it is configured
+	// and another a second later; the next is 10 s after that.
+	testkit.Poll(t, 10*time.Second, "the gateway's first two rounds of warm-up calls", func() bool { return warmUps() >= 2*2*n })
+
+	var sent, notOK atomic.Int64
+	load := testkit.StartLoad(t, 2, func(w, i int) {
+		start := time.Now()
+		r, err := s.try(0, "GET", "/orders/1", "x-api-key", "restart-load-"+strconv.Itoa(w))
+		sent.Add(1)
+		if err != nil || r.status != http.StatusOK || time.Since(start) > hangBound {
+			notOK.Add(1)
+		}
+	})
+	defer load.Stop()
+	testkit.Poll(t, 10*time.Second, "traffic flows", func() bool { return sent.Load() > 20 })
+
+	if err := s.sidecars[0].Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	p, err := harness.StartProcess("sidecar-restarted", bins.Sidecar, "-listen", s.scAddrs[0], "-redis", s.redis.URL(), "-plans", s.plans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.own(p)
+	s.sidecars[0] = p
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := harness.WaitHTTP(ctx, p, "http://"+s.scAddrs[0]+"/readyz", http.StatusOK); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	testkit.Poll(t, 5*time.Second, "a round of warm-up calls answered by the restarted sidecar", func() bool { return warmUps() >= n })
+	t.Logf("a round of warm-up calls reached the restarted sidecar %v after it was ready", time.Since(back).Round(time.Millisecond))
+	at := sent.Load()
+	testkit.Poll(t, 10*time.Second, "traffic after the restart", func() bool { return sent.Load() > at+20 })
+	load.Stop()
+	if k := notOK.Load(); k != 0 {
+		t.Fatalf("%d of %d requests across the restart were not answered 200 within %v", k, sent.Load(), hangBound)
+	}
 }

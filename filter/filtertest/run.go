@@ -78,6 +78,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"local/off-by-default", r.localOffByDefault},
 		{"warm/connections", r.warmConnections},
 		{"warm/none", r.warmConnectionsNone},
+		{"warm/after-outage", r.warmAfterOutage},
 	} {
 		t.Run(c.name, c.fn)
 	}

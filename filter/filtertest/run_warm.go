@@ -144,3 +144,76 @@ func (r runner) warmConnectionsNone(t *testing.T) {
 		tickEvery(t, h, 10*time.Second, config)
 	}
 }
+
+// warmAfterOutage: a sidecar that restarts closes every connection the
+// proxy had open to it, and the next 10 s round could be up to 10 s after
+// its return. A failure the breaker counts brings the rounds back to every
+// second, until one goes well, and the breaker closing (the sidecar
+// answers again) sends one at once; so does, on another worker, the first
+// answer after it let requests through on the open breaker. A failure that
+// does not count (the sidecar answered since the callout left) changes
+// nothing.
+func (r runner) warmAfterOutage(t *testing.T) {
+	const n = limiter.DefaultWarmConnections
+	h := r.host(t, breakerConfig)
+	w := worker(t, h, breakerConfig)
+	for _, vm := range []Host{h, w} {
+		tick(t, vm, time.Second, "after the first round, its outcome unknown")
+		vm.RespondRootCallouts(warmOK)
+		tick(t, vm, 10*time.Second, "after a round answered")
+		vm.RespondRootCallouts(warmOK)
+	}
+
+	// A callout that failed after the sidecar had answered a later one:
+	// late in a burst, not gone.
+	late, _ := waiting(t, h, get("key-1"))
+	h.Advance(time.Millisecond)
+	allowing(t, h, "key-2")
+	late.RespondCallout(timeoutAnswer, nil)
+	wentOn(t, late)
+	late.Done()
+	tickEvery(t, h, 10*time.Second, "after a failure the breaker does not count")
+
+	// The sidecar gone: the first failure that counts brings the next
+	// round within a second, and rounds that fail keep coming every
+	// second.
+	failing(t, h, "key-1", unavailableAnswer)
+	tickEvery(t, h, time.Second, "after a failure the breaker counts")
+	failing(t, h, "key-1", unavailableAnswer)
+	failing(t, h, "key-1", unavailableAnswer)
+	transitions(t, h, 1, 0, 0)
+	tick(t, h, time.Second, "after the round the failures brought forward")
+	warmCalls(t, h, n, "ratelimit_sidecar", "ratelimit-sidecar")
+	h.RespondRootCallouts(unavailableAnswer)
+	tick(t, h, time.Second, "after a round refused by the sidecar still gone")
+	warmCalls(t, h, n, "ratelimit_sidecar", "ratelimit-sidecar")
+
+	// The other worker only let requests through on the open breaker: no
+	// answer, no failure of its own, and its rounds stay 10 s apart.
+	bypassed(t, w, "key-1").Done()
+	tickEvery(t, w, 10*time.Second, "worker: while the breaker is open")
+
+	// Back: the probe's answer closes the breaker and a round goes out at
+	// once, then every 10 s again once answered.
+	h.Advance(100 * time.Millisecond)
+	allowing(t, h, "key-3")
+	transitions(t, h, 1, 0, 1)
+	tickEvery(t, h, time.Millisecond, "after the breaker closed")
+	// The other worker's first answer after the outage sends its round.
+	allowing(t, w, "key-4")
+	tickEvery(t, w, time.Millisecond, "worker: after its first answer since the outage")
+	tick(t, w, time.Second, "worker: after the round its first answer sent")
+	warmCalls(t, w, n, "ratelimit_sidecar", "ratelimit-sidecar")
+	w.RespondRootCallouts(warmOK)
+	tick(t, w, 10*time.Second, "worker: once that round was answered")
+	w.RespondRootCallouts(warmOK)
+	allowing(t, w, "key-5")
+	tickEvery(t, w, 10*time.Second, "worker: answers after the first change nothing")
+	tick(t, h, time.Second, "after the round sent as the breaker closed")
+	if got := len(h.RootCallouts()); got != 2*n {
+		t.Fatalf("%d calls pending, want the unanswered round's and the new one's, %d", got, 2*n)
+	}
+	h.RespondRootCallouts(warmOK)
+	tick(t, h, 10*time.Second, "once the round after the outage was answered")
+	h.RespondRootCallouts(warmOK)
+}

@@ -260,6 +260,14 @@ func (b *breaker) allow(h abi.Host, now int64) (allow, probe bool) {
 	return false, false
 }
 
+// counts reports whether a failed callout counts against the sidecar: a
+// probe's always does; another's does unless the sidecar has answered one
+// of this VM's callouts since it was sent, or it is a timeout whose
+// callback ran late (the proxy's own congestion).
+func (b *breaker) counts(probe, timedOut bool, sentAt, now int64) bool {
+	return probe || !(sentAt < b.answered || timedOut && now-sentAt > b.late)
+}
+
 // record applies the result, at now, of a callout sent at sentAt
 // (timedOut: Envoy's timeout ended it), and reports the state it found and
 // the transition it made. A failure of a callout sent before the sidecar's
@@ -272,8 +280,7 @@ func (b *breaker) record(h abi.Host, failed, probe, timedOut bool, sentAt, now i
 	switch {
 	case !failed:
 		b.answered = max(b.answered, now)
-	case probe:
-	case sentAt < b.answered, timedOut && now-sentAt > b.late:
+	case !b.counts(probe, timedOut, sentAt, now):
 		return breakerState{}, evNone
 	}
 	for attempt := 0; attempt < breakerCASAttempts; attempt++ {

@@ -319,6 +319,7 @@ func (l *Limiter) check(s *stream) abi.Action {
 	if b := &s.root.breaker; b.enabled() {
 		allow, probe := b.allow(h, now)
 		if !allow {
+			s.root.warm.outage = true
 			if l.failOpen(s, ReasonCircuitOpen, "circuit breaker open", now) {
 				return abi.ActionPause
 			}
@@ -561,7 +562,8 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 
 // breakerResult feeds a callout's result to the root's circuit breaker and
 // reports the transition it made: metrics, and a line when the breaker
-// opens after being closed or closes again.
+// opens after being closed or closes again. A failure that counts, and the
+// breaker closing, bring the next warm-up round forward (rewarm).
 func (l *Limiter) breakerResult(r *root, failed, probe bool, reason Reason, sentAt, now int64) {
 	b := &r.breaker
 	if !b.enabled() {
@@ -569,6 +571,13 @@ func (l *Limiter) breakerResult(r *root, failed, probe bool, reason Reason, sent
 	}
 	h := l.host
 	before, ev := b.record(h, failed, probe, reason == ReasonTimeout, sentAt, now)
+	switch {
+	case ev == evClosed, !failed && r.warm.outage:
+		r.warm.outage = false
+		l.rewarm(r, firstTickMs)
+	case failed && b.counts(probe, reason == ReasonTimeout, sentAt, now):
+		l.rewarm(r, warmRetryMs)
+	}
 	switch ev {
 	case evOpened:
 		l.m.inc(h, cBreakerOpened)
@@ -585,6 +594,25 @@ func (l *Limiter) breakerResult(r *root, failed, probe bool, reason Reason, sent
 		h.Log(abi.LogInfo, "edgelimit: circuit breaker closed: the sidecar answered after "+
 			strconv.FormatInt(max(now-before.since, 0)/1e6, 10)+" ms")
 	}
+}
+
+// rewarm brings the root context's next round of warm-up calls (warm.go)
+// forward to ms from now, unless one comes sooner. A failure the breaker
+// counts says the sidecar may be gone, and its connections with it (a
+// sidecar that restarts closes every one): the rounds then come every
+// second until one goes well, as after a round that went wrong, so that the
+// connections are open again within a second of the sidecar's return
+// instead of at the next 10 s round. The breaker closing, or the first
+// answer after this VM let requests through on the open breaker, says the
+// sidecar answers again: a round goes out at once. Called on the root
+// context (the tick period is the root's).
+func (l *Limiter) rewarm(r *root, ms uint32) {
+	if r.cfg == nil || r.cfg.Mode == ModeOff || r.cfg.WarmConnections == 0 || r.tickMs <= ms {
+		return
+	}
+	r.warm.failed = true
+	r.tickMs = ms
+	l.host.SetTickPeriod(ms)
 }
 
 // answer reads the callout response being delivered.

@@ -41,6 +41,10 @@ const warmRetryMs = 1000
 type warmRound struct {
 	tokens []uint32 // its calls not answered yet
 	failed bool     // one was refused, or answered other than 200
+	// outage: requests failed open on the open breaker since the sidecar
+	// last answered this VM; its next answer sends a round at once
+	// (Limiter.rewarm).
+	outage bool
 }
 
 // warm makes the root context's warm-up calls, and returns the tick period
