@@ -216,4 +216,16 @@ func (r runner) warmAfterOutage(t *testing.T) {
 	h.RespondRootCallouts(warmOK)
 	tick(t, h, 10*time.Second, "once the round after the outage was answered")
 	h.RespondRootCallouts(warmOK)
+
+	// A check the proxy cannot even send counts as well, and its failure
+	// is met in the stream's own callback: the proxy sets the root
+	// context's tick period from there too, as Envoy does.
+	h.FailNextDispatch()
+	s, cont := send(h, get("key-6"))
+	if !cont {
+		t.Fatal("request waits after a failed dispatch")
+	}
+	wentOn(t, s)
+	s.Done()
+	tickEvery(t, h, time.Second, "after a check that could not be sent")
 }

@@ -604,8 +604,9 @@ func (l *Limiter) breakerResult(r *root, failed, probe bool, reason Reason, sent
 // connections are open again within a second of the sidecar's return
 // instead of at the next 10 s round. The breaker closing, or the first
 // answer after this VM let requests through on the open breaker, says the
-// sidecar answers again: a round goes out at once. Called on the root
-// context (the tick period is the root's).
+// sidecar answers again: a round goes out at once. The period set is the
+// root context's, from whichever context calls (a callout's answer runs on
+// the root; a check that could not be sent, on its stream), as in Envoy.
 func (l *Limiter) rewarm(r *root, ms uint32) {
 	if r.cfg == nil || r.cfg.Mode == ModeOff || r.cfg.WarmConnections == 0 || r.tickMs <= ms {
 		return

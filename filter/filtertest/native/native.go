@@ -633,12 +633,19 @@ func (v *vm) RecordMetric(id uint32, value uint64) abi.Status {
 	return abi.StatusOK
 }
 
+// SetTickPeriod sets the root context's tick period, also when a stream
+// calls it, as Envoy does (proxy-wasm-cpp-host's setTimerPeriod takes the
+// calling context's root).
 func (v *vm) SetTickPeriod(ms uint32) abi.Status {
 	v.refuse("proxy_set_tick_period_milliseconds")
-	if !v.isRoot(v.effective) {
+	root := v.effective
+	if s := v.streams[root]; s != nil {
+		root = s.root
+	}
+	if !v.isRoot(root) {
 		return abi.StatusBadArgument
 	}
-	v.ticks[v.effective] = time.Duration(ms) * time.Millisecond
+	v.ticks[root] = time.Duration(ms) * time.Millisecond
 	return abi.StatusOK
 }
 
