@@ -569,8 +569,22 @@ func (l *Limiter) breakerResult(r *root, failed, probe bool, reason Reason, sent
 	if !b.enabled() {
 		return
 	}
-	h := l.host
-	before, ev := b.record(h, failed, probe, reason == ReasonTimeout, sentAt, now)
+	before, ev := b.record(l.host, failed, probe, reason == ReasonTimeout, sentAt, now)
+	// The healthy path (an answer, the breaker closed and staying so)
+	// ends here: what follows is a function of its own, kept out of the
+	// path every allowed request takes.
+	if failed || ev != evNone || r.warm.outage {
+		l.breakerChanged(r, before, ev, failed, probe, reason, sentAt, now)
+	}
+}
+
+// breakerChanged is what breakerResult does beyond recording a result: the
+// warm-up rounds brought forward, and the metrics and log line of a
+// transition.
+//
+//go:noinline
+func (l *Limiter) breakerChanged(r *root, before breakerState, ev breakerEvent, failed, probe bool, reason Reason, sentAt, now int64) {
+	b, h := &r.breaker, l.host
 	switch {
 	case ev == evClosed, !failed && r.warm.outage:
 		r.warm.outage = false
