@@ -35,7 +35,7 @@ const usageHead = `Usage: sidecar [flags]
 The rate limiter's sidecar: POST /v1/check decides, with one Redis round trip,
 whether the client in x-api-key may go on (200) or not (429); POST /v1/warm is
 the gateways' warm-up call, the same path without a client (no decision). Also
-GET /healthz, GET /readyz (Redis reachable, script loaded) and GET /metrics
+GET /healthz, GET /readyz (Redis reachable, script loaded and run on a bucket key) and GET /metrics
 (Prometheus), on the check listener (-listen) and, if set, on the admin
 listener (-admin-listen), which serves only these three.
 

@@ -76,7 +76,7 @@ type root struct {
 	calls    streamTable   // pending callouts by token
 	fails    failLog
 	warm     warmRound
-	tickMs   uint32 // the tick period last set; firstTickMs until the first tick
+	tickMs   uint32 // the tick period last set; firstTickMs when a round is due at once (the first, or one rewarm brought forward)
 }
 
 func newRoot() *root { return &root{} }
@@ -625,9 +625,10 @@ func (l *Limiter) rewarm(r *root, ms uint32) {
 	if r.cfg == nil || r.cfg.Mode == ModeOff || r.cfg.WarmConnections == 0 || r.tickMs <= ms {
 		return
 	}
-	r.warm.failed = true
-	r.tickMs = ms
-	l.host.SetTickPeriod(ms)
+	if l.host.SetTickPeriod(ms) == abi.StatusOK {
+		r.warm.failed = true
+		r.tickMs = ms
+	}
 }
 
 // answer reads the callout response being delivered.

@@ -40,7 +40,7 @@ const warmRetryMs = 1000
 // warmRound is a root context's last round of warm-up calls.
 type warmRound struct {
 	tokens []uint32 // its calls not answered yet
-	failed bool     // one was refused, or answered other than 200
+	failed bool     // one was refused, or answered other than 200, or rewarm asked for the next round a second away
 	// outage: requests failed open on the open breaker since the sidecar
 	// last answered this VM; its next answer sends a round at once
 	// (Limiter.rewarm).

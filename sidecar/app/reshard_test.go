@@ -306,8 +306,8 @@ func TestClusterReshard(t *testing.T) {
 	// 2% of the checks and at most half the plan's capacity (25): a bucket
 	// started afresh on the target would admit up to a capacity more, less
 	// the few tokens left unspent when the load stops, and the allowance
-	// for the failed checks below must leave that to be seen. A sidecar
-	// whose every redirected check failed failed 60 to 91.
+	// for the failed checks below must leave that to be seen. With go-redis's
+	// retry backoff, which failed every redirected check, 60 to 91 failed.
 	maxFailed := min(0.02*float64(checks), reshardCapacity/2)
 	if float64(failed) > maxFailed {
 		t.Errorf("%d of %d checks failed (%.2f%%), want at most %.0f: %d before the move, %d during it, %d after; %s",

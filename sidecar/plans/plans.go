@@ -435,9 +435,11 @@ func (p *parser) parseClients(n *yaml.Node, out *Plans) {
 				// A digest is no secret: quote it. Text that is not hex
 				// digits is no digest, and may be a key written after
 				// the prefix: say only how long it is.
+				// Quoted only when it is a digest in capitals: anything
+				// else after the prefix may be a key, hex ones included.
 				got := strconv.Quote(k.Value)
-				if !anyCaseHex.MatchString(digits) {
-					got = strconv.Itoa(len(digits)) + " characters that are not hex digits (not shown: it may be an API key)"
+				if len(digits) != 64 || !anyCaseHex.MatchString(digits) {
+					got = strconv.Itoa(len(digits)) + " characters (not shown: it may be an API key)"
 				}
 				p.fail(k, "clients", "a %s: digest must be followed by 64 lowercase hex digits, got %s", kind, got)
 				return
