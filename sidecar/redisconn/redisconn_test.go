@@ -139,3 +139,22 @@ func TestNewClientKinds(t *testing.T) {
 		c.Close()
 	}
 }
+
+// TestClusterRetryBackoff: a cluster client follows a redirection at once
+// (no retry backoff, which go-redis reports as 0), unless the URL sets one.
+func TestClusterRetryBackoff(t *testing.T) {
+	for url, want := range map[string]time.Duration{
+		"redis+cluster://127.0.0.1:1":                        0,
+		"redis+cluster://127.0.0.1:1?min_retry_backoff=20ms": 20 * time.Millisecond,
+	} {
+		s, err := Parse(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := s.NewClient(Tuning{})
+		if got := c.(*redis.ClusterClient).Options().MinRetryBackoff; got != want {
+			t.Errorf("%s: MinRetryBackoff %v, want %v", url, got, want)
+		}
+		c.Close()
+	}
+}
