@@ -46,6 +46,19 @@ func allowing(t *testing.T, h Host, key string) {
 	s.Done()
 }
 
+// undispatched sends a request whose callout the proxy fails to send
+// (proxy_http_call fails at once), which must go through at once.
+func undispatched(t *testing.T, h Host, key string) Stream {
+	t.Helper()
+	h.FailNextDispatch()
+	s, cont := send(h, get(key))
+	if !cont {
+		t.Fatal("request waits after a failed dispatch")
+	}
+	wentOn(t, s)
+	return s
+}
+
 // bypassed requires a request to go through at once, with no callout: the
 // breaker is open.
 func bypassed(t *testing.T, h Host, key string) Stream {
@@ -128,12 +141,7 @@ func (r runner) breakerOpens(t *testing.T) {
 func (r runner) breakerDispatchFailures(t *testing.T) {
 	h := r.host(t, breakerConfig)
 	for range 3 {
-		h.FailNextDispatch()
-		s, cont := send(h, get("key-1"))
-		if !cont {
-			t.Fatal("request waits after a failed dispatch")
-		}
-		wentOn(t, s)
+		undispatched(t, h, "key-1")
 	}
 	transitions(t, h, 1, 0, 0)
 	// The host would dispatch now; the breaker does not ask it.

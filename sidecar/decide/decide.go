@@ -384,7 +384,7 @@ func (d *Decider) healScript(key string) {
 	if _, ok := d.client.(*redis.ClusterClient); !ok || !d.healing.CompareAndSwap(false, true) {
 		return
 	}
-	args := d.args(lua.Limit{Capacity: 1, Rate: 1}, 0).vals
+	args := d.args(peekLimit, 0).vals
 	d.wg.Add(1) // from a loop, which Close waits for: the count is not 0
 	go func() {
 		defer d.wg.Done()

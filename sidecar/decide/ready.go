@@ -84,6 +84,10 @@ func (d *Decider) warm(ctx context.Context) error {
 	return nil
 }
 
+// peekLimit is the plan a peek is made with: any plan does, as a peek
+// (cost 0) takes nothing and writes nothing.
+var peekLimit = lua.Limit{Capacity: 1, Rate: 1}
+
 // peek makes one decision the way every check is made (the queue, a
 // batch, the connection's writer and reader, the reply's parsing, the
 // script in Redis on a bucket key): a peek (cost 0) at keys.WarmBucket,
@@ -99,7 +103,7 @@ func (d *Decider) warm(ctx context.Context) error {
 // does a fresh stack's first burst cost?").
 func (d *Decider) peek(ctx context.Context) error {
 	deadline, _ := ctx.Deadline() // Ready's, which always has one
-	_, err := d.Decide(deadline, keys.WarmBucket, lua.Limit{Capacity: 1, Rate: 1}, 0)
+	_, err := d.Decide(deadline, keys.WarmBucket, peekLimit, 0)
 	if reply := redis.Error(nil); errors.As(err, &reply) {
 		return fmt.Errorf("redis: a decision: %w", err)
 	}

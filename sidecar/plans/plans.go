@@ -432,13 +432,11 @@ func (p *parser) parseClients(n *yaml.Node, out *Plans) {
 		if kind, digits, ok := strings.Cut(k.Value, ":"); ok && (kind == keys.KindSHA256 || kind == keys.KindHMACSHA256) {
 			sum, ok := parseDigest(digits)
 			if !ok {
-				// A digest is no secret: quote it. Text that is not hex
-				// digits is no digest, and may be a key written after
-				// the prefix: say only how long it is.
-				// Quoted only when it is a digest in capitals: anything
-				// else after the prefix may be a key, hex ones included.
+				// A digest in capitals is no secret: quote it. Anything
+				// else after the prefix may be a key, hex ones included:
+				// say only how long it is.
 				got := strconv.Quote(k.Value)
-				if len(digits) != 64 || !anyCaseHex.MatchString(digits) {
+				if !anyCaseDigest.MatchString(digits) {
 					got = strconv.Itoa(len(digits)) + " characters (not shown: it may be an API key)"
 				}
 				p.fail(k, "clients", "a %s: digest must be followed by 64 lowercase hex digits, got %s", kind, got)
@@ -510,8 +508,8 @@ func (c client) set(out *Plans, plan *Plan, hot *Hot) {
 }
 
 var (
-	hexDigits  = regexp.MustCompile(`^[0-9a-f]{64}$`)
-	anyCaseHex = regexp.MustCompile(`^[0-9a-fA-F]*$`)
+	hexDigits     = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	anyCaseDigest = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
 )
 
 func parseDigest(digits string) ([sha256.Size]byte, bool) {
