@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -301,21 +302,9 @@ func TestHTTPCallRequestAsSent(t *testing.T) {
 	}
 	c := d.last(t)
 	want := []Header{{":method", "POST"}, {":path", "/v1/check"}, {":authority", "rl"}, {"x-api-key", "k1"}, {"content-length", "7"}}
-	if !equalHeaders(c.Headers, want) || string(c.Body) != "payload" || c.Timeout != 7*time.Millisecond || c.Cluster != "sidecar" || c.Token != 4 {
+	if !slices.Equal(c.Headers, want) || string(c.Body) != "payload" || c.Timeout != 7*time.Millisecond || c.Cluster != "sidecar" || c.Token != 4 {
 		t.Errorf("dispatched %+v", c.Callout)
 	}
-}
-
-func equalHeaders(a, b []Header) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestHTTPCallResponses(t *testing.T) {

@@ -2,6 +2,7 @@ package wasmhost
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -41,7 +42,7 @@ func TestStreamHeaderMaps(t *testing.T) {
 	// Replace removes every value and adds one; pseudo-headers stay ahead
 	// of the others, as in Envoy's header list.
 	want := []Header{{":method", "GET"}, {":authority", "shop"}, {":scheme", "http"}, {":path", "/new"}, {"x-added", "yes"}, {"x-new", "n"}}
-	if got := s.UpstreamHeaders(); !equalHeaders(got, want) {
+	if got := s.UpstreamHeaders(); !slices.Equal(got, want) {
 		t.Errorf("upstream headers %q, want %q", got, want)
 	}
 }
@@ -174,7 +175,7 @@ func TestLocalReplies(t *testing.T) {
 				t.Fatalf("state %v, want replied", st)
 			}
 			r, _ := s.LocalReply()
-			if r.Status != c.wantStatus || !equalHeaders(r.Headers, c.wantHdrs) || string(r.Body) != c.wantBody {
+			if r.Status != c.wantStatus || !slices.Equal(r.Headers, c.wantHdrs) || string(r.Body) != c.wantBody {
 				t.Errorf("reply %d %q %q; want %d %q %q", r.Status, r.Headers, r.Body, c.wantStatus, c.wantHdrs, c.wantBody)
 			}
 			checkLines(t, vm.logs, c.wantLines)
@@ -227,7 +228,7 @@ func TestResponseHeadersAndLifecycle(t *testing.T) {
 		t.Fatalf("ResponseHeaders = %v, %v", st, err)
 	}
 	want := []Header{{":status", "200"}, {"content-type", "text/plain"}, {"x-r", "1"}}
-	if !equalHeaders(out, want) {
+	if !slices.Equal(out, want) {
 		t.Errorf("response headers %q, want %q", out, want)
 	}
 	s.Done()
@@ -236,7 +237,7 @@ func TestResponseHeadersAndLifecycle(t *testing.T) {
 	// continued: the plugin's later tries to change them were refused
 	// (add=2 and replace=2 in on_response_headers, add=2 in on_log) and
 	// changed nothing.
-	if got := s.UpstreamHeaders(); !equalHeaders(got, upstream) {
+	if got := s.UpstreamHeaders(); !slices.Equal(got, upstream) {
 		t.Errorf("upstream headers after the stream %q, want %q as the request continued", got, upstream)
 	}
 	checkLines(t, vm.logs, []string{"log=0", "response_headers n=2 eos=0", "get=2 value=", "add=0", "get=0 value=200", "add=2", "replace=2",
@@ -260,11 +261,11 @@ func TestResponseHeadersAndLifecycle(t *testing.T) {
 		t.Fatalf("RequestHeadersWait = %v, %v", st, err)
 	}
 	st, out, err = s2.ResponseHeadersWait(context.Background(), []Header{{":status", "200"}, {"Content-Type", "text/plain"}}, false)
-	if err != nil || st != Continued || !equalHeaders(out, want) {
+	if err != nil || st != Continued || !slices.Equal(out, want) {
 		t.Fatalf("ResponseHeadersWait = %v, %q, %v; want Continued, %q", st, out, err, want)
 	}
 	s2.Done()
-	if !equalHeaders(out, want) {
+	if !slices.Equal(out, want) {
 		t.Errorf("response headers after the stream %q, want %q as the response continued", out, want)
 	}
 }
@@ -487,10 +488,10 @@ func TestWaitingCallsMatchTheSyncOnes(t *testing.T) {
 	if strings.Join(sync.logs, "\n") != strings.Join(waiting.logs, "\n") {
 		t.Errorf("callbacks differ:\nstep by step:\n%s\nwaiting:\n%s", strings.Join(sync.logs, "\n"), strings.Join(waiting.logs, "\n"))
 	}
-	if !equalHeaders(sync.upstream, waiting.upstream) || firstValue(waiting.upstream, "x-decision") != "allow" {
+	if !slices.Equal(sync.upstream, waiting.upstream) || firstValue(waiting.upstream, "x-decision") != "allow" {
 		t.Errorf("upstream headers %q, step by step %q", waiting.upstream, sync.upstream)
 	}
-	if !equalHeaders(sync.out, waiting.out) || firstValue(waiting.out, "x-r") != "1" {
+	if !slices.Equal(sync.out, waiting.out) || firstValue(waiting.out, "x-r") != "1" {
 		t.Errorf("response headers %q, step by step %q", waiting.out, sync.out)
 	}
 	if sync.id != waiting.id {

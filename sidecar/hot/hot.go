@@ -25,6 +25,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -143,7 +144,7 @@ func regionKey(digest, region string, target int) string {
 func (s *Sharder) state(base string, regions []string) *state {
 	if v, ok := s.states.Load(base); ok {
 		st := v.(*state)
-		if sameRegions(st.regions, regions) {
+		if slices.Equal(st.regions, regions) {
 			return st
 		}
 	}
@@ -153,7 +154,7 @@ func (s *Sharder) state(base string, regions []string) *state {
 	defer s.mu.Unlock()
 	if v, ok := s.states.Load(base); ok {
 		st := v.(*state)
-		if sameRegions(st.regions, regions) {
+		if slices.Equal(st.regions, regions) {
 			return st
 		}
 	}
@@ -169,18 +170,6 @@ func (s *Sharder) state(base string, regions []string) *state {
 	st.lastUsed.Store(time.Now().UnixNano())
 	s.states.Store(base, st)
 	return st
-}
-
-func sameRegions(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func equal(k int) []float64 {
