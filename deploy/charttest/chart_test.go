@@ -34,6 +34,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
@@ -684,7 +685,7 @@ func TestBootstrapFollowsEnvoyYAML(t *testing.T) {
 	// The edge listener, without its routes, the module's path and the
 	// filter's JSON (compared as JSON below).
 	edge := func(boot map[string]any) (map[string]any, any) {
-		l := clone(listener(t, boot, "edge")).(map[string]any)
+		l := runtime.DeepCopyJSON(listener(t, boot, "edge"))
 		hcm := dig(t, l, "filter_chains", 0, "filters", 0, "typed_config").(map[string]any)
 		delete(dig(t, hcm, "route_config", "virtual_hosts", 0).(map[string]any), "routes")
 		cfg := dig(t, hcm, "http_filters", 0, "typed_config", "config").(map[string]any)
@@ -751,25 +752,6 @@ func cluster(t *testing.T, boot map[string]any, name string) map[string]any {
 	}
 	t.Fatalf("no cluster %s", name)
 	return nil
-}
-
-// clone deep-copies generic YAML.
-func clone(v any) any {
-	switch v := v.(type) {
-	case map[string]any:
-		c := make(map[string]any, len(v))
-		for k, e := range v {
-			c[k] = clone(e)
-		}
-		return c
-	case []any:
-		c := make([]any, len(v))
-		for i, e := range v {
-			c[i] = clone(e)
-		}
-		return c
-	}
-	return v
 }
 
 // bootstrap is Envoy's bootstrap from its Secret (the filter's
