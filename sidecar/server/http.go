@@ -23,19 +23,34 @@ const (
 	ReadTimeout  = 5 * time.Second
 	WriteTimeout = 5 * time.Second
 	IdleTimeout  = 90 * time.Second
-	// MaxConcurrency bounds the connections served at once.
+	// MaxConcurrency bounds the connections the check listener serves at
+	// once. Each holds up to 21 KiB while open, idle or not (its read and
+	// write buffers, its request context, its goroutine).
 	MaxConcurrency = 16384
+	// AdminMaxConcurrency and AdminMaxConnsPerIP bound the admin listener,
+	// which may face the pod network: probes and scrapes need a few
+	// connections, and whatever opens more is held to 16 from one address
+	// (a 429, closed) and 1,024 in all (a 503, closed), about 21 MiB, so
+	// that idle connections cannot run the sidecar out of memory or keep
+	// the kubelet's probes out from another address.
+	AdminMaxConcurrency = 1024
+	AdminMaxConnsPerIP  = 16
 )
 
 // HTTPServer returns a fasthttp server for s with the limits above, serving
 // Handle (the check listener).
-func (s *Server) HTTPServer() *fasthttp.Server { return s.httpServer(s.Handle) }
+func (s *Server) HTTPServer() *fasthttp.Server { return s.httpServer(s.Handle, MaxConcurrency, 0) }
 
-// AdminHTTPServer returns a fasthttp server with the same limits serving
+// AdminHTTPServer returns a fasthttp server with the same limits but for
+// the connections (AdminMaxConcurrency, AdminMaxConnsPerIP), serving
 // HandleAdmin (the admin listener).
-func (s *Server) AdminHTTPServer() *fasthttp.Server { return s.httpServer(s.HandleAdmin) }
+func (s *Server) AdminHTTPServer() *fasthttp.Server {
+	return s.httpServer(s.HandleAdmin, AdminMaxConcurrency, AdminMaxConnsPerIP)
+}
 
-func (s *Server) httpServer(h fasthttp.RequestHandler) *fasthttp.Server {
+// httpServer returns a server of h serving at most concurrency connections
+// at once, and at most perIP from one address (0: no such limit).
+func (s *Server) httpServer(h fasthttp.RequestHandler, concurrency, perIP int) *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler:                      h,
 		NoDefaultServerHeader:        true,
@@ -47,7 +62,8 @@ func (s *Server) httpServer(h fasthttp.RequestHandler) *fasthttp.Server {
 		ReadTimeout:                  ReadTimeout,
 		WriteTimeout:                 WriteTimeout,
 		IdleTimeout:                  IdleTimeout,
-		Concurrency:                  MaxConcurrency,
+		Concurrency:                  concurrency,
+		MaxConnsPerIP:                perIP,
 		DisablePreParseMultipartForm: true,
 		CloseOnShutdown:              true,
 		Logger:                       fasthttpLogger{s.o.Log},

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -513,6 +514,78 @@ func TestServerLimits(t *testing.T) {
 	// The two refused before the handler are counted, the one it served not.
 	if n := st.Unreadable.Get(); n != 2 {
 		t.Errorf("unreadable requests counted %d, want 2 (the 431 and the 413)", n)
+	}
+}
+
+// TestAdminListenerBoundsConnections holds connections open on the admin
+// listener, as a client on the pod network can, each idle after one
+// /healthz: the 17th from one address is refused with 429 and closed, a
+// probe from another address is still answered, and past
+// AdminMaxConcurrency in all a connection is refused with 503. The check
+// listener has no per-address limit (the proxy beside it is one address).
+func TestAdminListenerBoundsConnections(t *testing.T) {
+	s, _, _ := newTestServer(t, planYAML, &fakeDecider{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := s.AdminHTTPServer()
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown() })
+	addr := ln.Addr().(*net.TCPAddr)
+
+	var held []net.Conn
+	t.Cleanup(func() {
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	// get opens a connection from 127.0.0.<from>, sends GET /healthz and
+	// returns the status line it gets, keeping the connection open.
+	get := func(from byte) string {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, from)}, Timeout: 10 * time.Second}
+		c, err := d.Dial("tcp", addr.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Write([]byte("GET /healthz HTTP/1.1\r\nHost: sidecar\r\n\r\n")); err != nil {
+			return "write: " + err.Error()
+		}
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return "read: " + err.Error()
+		}
+		return strings.TrimSpace(line)
+	}
+
+	for i := range AdminMaxConnsPerIP {
+		if got := get(1); got != "HTTP/1.1 200 OK" {
+			t.Fatalf("connection %d from 127.0.0.1: %q, want 200", i+1, got)
+		}
+	}
+	if got := get(1); got != "HTTP/1.1 429 Too Many Requests" {
+		t.Fatalf("connection %d from 127.0.0.1: %q, want 429", AdminMaxConnsPerIP+1, got)
+	}
+	if got := get(2); got != "HTTP/1.1 200 OK" {
+		t.Fatalf("a probe from 127.0.0.2 beside them: %q, want 200", got)
+	}
+
+	// Fill the listener from more addresses: 127.0.0.1 holds 16, 127.0.0.2
+	// one, then 16 from each next address up to AdminMaxConcurrency.
+	open := AdminMaxConnsPerIP + 1
+	for from := byte(3); open < AdminMaxConcurrency; from++ {
+		for i := 0; i < AdminMaxConnsPerIP && open < AdminMaxConcurrency; i++ {
+			if got := get(from); got != "HTTP/1.1 200 OK" {
+				t.Fatalf("connection %d (from 127.0.0.%d): %q, want 200", open+1, from, got)
+			}
+			open++
+		}
+	}
+	if got := get(250); got != "HTTP/1.1 503 Service Unavailable" {
+		t.Fatalf("connection %d: %q, want 503", AdminMaxConcurrency+1, got)
 	}
 }
 
