@@ -791,6 +791,45 @@ func TestProxiesWithClocksOfTheirOwn(t *testing.T) {
 	}
 }
 
+// A request from the sidecar's own host that claims to have been sent
+// after it was read is no trip: the two clocks there are one. It does not
+// become the quickest trip from its address, so one call from another
+// process beside the proxy, claiming a clock 50 s ahead, does not have
+// the proxy's checks read as having waited 50 s and answered 503; a
+// check that did wait its deadline is still refused. From another host,
+// whose clock may be ahead, such a lag is taken
+// (TestProxiesWithClocksOfTheirOwn).
+func TestCheckFromThisHostSentInTheFutureIsNoTrip(t *testing.T) {
+	d := &fakeDecider{}
+	s, st, _ := newTestServer(t, planYAML, d)
+	sent := func(ago time.Duration) string { return strconv.FormatInt(time.Now().Add(-ago).UnixMicro(), 10) }
+	for _, ip := range []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback} {
+		start := time.Now()
+		if r := doFrom(s, ip, "POST", "/v1/warm", HeaderSent, sent(0)); r.StatusCode() != 200 {
+			t.Fatalf("%v: the proxy's warm-up: %d %q, want 200", ip, r.StatusCode(), r.Body())
+		}
+		roundTrip := time.Since(start)
+		for _, path := range []string{"/v1/warm", "/v1/check"} {
+			if r := doFrom(s, ip, "POST", path, HeaderKey, "x", HeaderSent, sent(-50*time.Second)); r.StatusCode() != 200 {
+				t.Fatalf("%v: %s claiming a clock 50 s ahead: %d %q, want 200", ip, path, r.StatusCode(), r.Body())
+			}
+		}
+		if r := doFrom(s, ip, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(0)); r.StatusCode() != 200 {
+			t.Errorf("%v: the proxy's check after them: %d %q, want 200", ip, r.StatusCode(), r.Body())
+		}
+		// Sent the deadline, the warm-up's round trip (which bounds the
+		// quickest trip it set) and a millisecond before it is read: it
+		// waited past its deadline.
+		late := s.o.Timeout + roundTrip + time.Millisecond
+		if r := doFrom(s, ip, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(late)); r.StatusCode() != 503 {
+			t.Errorf("%v: a check that waited its deadline: %d %q, want 503", ip, r.StatusCode(), r.Body())
+		}
+	}
+	if st.Expired.Get() != 2 {
+		t.Errorf("%d checks expired, want 2 (the late one from each address)", st.Expired.Get())
+	}
+}
+
 // A warm-up call carries the proxy's clock as a check does, and teaches the
 // sidecar the quickest trip from that proxy: a proxy's first check after
 // it, late by more than its deadline, is known to be late. Without the
