@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,6 +62,7 @@ type conn struct {
 	buf      []byte     // the commands being written
 	inflight chan *batch
 	deadline time.Time // set on nc; zero: none
+	dialed   time.Time // when the connection was made ready
 	dead     atomic.Bool
 	err      error
 }
@@ -69,6 +71,20 @@ type conn struct {
 // latest write's liveness bound before it is moved: moving it costs a timer
 // update, so it moves a few times a second rather than at every batch.
 const deadlineSlack = 100 * time.Millisecond
+
+// readOnlyRedial is how long a connection serves before a READONLY reply
+// gives it up. A server that answers READONLY was demoted to a replica: a
+// managed failover that moved the server's name to the new master leaves
+// the connections to the old one open, and only a new connection reaches
+// the new master (go-redis closes its connections on READONLY for the same
+// reason). While the address still leads to a replica, each new connection
+// is refused again; waiting a second first keeps that to one connection a
+// second rather than one per batch.
+const readOnlyRedial = time.Second
+
+// errReadOnly fails the batches in flight on a connection given up for a
+// READONLY reply.
+var errReadOnly = errors.New("READONLY: the server is a replica now; connecting again")
 
 func newDirect(opt *redis.Options, o Options) *direct {
 	return &direct{
@@ -247,6 +263,7 @@ func (x *direct) dial(deadline time.Time) (*conn, error) {
 		nc.Close()
 		return nil, err
 	}
+	c.dialed = time.Now()
 	return c, nil
 }
 
@@ -417,9 +434,12 @@ func (c *conn) next() *batch {
 // readBatch reads b's replies and answers its calls. The calls that got
 // NOSCRIPT are sent again, as EVAL, in b itself, which stays in flight with
 // its slot; otherwise b is released. On a failure of the connection it
-// returns the calls not answered yet, and b is left to the caller.
+// returns the calls not answered yet, and b is left to the caller. A
+// READONLY reply on a connection older than readOnlyRedial is such a
+// failure (errReadOnly).
 func (c *conn) readBatch(b *batch) (rest []*call, err error) {
 	n := 0 // the calls that got NOSCRIPT, moved to b.calls[:n]
+	readOnly := false
 	for i, cl := range b.calls {
 		res, callErr, connErr := readResult(c.rd)
 		if connErr != nil {
@@ -430,7 +450,13 @@ func (c *conn) readBatch(b *batch) (rest []*call, err error) {
 			n++
 			continue
 		}
+		if callErr != nil && isReadOnly(callErr) {
+			readOnly = true
+		}
 		cl.answer(res, callErr)
+	}
+	if readOnly && time.Since(c.dialed) >= readOnlyRedial {
+		return b.calls[:n], errReadOnly
 	}
 	if n == 0 {
 		c.x.release(b)
@@ -468,6 +494,13 @@ func (c *conn) die(err error, rest []*call) {
 			return
 		}
 	}
+}
+
+// isReadOnly reports whether err is Redis's READONLY reply: the server is
+// a replica.
+func isReadOnly(err error) bool {
+	var reply replyError
+	return errors.As(err, &reply) && strings.HasPrefix(string(reply), "READONLY ")
 }
 
 // errProtocol is a reply the script and the handshake cannot produce: the

@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -238,5 +241,115 @@ func TestReadResult(t *testing.T) {
 	_, callErr, connErr := readResult(rd)
 	if connErr != nil || !lua.IsNoScript(callErr) {
 		t.Errorf("NOSCRIPT reply: %v, %v; want a NOSCRIPT error of the call", callErr, connErr)
+	}
+}
+
+// movingAddr listens on a loopback port and joins each connection it
+// accepts to the address target names at that moment: a name that moves
+// to another server, as a managed Redis's DNS name does on a failover,
+// while the connections made before the move stay on the old server.
+type movingAddr struct {
+	ln     net.Listener
+	target atomic.Pointer[string]
+}
+
+func newMovingAddr(t *testing.T, target string) *movingAddr {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &movingAddr{ln: ln}
+	m.target.Store(&target)
+	var mu sync.Mutex
+	var conns []net.Conn
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", *m.target.Load())
+			if err != nil {
+				in.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, in, out)
+			mu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); io.Copy(out, in); out.Close() }()
+			go func() { defer wg.Done(); io.Copy(in, out); in.Close() }()
+		}
+	}()
+	return m
+}
+
+func (m *movingAddr) Addr() string         { return m.ln.Addr().String() }
+func (m *movingAddr) moveTo(target string) { m.target.Store(&target) }
+
+// TestDirectFollowsMovedMaster: the server at the sidecar's address is
+// demoted to a replica of another, and the address moved to that one (a
+// managed failover). The connection kept to the old server is answered
+// READONLY; once it has served readOnlyRedial it is given up, and the
+// decisions go to the new master on a new connection, with the bucket
+// replicated before the move.
+func TestDirectFollowsMovedMaster(t *testing.T) {
+	ctx := context.Background()
+	// A master sends its first sync at once, not after Redis's default 5 s
+	// wait for more replicas.
+	noDelay := []string{"--repl-diskless-sync-delay", "0"}
+	old := redisproc.StartT(t, redisproc.Options{Args: noDelay})
+	host, port, _ := net.SplitHostPort(old.Addr)
+	next := redisproc.StartT(t, redisproc.Options{Args: append(noDelay, "--replicaof", host, port)})
+	testkit.Poll(t, 30*time.Second, "the replica to sync", func() bool {
+		info, err := next.Client(t).Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	})
+	addr := newMovingAddr(t, old.Addr)
+	c := redis.NewClient(&redis.Options{Addr: addr.Addr(), MaxRetries: 2})
+	t.Cleanup(func() { c.Close() })
+	d := newDecider(t, c, Options{Direct: true})
+	start := time.Now()
+	if r, err := d.Decide(far(), "rl:{moved}", slow, 1); err != nil || !r.Allowed {
+		t.Fatalf("before the failover: %+v, %v", r, err)
+	}
+	testkit.Poll(t, 30*time.Second, "the bucket to reach the replica", func() bool {
+		n, err := next.Client(t).Exists(ctx, "rl:{moved}").Result()
+		return err == nil && n == 1
+	})
+
+	// The failover: the replica becomes the master, the old master its
+	// replica, and the address leads to the new master from now on.
+	nhost, nport, _ := net.SplitHostPort(next.Addr)
+	if err := next.Client(t).ReplicaOf(ctx, "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Client(t).ReplicaOf(ctx, nhost, nport).Err(); err != nil {
+		t.Fatal(err)
+	}
+	addr.moveTo(next.Addr)
+	// Within readOnlyRedial (1 s) of the first READONLY, plus a check's
+	// round trip; 10 s leaves a busy machine room.
+	var r lua.Result
+	testkit.PollErr(t, 10*time.Second, "a decision on the new master", func() error {
+		var err error
+		r, err = d.Decide(time.Now().Add(time.Second), "rl:{moved}", slow, 1)
+		return err
+	})
+	if !r.Allowed || !spentOnce(r.Tokens, 3, start) {
+		t.Errorf("on the new master: %+v; want allowed with 3 left (the bucket replicated)", r)
 	}
 }
