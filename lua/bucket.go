@@ -233,3 +233,8 @@ func millis(ms float64) time.Duration {
 	}
 	return time.Duration(ns)
 }
+
+// ErrorPrefix begins every error reply the script makes itself: a bad
+// argument, or a bucket whose stored state it cannot read. Such a reply
+// is about one call, not about the server.
+const ErrorPrefix = "ERR tokenbucket: "

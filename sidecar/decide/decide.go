@@ -100,6 +100,16 @@ type Decider struct {
 	direct *direct // nil: go-redis pipelines
 
 	healing atomic.Bool // a cluster's script is being loaded (healScript)
+
+	// refused is the latest error reply Redis gave a check that took
+	// tokens, until a check is admitted (noteCharge); Ready reports it.
+	refused atomic.Pointer[refusal]
+}
+
+// refusal is an error reply to a check that took tokens, and when it came.
+type refusal struct {
+	at  time.Time
+	err error
 }
 
 type call struct {
@@ -191,6 +201,9 @@ func (d *Decider) Decide(deadline time.Time, key string, l lua.Limit, cost int64
 	}
 	<-c.done
 	res, err := c.res, c.err
+	if cost > 0 {
+		d.noteCharge(res, err)
+	}
 	// A timer that fired, or is firing, may still touch c; and after a
 	// timeout a loop may still hold c. Such a c is left to the garbage
 	// collector rather than reused.
@@ -200,6 +213,36 @@ func (d *Decider) Decide(deadline time.Time, key string, l lua.Limit, cost int64
 	}
 	return res, err
 }
+
+// noteCharge keeps for Ready the outcome of a check that takes tokens: an
+// error reply from Redis is kept (at most one every refusalEvery), an
+// admission clears it. Only such a check writes, so only it shows that
+// Redis refuses writes (READONLY from a replica, OOM under maxmemory with
+// noeviction, an ACL user without +hset) where Ready's peek, which writes
+// nothing, is answered. A denial writes nothing either and changes
+// nothing here; so does the script's own error about one bucket's state.
+func (d *Decider) noteCharge(res lua.Result, err error) {
+	if err == nil {
+		if res.Allowed && d.refused.Load() != nil {
+			d.refused.Store(nil)
+		}
+		return
+	}
+	var reply redis.Error
+	if !errors.As(err, &reply) || strings.HasPrefix(err.Error(), lua.ErrorPrefix) {
+		return
+	}
+	now := time.Now()
+	if r := d.refused.Load(); r != nil && now.Sub(r.at) < refusalEvery {
+		return
+	}
+	d.refused.Store(&refusal{at: now, err: err})
+}
+
+// refusalEvery is how often noteCharge records a new refusal while they
+// keep coming: often enough for Ready's refusalMemory, rarely enough to
+// cost nothing when every check is refused.
+const refusalEvery = 100 * time.Millisecond
 
 // maxCachedArgs bounds the argument cache: plans are few, and almost every
 // request costs 1, so a handful of entries serve nearly all calls.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -525,5 +526,93 @@ func TestArgsCache(t *testing.T) {
 	d.argsCache.Range(func(any, any) bool { n++; return true })
 	if n > maxCachedArgs || n == 0 {
 		t.Errorf("cache holds %d entries, bound %d", n, maxCachedArgs)
+	}
+}
+
+// TestReadySeesChecksRefused: Redis answers the readiness peek, which
+// writes nothing, but refuses every write a check makes: a server demoted
+// to a replica (READONLY), and one at maxmemory under noeviction (OOM).
+// Ready says so, with Redis's reply, once a check was refused, and is ready
+// again after a check is admitted. A denial writes nothing and leaves it
+// not ready.
+func TestReadySeesChecksRefused(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name        string
+		want        string
+		refuse, fix func(c *redis.Client, other string) error
+	}{
+		{"replica", "READONLY",
+			func(c *redis.Client, other string) error {
+				host, port, _ := net.SplitHostPort(other)
+				return c.ReplicaOf(ctx, host, port).Err()
+			},
+			func(c *redis.Client, _ string) error { return c.ReplicaOf(ctx, "NO", "ONE").Err() }},
+		{"maxmemory", "OOM",
+			func(c *redis.Client, _ string) error { return c.ConfigSet(ctx, "maxmemory", "1").Err() },
+			func(c *redis.Client, _ string) error { return c.ConfigSet(ctx, "maxmemory", "0").Err() }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			paths(t, func(t *testing.T, direct bool) {
+				srv, c := standalone(t)
+				other := redisproc.StartT(t, redisproc.Options{})
+				admin := srv.Client(t)
+				d := newDecider(t, c, Options{Direct: direct, WarmConns: 1})
+				fresh := func() error {
+					d.ready.mu.Lock()
+					d.ready.until = time.Time{} // skip the cache
+					d.ready.mu.Unlock()
+					return d.Ready(ctx)
+				}
+				if err := fresh(); err != nil {
+					t.Fatalf("Ready = %v", err)
+				}
+				if err := tc.refuse(admin, other.Addr); err != nil {
+					t.Fatal(err)
+				}
+				if err := fresh(); err != nil {
+					t.Fatalf("Ready before any check was refused = %v; the peek writes nothing", err)
+				}
+				if _, err := d.Decide(far(), "rl:{refused}", slow, 1); err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("a check = %v, want %s", err, tc.want)
+				}
+				if err := fresh(); err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("Ready after a refused check = %v, want %s", err, tc.want)
+				}
+				// A cost above the capacity is denied without a write,
+				// whatever the bucket holds (the replica's data is its new
+				// master's once it has synced).
+				if r, err := d.Decide(far(), "rl:{denied}", slow, 10); err != nil || r.Allowed {
+					t.Fatalf("a check costing more than the capacity: %+v, %v; want denied", r, err)
+				}
+				if err := fresh(); err == nil {
+					t.Fatal("Ready after a denial = nil, want the refusal still")
+				}
+				if err := tc.fix(admin, other.Addr); err != nil {
+					t.Fatal(err)
+				}
+				if r, err := d.Decide(far(), "rl:{refused}", slow, 1); err != nil || !r.Allowed {
+					t.Fatalf("a check after the fix: %+v, %v", r, err)
+				}
+				if err := fresh(); err != nil {
+					t.Fatalf("Ready after a check was admitted = %v", err)
+				}
+			})
+		})
+	}
+}
+
+// TestRefusalForgotten: a refusal older than refusalMemory no longer
+// makes Ready say no: the checks stopped, and the peek is all there is.
+func TestRefusalForgotten(t *testing.T) {
+	d := &Decider{}
+	now := time.Now()
+	d.refused.Store(&refusal{at: now, err: errors.New("OOM command not allowed")})
+	if err := d.refusedLately(now.Add(refusalMemory - time.Millisecond)); err == nil {
+		t.Error("a refusal within refusalMemory is not reported")
+	}
+	if err := d.refusedLately(now.Add(refusalMemory)); err != nil {
+		t.Errorf("a refusal refusalMemory old = %v, want forgotten", err)
 	}
 }

@@ -43,6 +43,9 @@ func (d *Decider) Ready(ctx context.Context) error {
 	if err == nil {
 		err = d.peek(ctx)
 	}
+	if err == nil {
+		err = d.refusedLately(time.Now())
+	}
 	d.ready.err, d.ready.until = err, time.Now().Add(DefaultReadyCache)
 	return err
 }
@@ -108,6 +111,23 @@ func (d *Decider) peek(ctx context.Context) error {
 		return fmt.Errorf("redis: a decision: %w", err)
 	}
 	return nil
+}
+
+// refusalMemory is how long a check refused by Redis, with none admitted
+// since, keeps Ready saying no. The checks keep it fresh while they keep
+// being refused; once they stop coming, Ready goes back to its peek.
+const refusalMemory = 5 * time.Second
+
+// refusedLately returns, as not ready, Redis's error reply to the latest
+// check that took tokens, if it came within refusalMemory before now and
+// no check was admitted after it: Redis answers the peek but refuses the
+// writes every admission makes.
+func (d *Decider) refusedLately(now time.Time) error {
+	r := d.refused.Load()
+	if r == nil || now.Sub(r.at) >= refusalMemory {
+		return nil
+	}
+	return fmt.Errorf("redis: checks refused: %w", r.err)
 }
 
 type readyCache struct {
