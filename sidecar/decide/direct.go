@@ -39,8 +39,12 @@ type direct struct {
 	// replies are read.
 	slots chan struct{}
 
-	mu      sync.Mutex // guards cur
-	cur     *conn
+	mu  sync.Mutex // guards cur and renewAt
+	cur *conn
+	// renewAt is when cur is to be replaced (the URL's conn_max_lifetime
+	// after it was dialed, or after a replacement failed to dial); zero:
+	// never.
+	renewAt time.Time
 	readers sync.WaitGroup
 	batches sync.Pool // of *batch
 }
@@ -63,6 +67,8 @@ type conn struct {
 	inflight chan *batch
 	deadline time.Time // set on nc; zero: none
 	dialed   time.Time // when the connection was made ready
+	reading  bool      // the reader has taken a batch and not answered it yet
+	retired  bool      // no new batch goes out on it; closed once answered
 	dead     atomic.Bool
 	err      error
 }
@@ -81,6 +87,10 @@ const deadlineSlack = 100 * time.Millisecond
 // is refused again; waiting a second first keeps that to one connection a
 // second rather than one per batch.
 const readOnlyRedial = time.Second
+
+// errRetired closes a connection that served its ConnMaxLifetime once
+// its replies are in; no call sees it.
+var errRetired = errors.New("connection retired: past conn_max_lifetime")
 
 // errReadOnly fails the batches in flight on a connection given up for a
 // READONLY reply.
@@ -182,7 +192,16 @@ func dropExpired(now time.Time, calls []*call) []*call {
 // send writes b on the current connection, dialing one if there is none.
 // On failure every call in b is answered with the error.
 func (x *direct) send(now time.Time, b *batch) {
-	c, err := x.conn(latestDeadline(b.calls))
+	c, dialed, err := x.conn(latestDeadline(b.calls))
+	if err == nil && dialed {
+		// The dial took some of the calls' time, perhaps all of it: those
+		// past their deadline are answered already and must not be charged.
+		now = time.Now()
+		if b.calls = dropExpired(now, b.calls); len(b.calls) == 0 {
+			x.release(b)
+			return
+		}
+	}
 	if err == nil {
 		err = c.write(now, b, false)
 	}
@@ -208,21 +227,41 @@ func (x *direct) release(b *batch) {
 }
 
 // conn returns the live connection, dialing one (until deadline) if the
-// last one failed or there was none yet.
-func (x *direct) conn(deadline time.Time) (*conn, error) {
+// last one failed or there was none yet. A live connection older than the
+// URL's conn_max_lifetime is replaced by a new one and retired: it closes
+// once its replies are in, so that the address is resolved and dialed
+// again as go-redis does for its pool, and no call fails for it. If the
+// new one cannot be dialed, the old one serves on for another lifetime.
+// dialed says a dial was tried, and took some of the time to deadline.
+func (x *direct) conn(deadline time.Time) (c *conn, dialed bool, err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if x.cur != nil && !x.cur.dead.Load() {
-		return x.cur, nil
+	old := x.cur
+	if old != nil && !old.dead.Load() {
+		if x.renewAt.IsZero() || time.Now().Before(x.renewAt) {
+			return old, false, nil
+		}
+	} else {
+		old = nil
 	}
-	c, err := x.dial(deadline)
+	c, err = x.dial(deadline)
 	if err != nil {
-		return nil, err
+		if old != nil {
+			x.renewAt = time.Now().Add(x.opt.ConnMaxLifetime)
+			return old, true, nil
+		}
+		return nil, true, err
+	}
+	if old != nil {
+		old.retire()
+	}
+	if x.opt.ConnMaxLifetime > 0 {
+		x.renewAt = c.dialed.Add(x.opt.ConnMaxLifetime)
 	}
 	x.cur = c
 	x.readers.Add(1)
 	go c.read()
-	return c, nil
+	return c, true, nil
 }
 
 // warm dials the connection ahead of the first decision.
@@ -231,7 +270,7 @@ func (x *direct) warm(ctx context.Context) error {
 	if !ok {
 		deadline = time.Now().Add(DefaultReadyTimeout)
 	}
-	_, err := x.conn(deadline)
+	_, _, err := x.conn(deadline)
 	return err
 }
 
@@ -355,6 +394,30 @@ func (c *conn) write(now time.Time, b *batch, eval bool) error {
 	return nil
 }
 
+// retire takes c out of service: it is closed now if nothing is in flight
+// on it, else by its reader once the last reply is read (doneReading).
+func (c *conn) retire() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.retired = true
+	if !c.reading && len(c.inflight) == 0 {
+		c.killLocked(errRetired)
+	}
+}
+
+// doneReading is the reader's, after each batch: it reports whether c was
+// retired and has nothing left in flight, and then closes it.
+func (c *conn) doneReading() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reading = false
+	if !c.retired || len(c.inflight) > 0 {
+		return false
+	}
+	c.killLocked(errRetired)
+	return true
+}
+
 func (c *conn) kill(err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -396,6 +459,9 @@ func (c *conn) read() {
 			c.x.release(b)
 			return
 		}
+		if c.doneReading() {
+			return
+		}
 	}
 }
 
@@ -425,6 +491,7 @@ func (c *conn) next() *batch {
 	defer c.mu.Unlock()
 	select {
 	case b := <-c.inflight:
+		c.reading = true
 		return b
 	default:
 		return nil

@@ -353,3 +353,45 @@ func TestDirectFollowsMovedMaster(t *testing.T) {
 		t.Errorf("on the new master: %+v; want allowed with 3 left (the bucket replicated)", r)
 	}
 }
+
+// TestDirectConnMaxLifetime: with the URL's conn_max_lifetime, the
+// decisions' connection is replaced once it is that old, as go-redis
+// replaces its pool's, so that a name whose address moved is dialed again;
+// the old connection closes once its replies are in, and no decision
+// fails for it, with decisions in flight all along.
+func TestDirectConnMaxLifetime(t *testing.T) {
+	srv := redisproc.StartT(t, redisproc.Options{})
+	const lifetime = 100 * time.Millisecond
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: 2, ConnMaxLifetime: lifetime})
+	t.Cleanup(func() { c.Close() })
+	d := newDecider(t, c, Options{Direct: true})
+	if _, err := d.Decide(far(), "rl:{warm}", slow, 0); err != nil {
+		t.Fatal(err)
+	}
+	d.direct.mu.Lock()
+	first := d.direct.cur
+	d.direct.mu.Unlock()
+
+	// Eight callers deciding without pause until the first connection
+	// has been replaced and closed: every decision must succeed.
+	var failed atomic.Int64
+	var lastErr atomic.Value
+	load := testkit.StartLoad(t, 8, func(w, i int) {
+		if _, err := d.Decide(far(), "rl:{lifetime}", lua.Limit{Capacity: 1e9, Rate: 1e9}, 1); err != nil {
+			failed.Add(1)
+			lastErr.Store(err)
+		}
+	})
+	testkit.Poll(t, 10*time.Second, "the first connection to be replaced and closed", func() bool {
+		d.direct.mu.Lock()
+		defer d.direct.mu.Unlock()
+		return d.direct.cur != first && first.dead.Load()
+	})
+	load.Stop()
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d decisions failed across the replacement, the last with %v", n, lastErr.Load())
+	}
+	if !errors.Is(first.err, errRetired) {
+		t.Errorf("the first connection closed with %v, want errRetired", first.err)
+	}
+}
