@@ -62,7 +62,12 @@ func (r clientReply) failedOpen() bool {
 }
 
 func (s *stack) send(method, path, key string) (clientReply, error) {
-	req, err := http.NewRequest(method, "http://"+s.gateways[0].Addr+path, nil)
+	return s.sendVia(0, method, path, key)
+}
+
+// sendVia is send through gateway g.
+func (s *stack) sendVia(g int, method, path, key string) (clientReply, error) {
+	req, err := http.NewRequest(method, "http://"+s.gateways[g].Addr+path, nil)
 	if err != nil {
 		return clientReply{}, err
 	}

@@ -103,6 +103,10 @@ type stackConfig struct {
 	// sidecarFront, if set, is given each sidecar's address and returns the
 	// address the gateways use for it instead (a proxy in front of it).
 	sidecarFront func(t *testing.T, addr string) string
+	// gatewayRegions, if set, is each gateway's filter region (gateway i
+	// runs region gatewayRegions[i]), the one field in which gateways of
+	// different regions differ; filter.Region must then be empty.
+	gatewayRegions []string
 	// serviceLimiter is the mode of each service's own per-client limiter
 	// (ADR-001), which limits by the plans file as the sidecar does. The
 	// default, services.LimiterOff, is the design with the edge: the
@@ -206,9 +210,28 @@ func startStack(t *testing.T, c stackConfig) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(c.gatewayRegions) > 0 && (len(c.gatewayRegions) != c.gateways || c.filter.Region != "") {
+		t.Fatal("stackConfig: gatewayRegions needs one region per gateway and no filter.Region")
+	}
 	for i := 0; i < c.gateways; i++ {
+		config := yamlPath
+		if len(c.gatewayRegions) > 0 {
+			f := c.filter
+			f.Region = c.gatewayRegions[i]
+			cfg, err := json.Marshal(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rdir := filepath.Join(dir, "region-"+strconv.Itoa(i))
+			if err := os.Mkdir(rdir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if config, err = harness.WithFilterConfig(repoFile(t, "envoy/envoy.yaml"), rdir, string(cfg)); err != nil {
+				t.Fatal(err)
+			}
+		}
 		g, err := harness.StartGateway(ctx, bins, harness.GatewayConfig{
-			Config: yamlPath,
+			Config: config,
 			Clusters: map[string]string{
 				"orders": s.orders.Addr, "billing": s.billing.Addr,
 				"ratelimit_sidecar": s.fronts[i%len(s.fronts)],

@@ -87,6 +87,14 @@ type Answer struct {
 	// never a rate derived from a rounded wait.
 	Rate    float64
 	HasRate bool
+	// BucketRate is what the exact tokens refill at when that is less than
+	// Rate: a hot client's region bucket's share of the plan's rate
+	// (x-ratelimit-bucket-rate); 0 when they refill at Rate. What the
+	// client is told of when quota comes back (t, a cached denial's
+	// Retry-After) is figured from it; what bounds the bucket (the deny
+	// cache's denials) is figured from Rate, which no share of the plan
+	// exceeds.
+	BucketRate float64
 }
 
 // ParseAnswer reads the headers of a callout response that arrived (a reset,
@@ -132,6 +140,18 @@ func ParseAnswer(headers [][2]string) Answer {
 		a.Rate, a.HasRate = parseDecimal(f.get(fRate))
 	}
 	a.HasRate = a.HasRate && a.Rate > 0
+	if v := f.get(fBucketRate); v != "" && a.HasRate {
+		br, ok := plainDecimal(v)
+		if !ok {
+			br, ok = parseDecimal(v)
+		}
+		// A bucket rate that is not a share of the plan's (missing, not a
+		// number, 0 or above the plan's) is read as the plan's: the waits
+		// then are what they were before the sidecar sent it.
+		if ok && br > 0 && br < a.Rate {
+			a.BucketRate = br
+		}
+	}
 	if status == 200 {
 		a.Outcome = Allowed
 		return a
@@ -159,6 +179,7 @@ const (
 	fRate
 	fRetryAfter
 	fNever
+	fBucketRate
 	numAnswerFields
 )
 
@@ -205,6 +226,8 @@ func answerFieldsOf(headers [][2]string) answerFields {
 			i = answerWords.match(words{le64(name, 0), le64(name, 8), le64(name, n-8)}, fTokens)
 		case len("ratelimit-remaining"):
 			i = answerWords.match(words{le64(name, 0), le64(name, 8), le64(name, n-8)}, fRemaining)
+		case len("x-ratelimit-bucket-rate"):
+			i = answerWords.match(words{le64(name, 0), le64(name, 8), le64(name, n-8)}, fBucketRate)
 		}
 		if i >= 0 && !f.seen[i] {
 			f.v[i], f.seen[i] = h[1], true
@@ -218,6 +241,7 @@ var answerNames = [numAnswerFields]string{
 	fStatus: ":status", fLimit: "ratelimit-limit", fRemaining: "ratelimit-remaining",
 	fReset: "ratelimit-reset", fPlan: "x-ratelimit-plan", fTokens: "x-ratelimit-tokens",
 	fRate: "x-ratelimit-rate", fRetryAfter: "retry-after", fNever: "x-ratelimit-never",
+	fBucketRate: "x-ratelimit-bucket-rate",
 }
 
 // words are a name's bytes as little-endian words (nameWords).
@@ -394,6 +418,14 @@ type quota struct {
 	reset int64
 }
 
+// refill is the rate the answer's tokens refill at: BucketRate, or Rate.
+func (a *Answer) refill() float64 {
+	if a.BucketRate > 0 {
+		return a.BucketRate
+	}
+	return a.Rate
+}
+
 // quotaOf is what a sidecar's 200 or 429 says, figured from its exact
 // tokens and rate. A sidecar that sends no rate leaves t to the waits it
 // gives, each no earlier than the next token: its reset, or a 429's
@@ -406,7 +438,8 @@ func quotaOf(a *Answer) quota {
 	if a.HasRate {
 		q.rate = a.Rate
 		if a.HasTokens {
-			q.next = nextTokenSeconds(a.Tokens, a.Rate, a.Limit)
+			br := a.refill()
+			q.next = nextTokenSeconds(a.Tokens, br, bucketCapacity(a.Limit, a.Rate, br))
 			return q
 		}
 	}
@@ -419,11 +452,24 @@ func quotaOf(a *Answer) quota {
 	return q
 }
 
-// quotaAt describes a bucket of limit and rate holding tokens.
-func quotaAt(plan string, limit int64, rate, tokens float64) quota {
-	tokens = math.Max(0, math.Min(tokens, float64(limit)))
+// quotaAt describes a bucket of plan limit and rate, refilling at
+// bucketRate (the plan's rate, or a hot client's region's share of it),
+// holding tokens.
+func quotaAt(plan string, limit int64, rate, bucketRate, tokens float64) quota {
+	capacity := bucketCapacity(limit, rate, bucketRate)
+	tokens = math.Max(0, math.Min(tokens, capacity))
 	return quota{plan: plan, limit: limit, rate: rate, remaining: int64(math.Floor(tokens)),
-		next: nextTokenSeconds(tokens, rate, limit), reset: seconds.Ceil((float64(limit) - tokens) / rate * 1000)}
+		next: nextTokenSeconds(tokens, bucketRate, capacity), reset: seconds.Ceil((capacity - tokens) / bucketRate * 1000)}
+}
+
+// bucketCapacity is the capacity of a bucket that refills at bucketRate
+// under a plan of limit and rate: a hot client's region bucket holds the
+// same share of the capacity as of the rate. The plan's own is exact.
+func bucketCapacity(limit int64, rate, bucketRate float64) float64 {
+	if bucketRate == rate || !(bucketRate > 0) || !(rate > 0) {
+		return float64(limit)
+	}
+	return float64(limit) * (bucketRate / rate)
 }
 
 // nextTokenSeconds is the seconds until a bucket holding tokens has one
@@ -431,8 +477,8 @@ func quotaAt(plan string, limit int64, rate, tokens float64) quota {
 // sidecar computes a wait, (need) / rate * 1000 ms in float64: need is at
 // most what any denied cost still needs, so this t is never later than a
 // Retry-After from the same state.
-func nextTokenSeconds(tokens, rate float64, limit int64) int64 {
-	if tokens >= float64(limit) || !(rate > 0) {
+func nextTokenSeconds(tokens, rate float64, capacity float64) int64 {
+	if tokens >= capacity || !(rate > 0) {
 		return -1
 	}
 	return seconds.Ceil((math.Floor(tokens) + 1 - tokens) / rate * 1000)

@@ -25,6 +25,13 @@ func TestParseAnswer(t *testing.T) {
 		{"denied", with("429", [2]string{"retry-after", "2"}, [2]string{"x-ratelimit-tokens", "1e-05"}, [2]string{"x-ratelimit-rate", "0.5"}),
 			Answer{Outcome: Denied, Status: 429, Limit: 100, Remaining: 7, Reset: 12, RetryAfter: 2,
 				Tokens: 1e-05, HasTokens: true, Rate: 0.5, HasRate: true}},
+		{"denied, a hot client's region bucket", with("429", [2]string{"retry-after", "3"}, [2]string{"x-ratelimit-tokens", "0"},
+			[2]string{"x-ratelimit-rate", "1"}, [2]string{"x-ratelimit-bucket-rate", "0.3333333333333333"}),
+			Answer{Outcome: Denied, Status: 429, Limit: 100, Remaining: 7, Reset: 12, RetryAfter: 3,
+				HasTokens: true, Rate: 1, HasRate: true, BucketRate: 0.3333333333333333}},
+		{"denied, bucket rate not below the plan's ignored", with("429", [2]string{"retry-after", "3"},
+			[2]string{"x-ratelimit-rate", "1"}, [2]string{"x-ratelimit-bucket-rate", "2"}),
+			Answer{Outcome: Denied, Status: 429, Limit: 100, Remaining: 7, Reset: 12, RetryAfter: 3, Rate: 1, HasRate: true}},
 		{"denied, never", with("429", [2]string{"retry-after", "2"}, [2]string{"x-ratelimit-never", "true"}),
 			Answer{Outcome: Denied, Status: 429, Limit: 100, Remaining: 7, Reset: 12, RetryAfter: 2, Never: true}},
 		{"denied, retry-after 0 raised to 1", with("429", [2]string{"retry-after", "0"}),
@@ -112,7 +119,7 @@ func TestNextTokenSeconds(t *testing.T) {
 		{0, 1, 10, 1}, {0.999, 100, 200, 1}, {0.5, 0.5, 10, 1}, {0.25, 0.5, 10, 2}, {9.5, 0.1, 10, 5},
 		{10, 1, 10, -1}, {0, 0.001, 2, 1000}, {1.5, 0, 10, -1},
 	} {
-		if got := nextTokenSeconds(c.tokens, c.rate, c.limit); got != c.want {
+		if got := nextTokenSeconds(c.tokens, c.rate, float64(c.limit)); got != c.want {
 			t.Errorf("nextTokenSeconds(%v, %v, %d) = %d, want %d", c.tokens, c.rate, c.limit, got, c.want)
 		}
 	}

@@ -48,7 +48,7 @@ const (
 	// denyCASAttempts bounds the retries when another VM updated the shard
 	// between our read and write; losing the race only loses a cache entry.
 	denyCASAttempts = 4
-	denyFormat      = 3
+	denyFormat      = 4
 )
 
 // denyEntry is what one sidecar denial says about a client's bucket.
@@ -58,8 +58,13 @@ type denyEntry struct {
 	limit  int64   // capacity (ratelimit-limit)
 	tokens float64 // exact tokens at the decision (x-ratelimit-tokens)
 	rate   float64 // the plan's refill in tokens per second (x-ratelimit-rate)
-	sent   int64   // local clock when the callout was sent: no later than the decision
-	recv   int64   // local clock when the answer came: no earlier than it
+	// bucketRate is what the tokens refill at when less than rate
+	// (Answer.BucketRate: a hot client's region's share of it), 0 when
+	// they refill at rate. The bound denies by rate, which a region whose
+	// share grows may reach; what the client is told comes from refill.
+	bucketRate float64
+	sent       int64 // local clock when the callout was sent: no later than the decision
+	recv       int64 // local clock when the answer came: no earlier than it
 	// pending is the cost of the client's callouts sent after recv, by any
 	// worker, that are unanswered: each may still spend it.
 	pending int64
@@ -77,7 +82,7 @@ func newDenyEntry(key string, cost, sentAt, recvAt int64, a *Answer) (denyEntry,
 		(a.Outcome == Denied && (a.Never || cost > a.Limit || float64(cost) <= a.Tokens)) {
 		return denyEntry{}, false
 	}
-	e := denyEntry{key: key, plan: a.Plan, limit: a.Limit, tokens: a.Tokens, rate: a.Rate, sent: sentAt, recv: recvAt}
+	e := denyEntry{key: key, plan: a.Plan, limit: a.Limit, tokens: a.Tokens, rate: a.Rate, bucketRate: a.BucketRate, sent: sentAt, recv: recvAt}
 	return e, e.valid()
 }
 
@@ -108,7 +113,15 @@ func (e *denyEntry) stale(now int64) bool {
 // what it wrote must not turn into long denials.
 func (e *denyEntry) valid() bool {
 	return e.limit > 0 && e.sent > 0 && e.recv >= e.sent && e.tokens >= 0 && e.tokens <= float64(e.limit) &&
-		e.rate > 0 && !math.IsInf(e.rate, 0) && e.pending >= 0
+		e.rate > 0 && !math.IsInf(e.rate, 0) && e.bucketRate >= 0 && e.bucketRate < e.rate && e.pending >= 0
+}
+
+// refill is the rate the entry's tokens refill at: bucketRate, or rate.
+func (e *denyEntry) refill() float64 {
+	if e.bucketRate > 0 {
+		return e.bucketRate
+	}
+	return e.rate
 }
 
 // reply is what a cached denial of cost at now tells the client: the least
@@ -117,18 +130,19 @@ func (e *denyEntry) valid() bool {
 // counted), and a Retry-After no earlier than the wait from there (none for
 // a cost above the capacity: retryAfterFor).
 func (e *denyEntry) reply(cost, spent, now int64) (q quota, retry int64) {
+	br := e.refill()
 	tokens := e.tokens
 	if now > e.recv {
-		tokens += e.rate * (float64(now-e.recv) / 1e9)
+		tokens += br * (float64(now-e.recv) / 1e9)
 	}
-	tokens = math.Min(tokens, float64(e.limit)) - float64(spent)
-	q = quotaAt(e.plan, e.limit, e.rate, tokens)
-	return q, retryAfterFor(cost, e.limit, tokens, e.rate, q.next)
+	tokens = math.Min(tokens, bucketCapacity(e.limit, e.rate, br)) - float64(spent)
+	q = quotaAt(e.plan, e.limit, e.rate, br, tokens)
+	return q, retryAfterFor(cost, e.limit, tokens, br, q.next)
 }
 
 // denyCache is one plugin's view of the shared deny entries.
 type denyCache struct {
-	// shards are the shared-data keys, "edgelimit/deny/v3/<cluster>/<n>",
+	// shards are the shared-data keys, "edgelimit/deny/v4/<cluster>/<n>",
 	// made once so that a lookup builds no string.
 	shards []string
 	// buf is the scratch a shard is rewritten in (the VM runs one callback
@@ -290,13 +304,14 @@ func (c denyCache) withEntry(v []byte, e denyEntry, now int64) []byte {
 // Shard format: version byte, entry count byte, then per entry a u16 key
 // length and the key, a u8 plan length and the plan, limit (i64), tokens
 // (f64 bits), rate (tokens per second, f64 bits), sent, recv and pending
-// (i64), little-endian. The format is in the keys (deny/v3): formats 1 (a
-// rate per ns derived from a rounded wait, one anchor) and 2 (nothing
-// pending) live under other keys, so an older filter's VM in the same
-// process never reads these, nor they its.
+// (i64), bucket rate (f64 bits, 0 for the plan's), little-endian. The format is in the keys
+// (deny/v4): formats 1 (a rate per ns derived from a rounded wait, one
+// anchor), 2 (nothing pending) and 3 (no bucket rate) live under other
+// keys, so an older filter's VM in the same process never reads these, nor
+// they its.
 
 const (
-	denyEntryFixed = 48
+	denyEntryFixed = 56
 	pendingOffset  = 40 // of pending in the fixed part
 )
 
@@ -315,7 +330,8 @@ func appendEntry(b []byte, e denyEntry) []byte {
 	b = appendU64(b, math.Float64bits(e.rate))
 	b = appendU64(b, uint64(e.sent))
 	b = appendU64(b, uint64(e.recv))
-	return appendU64(b, uint64(e.pending))
+	b = appendU64(b, uint64(e.pending))
+	return appendU64(b, math.Float64bits(e.bucketRate))
 }
 
 // findEntry looks for key in an encoded shard, decoding only its entry.
@@ -377,14 +393,15 @@ func entryAt(b []byte, at int) (key, plan, fixed []byte, next int, ok bool) {
 
 func entryFrom(key, plan string, f []byte) denyEntry {
 	return denyEntry{
-		key:     key,
-		plan:    plan,
-		limit:   int64(u64(f[0:])),
-		tokens:  math.Float64frombits(u64(f[8:])),
-		rate:    math.Float64frombits(u64(f[16:])),
-		sent:    int64(u64(f[24:])),
-		recv:    int64(u64(f[32:])),
-		pending: int64(u64(f[pendingOffset:])),
+		key:        key,
+		plan:       plan,
+		limit:      int64(u64(f[0:])),
+		tokens:     math.Float64frombits(u64(f[8:])),
+		rate:       math.Float64frombits(u64(f[16:])),
+		sent:       int64(u64(f[24:])),
+		recv:       int64(u64(f[32:])),
+		pending:    int64(u64(f[pendingOffset:])),
+		bucketRate: math.Float64frombits(u64(f[48:])),
 	}
 }
 

@@ -116,6 +116,33 @@ func TestDenyReplyAnchors(t *testing.T) {
 	}
 }
 
+// TestDenyReplyRegionBucket: a hot client's region bucket refills at its
+// share of the plan's rate (x-ratelimit-bucket-rate). The bound denies by
+// the plan's rate, which a growing share may reach; what the client is
+// told comes from the region's: a third of 1 token/s, 0 tokens, cost 1,
+// so Retry-After and t are 3 s, not the plan's 1 s, and the region's 2
+// tokens are full in 6 s. The entry keeps the bucket rate through the
+// shard's encoding.
+func TestDenyReplyRegionBucket(t *testing.T) {
+	a := deniedAnswer(6, 0, 1)
+	a.BucketRate = 1.0 / 3
+	e, ok := newDenyEntry("k", 1, anchor, anchor, a)
+	if !ok {
+		t.Fatal("no entry")
+	}
+	if !e.denies(1, anchor+second/2) || e.denies(1, anchor+second) {
+		t.Error("the bound does not deny by the plan's rate")
+	}
+	got, ok := findEntry(encodeShard([]denyEntry{e}), "k")
+	if !ok || got != e {
+		t.Fatalf("round trip: %+v %v, want %+v", got, ok, e)
+	}
+	q, retry := got.reply(1, 0, anchor)
+	if want := (quota{plan: "p", limit: 6, rate: 1, remaining: 0, next: 3, reset: 6}); q != want || retry != 3 {
+		t.Errorf("reply = %+v, retry %d; want %+v, retry 3", q, retry, want)
+	}
+}
+
 func TestShardEncoding(t *testing.T) {
 	entries := []denyEntry{
 		{key: "a", plan: "gold", limit: 10, tokens: 0.5, rate: 2e-10, sent: anchor, recv: anchor, pending: 3},

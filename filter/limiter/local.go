@@ -208,7 +208,7 @@ func (e *localEntry) take(cost, now int64) localDecision {
 		d.allowed = true
 	}
 	e.tokens, e.at = tokens, now
-	d.quota = quotaAt("", e.plan.limit, e.plan.rate, tokens)
+	d.quota = quotaAt("", e.plan.limit, e.plan.rate, e.plan.rate, tokens)
 	if tokens < 0 {
 		// A debt, which quotaAt reads as an empty bucket: the first whole
 		// token and the full bucket are further off by the debt.

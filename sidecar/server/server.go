@@ -56,6 +56,7 @@ const (
 	HeaderRetryAfter   = "retry-after"
 	HeaderRetryAfterMs = "x-ratelimit-retry-after-ms"
 	HeaderNever        = "x-ratelimit-never"
+	HeaderBucketRate   = "x-ratelimit-bucket-rate"
 )
 
 // DefaultTimeout is the default deadline for one decision.
@@ -211,7 +212,7 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 	}
 
 	var a Answer
-	a.Fill(res, plan)
+	a.FillBucket(res, plan, limit.Rate)
 	a.SetHeaders(&ctx.Response.Header)
 	ctx.SetStatusCode(a.Status)
 	if res.Allowed {
@@ -303,7 +304,7 @@ func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
 }
 
 // maxAnswerFields bounds the headers one answer carries (Fill writes eight
-// at most).
+// at most, FillBucket nine).
 const maxAnswerFields = 10
 
 // Answer is the status and headers of a decided check, formatted without
@@ -317,8 +318,8 @@ type Answer struct {
 	// buf holds the values: a plan name (at most 64 bytes), the two numbers
 	// in 'f' form, x-ratelimit-tokens and x-ratelimit-retry-after-ms, at
 	// most 326 bytes each (a subnormal float64 written out: a float's
-	// residue after a spend can take 33), and four integers and the rate
-	// ('g') of at most 24 each: 812 bytes at most.
+	// residue after a spend can take 33), and four integers and the two
+	// rates ('g') of at most 24 each: 836 bytes at most.
 	buf [1024]byte
 }
 
@@ -360,6 +361,7 @@ var (
 	nameRetryAfter   = newHeaderName(HeaderRetryAfter)
 	nameRetryAfterMs = newHeaderName(HeaderRetryAfterMs)
 	nameNever        = newHeaderName(HeaderNever)
+	nameBucketRate   = newHeaderName(HeaderBucketRate)
 )
 
 // Len is the number of headers Fill wrote.
@@ -432,6 +434,21 @@ func (a *Answer) Fill(res lua.Result, plan *plans.Plan) {
 		a.Status = fasthttp.StatusTooManyRequests
 		a.put(nameRetryAfterMs, strconv.AppendFloat(num[:0], res.RetryMs, 'f', -1, 64))
 		a.put(nameRetryAfter, strconv.AppendInt(num[:0], max(1, seconds.Ceil(res.RetryMs)), 10))
+	}
+}
+
+// FillBucket is Fill for a check decided on a bucket that refills at
+// bucketRate tokens per second: a hot client's region bucket, refilling at
+// its share of the plan's rate. When that is not the plan's rate it adds
+// x-ratelimit-bucket-rate ('g', shortest round trip), the rate the exact
+// tokens refill at, from which a gateway tells the client when its quota
+// comes back (RateLimit's t, a cached denial's Retry-After); the plan's
+// rate stays in x-ratelimit-rate for what describes the plan.
+func (a *Answer) FillBucket(res lua.Result, plan *plans.Plan, bucketRate float64) {
+	a.Fill(res, plan)
+	if bucketRate != plan.Rate {
+		var num [32]byte
+		a.put(nameBucketRate, strconv.AppendFloat(num[:0], bucketRate, 'g', -1, 64))
 	}
 }
 

@@ -1,0 +1,124 @@
+package e2e_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/edgelimit/edgelimit/sidecar/keys"
+)
+
+// hotPlans: one hot client split over three regions. Each region's bucket
+// starts with a third of the plan: 2 tokens refilling at 1/3 token/s, so a
+// token takes 3 s to come back there, where the plan's own rate brings one
+// in 1 s.
+const hotPlans = `plans:
+  hot: {capacity: 6, rate: 1}
+clients:
+  c-hot: {plan: hot, regions: [eu, us, ap]}
+`
+
+// TestHotClientRetryAfter: a hot client, split by region, that honours
+// exactly the Retry-After of a denial (the sidecar's 429 or one a deny
+// cache answered) is admitted on its retry, through a gateway of the
+// shipped envoy.yaml set to region eu, its sidecar and Redis.
+//
+// The arithmetic, as in TestClientHonouringRetryAfter: the wait is
+// figured from the region bucket's exact tokens and its refill (its share
+// of the plan's rate) at a moment no later than the client's reading of
+// the reply, and nobody else spends from that bucket, so after Retry-After
+// the cost is back, as long as the region's share has not fallen in
+// between (a share that falls slows the refill, which no wait given
+// before could know: sidecar/README.md, "Hot clients"). All the client's
+// traffic comes from eu, so eu's share only grows (a third, then half way
+// to 0.96 each second); the test reads it from Redis every 50 ms during
+// each wait, and a round in which it fell (it cannot, unless the
+// reconciler is wrong) or a request failed open tested nothing and is run
+// again (at most decidedAttempts times in a row).
+//
+// Each round: four requests (at most the region's 2 tokens admitted, the
+// rest denied, the last answered by a deny cache), then the retry when
+// the last denial's Retry-After is up. The filter used to figure a cached
+// denial's Retry-After, and RateLimit's t, from the plan's rate: 1 s here
+// while the region's bucket needed up to 3, and the retry was denied.
+func TestHotClientRetryAfter(t *testing.T) {
+	s := startStack(t, stackConfig{plans: hotPlans, gatewayRegions: []string{"eu"}})
+	rc := s.redis.Client(t)
+	sharesKey := keys.New(nil).BucketKey([]byte("c-hot")) + ":hot:shares"
+	share := func() float64 {
+		v, err := rc.HGet(context.Background(), sharesKey, "eu").Result()
+		if errors.Is(err, redis.Nil) {
+			return 1.0 / 3 // none written yet: equal shares
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			t.Fatalf("share %q: %v", v, err)
+		}
+		return f
+	}
+	const rounds, burst = 4, 4
+	var counted, undecided, requests, round int
+	for ; counted < rounds; round++ {
+		start := share()
+		var last clientReply
+		failedOpen := false
+		for i := 0; i < burst; i++ {
+			r, err := s.send("GET", "/orders/1", "c-hot")
+			if err != nil {
+				t.Fatal(err)
+			}
+			requests++
+			failedOpen = failedOpen || r.failedOpen()
+			if r.status == http.StatusTooManyRequests {
+				last = r
+			}
+		}
+		if last.status != http.StatusTooManyRequests && !failedOpen {
+			t.Fatalf("round %d: no 429 in %d requests on a region bucket of 2 tokens", round, burst)
+		}
+		for _, e := range check429(last, 1) {
+			t.Errorf("round %d: %s", round, e)
+		}
+		// Wait exactly Retry-After from the reading of the reply, watching
+		// the share.
+		least := start
+		deadline := last.at.Add(time.Duration(atoi(last.header.Get("retry-after"))) * time.Second)
+		for {
+			least = min(least, share())
+			d := time.Until(deadline)
+			if d <= 0 {
+				break
+			}
+			time.Sleep(min(d, 50*time.Millisecond))
+		}
+		retry, err := s.send("GET", "/orders/1", "c-hot")
+		if err != nil {
+			t.Fatal(err)
+		}
+		requests++
+		if failedOpen = failedOpen || retry.failedOpen(); failedOpen || least < start {
+			if undecided++; undecided == decidedAttempts {
+				t.Fatalf("round %d: %d rounds in a row failed open or saw eu's share fall (last: %v to %v)", round, undecided, start, least)
+			}
+			t.Logf("round %d failed open (%v) or saw eu's share fall (%v to %v): run again", round, failedOpen, start, least)
+			continue
+		}
+		undecided = 0
+		counted++
+		if retry.status != http.StatusOK {
+			t.Errorf("round %d (eu's share %.3f, then more): retry %d after waiting Retry-After %s s (429: %v; retry: %v %s)",
+				round, start, retry.status, last.header.Get("retry-after"), last.header.Values("ratelimit"), retry.header.Values("ratelimit"), retry.body)
+		}
+		t.Logf("round %d (eu's share %.3f): Retry-After %s s, RateLimit %v; retry %d",
+			round, start, last.header.Get("retry-after"), last.header.Values("ratelimit"), retry.status)
+	}
+	t.Logf("%d requests in %d rounds, %d counted", requests, round, counted)
+}
