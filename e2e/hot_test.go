@@ -122,3 +122,49 @@ func TestHotClientRetryAfter(t *testing.T) {
 	}
 	t.Logf("%d requests in %d rounds, %d counted", requests, round, counted)
 }
+
+// TestHotClientLargeCostFromQuietRegion: a hot client whose traffic has
+// all come from eu keeps only the floor share in us, too little for the
+// shipped POST /orders (cost 5); its first such request through a us
+// gateway is admitted from the region bucket with the largest share, which
+// holds the plan's tokens, and is not answered "can never succeed, do not
+// retry it" while its plan holds 20.
+//
+// Plan 20 burst + 10/s over eu and us; eu sends 5 GETs a second (within
+// the plan), so us's share falls from a half by half its distance to 0.02
+// each second: 0.26, then 0.14. A cost of 5 fits a region's bucket from a
+// share of 0.25 up; the request is sent once the shares in Redis have
+// shown us below that twice (the sidecar reads them a second apart at
+// most, right after writing them, so its own is below too).
+func TestHotClientLargeCostFromQuietRegion(t *testing.T) {
+	const plans = `plans:
+  hot: {capacity: 20, rate: 10}
+clients:
+  c-hot: {plan: hot, regions: [eu, us]}
+`
+	s := startStack(t, stackConfig{plans: plans, gateways: 2, gatewayRegions: []string{"eu", "us"}})
+	rc := s.redis.Client(t)
+	sharesKey := keys.New(nil).BucketKey([]byte("c-hot")) + ":hot:shares"
+	seen := map[string]bool{}
+	for deadline := time.Now().Add(30 * time.Second); len(seen) < 2; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("us's share never fell below 0.25 twice: saw %v", seen)
+		}
+		if _, err := s.sendVia(0, "GET", "/orders/1", "c-hot"); err != nil {
+			t.Fatal(err)
+		}
+		v, err := rc.HGet(context.Background(), sharesKey, "us").Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatal(err)
+		}
+		if f, err := strconv.ParseFloat(v, 64); err == nil && f*20 < 5 {
+			seen[v] = true
+		}
+	}
+	r := s.doDecided(1, "POST", "/orders", "x-api-key", "c-hot")
+	if r.status != http.StatusOK {
+		t.Fatalf("POST /orders (cost 5) through us, us's share at most %v: %d, retry-after %q, %v %s",
+			seen, r.status, r.header.Get("retry-after"), r.header.Values("ratelimit"), r.body)
+	}
+	t.Logf("us's shares seen %v; POST /orders through us: %d, %v", seen, r.status, r.header.Values("ratelimit"))
+}

@@ -89,7 +89,13 @@ type state struct {
 
 // Route returns the bucket key and limit for a check of cost by the hot
 // client whose plain bucket key is base, arriving from region. A region not
-// in regions (or empty) counts as the first. It never touches Redis.
+// in regions (or empty) counts as the first. A cost above the region's
+// share of the capacity, which its bucket could never hold, goes to the
+// bucket of the region with the largest share instead, when that one can
+// hold it: a region the client has been quiet in keeps only the floor
+// share, 2% (4 tokens of a capacity of 200), and the plan's other tokens
+// are in the other buckets. The demand still counts for the region the
+// check came from. It never touches Redis.
 func (s *Sharder) Route(base string, regions []string, region []byte, l lua.Limit, cost int64) (string, lua.Limit) {
 	st := s.state(base, regions)
 	i := 0
@@ -101,8 +107,19 @@ func (s *Sharder) Route(base string, regions []string, region []byte, l lua.Limi
 	}
 	st.demand[i].Add(cost)
 	st.lastUsed.Store(time.Now().UnixNano())
-	share := (*st.shares.Load())[i]
-	return st.keys[i], lua.Limit{Capacity: l.Capacity * share, Rate: l.Rate * share}
+	shares := *st.shares.Load()
+	if float64(cost) > l.Capacity*shares[i] {
+		largest := i
+		for j, sh := range shares {
+			if sh > shares[largest] {
+				largest = j
+			}
+		}
+		if float64(cost) <= l.Capacity*shares[largest] {
+			i = largest
+		}
+	}
+	return st.keys[i], lua.Limit{Capacity: l.Capacity * shares[i], Rate: l.Rate * shares[i]}
 }
 
 // Keys returns the bucket key of each region of a hot client, in the order

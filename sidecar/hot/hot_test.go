@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/lua"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
 
@@ -117,5 +118,40 @@ func TestParseShares(t *testing.T) {
 		if ok && math.Abs(got[0]+got[1]-1) > 1e-12 {
 			t.Errorf("%s: shares %v do not sum to 1", tt.name, got)
 		}
+	}
+}
+
+// TestRouteLargeCost: a cost above the region's share of the capacity goes
+// to the bucket of the region with the largest share when that one holds
+// it, and counts as its own region's demand; a cost no region's share
+// holds stays with its region (the script answers it never).
+func TestRouteLargeCost(t *testing.T) {
+	s := New(nil, nil)
+	base := keys.New(nil).BucketKey([]byte("a-hot-client"))
+	regions := []string{"eu", "us", "ap"}
+	ks := Keys(base, regions)
+	s.Route(base, regions, []byte("eu"), lua.Limit{Capacity: 200, Rate: 100}, 1)
+	shares := []float64{0.02, 0.9, 0.08}
+	s.state(base, regions).shares.Store(&shares)
+	for _, c := range []struct {
+		region string
+		cost   int64
+		key    string
+		share  float64
+	}{
+		{"eu", 4, ks[0], 0.02},   // 4 tokens fit eu's 4
+		{"eu", 5, ks[1], 0.9},    // 5 do not: us holds 180
+		{"ap", 16, ks[2], 0.08},  // ap's own 16
+		{"ap", 180, ks[1], 0.9},  // us's whole 180
+		{"ap", 181, ks[2], 0.08}, // no region holds 181: ap's, answered never
+	} {
+		key, l := s.Route(base, regions, []byte(c.region), lua.Limit{Capacity: 200, Rate: 100}, c.cost)
+		if key != c.key || l.Capacity != 200*c.share || l.Rate != 100*c.share {
+			t.Errorf("%s, cost %d: %s %+v, want %s at share %v", c.region, c.cost, key, l, c.key, c.share)
+		}
+	}
+	st := s.state(base, regions)
+	if got := [3]int64{st.demand[0].Load(), st.demand[1].Load(), st.demand[2].Load()}; got != [3]int64{1 + 4 + 5, 0, 16 + 180 + 181} {
+		t.Errorf("demand %v, want each check counted for the region it came from", got)
 	}
 }
