@@ -194,9 +194,9 @@ func TestHotClientSharding(t *testing.T) {
 	}
 
 	l := startLoad(t, []string{a.Addr(), b.Addr()})
-	// The shares move toward target_i = Floor + (1 - 3*Floor) * demand_i
-	// / total, for the split of the checks the load has sent: 0.678,
-	// 0.208, 0.114 if it sends 70/20/10 as offered (a loaded machine
+	// The shares move toward target_i = f + (1 - 3f) * demand_i / total,
+	// f = hot.FloorOf(3) = 0.04/3, for the split of the checks the load has
+	// sent: 0.685, 0.205, 0.109 if it sends 70/20/10 as offered (a loaded machine
 	// sends some regions' checks late, and so fewer). Each sidecar counts
 	// the demand of the workers startLoad deals it (in turn: eu 4 to a and
 	// 3 to b, us 1 and 1, ap 0 and 1) and flushes it once an interval at
@@ -212,7 +212,7 @@ func TestHotClientSharding(t *testing.T) {
 	targetOf := func(w []float64) []float64 {
 		out := make([]float64, len(w))
 		for i := range w {
-			out[i] = hot.Floor + (1-3*hot.Floor)*w[i]/(w[0]+w[1]+w[2])
+			out[i] = hot.FloorOf(3) + (1-3*hot.FloorOf(3))*w[i]/(w[0]+w[1]+w[2])
 		}
 		return out
 	}

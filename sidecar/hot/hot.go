@@ -43,8 +43,15 @@ const (
 	// DefaultInterval is how often demand is flushed and shares reconciled.
 	DefaultInterval = time.Second
 	// Floor is the smallest share a region gets, so a region whose demand
-	// returns is never left with nothing while the shares catch up.
+	// returns is never left with nothing while the shares catch up; with
+	// more than two regions, FloorTotal over k (FloorOf).
 	Floor = 0.02
+	// FloorTotal bounds what the floors of all a client's regions add up
+	// to: the part of the plan its quiet regions keep, refilling tokens
+	// nobody asks for. 2% each would be 30% of the plan for a client of 16
+	// regions whose traffic all comes from one; 4% keeps that client
+	// within the 5% its limit is held to.
+	FloorTotal = 0.04
 	// Step is how far the shares move toward the demand's split each
 	// interval (1 would jump; smaller damps noise in one second's counts).
 	Step = 0.5
@@ -321,12 +328,18 @@ func (s *Sharder) reconcile(ctx context.Context, st *state) error {
 	return err
 }
 
+// FloorOf is the smallest share a region of a client with k regions gets:
+// Floor, or FloorTotal / k when that is less.
+func FloorOf(k int) float64 { return min(Floor, FloorTotal/float64(k)) }
+
 // Reconcile returns the shares after one step from old toward the split of
-// demand: target_i = Floor + (1 - k*Floor) * demand_i / sum(demand), and
-// next = old + Step*(target - old). With no demand the shares stay. The
-// result sums to 1 and no share is below Floor once old respects it.
+// demand: target_i = f + (1 - k*f) * demand_i / sum(demand) with f =
+// FloorOf(k), and next = old + Step*(target - old). With no demand the
+// shares stay. The result sums to 1 and no share is below f once old
+// respects it.
 func Reconcile(old, demand []float64) []float64 {
 	k := len(old)
+	floor := FloorOf(k)
 	var total float64
 	for _, d := range demand {
 		if d > 0 {
@@ -339,7 +352,7 @@ func Reconcile(old, demand []float64) []float64 {
 	}
 	var sum float64
 	for i := range next {
-		target := Floor + (1-float64(k)*Floor)*math.Max(demand[i], 0)/total
+		target := floor + (1-float64(k)*floor)*math.Max(demand[i], 0)/total
 		next[i] = old[i] + Step*(target-old[i])
 		sum += next[i]
 	}

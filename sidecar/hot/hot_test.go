@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
@@ -60,10 +61,16 @@ func TestReconcile(t *testing.T) {
 		want        []float64
 	}{
 		{"no demand keeps shares", []float64{0.5, 0.3, 0.2}, []float64{0, 0, 0}, []float64{0.5, 0.3, 0.2}},
-		// target = 0.02 + 0.94*d/total: 0.678, 0.208, 0.114; half-way from 1/3.
+		// Three regions: a floor of 0.04/3 each, target = 0.04/3 + 0.96*d/total:
+		// 0.04/3 + 0.672, + 0.192, + 0.096; half-way from 1/3.
 		{"70/20/10 from equal", []float64{1.0 / 3, 1.0 / 3, 1.0 / 3}, []float64{700, 200, 100},
-			[]float64{(1.0/3 + 0.678) / 2, (1.0/3 + 0.208) / 2, (1.0/3 + 0.114) / 2}},
-		{"at target stays", []float64{0.678, 0.208, 0.114}, []float64{70, 20, 10}, []float64{0.678, 0.208, 0.114}},
+			[]float64{(1.0/3 + 0.04/3 + 0.672) / 2, (1.0/3 + 0.04/3 + 0.192) / 2, (1.0/3 + 0.04/3 + 0.096) / 2}},
+		{"at target stays", []float64{0.04/3 + 0.672, 0.04/3 + 0.192, 0.04/3 + 0.096}, []float64{70, 20, 10},
+			[]float64{0.04/3 + 0.672, 0.04/3 + 0.192, 0.04/3 + 0.096}},
+		// Sixteen regions, one asking: the quiet ones keep 0.0025 each, 3.75%
+		// of the plan together (2% each would be 30%).
+		{"one of sixteen", slices.Repeat([]float64{1.0 / 16}, 16), append([]float64{1}, make([]float64, 15)...),
+			append([]float64{(1.0/16 + 1 - 15*0.0025) / 2}, slices.Repeat([]float64{(1.0/16 + 0.0025) / 2}, 15)...)},
 		// A silent region drifts toward the floor, never below it.
 		{"silent region", []float64{0.5, 0.5}, []float64{10, 0}, []float64{(0.5 + 0.98) / 2, (0.5 + 0.02) / 2}},
 		{"negative demand is none", []float64{0.5, 0.5}, []float64{-5, 10}, []float64{(0.5 + 0.02) / 2, (0.5 + 0.98) / 2}},
