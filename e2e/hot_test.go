@@ -231,3 +231,66 @@ clients:
 		t.Errorf("admitted %d in %v at three times the plan, want at least %.0f (95%% of %v/s)", admitted.Load(), window, want, rate)
 	}
 }
+
+// TestHotClientBurstOnNewSidecar: a hot client's shares live in Redis, and
+// a sidecar that has not yet seen the client uses them from its first
+// check. Two gateways of region eu, each with its own sidecar, one Redis;
+// plan 100 burst + 50/s over five regions. The client sends through the
+// first gateway at three times its plan until eu's share in Redis is above
+// 0.95, stops for 3 s (eu's bucket, 95 tokens or more, refills at 47.5/s
+// or more), then sends 150 requests one after another through the second
+// gateway, whose sidecar has never seen it. They used to be decided at the
+// equal shares a sidecar starts a client with, a fifth of the plan, until
+// its first read of the shares a second later, and the first of them cut
+// the eu bucket to the 20 tokens a fifth holds: about 20 of the burst were
+// admitted, where the bucket held 95. At least 90 must be (the bucket's 95,
+// less 5 for the share falling no lower than 0.95 in Redis's last steps,
+// before what refills during the burst).
+func TestHotClientBurstOnNewSidecar(t *testing.T) {
+	const plans = `plans:
+  hot: {capacity: 100, rate: 50}
+clients:
+  c-hot: {plan: hot, regions: [eu, us, ap, sa, af]}
+`
+	s := startStack(t, stackConfig{plans: plans, gateways: 2, sidecars: 2, gatewayRegions: []string{"eu", "eu"}})
+	rc := s.redis.Client(t)
+	sharesKey := keys.New(nil).BucketKey([]byte("c-hot")) + ":hot:shares"
+	tick := time.NewTicker(time.Second / 150)
+	var wg sync.WaitGroup
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		<-tick.C
+		if time.Now().After(deadline) {
+			t.Fatal("eu's share never rose above 0.95")
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.sendVia(0, "GET", "/orders/1", "c-hot")
+		}()
+		v, err := rc.HGet(context.Background(), sharesKey, "eu").Result()
+		if f, _ := strconv.ParseFloat(v, 64); err == nil && f > 0.95 {
+			break
+		}
+	}
+	tick.Stop()
+	wg.Wait()
+	time.Sleep(3 * time.Second)
+	var admitted, failedOpen int
+	for range 150 {
+		r, err := s.sendVia(1, "GET", "/orders/1", "c-hot")
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case r.failedOpen():
+			failedOpen++
+		case r.status == http.StatusOK:
+			admitted++
+		}
+	}
+	shares, _ := rc.HGetAll(context.Background(), sharesKey).Result()
+	t.Logf("burst of 150 through a new sidecar: %d admitted, %d failed open; shares %v", admitted, failedOpen, shares)
+	if admitted < 90 {
+		t.Errorf("%d of the burst admitted, want at least 90 of the eu bucket's 95 or more", admitted)
+	}
+}

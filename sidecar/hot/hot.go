@@ -14,8 +14,8 @@
 // adds it to a hash in Redis once per interval. One sidecar at a time, the
 // holder of a short lease (SET NX PX, renewed by its holder), reads and
 // clears that hash, moves the shares toward the regions' demand, and writes
-// them to Redis; every sidecar reads the shares from Redis once per interval,
-// so they all use the same. See RATIONALE.md, "Why is a hot client split by
+// them to Redis; every sidecar reads the shares from Redis at its first
+// check of a client and once per interval after, so they all use the same. See RATIONALE.md, "Why is a hot client split by
 // region, and how?".
 package hot
 
@@ -102,9 +102,11 @@ type state struct {
 // hold it: a region the client has been quiet in keeps only the floor
 // share, 2% (4 tokens of a capacity of 200), and the plan's other tokens
 // are in the other buckets. The demand still counts for the region the
-// check came from. It never touches Redis.
-func (s *Sharder) Route(base string, regions []string, region []byte, l lua.Limit, cost int64) (string, lua.Limit) {
-	st := s.state(base, regions)
+// check came from. It touches Redis only for the first check of a client
+// this sidecar has not seen (or not for a minute), to read the shares in
+// force, until deadline at the latest.
+func (s *Sharder) Route(deadline time.Time, base string, regions []string, region []byte, l lua.Limit, cost int64) (string, lua.Limit) {
+	st := s.state(deadline, base, regions)
 	i := 0
 	for j, r := range st.regions {
 		if r == string(region) {
@@ -165,7 +167,7 @@ func regionKey(digest, region string, target int) string {
 	return "rl:{" + prefix + strconv.Itoa(best) + "}"
 }
 
-func (s *Sharder) state(base string, regions []string) *state {
+func (s *Sharder) state(deadline time.Time, base string, regions []string) *state {
 	if v, ok := s.states.Load(base); ok {
 		st := v.(*state)
 		if slices.Equal(st.regions, regions) {
@@ -189,8 +191,24 @@ func (s *Sharder) state(base string, regions []string) *state {
 		keys:    Keys(base, regions),
 		demand:  make([]atomic.Int64, len(regions)),
 	}
-	eq := equal(len(regions))
-	st.shares.Store(&eq)
+	// The shares in force are in Redis, where the other sidecars put them
+	// (or this one before it forgot an idle client). Equal shares until the
+	// next tick would decide this client's checks at 1/k of the plan for
+	// up to a second, and the first of them would cut its region's bucket
+	// to 1/k of the capacity, a burst it was owed lost. They are read once
+	// here, within the check's deadline; equal shares only when there are
+	// none yet, or Redis does not answer in time.
+	shares := equal(len(regions))
+	if s.client != nil {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		if fields, err := s.client.HGetAll(ctx, sharesKey(base)).Result(); err == nil {
+			if read, ok := parseShares(fields, regions, st.joined); ok {
+				shares = read
+			}
+		}
+		cancel()
+	}
+	st.shares.Store(&shares)
 	st.lastUsed.Store(time.Now().UnixNano())
 	s.states.Store(base, st)
 	return st

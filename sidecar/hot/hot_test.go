@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
 	"github.com/edgelimit/edgelimit/lua"
@@ -137,9 +138,9 @@ func TestRouteLargeCost(t *testing.T) {
 	base := keys.New(nil).BucketKey([]byte("a-hot-client"))
 	regions := []string{"eu", "us", "ap"}
 	ks := Keys(base, regions)
-	s.Route(base, regions, []byte("eu"), lua.Limit{Capacity: 200, Rate: 100}, 1)
+	s.Route(time.Time{}, base, regions, []byte("eu"), lua.Limit{Capacity: 200, Rate: 100}, 1)
 	shares := []float64{0.02, 0.9, 0.08}
-	s.state(base, regions).shares.Store(&shares)
+	s.state(time.Time{}, base, regions).shares.Store(&shares)
 	for _, c := range []struct {
 		region string
 		cost   int64
@@ -152,12 +153,12 @@ func TestRouteLargeCost(t *testing.T) {
 		{"ap", 180, ks[1], 0.9},  // us's whole 180
 		{"ap", 181, ks[2], 0.08}, // no region holds 181: ap's, answered never
 	} {
-		key, l := s.Route(base, regions, []byte(c.region), lua.Limit{Capacity: 200, Rate: 100}, c.cost)
+		key, l := s.Route(time.Time{}, base, regions, []byte(c.region), lua.Limit{Capacity: 200, Rate: 100}, c.cost)
 		if key != c.key || l.Capacity != 200*c.share || l.Rate != 100*c.share {
 			t.Errorf("%s, cost %d: %s %+v, want %s at share %v", c.region, c.cost, key, l, c.key, c.share)
 		}
 	}
-	st := s.state(base, regions)
+	st := s.state(time.Time{}, base, regions)
 	if got := [3]int64{st.demand[0].Load(), st.demand[1].Load(), st.demand[2].Load()}; got != [3]int64{1 + 4 + 5, 0, 16 + 180 + 181} {
 		t.Errorf("demand %v, want each check counted for the region it came from", got)
 	}

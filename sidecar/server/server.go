@@ -174,7 +174,7 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 	bucket := keys.BucketKeyOf(sum)
 	limit := lua.Limit{Capacity: plan.Capacity, Rate: plan.Rate}
 	if s.o.Hot != nil && hotClient != nil {
-		bucket, limit = s.o.Hot.Route(bucket, hotClient.Regions, req.Region, limit, req.Cost)
+		bucket, limit = s.o.Hot.Route(start.Add(s.o.Timeout), bucket, hotClient.Regions, req.Region, limit, req.Cost)
 	}
 
 	waited, measured := s.waited(ctx, start, req.Sent)
