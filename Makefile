@@ -36,6 +36,7 @@ help:
 	@echo "make check  gofmt, vet, go mod tidy: fail on any diff"
 	@echo "make fuzz   every fuzz target for $(FUZZTIME_LONG)"
 	@echo "make chart  render the Helm chart with Helm's Go API and check every object against the Kubernetes types"
+	@echo "make alerts evaluate the chart's alert rules with Prometheus's engine on the metrics of the built binaries under faults"
 	@echo "make mesh   decode the Istio and Envoy Gateway examples and check how they fit"
 	@echo "make deps   install what the other targets need: redis-server, redis-tools, binaryen (wasm-opt); Go's modules"
 
@@ -100,6 +101,7 @@ test: deps build
 	$(GO) test -race -vet=off -count=1 -timeout 10m $$($(GO) list ./... | grep -v '/e2e$$')
 	@$(MAKE) --no-print-directory fuzz FUZZTIME_LONG=$(FUZZTIME)
 	@$(MAKE) --no-print-directory chart
+	@$(MAKE) --no-print-directory alerts
 
 ## test-envoy: the system tests of ./e2e with a real Envoy as every
 ## gateway, in place of build/gateway: ENVOY_BIN (a path or a command
@@ -190,6 +192,15 @@ fuzz:
 chart:
 	cd deploy/podspec && $(GO) test -count=1 ./...
 	cd deploy/charttest && $(GO) test -count=1 ./...
+
+## alerts: the chart's alert rules evaluated with Prometheus's query
+## engine against the metrics of build/gateway and build/sidecar scraped
+## under normal traffic and under faults (deploy/alerttest, a module of its
+## own so the main module does not pull Prometheus; deploy/README.md, "The
+## alerts' test").
+.PHONY: alerts
+alerts: build
+	cd deploy/alerttest && $(GO) test -count=1 ./...
 
 ## mesh: decode deploy/mesh's Istio and Envoy Gateway examples with those
 ## projects' Go API types and check that their pieces fit, and parse the

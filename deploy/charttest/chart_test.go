@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -27,10 +28,6 @@ import (
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"google.golang.org/protobuf/encoding/protojson"
-	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/engine"
-	"helm.sh/helm/v3/pkg/releaseutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -38,6 +35,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/edgelimit/edgelimit/deploy/charttest/chartrender"
 	"github.com/edgelimit/edgelimit/deploy/podspec"
 )
 
@@ -72,54 +70,20 @@ type rendered struct {
 // pod is the Deployment's pod template.
 func (r *rendered) pod() *corev1.PodSpec { return &r.deployment.Spec.Template.Spec }
 
-// render renders the chart with vals as `helm install --dry-run` does
-// client-only (release "edge" in namespace "gateway", Kubernetes 1.33),
-// through the pieces of Helm that command runs: the values coalesced and
-// checked against values.schema.json, the templates rendered, NOTES.txt
-// set aside, the manifests sorted into install order. Helm's install action
-// would do the same and also compile Kubernetes' whole client, which on a
-// fresh machine took make test over two minutes more. It then decodes
-// every object of the manifest strictly: an unknown field is an error.
+// render renders the chart with vals (chartrender.Render: release "edge"
+// in namespace "gateway", Kubernetes 1.33), then decodes every object of
+// the manifest strictly: an unknown field is an error.
 func render(t *testing.T, vals map[string]any) (*rendered, error) {
 	t.Helper()
-	ch, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatalf("load chart: %v", err)
+	manifest, err := chartrender.Render(chartDir, vals)
+	if errors.Is(err, chartrender.ErrChart) {
+		t.Fatal(err)
 	}
-	caps := chartutil.DefaultCapabilities.Copy()
-	caps.KubeVersion = chartutil.KubeVersion{Version: "v1.33.0", Major: "1", Minor: "33"}
-	if v := ch.Metadata.KubeVersion; v != "" && !chartutil.IsCompatibleRange(v, caps.KubeVersion.String()) {
-		t.Fatalf("the chart requires Kubernetes %s, not %s", v, caps.KubeVersion)
-	}
-	if err := chartutil.ProcessDependenciesWithMerge(ch, vals); err != nil {
-		return nil, err
-	}
-	values, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "edge", Namespace: "gateway", Revision: 1, IsInstall: true}, caps)
 	if err != nil {
 		return nil, err
-	}
-	files, err := (&engine.Engine{}).Render(ch, values)
-	if err != nil {
-		return nil, err
-	}
-	for name := range files {
-		if strings.HasSuffix(name, "/NOTES.txt") {
-			delete(files, name)
-		}
-	}
-	hooks, manifests, err := releaseutil.SortManifests(files, nil, releaseutil.InstallOrder)
-	if err != nil {
-		return nil, err
-	}
-	if len(hooks) != 0 {
-		t.Fatalf("the chart has %d hooks; this test decodes only the release's manifest", len(hooks))
-	}
-	var manifest strings.Builder
-	for _, m := range manifests {
-		fmt.Fprintf(&manifest, "---\n# Source: %s\n%s\n", m.Name, m.Content)
 	}
 	out := &rendered{configMaps: map[string]*corev1.ConfigMap{}, secrets: map[string]*corev1.Secret{}, services: map[string]*corev1.Service{}, docs: map[string]string{}}
-	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(manifest.String(), -1) {
+	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(manifest, -1) {
 		if strings.TrimSpace(doc) == "" {
 			continue
 		}
