@@ -28,9 +28,12 @@ type Store struct {
 
 	cur atomic.Pointer[Plans]
 
-	mu       sync.Mutex // serialises reloads (SIGHUP and the watcher)
-	goodSum  [sha256.Size]byte
-	badSum   [sha256.Size]byte // last content rejected, not reported twice
+	mu      sync.Mutex // serialises reloads (SIGHUP and the watcher)
+	goodSum [sha256.Size]byte
+	badSum  [sha256.Size]byte // last content rejected, not reported twice
+	// refused: the last reload attempt failed (the file could not be read
+	// or was rejected); the plans in force are not the file's.
+	refused  bool
 	lastStat os.FileInfo
 	readAt   time.Time // when the file was last read
 	statErr  string
@@ -132,28 +135,32 @@ func (s *Store) poll() {
 
 // reloadLocked reads and parses the file. With force false, content equal to
 // the plans in force or to the last rejected content is skipped, so a touch
-// does not reload and a bad file is reported once, not on every tick.
+// does not reload and a bad file is reported once, not on every tick; but
+// content equal to the plans in force after a failed attempt is loaded
+// again, so that putting the file back ends the failure
+// (sidecar_plans_last_reload_successful).
 func (s *Store) reloadLocked(reason string, force bool) error {
 	s.readAt = time.Now()
 	data, err := ReadFile(s.path)
 	if err != nil {
+		s.refused = true
 		s.log.Error("plans reload failed, keeping the plans in force", "file", s.path, "reason", reason, "err", err)
 		s.report(false)
 		return err
 	}
 	sum := sha256.Sum256(data)
-	if !force && (sum == s.goodSum || sum == s.badSum) {
+	if !force && (sum == s.goodSum && !s.refused || sum == s.badSum) {
 		return nil
 	}
 	p, err := s.parse(data)
 	if err != nil {
-		s.badSum = sum
+		s.badSum, s.refused = sum, true
 		s.log.Error("plans reload rejected, keeping the plans in force", "file", s.path, "reason", reason, "err", err)
 		s.report(false)
 		return err
 	}
 	s.cur.Store(p)
-	s.goodSum, s.badSum = sum, [sha256.Size]byte{}
+	s.goodSum, s.badSum, s.refused = sum, [sha256.Size]byte{}, false
 	def := ""
 	if p.Default != nil {
 		def = p.Default.Name

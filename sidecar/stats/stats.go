@@ -81,6 +81,10 @@ type Stats struct {
 	// were loaded, at start or by a reload
 	// (sidecar_plans_last_reload_success_timestamp_seconds); 0 until then.
 	plansLoaded atomic.Int64
+	// reloadRefused: the last reload attempt was refused, so the plans in
+	// force are not the file's (sidecar_plans_last_reload_successful 0)
+	// until one succeeds.
+	reloadRefused atomic.Bool
 }
 
 // Version is the sidecar's version in sidecar_build_info. Set it at link
@@ -130,6 +134,12 @@ func New() *Stats {
 	s.NewGauge(`sidecar_plans_last_reload_success_timestamp_seconds`, func() float64 {
 		return float64(st.plansLoaded.Load()) / 1e9
 	})
+	s.NewGauge(`sidecar_plans_last_reload_successful`, func() float64 {
+		if st.reloadRefused.Load() {
+			return 0
+		}
+		return 1
+	})
 	s.NewGauge(`sidecar_build_info{version=`+strconv.Quote(BuildVersion())+`,goversion=`+strconv.Quote(runtime.Version())+`}`,
 		func() float64 { return 1 })
 	return st
@@ -151,6 +161,7 @@ func (s *Stats) PlansLoadedAt() time.Time {
 
 // Reload records the outcome of one plans reload.
 func (s *Stats) Reload(ok bool) {
+	s.reloadRefused.Store(!ok)
 	if ok {
 		s.ReloadOK.Inc()
 		s.PlansLoaded(time.Now())

@@ -27,6 +27,7 @@ func TestWritePrometheus(t *testing.T) {
 		`sidecar_decisions_total{result="error"} 0`,
 		`sidecar_plans_reloads_total{result="ok"} 1`,
 		`sidecar_plans_reloads_total{result="error"} 2`,
+		"sidecar_plans_last_reload_successful 0\n", // the last one was refused
 		`sidecar_pipeline_batch_size_bucket{le="4"} 0`,
 		`sidecar_pipeline_batch_size_bucket{le="8"} 1`,
 		`sidecar_decision_duration_seconds_bucket{le="0.001"} 0`,
@@ -56,6 +57,7 @@ func TestBuildInfoAndLoadTime(t *testing.T) {
 	for _, want := range []string{
 		fmt.Sprintf(`sidecar_build_info{version=%q,goversion=%q} 1`+"\n", BuildVersion(), runtime.Version()),
 		"sidecar_plans_last_reload_success_timestamp_seconds 0\n",
+		"sidecar_plans_last_reload_successful 1\n",
 		"# TYPE sidecar_build_info gauge",
 	} {
 		if !strings.Contains(b.String(), want) {
