@@ -294,6 +294,26 @@ func (s *Server) Kill() error {
 	return nil
 }
 
+// Pause stops the server with SIGSTOP, as a hung host or a long stall
+// would: its connections stay open and nothing is answered. Resume, Stop
+// or Kill ends the pause.
+func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server with SIGCONT.
+func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return fmt.Errorf("redis-server %s is not running", s.Addr)
+	}
+	if err := s.proc.cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("signal %v to redis-server %s: %w", sig, s.Addr, err)
+	}
+	return nil
+}
+
 // Restart stops the server if it runs and starts it again on the same port
 // with empty data (any RDB or AOF files it wrote are removed first). A
 // cluster node keeps its nodes.conf and so rejoins its cluster, empty.
@@ -470,6 +490,7 @@ func (s *Server) terminate() error {
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !p.exited() {
 		return fmt.Errorf("stop redis-server %s: %w", s.Addr, err)
 	}
+	_ = p.cmd.Process.Signal(syscall.SIGCONT) // a paused server acts on the SIGTERM
 	select {
 	case <-p.done:
 		return nil

@@ -101,6 +101,10 @@ type Decider struct {
 
 	healing atomic.Bool // a cluster's script is being loaded (healScript)
 
+	// failed holds, per cluster master (*redis.Client), when a call to it
+	// last failed otherwise than by a Redis error reply (runGroup).
+	failed sync.Map
+
 	// refused is the latest error reply Redis gave a check that took
 	// tokens, until a check is admitted (noteCharge); Ready reports it.
 	refused atomic.Pointer[refusal]
@@ -379,6 +383,89 @@ func (d *Decider) run(batch []*call) {
 	ctx, cancel := context.WithDeadline(context.Background(), last)
 	defer cancel()
 
+	masters, groups := d.byMaster(ctx, live)
+	// One pipeline per master, each answered as soon as its own master has:
+	// a master that is down or stopped holds only its own checks until
+	// their deadline, not the other masters' checks batched with them. A
+	// master that failed a call in the last failingFor is not waited for
+	// either: the loop goes on to the next batch while its checks run out
+	// their deadline, so that the loops are not all held by it.
+	var wg sync.WaitGroup
+	for i, g := range groups {
+		switch {
+		case masters != nil && d.failing(masters[i]):
+			d.wg.Add(1) // from a loop, which Close waits for: the count is not 0
+			go func() {
+				defer d.wg.Done()
+				ctx, cancel := context.WithDeadline(context.Background(), last)
+				defer cancel()
+				d.runGroup(ctx, masters[i], g)
+			}()
+		case i == len(groups)-1:
+			d.runGroup(ctx, masterOf(masters, i), g)
+		default:
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d.runGroup(ctx, masterOf(masters, i), g)
+			}()
+		}
+	}
+	wg.Wait()
+}
+
+func masterOf(masters []*redis.Client, i int) *redis.Client {
+	if masters == nil {
+		return nil
+	}
+	return masters[i]
+}
+
+// failingFor is how long after a call to a cluster master fails otherwise
+// than by a Redis error reply (a timeout, a refused or reset connection)
+// the loops stop waiting for that master's pipelines.
+const failingFor = time.Second
+
+// failing reports whether master failed a call in the last failingFor.
+func (d *Decider) failing(master *redis.Client) bool {
+	v, ok := d.failed.Load(master)
+	return ok && time.Since(v.(time.Time)) < failingFor
+}
+
+// byMaster splits a batch by the master that serves each call's key as the
+// cluster client's slot map has it, and returns the masters with their
+// calls; on a single server, or where the map is not known yet, the batch
+// is one group and masters is nil.
+func (d *Decider) byMaster(ctx context.Context, calls []*call) ([]*redis.Client, [][]*call) {
+	cc, ok := d.client.(*redis.ClusterClient)
+	if !ok {
+		return nil, [][]*call{calls}
+	}
+	var masters []*redis.Client
+	var groups [][]*call
+	for _, c := range calls {
+		m, err := cc.MasterForKey(ctx, c.key)
+		if err != nil {
+			return nil, [][]*call{calls}
+		}
+		i := 0
+		for i < len(masters) && masters[i] != m {
+			i++
+		}
+		if i == len(masters) {
+			masters = append(masters, m)
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], c)
+	}
+	return masters, groups
+}
+
+// runGroup sends calls as one pipeline and delivers every result. master,
+// if not nil, is the cluster master that serves them: one that fails a call
+// otherwise than by a Redis error reply is noted failing, one that answers
+// every call is not.
+func (d *Decider) runGroup(ctx context.Context, master *redis.Client, live []*call) {
 	cmds := d.exec(ctx, live, false)
 	// NOSCRIPT: Redis lost the script (restart, failover to a node that never
 	// saw it, SCRIPT FLUSH). Send those calls again as EVAL with the source,
@@ -401,7 +488,13 @@ func (d *Decider) run(batch []*call) {
 			cmds[i] = again[j]
 		}
 	}
-	d.reloadOnTransportError(cmds)
+	if d.reloadOnTransportError(cmds) {
+		if master != nil {
+			d.failed.Store(master, time.Now())
+		}
+	} else if master != nil {
+		d.failed.Delete(master)
+	}
 	for i, c := range live {
 		v, err := cmds[i].Result()
 		if err == nil {
@@ -442,10 +535,11 @@ func (d *Decider) healScript(key string) {
 // a call failed for any reason but a Redis error reply, or with CLUSTERDOWN:
 // a master that is down or was replaced by its replica shows up that way, and the new owner of its
 // slots is only known after a reload. go-redis rate-limits the reloads.
-func (d *Decider) reloadOnTransportError(cmds []*redis.Cmd) {
+// It reports whether one did.
+func (d *Decider) reloadOnTransportError(cmds []*redis.Cmd) bool {
 	cc, ok := d.client.(*redis.ClusterClient)
 	if !ok {
-		return
+		return false
 	}
 	for _, cmd := range cmds {
 		err := cmd.Err()
@@ -457,8 +551,9 @@ func (d *Decider) reloadOnTransportError(cmds []*redis.Cmd) {
 			continue
 		}
 		cc.ReloadState(context.Background())
-		return
+		return true
 	}
+	return false
 }
 
 func (d *Decider) exec(ctx context.Context, calls []*call, withSource bool) []*redis.Cmd {

@@ -616,3 +616,103 @@ func TestRefusalForgotten(t *testing.T) {
 		t.Errorf("a refusal refusalMemory old = %v, want forgotten", err)
 	}
 }
+
+// TestClusterStoppedMasterHoldsOnlyItsOwn: a pipeline that mixes checks on
+// a stopped master (SIGSTOP: connections open, nothing answered) with
+// checks on a healthy one answers the healthy ones as soon as their master
+// has, not at the deadline the stopped master runs the batch out to; and
+// once that master has failed a check, its pipelines hold no loop.
+func TestClusterStoppedMasterHoldsOnlyItsOwn(t *testing.T) {
+	cl := redisproc.StartClusterT(t, 3, 0)
+	// A call ends at its context's deadline, as the sidecar's client does
+	// (redisconn), not at go-redis's 3 s read timeout.
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	// One loop, so that what queues while it waits goes out as one batch.
+	batches := make(chan int, 16)
+	d := newDecider(t, c, Options{Pipelines: 1, OnBatch: func(n int) { batches <- n }})
+	ctx := context.Background()
+	if err := d.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A key on each of two different masters.
+	master := func(key string) *redis.Client {
+		m, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	stoppedKey, healthyKey := "rl:{stopped}", ""
+	stopped := master(stoppedKey)
+	for i := 0; healthyKey == ""; i++ {
+		if k := fmt.Sprintf("rl:{healthy-%d}", i); master(k) != stopped {
+			healthyKey = k
+		}
+	}
+	for _, k := range []string{stoppedKey, healthyKey} {
+		if r, err := d.Decide(far(), k, slow, 1); err != nil || !r.Allowed {
+			t.Fatalf("%s before the stop: %+v, %v", k, r, err)
+		}
+	}
+	// The batches so far (the peek's, these two) were sent before their
+	// answers came back.
+	for len(batches) > 0 {
+		<-batches
+	}
+	node := cl.Node(stopped.Options().Addr)
+	if err := node.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Resume() })
+
+	// The first check on the stopped master holds the one loop until its
+	// deadline (1 s); the two checks queued meanwhile, one on each master,
+	// go out together after it. Their 2 s deadline leaves the healthy
+	// master's answer, a millisecond's work, more than a second of a busy
+	// machine's delays.
+	blocker := make(chan error, 1)
+	go func() {
+		_, err := d.Decide(time.Now().Add(time.Second), stoppedKey, slow, 1)
+		blocker <- err
+	}()
+	if n := <-batches; n != 1 {
+		t.Fatalf("first batch after the stop has %d checks, want 1", n)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	type answer struct {
+		err  error
+		took time.Duration
+	}
+	stoppedAns, healthyAns := make(chan answer, 1), make(chan answer, 1)
+	for key, ch := range map[string]chan answer{stoppedKey: stoppedAns, healthyKey: healthyAns} {
+		go func() {
+			start := time.Now()
+			_, err := d.Decide(deadline, key, slow, 1)
+			ch <- answer{err, time.Since(start)}
+		}()
+	}
+	if n := <-batches; n != 2 {
+		t.Fatalf("second batch after the stop has %d checks, want both", n)
+	}
+	// The stopped master's checks fail at their deadline, by their timer
+	// or by the pipeline's read timing out at the same moment.
+	if err := <-blocker; err == nil {
+		t.Fatal("first check on the stopped master answered, want an error")
+	}
+	h := <-healthyAns
+	if h.err != nil {
+		t.Fatalf("check on the healthy master batched with one on the stopped master: %v after %v, want an answer", h.err, h.took)
+	}
+	// The stopped master has failed a check: the loop no longer waits for
+	// its pipelines, which hold only their own checks until their deadline
+	// (the second one's, 2 s from now at least). A check on the healthy
+	// master sent meanwhile is answered within its own second.
+	if r, err := d.Decide(time.Now().Add(time.Second), healthyKey, slow, 1); err != nil || !r.Allowed {
+		t.Fatalf("check on the healthy master while the stopped master's checks wait: %+v, %v", r, err)
+	}
+	if s := <-stoppedAns; s.err == nil {
+		t.Fatal("second check on the stopped master answered, want an error")
+	}
+	t.Logf("healthy master's check answered in %v (the first check held the loop for 1 s of it)", h.took)
+}
