@@ -96,8 +96,13 @@ func (s *Store) Reload(reason string) error {
 }
 
 // Watch polls the file every interval (DefaultPollInterval if <= 0) until ctx
-// ends, reloading when its identity (inode), size or modification time
-// changes and its content differs from the plans in force. Polling by path
+// ends, reloading when its identity (inode), size, modification time or
+// change time (ctime, on Linux) changes and its content differs from the
+// plans in force. The change time catches a file whose modification time was
+// put back (cp -p, rsync -t, tar) on an inode the file system reused: two
+// ConfigMap-style swaps between polls give the new file the inode of the
+// one deleted by the first swap (ext4 does so almost every time), and
+// then only the content and the change time differ. Polling by path
 // follows editors and tools that replace the file by renaming a new one over
 // it (and Kubernetes' symlink swaps), which a watch on the old inode misses.
 func (s *Store) Watch(ctx context.Context, interval time.Duration) {
@@ -126,7 +131,9 @@ func (s *Store) poll() {
 	s.statErr = ""
 	if prev := s.lastStat; prev != nil && os.SameFile(prev, fi) &&
 		prev.Size() == fi.Size() && prev.ModTime().Equal(fi.ModTime()) &&
-		fi.ModTime().Before(s.readAt.Add(-racyWindow)) {
+		changeTime(prev).Equal(changeTime(fi)) &&
+		fi.ModTime().Before(s.readAt.Add(-racyWindow)) &&
+		changeTime(fi).Before(s.readAt.Add(-racyWindow)) {
 		return
 	}
 	s.lastStat = fi

@@ -204,3 +204,121 @@ func TestWatchUnderReaders(t *testing.T) {
 		t.Fatalf("watcher did not load the last file: capacity %v, want 59", got)
 	}
 }
+
+// swapConfigMap updates dir the way the kubelet updates a ConfigMap volume
+// (its AtomicWriter): the files go into a new directory
+// "..<timestamp>.<random>", a symlink "..data_tmp" to it is renamed over
+// "..data", the visible "plans.yaml" (a symlink to "..data/plans.yaml") is
+// made if missing, and the old directory is removed. mtime, if not zero,
+// is put on the new file (a copy that keeps its source's time).
+func swapConfigMap(t *testing.T, dir, content string, mtime time.Time) {
+	t.Helper()
+	data := filepath.Join(dir, "..data")
+	old, _ := os.Readlink(data)
+	ts, err := os.MkdirTemp(dir, time.Now().UTC().Format("..2006_01_02_15_04_05."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(ts, "plans.yaml")
+	if err := os.WriteFile(file, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if !mtime.IsZero() {
+		if err := os.Chtimes(file, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tmp := filepath.Join(dir, "..data_tmp")
+	if err := os.Symlink(filepath.Base(ts), tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, data); err != nil {
+		t.Fatal(err)
+	}
+	visible := filepath.Join(dir, "plans.yaml")
+	if _, err := os.Lstat(visible); os.IsNotExist(err) {
+		if err := os.Symlink(filepath.Join("..data", "plans.yaml"), visible); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if old != "" {
+		if err := os.RemoveAll(filepath.Join(dir, old)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestStoreConfigMapSwaps follows a plans file in a ConfigMap volume
+// through the kubelet's updates, each looked at by one poll: a plan raised
+// (the same size), a client added, a bad file (kept out, counted once),
+// and two updates between two polls, of the same size, with the kubelet's
+// own modification times and with one put back on both files. Two swaps
+// in a row give the last file the inode of the one the store read (ext4
+// reuses it almost every time), so size, inode and a put-back mtime match.
+func TestStoreConfigMapSwaps(t *testing.T) {
+	dir := t.TempDir()
+	swapConfigMap(t, dir, planFile(10), time.Time{})
+	r := &reloads{}
+	s, err := Open(filepath.Join(dir, "plans.yaml"), nil, r.observe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	swapConfigMap(t, dir, planFile(20), time.Time{})
+	s.poll()
+	if capacity(s) != 20 || r.ok.Load() != 1 {
+		t.Fatalf("plan raised: capacity %v, ok %d; want 20, 1", capacity(s), r.ok.Load())
+	}
+	swapConfigMap(t, dir, planFile(20)+"clients:\n  \"client-x\": free\n", time.Time{})
+	s.poll()
+	if n := s.Current().Clients(); n != 1 || r.ok.Load() != 2 {
+		t.Fatalf("client added: %d clients, ok %d; want 1, 2", n, r.ok.Load())
+	}
+	swapConfigMap(t, dir, planFile(30)+"clients:\n  \"client-x\": nosuch\n", time.Time{})
+	s.poll()
+	s.poll()
+	if n := s.Current().Clients(); n != 1 || capacity(s) != 20 || r.failed.Load() != 1 {
+		t.Fatalf("bad file: %d clients, capacity %v, failed %d; want the plans kept (1, 20) and 1", n, capacity(s), r.failed.Load())
+	}
+	for round, mtime := range []time.Time{{}, time.Now().Add(-time.Hour).Truncate(time.Second)} {
+		for c := 30; c < 40; c++ {
+			swapConfigMap(t, dir, planFile(c), mtime)
+			s.poll()
+			swapConfigMap(t, dir, planFile(c+50), mtime)
+			swapConfigMap(t, dir, planFile(c+10), mtime)
+			s.poll()
+			if got := capacity(s); got != float64(c+10) {
+				t.Fatalf("round %d: two swaps between polls: capacity %v, want %d", round, got, c+10)
+			}
+		}
+	}
+	if r.failed.Load() != 1 {
+		t.Fatalf("failed reloads %d, want the bad file's 1", r.failed.Load())
+	}
+}
+
+// TestStoreMtimePutBack: a file rewritten in place, the same size, with
+// its old modification time put back (cp -p over it, rsync -t --inplace)
+// keeps its inode, size and mtime; its change time tells.
+func TestStoreMtimePutBack(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "plans.yaml")
+	old := time.Now().Add(-time.Hour).Truncate(time.Second)
+	write := func(content string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(planFile(10))
+	s, err := Open(path, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(planFile(20))
+	s.poll()
+	if got := capacity(s); got != 20 {
+		t.Fatalf("capacity %v after the file was rewritten with its mtime put back, want 20", got)
+	}
+}
