@@ -104,6 +104,9 @@ type Decider struct {
 	// failed holds, per cluster master (*redis.Client), when a call to it
 	// last failed otherwise than by a Redis error reply (runGroup).
 	failed sync.Map
+	// detached holds a place for each pipeline to a failing master that no
+	// loop waits for (detach).
+	detached chan struct{}
 
 	// refused is the latest error reply Redis gave a check that took
 	// tokens, until a check is admitted (noteCharge); Ready reports it.
@@ -157,7 +160,9 @@ func New(client redis.UniversalClient, opt Options) *Decider {
 		client: client,
 		opt:    opt,
 		queue:  make(chan *call, opt.Queue),
-		quit:   make(chan struct{}),
+
+		detached: make(chan struct{}, opt.Pipelines),
+		quit:     make(chan struct{}),
 	}
 	d.calls.New = func() any {
 		c := &call{done: make(chan struct{}, 1)}
@@ -388,15 +393,17 @@ func (d *Decider) run(batch []*call) {
 	// a master that is down or stopped holds only its own checks until
 	// their deadline, not the other masters' checks batched with them. A
 	// master that failed a call in the last failingFor is not waited for
-	// either: the loop goes on to the next batch while its checks run out
-	// their deadline, so that the loops are not all held by it.
+	// either, up to Options.Pipelines such pipelines at once: the loop goes
+	// on to the next batch while its checks run out their deadline, so
+	// that the loops are not all held by it.
 	var wg sync.WaitGroup
 	for i, g := range groups {
 		switch {
-		case masters != nil && d.failing(masters[i]):
+		case masters != nil && d.failing(masters[i]) && d.detach():
 			d.wg.Add(1) // from a loop, which Close waits for: the count is not 0
 			go func() {
 				defer d.wg.Done()
+				defer func() { <-d.detached }()
 				ctx, cancel := context.WithDeadline(context.Background(), last)
 				defer cancel()
 				d.runGroup(ctx, masters[i], g)
@@ -425,6 +432,20 @@ func masterOf(masters []*redis.Client, i int) *redis.Client {
 // than by a Redis error reply (a timeout, a refused or reset connection)
 // the loops stop waiting for that master's pipelines.
 const failingFor = time.Second
+
+// detach takes one of the Options.Pipelines places for a pipeline no loop
+// waits for, if one is free: with the loops' own, at most twice
+// Options.Pipelines pipelines are in flight, which the connection pool the
+// sidecar sizes for them (Pipelines + 4 per master) holds without dialing
+// on a decision's way.
+func (d *Decider) detach() bool {
+	select {
+	case d.detached <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
 
 // failing reports whether master failed a call in the last failingFor.
 func (d *Decider) failing(master *redis.Client) bool {
