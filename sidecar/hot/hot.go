@@ -15,8 +15,8 @@
 // holder of a short lease (SET NX PX, renewed by its holder), reads and
 // clears that hash, moves the shares toward the regions' demand, and writes
 // them to Redis; every sidecar reads the shares from Redis at its first
-// check of a client and once per interval after, so they all use the same. See RATIONALE.md, "Why is a hot client split by
-// region, and how?".
+// check of a client and once per interval after, so they all use the same.
+// See RATIONALE.md, "Why is a hot client split by region, and how?".
 package hot
 
 import (
