@@ -274,6 +274,8 @@ clients:
 	}
 	tick.Stop()
 	wg.Wait()
+	// A wait for the bucket, not for a process: eu's 95 tokens or more
+	// refill at 47.5/s or more, full within 2 s of the last request.
 	time.Sleep(3 * time.Second)
 	var admitted, failedOpen int
 	for range 150 {
