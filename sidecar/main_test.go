@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -324,3 +325,32 @@ func exitCode(err error) int {
 }
 
 func sha256Of(s string) [32]byte { return sha256.Sum256([]byte(s)) }
+
+// An address the sidecar cannot bind stops it at once, naming the flag and
+// its variable as a bad value does, for either listener.
+func TestRunNamesTheListenerItCannotBind(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	plansPath := filepath.Join(t.TempDir(), "plans.yaml")
+	if err := os.WriteFile(plansPath, []byte("default_plan: free\nplans:\n  free: {capacity: 2, rate: 1}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := taken.Addr().String()
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-listen", addr}, "-listen (SIDECAR_LISTEN): listen tcp " + addr + ": bind: address already in use"},
+		{[]string{"-listen", "127.0.0.1:0", "-admin-listen", addr}, "-admin-listen (SIDECAR_ADMIN_LISTEN): listen tcp " + addr + ": bind: address already in use"},
+	} {
+		var stderr bytes.Buffer
+		// Redis is never asked: the listeners are bound before it is.
+		args := append([]string{"-plans", plansPath, "-redis", "redis://127.0.0.1:1/0"}, tt.args...)
+		if code := run(args, envOf(nil), io.Discard, &stderr); code != 1 || !strings.Contains(stderr.String(), tt.want) {
+			t.Errorf("run(%q): exit %d, want 1 and %q in\n%s", tt.args, code, tt.want, stderr.String())
+		}
+	}
+}

@@ -94,7 +94,7 @@ func TestAdminListener(t *testing.T) {
 }
 
 // TestAdminListenBusy: an admin address that cannot be bound fails Start,
-// naming it.
+// naming the flag and the address.
 func TestAdminListenBusy(t *testing.T) {
 	srv := redisproc.StartT(t, redisproc.Options{})
 	s := startSidecar(t, srv.URL(), contractPlans, time.Second)
@@ -104,7 +104,7 @@ func TestAdminListenBusy(t *testing.T) {
 		a.Shutdown(t.Context())
 		t.Fatal("Start with a busy admin address succeeded")
 	}
-	if want := "admin listen " + s.Addr() + ": "; !strings.HasPrefix(err.Error(), want) {
+	if want := "-admin-listen (SIDECAR_ADMIN_LISTEN): listen tcp " + s.Addr() + ": "; !strings.HasPrefix(err.Error(), want) {
 		t.Errorf("Start: %v, want it to start with %q", err, want)
 	}
 }

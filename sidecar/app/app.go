@@ -83,7 +83,8 @@ type App struct {
 
 // Start loads the plans, opens Redis, binds the listener and serves in the
 // background. Redis need not be up: until it is, checks get 503 and /readyz
-// says why. A bad plans file or an address that cannot be bound is an error.
+// says why. A bad plans file or an address that cannot be bound is an error;
+// the latter names the flag (-listen, -admin-listen) and its variable.
 func Start(cfg Config, log *slog.Logger) (*App, error) {
 	if log == nil {
 		log = slog.Default()
@@ -134,7 +135,9 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		a.decider.Close()
 		a.client.Close()
-		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
+		// Named as the flag and its variable, as a bad value is: the
+		// address is the operator's, whatever keeps it from being bound.
+		return nil, fmt.Errorf("-listen (SIDECAR_LISTEN): %w", err)
 	}
 	if cfg.AdminListen != "" {
 		a.admin = srv.AdminHTTPServer()
@@ -142,7 +145,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 			a.ln.Close()
 			a.decider.Close()
 			a.client.Close()
-			return nil, fmt.Errorf("admin listen %s: %w", cfg.AdminListen, err)
+			return nil, fmt.Errorf("-admin-listen (SIDECAR_ADMIN_LISTEN): %w", err)
 		}
 	}
 
