@@ -72,6 +72,7 @@ type App struct {
 	client    redis.UniversalClient
 	decider   *decide.Decider
 	hot       *hot.Sharder // nil without sharding
+	srv       *server.Server
 	http      *fasthttp.Server
 	ln        net.Listener
 	admin     *fasthttp.Server // nil without AdminListen
@@ -131,6 +132,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 		Stats:   a.stats,
 		Log:     log,
 	})
+	a.srv = srv
 	a.http = srv.HTTPServer()
 	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		a.decider.Close()
@@ -226,6 +228,9 @@ func (a *App) Shutdown(ctx context.Context) error {
 	var err error
 	a.shutdown.Do(func() {
 		a.stopWatch()
+		// /readyz says 503 before the check listener closes, and for as
+		// long as its last checks take.
+		a.srv.Stopping()
 		err = a.http.ShutdownWithContext(ctx)
 		// The admin listener goes last: probes and scrapes see the sidecar
 		// until its checks are done.

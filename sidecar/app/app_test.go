@@ -517,12 +517,18 @@ func TestCluster(t *testing.T) {
 }
 
 // TestGracefulShutdown: a check in flight when shutdown starts is answered;
-// new connections are refused.
+// new connections are refused; while the check is finishing, /readyz on the
+// admin listener answers 503 (the sidecar takes no more checks) and
+// /healthz 200.
 func TestGracefulShutdown(t *testing.T) {
 	srv := redisproc.StartT(t, redisproc.Options{})
 	ctl := srv.Client(t)
 	ctx := context.Background()
-	s := startSidecar(t, srv.URL(), contractPlans, 30*time.Second)
+	s := startSidecarWith(t, srv.URL(), contractPlans, 30*time.Second, slog.LevelDebug, func(c *Config) {
+		c.AdminListen = "127.0.0.1:0"
+	})
+	admin := s.AdminAddr()
+	testkit.Poll(t, 30*time.Second, "admin /readyz to report ready", func() bool { return s.doAt(t, admin, "GET", "/readyz").status == 200 })
 	if r := s.check(t, "a"); r.status != 200 {
 		t.Fatal(r.status)
 	}
@@ -538,6 +544,12 @@ func TestGracefulShutdown(t *testing.T) {
 		_, err := fasthttp.DialTimeout(s.Addr(), time.Second)
 		return err != nil
 	})
+	if r := s.doAt(t, admin, "GET", "/readyz"); r.status != 503 || r.body != "not ready: shutting down\n" {
+		t.Errorf("admin /readyz while shutting down: %d %q, want 503 \"not ready: shutting down\"", r.status, r.body)
+	}
+	if r := s.doAt(t, admin, "GET", "/healthz"); r.status != 200 {
+		t.Errorf("admin /healthz while shutting down: %d, want 200", r.status)
+	}
 	if err := ctl.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -95,7 +95,15 @@ type Server struct {
 	o        Options
 	errorLog throttle
 	sent     peerLags
+	// stopping is set when the sidecar starts to shut down: its check
+	// listener is closed or closing, so it cannot decide any more.
+	stopping atomic.Bool
 }
+
+// Stopping makes /readyz answer 503 from now on: the sidecar is shutting
+// down and its check listener no longer takes checks, whatever Redis says.
+// /healthz is unchanged (the process still runs).
+func (s *Server) Stopping() { s.stopping.Store(true) }
 
 // New returns a Server.
 func New(o Options) *Server {
@@ -296,6 +304,10 @@ func (s *Server) warm(ctx *fasthttp.RequestCtx) {
 }
 
 func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
+	if s.stopping.Load() {
+		text(ctx, fasthttp.StatusServiceUnavailable, "not ready: shutting down")
+		return
+	}
 	if err := s.o.Decider.Ready(context.Background()); err != nil {
 		text(ctx, fasthttp.StatusServiceUnavailable, "not ready: "+err.Error())
 		return
