@@ -193,6 +193,23 @@ func TestEnvoyGateway(t *testing.T) {
 		t.Errorf("sidecar_authority %v, want %s", cfg["sidecar_authority"], svcHost)
 	}
 
+	// A leaving sidecar pod is still resolved, and called, until it is out
+	// of the Service's endpoints (about 1 s), CoreDNS's cached answer has
+	// expired (the record's TTL, 5 s by default) and the cluster has
+	// resolved again (its dns_refresh_rate, 5 s by default): its preStop
+	// must sleep at least that long, and the grace period must cover the
+	// sleep and the sidecar's shutdown bound (10 s, sidecar/main.go).
+	refresh := int64(5)
+	if r := cluster.GetDnsRefreshRate(); r != nil {
+		refresh = int64(r.AsDuration().Seconds() + 0.999)
+	}
+	if stillResolved := 1 + 5 + refresh; sidecar.Lifecycle == nil || sidecar.Lifecycle.PreStop == nil || sidecar.Lifecycle.PreStop.Sleep == nil ||
+		sidecar.Lifecycle.PreStop.Sleep.Seconds < stillResolved {
+		t.Errorf("sidecar preStop %+v: want a sleep of at least %d s, the time a leaving pod is still resolved", sidecar.Lifecycle, stillResolved)
+	} else if g := pod.Spec.TerminationGracePeriodSeconds; g == nil || *g < sidecar.Lifecycle.PreStop.Sleep.Seconds+10 {
+		t.Errorf("terminationGracePeriodSeconds %v: want at least the preStop sleep and the sidecar's 10 s shutdown", g)
+	}
+
 	// The Service: headless, selecting the sidecar pods, its port the
 	// cluster's and the sidecar's -listen.
 	if svc.Spec.ClusterIP != corev1.ClusterIPNone {
