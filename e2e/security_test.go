@@ -723,7 +723,7 @@ func TestSidecarRedisACLAndTLS(t *testing.T) {
 	// and the readiness probe, on bucket keys only. Everything else,
 	// FLUSHALL and KEYS included, is refused. SECURITY.md shows this ACL.
 	acl := []any{"ACL", "SETUSER", "limiter", "reset", "on", ">" + password, "~rl:*", "-@all",
-		"+evalsha", "+eval", "+script|load", "+script|exists", "+time", "+hmget", "+hset", "+pexpire",
+		"+evalsha", "+eval", "+script|load", "+script|exists", "+time", "+hmget", "+hset", "+pexpire", "+pttl",
 		"+ping", "+hello", "+client|setname"}
 	if err := rc.Do(ctx, acl...).Err(); err != nil {
 		t.Fatal(err)

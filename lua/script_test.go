@@ -104,6 +104,7 @@ func runSuite(t *testing.T, b backend) {
 	t.Run("invalid arguments", func(t *testing.T) { testInvalidArgs(t, b) })
 	t.Run("ttl", func(t *testing.T) { testTTL(t, b) })
 	t.Run("idle key expires", func(t *testing.T) { testExpiry(t, b) })
+	t.Run("plan change outlives the old expiry", func(t *testing.T) { testPlanChangeExpiry(t, b) })
 	t.Run("hammer", func(t *testing.T) { testHammer(t, b) })
 	t.Run("differential", func(t *testing.T) { testDifferential(t, b) })
 	t.Run("idle for days refills exactly", func(t *testing.T) { testIdleDays(t, b) })
@@ -419,6 +420,63 @@ func testExpiry(t *testing.T, b backend) {
 	// The client is then simply new: full.
 	if r, err := Take(ctx, b.c, key, l, 0); err != nil || r.Tokens != l.Capacity {
 		t.Errorf("after expiry: %+v, %v; want a full bucket", r, err)
+	}
+}
+
+// A bucket spent under one plan and then refused under a slower one (a
+// lower rate, a larger capacity) must not vanish when the old plan's
+// expiry passes: a missing key reads full, and the client would be handed
+// the new plan's whole capacity long before it refilled.
+func testPlanChangeExpiry(t *testing.T, b backend) {
+	ctx := context.Background()
+	// Full again after 2/20 s: the key goes 100 ms + 1 s after a write.
+	old := Limit{Capacity: 2, Rate: 20}
+	const oldTTL = 1100 * time.Millisecond
+	for _, tc := range []struct {
+		name string
+		l    Limit
+		cost int64 // a cost the new plan's bucket cannot pay at once
+	}{
+		// Two tokens an hour: after the old expiry the bucket holds
+		// about 2/3600 × 1.1 s ≈ 0.0006 tokens.
+		{"rate lowered", Limit{Capacity: 2, Rate: 2.0 / 3600}, 1},
+		// Capacity 1000 at the same 20/s: full after 50 s, not 1.1 s.
+		{"capacity raised", Limit{Capacity: 1000, Rate: 20}, 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "bucket:" + t.Name()
+			// Taken before the spend, so that the time since it is at
+			// least the time since the script's own clock reading.
+			spent := time.Now()
+			if r, err := Take(ctx, b.c, key, old, 2); err != nil || !r.Allowed {
+				t.Fatalf("spend the old plan's bucket: %+v, %v", r, err)
+			}
+			r, err := Take(ctx, b.c, key, tc.l, tc.cost)
+			if err != nil || r.Allowed || r.Never {
+				t.Fatalf("first call at the new plan: %+v, %v; want an ordinary denial", r, err)
+			}
+			// The key lives until the bucket is full at the new plan: its
+			// reset plus the second the script adds, less the time since
+			// the spend (plus 1 ms of rounding).
+			want := r.ResetMs + 1000
+			if got := pttl(t, b.c, key); float64(got) < want-float64(time.Since(spent).Milliseconds())-1 {
+				t.Errorf("PTTL %d ms after a denial at the new plan, want at least %.0f ms less the time since", got, want)
+			}
+			// Past the old plan's expiry the bucket holds what the new
+			// plan refilled since the spend, not a full one: at most the
+			// new rate times the time since the spend.
+			for time.Since(spent) < oldTTL+50*time.Millisecond {
+				time.Sleep(20 * time.Millisecond)
+			}
+			peek, err := Take(ctx, b.c, key, tc.l, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if most := tc.l.Rate * time.Since(spent).Seconds(); peek.Tokens > most {
+				t.Errorf("%v after the spend the bucket holds %v tokens, want at most %v (rate %v × the time since): the key went at the old plan's expiry",
+					time.Since(spent).Round(time.Millisecond), peek.Tokens, most, tc.l.Rate)
+			}
+		})
 	}
 }
 

@@ -103,7 +103,8 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- time: it starts full.
 local state = redis.call('HMGET', key, 'tokens', 'ts')
 local tokens
-if not state[1] and not state[2] then
+local existed = state[1] or state[2]
+if not existed then
   tokens = capacity
 else
   local stored, ts = tonumber(state[1]), tonumber(state[2])
@@ -122,17 +123,55 @@ else
   tokens = math.min(capacity, stored + elapsed * rate / 1000000)
 end
 
+-- The key's expiry, in ms, for a bucket holding `tokens`: after
+-- (capacity - tokens)/rate seconds it is full again, exactly as a missing key
+-- reads, so the key can go. One extra second covers the ms rounding. Capped
+-- at 2^53 ms (285,000 years) so the integer PEXPIRE needs stays exact and in
+-- range.
+local function ttl(tokens)
+  local ms = math.ceil((capacity - tokens) / rate * 1000) + 1000
+  if ms > 9007199254740992 then
+    ms = 9007199254740992
+  end
+  return ms
+end
+
+-- A refused call writes nothing, but the bucket it read must not vanish
+-- before it is full at this call's plan. Under the plan that last wrote it,
+-- the expiry that write set always suffices (it is at least a second longer
+-- than the refill the bucket still needs), and nothing is written. Under a
+-- plan changed since (a slower rate, a larger capacity), the old expiry can
+-- come first, and a key gone reads as a full bucket: a client denied at the
+-- new plan would be handed its whole capacity when the old plan's expiry
+-- passed. Such a key gets the expiry this plan needs. PTTL and PEXPIRE run
+-- under pcall: an ACL user without +pttl, or a replica that refuses the
+-- write, still gets its denial, only without the longer expiry.
+local function keep(tokens)
+  if not existed then
+    return
+  end
+  local want = ttl(tokens)
+  local left = redis.pcall('PTTL', key)
+  if type(left) == 'number' and left >= 0 and left < want - 500 then
+    redis.pcall('PEXPIRE', key, string.format('%d', want))
+  end
+end
+
 -- A cost above capacity can never succeed, however long the caller waits:
--- say so instead of quoting a wait. Nothing is spent or written.
+-- say so instead of quoting a wait. Nothing is spent; the stored state is
+-- not written (keep may lengthen the key's expiry).
 if cost > capacity then
+  keep(tokens)
   return {0, exact(tokens), 'never', exact((capacity - tokens) / rate * 1000)}
 end
 
 -- Denied: spend nothing and write nothing. The stored (tokens, ts) pair
 -- still describes the bucket exactly, since the next call refills from it
 -- with the same formula; not writing back avoids accumulating rounding and
--- keeps denials (the bulk of an abusive client's traffic) free of writes.
+-- keeps denials (the bulk of an abusive client's traffic) free of writes
+-- (but for keep, after a plan change).
 if tokens < cost then
+  keep(tokens)
   return {0, exact(tokens), exact((cost - tokens) / rate * 1000),
     exact((capacity - tokens) / rate * 1000)}
 end
@@ -144,14 +183,9 @@ if cost > 0 then
   -- The balance is stored with 17 digits, so it is read back as the very
   -- same double; ts is an integer number of microseconds.
   redis.call('HSET', key, 'tokens', exact(tokens), 'ts', string.format('%d', now))
-  -- Expiry: after capacity/rate seconds any bucket is full again, exactly
-  -- as a missing key reads, so the key can go. One extra second covers the
-  -- ms rounding. Memory then tracks active clients only. Capped at 2^53 ms
-  -- (285,000 years) so the integer PEXPIRE needs stays exact and in range.
-  local ttl = math.ceil(capacity / rate * 1000) + 1000
-  if ttl > 9007199254740992 then
-    ttl = 9007199254740992
-  end
-  redis.call('PEXPIRE', key, string.format('%d', ttl))
+  -- Expiry: after capacity/rate seconds any bucket is full again (ttl(0),
+  -- the longest any balance needs), so the key can go. Memory then tracks
+  -- active clients only.
+  redis.call('PEXPIRE', key, string.format('%d', ttl(0)))
 end
 return {1, exact(tokens), '0', exact((capacity - tokens) / rate * 1000)}
