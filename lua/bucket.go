@@ -37,9 +37,15 @@ type Limit struct {
 	Rate float64
 }
 
+// MaxCapacity is the largest capacity the script takes, 2^53: past it a
+// float64 balance cannot count single tokens, and spending one could leave
+// it as it was.
+const MaxCapacity = 1 << 53
+
 // Validate reports, naming the field and value, why the script would reject
-// l: both fields must be finite and > 0, and the time to fill the bucket
-// (Capacity/Rate seconds) must be finite in ms.
+// l: both fields must be finite and > 0, the capacity at most MaxCapacity,
+// and the time to fill the bucket (Capacity/Rate seconds) must be finite in
+// ms.
 func (l Limit) Validate() error {
 	for _, f := range []struct {
 		name string
@@ -48,6 +54,9 @@ func (l Limit) Validate() error {
 		if !(f.v > 0) || math.IsInf(f.v, 1) {
 			return fmt.Errorf("%s: must be a finite number > 0, got %v", f.name, f.v)
 		}
+	}
+	if l.Capacity > MaxCapacity {
+		return fmt.Errorf("capacity: must be at most %d (2^53), got %v", int64(MaxCapacity), l.Capacity)
 	}
 	if math.IsInf(l.Capacity/l.Rate*1000, 1) {
 		return fmt.Errorf("rate: too small for capacity %v: filling the bucket would take forever, got %v", l.Capacity, l.Rate)

@@ -114,7 +114,10 @@ func TestValidate(t *testing.T) {
 		{Limit{Capacity: math.Inf(1), Rate: 1}, "capacity: must be a finite number > 0, got +Inf"},
 		{Limit{Capacity: 1, Rate: 0}, "rate: must be a finite number > 0, got 0"},
 		{Limit{Capacity: 1, Rate: math.Inf(-1)}, "rate: must be a finite number > 0, got -Inf"},
-		{Limit{Capacity: 1e300, Rate: 1e-300}, "rate: too small for capacity 1e+300: filling the bucket would take forever, got 1e-300"},
+		{Limit{Capacity: 1 << 53, Rate: 1}, ""},
+		{Limit{Capacity: 1e17, Rate: 1}, "capacity: must be at most 9007199254740992 (2^53), got 1e+17"},
+		{Limit{Capacity: 1e300, Rate: 1e-300}, "capacity: must be at most 9007199254740992 (2^53), got 1e+300"},
+		{Limit{Capacity: 1e15, Rate: 1e-310}, "rate: too small for capacity 1e+15: filling the bucket would take forever, got 1e-310"},
 	} {
 		err := tc.l.Validate()
 		if got := errString(err); got != tc.want {

@@ -285,7 +285,12 @@ func testInvalidArgs(t *testing.T, b backend) {
 		{[]any{"10", "-inf", "1"}, `rate: must be a finite number, got "-inf"`},
 		{[]any{"10", "nan", "1"}, `rate: must be a finite number, got "nan"`},
 		{[]any{"10", "fast", "1"}, `rate: must be a finite number, got "fast"`},
-		{[]any{"1e300", "1e-300", "1"}, `rate: too small for capacity "1e300": filling the bucket would take forever, got "1e-300"`},
+		// Past 2^53 a double cannot count single tokens: 1e17 - 1 is
+		// 1e17, and every call would be admitted without spending.
+		{[]any{"1e17", "1", "1"}, `capacity: must be at most 9007199254740992 (2^53), got "1e17"`},
+		{[]any{"9007199254740994", "1", "1"}, `capacity: must be at most 9007199254740992 (2^53), got "9007199254740994"`},
+		{[]any{"1e300", "1", "1"}, `capacity: must be at most 9007199254740992 (2^53), got "1e300"`},
+		{[]any{"1e15", "1e-310", "1"}, `rate: too small for capacity "1e15": filling the bucket would take forever, got "1e-310"`},
 		{[]any{"10", "1", "-1"}, `cost: must be >= 0, got "-1"`},
 		{[]any{"10", "1", "nan"}, `cost: must be a finite number, got "nan"`},
 		{[]any{"10", "1", "inf"}, `cost: must be a finite number, got "inf"`},

@@ -5,7 +5,9 @@
 -- many, and takes nothing otherwise.
 --
 --   KEYS[1]  the bucket: a hash {tokens = "<%.17g>", ts = "<Redis time, us>"}
---   ARGV[1]  capacity  tokens in a full bucket; a finite number > 0
+--   ARGV[1]  capacity  tokens in a full bucket; a number > 0 and at most
+--                      2^53 (9007199254740992), past which a double cannot
+--                      count single tokens (2^54 - 1 is 2^54)
 --   ARGV[2]  rate      tokens added per second; a finite number > 0
 --   ARGV[3]  cost      tokens this call takes; a finite number >= 0
 --                      (0 peeks: it reports the bucket and changes nothing)
@@ -71,6 +73,11 @@ capacity, err = finite('capacity', 1)
 if err then return err end
 if not (capacity > 0) then
   return fail('capacity: must be > 0, got ' .. shown(ARGV[1]))
+end
+-- Above 2^53 a bucket's balance minus a cost of 1 can round back to the
+-- balance: every call would be admitted and none would spend.
+if capacity > 9007199254740992 then
+  return fail('capacity: must be at most 9007199254740992 (2^53), got ' .. shown(ARGV[1]))
 end
 rate, err = finite('rate', 2)
 if err then return err end
