@@ -37,6 +37,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"sidecar/hostile-answers", r.hostileAnswers},
 		{"deny-cache/window", r.denyCacheWindow},
 		{"deny-cache/costs", r.denyCacheCosts},
+		{"deny-cache/plan-raised", r.denyCachePlanRaised},
 		{"deny-cache/workers", r.denyCacheWorkers},
 		{"deny-cache/needs-exact-state", r.denyCacheNeedsExactState},
 		{"deny-cache/bucket-model", r.denyCacheBucketModel},
@@ -850,14 +851,11 @@ func (r runner) denyCacheCosts(t *testing.T) {
 	// holds t tokens at t s (the script's elapsed·1/10⁶ from 0).
 	wentOn(t, asks("/", 1, 1))
 
-	// Above the capacity (10): no wait admits it, so no retry-after, as
-	// for the sidecar's x-ratelimit-never answer. The bucket is empty:
-	// the next token in 1 s, full in 10 s.
-	s, _ = send(h, request("GET", "/huge", "key-1"))
-	if _, ok := s.Callout(); ok {
-		t.Fatal("/huge: callout, want the cached denial")
-	}
-	denial(t, s, policy, `"basic";r=0;t=1`, "10", "")
+	// Above the capacity (10) of the entry's plan: the sidecar is asked,
+	// as the plan may have grown since, and its x-ratelimit-never answer
+	// is told as it is: no retry-after. The bucket is empty: the next
+	// token in 1 s, full in 10 s. That answer leaves the entry as it was.
+	denial(t, asks("/huge", 50, 0), policy, `"basic";r=0;t=1`, "10", "")
 	cached("/double", "2") // 2 tokens: not before 2 s
 	cached("/heavy", "5")  // 5 tokens: not before 5 s
 	// The cache's window for 2 tokens ends at 2 s less its margin,
@@ -887,7 +885,36 @@ func (r runner) denyCacheCosts(t *testing.T) {
 	// written at 2 s): admitted.
 	h.Advance(6 * time.Millisecond)
 	wentOn(t, asks("/heavy", 5, 5))
-	counters(t, h, map[string]int64{limiter.MetricDenied: 2, limiter.MetricDeniedCached: 8, limiter.MetricAllowed: 3})
+	counters(t, h, map[string]int64{limiter.MetricDenied: 3, limiter.MetricDeniedCached: 7, limiter.MetricAllowed: 3})
+}
+
+// denyCachePlanRaised: a client with an entry whose plan is then raised
+// past the cost of a request it sends. The entry's plan could never admit
+// that cost, the plan in force can: the filter asks rather than answer "can
+// never succeed, do not retry it" from the entry, and the sidecar's answer
+// is the client's entry from then on.
+func (r runner) denyCachePlanRaised(t *testing.T) {
+	h := r.host(t, `{"costs": [{"path_prefix": "/heavy", "cost": 5}]}`)
+	// Plan basic: 4 burst + 1 token an hour, denied with none left: 1
+	// token is 3600 s away, 5 never.
+	s, _ := waiting(t, h, get("key-1"))
+	s.RespondCallout(SidecarAnswer("basic", 4, 1.0/3600, 0, 1), nil)
+	denial(t, s, `"basic";q=4;w=14400;edgelimit-rate="0.0002777777777777778"`, `"basic";r=0;t=3600`, "14400", "3600")
+	// The plan is raised to 10 burst + 10/s. A second on, the bucket holds
+	// 10 tokens: a cost-5 request is asked about, and admitted.
+	h.Advance(time.Second)
+	s, c := waiting(t, h, request("GET", "/heavy", "key-1"))
+	if got := header(t, c.Headers, "x-ratelimit-cost"); got != "5" {
+		t.Fatalf("cost %q, want 5", got)
+	}
+	s.RespondCallout(SidecarAnswer("basic", 10, 10, 10, 5), nil)
+	wentOn(t, s)
+	// That 200 is the entry now (5 tokens at 10/s): a cost-1 request is
+	// asked about too, not denied by the old plan's hour.
+	s, _ = waiting(t, h, get("key-1"))
+	s.RespondCallout(SidecarAnswer("basic", 10, 10, 5, 1), nil)
+	wentOn(t, s)
+	counters(t, h, map[string]int64{limiter.MetricDenied: 1, limiter.MetricDeniedCached: 0, limiter.MetricAllowed: 2})
 }
 
 // denyCacheInFlight: with an entry for the client, a request whose cost the

@@ -137,6 +137,7 @@ type stream struct {
 	token   uint32
 	pending bool    // a callout is out and the request waits for it
 	entry   bool    // the deny cache held an entry for the key (not denying this request)
+	beyond  bool    // the cost is above that entry's capacity: asked, not counted as pending
 	counted bool    // the callout's cost is pending in a deny entry
 	in      anchors // that entry
 	probe   bool    // the callout is the circuit breaker's probe
@@ -371,6 +372,16 @@ func (l *Limiter) fromCache(s *stream, now int64) (abi.Action, bool) {
 	if !ok {
 		return abi.ActionContinue, false
 	}
+	// A cost above the capacity the entry's answer gave is the sidecar's
+	// to judge: the plan may have grown since, and a cached "can never
+	// succeed, do not retry it" would outlast the entry. Its callout is not
+	// counted as pending (by the entry's plan it cannot spend), and its
+	// answer, a never or a decision by the plan in force, replaces the
+	// entry as any answer for a client with one does.
+	if s.cost > e.limit {
+		s.entry, s.beyond = true, true
+		return abi.ActionContinue, false
+	}
 	if e.denies(s.cost, now) {
 		return l.cachedDeny(s, &e, 0, now), true
 	}
@@ -415,7 +426,7 @@ func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 	}
 	s.token, s.pending, s.sentAt = token, true, now
 	s.root.calls.put(token, s)
-	if s.entry {
+	if s.entry && !s.beyond {
 		s.in, s.counted = s.root.cache.addPending(l.host, s.key, s.cost, now)
 	}
 	return abi.ActionPause
