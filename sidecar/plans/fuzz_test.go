@@ -44,7 +44,8 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 		for key, h := range p.hot {
-			if p.clients[key] == nil || len(h.Regions) < MinRegions || len(h.Regions) > MaxRegions {
+			if p.clients[key] == nil || len(h.Regions) < MinRegions || len(h.Regions) > MaxRegions ||
+				p.clients[key].Capacity < float64(len(h.Regions)) {
 				t.Fatalf("hot client with plan %v and regions %v accepted", p.clients[key], h.Regions)
 			}
 		}

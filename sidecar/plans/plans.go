@@ -543,6 +543,16 @@ func (p *parser) parseHotClient(c client, n *yaml.Node, out *Plans) {
 		plan = p.resolve(planNode, "clients.plan", name, out)
 	}
 	regions := p.regions(n, regionsNode)
+	// Each region's bucket holds its share of the capacity, and at equal
+	// shares (where they start, and stay for traffic spread evenly) a plan
+	// of fewer tokens than regions leaves every bucket short of one token:
+	// every check would be answered that it can never succeed. The largest
+	// share is never below 1/k, so k tokens are enough for a cost of 1.
+	if plan != nil && regions != nil && plan.Capacity < float64(len(regions)) {
+		p.fail(regionsNode, "clients.regions", "plan %q holds %s tokens, fewer than the %d regions listed: at equal shares no region's bucket could hold one token, and every request would be refused as one that can never succeed; list at most %s regions or give the client a plan of at least %d tokens",
+			plan.Name, plan.LimitHeader, len(regions), plan.LimitHeader, len(regions))
+		return
+	}
 	if plan != nil && regions != nil {
 		c.set(out, plan, &Hot{Regions: regions})
 	}

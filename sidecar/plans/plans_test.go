@@ -2,6 +2,7 @@ package plans
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -100,6 +101,8 @@ func TestParseInvalid(t *testing.T) {
 		{"hot-unknown-field.yaml", `F:4: clients: unknown field on this line (known: plan, regions)`},
 		// The next client's line indented under a hot client is a field of it.
 		{"hot-next-client-indented.yaml", `F:7: clients: unknown field on this line (known: plan, regions)`},
+		// 2 tokens split over 3 regions: no region's bucket holds one.
+		{"hot-plan-smaller-than-regions.yaml", `F:4: clients.regions: plan "tiny" holds 2 tokens, fewer than the 3 regions listed: at equal shares no region's bucket could hold one token, and every request would be refused as one that can never succeed; list at most 2 regions or give the client a plan of at least 3 tokens`},
 		{"hot-unknown-plan.yaml", `F:4: clients.plan: no plan named "gold" (plans: pro)`},
 		{"clients-string.yaml", `F:3: clients: must be a mapping of API key to plan name, got a string (not shown: it may be an API key)`},
 		{"list.yaml", `F:1: top level must be a mapping with plans, clients and default_plan, got a list`},
@@ -217,5 +220,23 @@ clients:
 	}
 	if p.HotClients() != 1 || p.Clients() != 2 {
 		t.Errorf("HotClients() = %d, Clients() = %d; want 1 and 2", p.HotClients(), p.Clients())
+	}
+}
+
+// A hot client's plan must hold a token for each of its regions: at equal
+// shares each region's bucket holds capacity/k, and below one token every
+// check would be answered that it can never succeed. k tokens are enough.
+func TestHotClientPlanHoldsATokenPerRegion(t *testing.T) {
+	const file = `plans:
+  p: {capacity: %d, rate: 1000}
+clients:
+  "k-hot": {plan: p, regions: [eu, us, ap]}
+`
+	if _, err := Parse("F", []byte(fmt.Sprintf(file, 3))); err != nil {
+		t.Errorf("3 tokens over 3 regions: %v, want accepted", err)
+	}
+	_, err := Parse("F", []byte(fmt.Sprintf(file, 2)))
+	if err == nil || !strings.Contains(err.Error(), `F:4: clients.regions: plan "p" holds 2 tokens, fewer than the 3 regions listed`) {
+		t.Errorf("2 tokens over 3 regions: %v, want refused on line 4", err)
 	}
 }
