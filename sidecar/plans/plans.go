@@ -413,8 +413,14 @@ func (p *parser) parsePlan(n *yaml.Node, field string) *Plan {
 		if rateNode.Tag == "!!str" {
 			at = strconv.Quote(rateNode.Value)
 		}
-		p.fail(rateNode, field+".rate", "refilling %s tokens at %s takes %.0f s, more than the %d s (365 days) allowed; raise the rate",
-			capNode.Value, at, refill, MaxRefillSecs)
+		// Whole seconds, but for a refill of more digits than anyone
+		// reads (1 token at 1e-300/s): three significant ones.
+		took := strconv.FormatFloat(refill, 'f', 0, 64)
+		if refill >= 1e15 {
+			took = strconv.FormatFloat(refill, 'g', 3, 64)
+		}
+		p.fail(rateNode, field+".rate", "refilling %s tokens at %s takes %s s, more than the %d s (365 days) allowed; raise the rate",
+			capNode.Value, at, took, MaxRefillSecs)
 		return nil
 	}
 	plan.LimitHeader = strconv.FormatFloat(plan.Capacity, 'f', -1, 64)

@@ -127,6 +127,7 @@ func TestParseInvalid(t *testing.T) {
 		{"rate-human-zero.yaml", `F:2: plans.free.rate: must be > 0 and at most 1000000000 tokens per second, got "0/min" (0/s)`},
 		{"rate-quoted-number.yaml", `F:2: plans.free.rate: must be a number of tokens per second or a rate such as "100/s", "6000/min", "2.5k/h", "1M/day" (k, M, G; s, min, h, day), got "10"`},
 		{"rate-unit-unknown.yaml", `F:2: plans.free.rate: must be a number of tokens per second or a rate such as "100/s", "6000/min", "2.5k/h", "1M/day" (k, M, G; s, min, h, day), got "10/week"`},
+		{"refill-absurd.yaml", `F:2: plans.free.rate: refilling 1 tokens at 1e-300/s takes 1e+300 s, more than the 31536000 s (365 days) allowed; raise the rate`},
 		{"refill-too-slow.yaml", `F:2: plans.free.rate: refilling 100 tokens at 0.000001/s takes 100000000 s, more than the 31536000 s (365 days) allowed; raise the rate`},
 		{"syntax.yaml", `F: yaml: line 1: did not find expected ',' or '}'`},
 		{"two-documents.yaml", `F:3: more than one YAML document; put everything in one`},
