@@ -157,9 +157,9 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	if sharder != nil {
 		go sharder.Run(watchCtx, cfg.HotInterval)
 	}
-	go func() { a.served <- a.http.Serve(a.ln) }()
+	go func() { a.served <- a.http.Serve(srv.CheckListener(a.ln)) }()
 	if a.admin != nil {
-		go func() { a.served <- a.admin.Serve(a.adminLn) }()
+		go func() { a.served <- a.admin.Serve(srv.AdminListener(a.adminLn)) }()
 	}
 
 	// Load the script now rather than on the first request, and say whether

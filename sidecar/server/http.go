@@ -4,8 +4,10 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"sync/atomic"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
 )
 
@@ -104,4 +106,61 @@ type fasthttpLogger struct{ log *slog.Logger }
 
 func (l fasthttpLogger) Printf(format string, _ ...any) {
 	l.log.Debug("http server", "event", format)
+}
+
+// The first write fasthttp makes on a connection it refuses at accept, the
+// status line alone (Server.rejectConn, then the headers and the reason in
+// a second write): past MaxConnsPerIP a 429, past Concurrency a 503. An
+// answer to a request is written whole, status line, headers and body in
+// one write, so it never matches.
+const (
+	refusedPerAddressLine = "HTTP/1.1 429 Too Many Requests\r\n"
+	refusedTotalLine      = "HTTP/1.1 503 Service Unavailable\r\n"
+)
+
+// CheckListener returns ln with the connections HTTPServer refuses counted
+// (sidecar_connections_refused_total{listener="check"}).
+func (s *Server) CheckListener(ln net.Listener) net.Listener {
+	return &refusalListener{Listener: ln, total: s.o.Stats.RefusedCheck}
+}
+
+// AdminListener returns ln with the connections AdminHTTPServer refuses
+// counted (sidecar_connections_refused_total{listener="admin"}).
+func (s *Server) AdminListener(ln net.Listener) net.Listener {
+	return &refusalListener{Listener: ln, total: s.o.Stats.RefusedAdmin, perAddress: s.o.Stats.RefusedAdminPerAddress}
+}
+
+// refusalListener counts the connections the server refuses: fasthttp
+// refuses them inside its accept loop, without a hook or a count of its own
+// for MaxConnsPerIP, so each connection's first write tells.
+type refusalListener struct {
+	net.Listener
+	total, perAddress *metrics.Counter // perAddress nil: no per-address limit
+}
+
+func (l *refusalListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &refusalConn{Conn: c, l: l}, nil
+}
+
+type refusalConn struct {
+	net.Conn
+	l     *refusalListener
+	wrote atomic.Bool
+}
+
+func (c *refusalConn) Write(b []byte) (int, error) {
+	if !c.wrote.Load() {
+		c.wrote.Store(true)
+		switch {
+		case string(b) == refusedTotalLine:
+			c.l.total.Inc()
+		case string(b) == refusedPerAddressLine && c.l.perAddress != nil:
+			c.l.perAddress.Inc()
+		}
+	}
+	return c.Conn.Write(b)
 }

@@ -523,14 +523,16 @@ func TestServerLimits(t *testing.T) {
 // probe from another address is still answered, and past
 // AdminMaxConcurrency in all a connection is refused with 503. The check
 // listener has no per-address limit (the proxy beside it is one address).
+// Each refusal is counted by its reason, and nothing else is: the 1,024
+// answers to the probes are not refusals.
 func TestAdminListenerBoundsConnections(t *testing.T) {
-	s, _, _ := newTestServer(t, planYAML, &fakeDecider{})
+	s, st, _ := newTestServer(t, planYAML, &fakeDecider{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := s.AdminHTTPServer()
-	go srv.Serve(ln)
+	go srv.Serve(s.AdminListener(ln))
 	t.Cleanup(func() { srv.Shutdown() })
 	addr := ln.Addr().(*net.TCPAddr)
 
@@ -569,6 +571,11 @@ func TestAdminListenerBoundsConnections(t *testing.T) {
 	if got := get(1); got != "HTTP/1.1 429 Too Many Requests" {
 		t.Fatalf("connection %d from 127.0.0.1: %q, want 429", AdminMaxConnsPerIP+1, got)
 	}
+	// The refusal is counted before the 429 is written, so it is in the
+	// counter once the client has read it.
+	if n, m := st.RefusedAdminPerAddress.Get(), st.RefusedAdmin.Get(); n != 1 || m != 0 {
+		t.Fatalf("refused per address %d, in all %d; want 1 and 0", n, m)
+	}
 	if got := get(2); got != "HTTP/1.1 200 OK" {
 		t.Fatalf("a probe from 127.0.0.2 beside them: %q, want 200", got)
 	}
@@ -586,6 +593,20 @@ func TestAdminListenerBoundsConnections(t *testing.T) {
 	}
 	if got := get(250); got != "HTTP/1.1 503 Service Unavailable" {
 		t.Fatalf("connection %d: %q, want 503", AdminMaxConcurrency+1, got)
+	}
+	if n, m, c := st.RefusedAdminPerAddress.Get(), st.RefusedAdmin.Get(), st.RefusedCheck.Get(); n != 1 || m != 1 || c != 0 {
+		t.Fatalf("refused per address %d, in all %d, on the check listener %d; want 1, 1 and 0", n, m, c)
+	}
+	var buf bytes.Buffer
+	st.WritePrometheus(&buf)
+	for _, want := range []string{
+		`sidecar_connections_refused_total{listener="admin",reason="per_address"} 1`,
+		`sidecar_connections_refused_total{listener="admin",reason="total"} 1`,
+		`sidecar_connections_refused_total{listener="check",reason="total"} 0`,
+	} {
+		if !strings.Contains(buf.String(), want+"\n") {
+			t.Errorf("/metrics has no line %q", want)
+		}
 	}
 }
 

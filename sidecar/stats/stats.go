@@ -41,6 +41,11 @@ type Stats struct {
 	// (403); and requests the HTTP server could not read (400, 408, 413,
 	// 431), which never reach a handler.
 	BadRequests, UnknownKeys, Unreadable *metrics.Counter
+	// sidecar_connections_refused_total{listener,reason}: connections
+	// refused at accept, before any request: past the listener's
+	// connections in all ("total", a 503) or, on the admin listener, past
+	// those from one address ("per_address", a 429).
+	RefusedCheck, RefusedAdmin, RefusedAdminPerAddress *metrics.Counter
 	// sidecar_redis_errors_total: Redis answered with an error or the
 	// connection failed. sidecar_redis_timeouts_total: no answer before the
 	// sidecar's own deadline (-redis-timeout).
@@ -110,25 +115,28 @@ func New() *Stats {
 	metrics.ExposeMetadata(true)
 	s := metrics.NewSet()
 	st := &Stats{
-		set:           s,
-		Allowed:       s.NewCounter(`sidecar_decisions_total{result="allowed"}`),
-		Denied:        s.NewCounter(`sidecar_decisions_total{result="denied"}`),
-		Errors:        s.NewCounter(`sidecar_decisions_total{result="error"}`),
-		BadRequests:   s.NewCounter(`sidecar_requests_rejected_total{reason="bad_request"}`),
-		UnknownKeys:   s.NewCounter(`sidecar_requests_rejected_total{reason="unknown_key"}`),
-		Unreadable:    s.NewCounter(`sidecar_requests_rejected_total{reason="unreadable"}`),
-		RedisErrors:   s.NewCounter(`sidecar_redis_errors_total`),
-		RedisTimeouts: s.NewCounter(`sidecar_redis_timeouts_total`),
-		Expired:       s.NewCounter(`sidecar_checks_expired_total`),
-		ScriptLoads:   s.NewCounter(`sidecar_redis_script_loads_total`),
-		DeniedCached:  s.NewCounter(`sidecar_denied_cached_total`),
-		WarmUps:       s.NewCounter(`sidecar_warm_ups_total{result="ok"}`),
-		WarmUpErrors:  s.NewCounter(`sidecar_warm_ups_total{result="error"}`),
-		Latency:       s.NewPrometheusHistogramExt(`sidecar_decision_duration_seconds`, LatencyBuckets),
-		Wait:          s.NewPrometheusHistogramExt(`sidecar_check_wait_seconds`, LatencyBuckets),
-		Batch:         s.NewPrometheusHistogramExt(`sidecar_pipeline_batch_size`, BatchBuckets),
-		ReloadOK:      s.NewCounter(`sidecar_plans_reloads_total{result="ok"}`),
-		ReloadFailed:  s.NewCounter(`sidecar_plans_reloads_total{result="error"}`),
+		set:                    s,
+		Allowed:                s.NewCounter(`sidecar_decisions_total{result="allowed"}`),
+		Denied:                 s.NewCounter(`sidecar_decisions_total{result="denied"}`),
+		Errors:                 s.NewCounter(`sidecar_decisions_total{result="error"}`),
+		BadRequests:            s.NewCounter(`sidecar_requests_rejected_total{reason="bad_request"}`),
+		UnknownKeys:            s.NewCounter(`sidecar_requests_rejected_total{reason="unknown_key"}`),
+		Unreadable:             s.NewCounter(`sidecar_requests_rejected_total{reason="unreadable"}`),
+		RefusedCheck:           s.NewCounter(`sidecar_connections_refused_total{listener="check",reason="total"}`),
+		RefusedAdmin:           s.NewCounter(`sidecar_connections_refused_total{listener="admin",reason="total"}`),
+		RefusedAdminPerAddress: s.NewCounter(`sidecar_connections_refused_total{listener="admin",reason="per_address"}`),
+		RedisErrors:            s.NewCounter(`sidecar_redis_errors_total`),
+		RedisTimeouts:          s.NewCounter(`sidecar_redis_timeouts_total`),
+		Expired:                s.NewCounter(`sidecar_checks_expired_total`),
+		ScriptLoads:            s.NewCounter(`sidecar_redis_script_loads_total`),
+		DeniedCached:           s.NewCounter(`sidecar_denied_cached_total`),
+		WarmUps:                s.NewCounter(`sidecar_warm_ups_total{result="ok"}`),
+		WarmUpErrors:           s.NewCounter(`sidecar_warm_ups_total{result="error"}`),
+		Latency:                s.NewPrometheusHistogramExt(`sidecar_decision_duration_seconds`, LatencyBuckets),
+		Wait:                   s.NewPrometheusHistogramExt(`sidecar_check_wait_seconds`, LatencyBuckets),
+		Batch:                  s.NewPrometheusHistogramExt(`sidecar_pipeline_batch_size`, BatchBuckets),
+		ReloadOK:               s.NewCounter(`sidecar_plans_reloads_total{result="ok"}`),
+		ReloadFailed:           s.NewCounter(`sidecar_plans_reloads_total{result="error"}`),
 	}
 	s.NewGauge(`sidecar_checks_in_flight`, func() float64 { return float64(st.InFlight.Load()) })
 	s.NewGauge(`sidecar_plans_last_reload_success_timestamp_seconds`, func() float64 {
