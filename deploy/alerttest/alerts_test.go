@@ -172,6 +172,19 @@ func (s *scrape) parse(t *testing.T, body []byte, target map[string]string) {
 	s.add(labels.FromMap(merge(target, map[string]string{labels.MetricName: "up"})), 1, true)
 }
 
+// without is s as Prometheus records it when the scrape of the target at
+// endpoint fails: none of its series, up 0.
+func (s scrape) without(endpoint string) scrape {
+	out := scrape{values: map[string]float64{}, lsets: map[string]labels.Labels{}, gauge: map[string]bool{}}
+	for key, l := range s.lsets {
+		if l.Get("endpoint") != endpoint {
+			out.add(l, s.values[key], s.gauge[key])
+		}
+	}
+	out.add(labels.FromMap(merge(targetLabels(endpoint), map[string]string{labels.MetricName: "up"})), 0, true)
+	return out
+}
+
 func (s *scrape) add(l labels.Labels, v float64, gauge bool) {
 	key := l.String()
 	s.values[key], s.lsets[key], s.gauge[key] = v, l, gauge
@@ -676,11 +689,25 @@ func TestAlerts(t *testing.T) {
 	calm = s.calmPhase(t, tl, phase)
 	check("good plans back", nil)
 
+	// One scrape of the sidecar fails (it timed out, or the container
+	// restarted between two scrapes): up 0 and none of its series once,
+	// then healthy traffic. One failed scrape in the 40 of 10 minutes is
+	// not EdgelimitScrapeFailing's one in 10.
+	a = s.scrape(t)
+	s.traffic(t, 200)
+	b = s.scrape(t)
+	tl.steady(a, b, time.Minute)
+	tl.once(a, b.without("sidecar-admin"))
+	calm = s.calmPhase(t, tl, phase)
+	check("one failed scrape of the sidecar, 15 min of normal traffic after", nil)
+
 	if err := s.sidecar.Stop(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
 	s.phase(t, tl, phase)
-	check("sidecar stopped", []string{"EdgelimitCircuitOpen", "EdgelimitFailingOpen"})
+	// Its scrapes fail too (up 0): the sidecar's own alerts have no
+	// series to fire on, and EdgelimitScrapeFailing says it.
+	check("sidecar stopped", []string{"EdgelimitCircuitOpen", "EdgelimitFailingOpen", "EdgelimitScrapeFailing"})
 }
 
 func dump(m map[string][]string) string {
