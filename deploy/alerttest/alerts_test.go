@@ -19,11 +19,13 @@
 package alerttest
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -182,6 +184,32 @@ func (s scrape) without(endpoint string) scrape {
 		}
 	}
 	out.add(labels.FromMap(merge(targetLabels(endpoint), map[string]string{labels.MetricName: "up"})), 0, true)
+	return out
+}
+
+// frozen is b with the series of family name at their values in a: a
+// filter whose VM has failed on every worker counts nothing more, while
+// Envoy keeps the counters it had.
+func frozen(a, b scrape, name string) scrape {
+	out := scrape{values: map[string]float64{}, lsets: b.lsets, gauge: b.gauge}
+	for key, v := range b.values {
+		if b.lsets[key].Get(labels.MetricName) == name {
+			v = a.values[key]
+		}
+		out.values[key] = v
+	}
+	return out
+}
+
+// dropped is s without the series of family name: a filter that exports
+// none.
+func (s scrape) dropped(name string) scrape {
+	out := scrape{values: map[string]float64{}, lsets: map[string]labels.Labels{}, gauge: map[string]bool{}}
+	for key, l := range s.lsets {
+		if l.Get(labels.MetricName) != name {
+			out.add(l, s.values[key], s.gauge[key])
+		}
+	}
 	return out
 }
 
@@ -369,6 +397,9 @@ type stack struct {
 	gw      *harness.Gateway
 	plans   string
 	http    *http.Client
+	// malformed: traffic sends as many requests again with a path the
+	// connection manager refuses.
+	malformed bool
 }
 
 func digest(key string) string {
@@ -454,10 +485,14 @@ func (s *stack) healed(t *testing.T) {
 
 // traffic sends n requests as clients do: most with a key its plan
 // admits, one in ten without a key (401), one in ten with the default
-// plan's key past its bucket (429).
+// plan's key past its bucket (429); and, when s.malformed is set, as many
+// again that the connection manager refuses before the filter.
 func (s *stack) traffic(t *testing.T, n int) {
 	t.Helper()
 	for i := 0; i < n; i++ {
+		if s.malformed {
+			s.badPath(t)
+		}
 		switch i % 10 {
 		case 0:
 			s.request(t, "")
@@ -466,6 +501,26 @@ func (s *stack) traffic(t *testing.T, n int) {
 		default:
 			s.request(t, keyPro)
 		}
+	}
+}
+
+// badPath sends a request whose path the connection manager cannot
+// normalize ("*" on a GET): Envoy, and the gateway, answer it 400 before
+// the filter, and count it in downstream_rq_total, not the router's
+// rq_total.
+func (s *stack) badPath(t *testing.T) {
+	t.Helper()
+	c, err := net.Dial("tcp", s.gw.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("GET * HTTP/1.1\r\nHost: edge\r\nx-api-key: " + keyPro + "\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 400 ") {
+		t.Fatalf("GET *: %q %v, want a 400", line, err)
 	}
 }
 
@@ -498,17 +553,19 @@ func (s *stack) scrape(t *testing.T) scrape {
 	} else {
 		sc.parse(t, body, envoyTarget)
 	}
-	// Envoy's /stats/prometheus has http.edge.downstream_rq_total with its
-	// default tags as envoy_http_downstream_rq_total{envoy_http_conn_manager_prefix="edge"};
-	// build/gateway has the counter in /stats only.
+	// Envoy's /stats/prometheus has the connection manager's
+	// http.edge.downstream_rq_total and the router's http.edge.rq_total
+	// with its default tags as envoy_http_<name>{envoy_http_conn_manager_prefix="edge"};
+	// build/gateway has the counters in /stats only.
 	st, err := s.gw.Stats()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The gateway writes it from the first request on; Envoy from the
+	// The gateway writes them from the first request on; Envoy from the
 	// start, at 0.
-	rq := st["http.edge.downstream_rq_total"]
-	sc.add(labels.FromMap(merge(envoyTarget, map[string]string{labels.MetricName: "envoy_http_downstream_rq_total", "envoy_http_conn_manager_prefix": "edge"})), float64(rq), false)
+	for _, name := range []string{"downstream_rq_total", "rq_total"} {
+		sc.add(labels.FromMap(merge(envoyTarget, map[string]string{labels.MetricName: "envoy_http_" + name, "envoy_http_conn_manager_prefix": "edge"})), float64(st["http.edge."+name]), false)
+	}
 	if body, err := s.get("http://" + s.scAddr + "/metrics"); err != nil {
 		sc.add(labels.FromMap(merge(sidecarTarget, map[string]string{labels.MetricName: "up"})), 0, true)
 	} else {
@@ -701,6 +758,36 @@ func TestAlerts(t *testing.T) {
 	calm = s.calmPhase(t, tl, phase)
 	check("one failed scrape of the sidecar, 15 min of normal traffic after", nil)
 
+	// A client sends as many requests as the others with a path the
+	// connection manager refuses (400) before the filter: they are not the
+	// filter's to decide, and no alert is about them.
+	s.malformed = true
+	calm = s.calmPhase(t, tl, phase)
+	check("as many malformed requests as good ones", nil)
+	s.malformed = false
+
+	// The filter decides nothing more (its VM failed on every worker; with
+	// fail_open the requests reach the router unchecked): Envoy keeps its
+	// counters where they were.
+	a = s.scrape(t)
+	s.traffic(t, 200)
+	b = s.scrape(t)
+	fr := frozen(a, b, "edgelimit_requests")
+	tl.steady(a, fr, phase)
+	check("the filter counting nothing", []string{"EdgelimitFilterNotDeciding"})
+	s.healed(t)
+	calm = s.calmPhase(t, tl, phase)
+	check("the filter deciding again", nil)
+	// The filter exports no request counters at all.
+	a = s.scrape(t)
+	s.traffic(t, 200)
+	b = s.scrape(t)
+	tl.steady(a.dropped("edgelimit_requests"), b.dropped("edgelimit_requests"), phase)
+	check("the filter exporting no request counters", []string{"EdgelimitFilterNotDeciding"})
+	s.healed(t)
+	calm = s.calmPhase(t, tl, phase)
+	check("the filter's counters back", nil)
+
 	if err := s.sidecar.Stop(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -716,4 +803,29 @@ func dump(m map[string][]string) string {
 		fmt.Fprintf(&b, "  %s: %v\n", k, m[k])
 	}
 	return b.String()
+}
+
+// TestFilterNotDecidingFollowsOnMissingKey: the requests without a valid
+// key are among those the filter passes on to the router only when
+// filter.on_missing_key lets them through; rejected, they are 401s that
+// never reach it.
+func TestFilterNotDecidingFollowsOnMissingKey(t *testing.T) {
+	for _, c := range []struct {
+		onMissingKey string
+		passed       bool
+	}{{"", false}, {"reject", false}, {"allow", true}} {
+		vals := map[string]any{}
+		if c.onMissingKey != "" {
+			vals["filter"] = map[string]any{"on_missing_key": c.onMissingKey}
+		}
+		var expr string
+		for _, r := range rules(t, vals) {
+			if r.Alert == "EdgelimitFilterNotDeciding" {
+				expr = r.Expr
+			}
+		}
+		if got := strings.Contains(expr, "|missing_key|invalid_key"); got != c.passed {
+			t.Errorf("on_missing_key %q: missing_key and invalid_key passed on: %t, want %t\n%s", c.onMissingKey, got, c.passed, expr)
+		}
+	}
 }

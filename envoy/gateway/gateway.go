@@ -52,9 +52,13 @@ type gateway struct {
 	shared   *wasmhost.SharedData
 	next     atomic.Uint64
 	counters counters
-	// The listener's request counters.
+	// The listener's request counters: every request the connection
+	// manager took (downstream_rq_total, by class), and those that reached
+	// the router (rq_total): not the ones answered before it, by the
+	// connection manager (a path it cannot normalize) or the filter.
 	rqTotal   lazyCounter
 	rqClass   *classCounters
+	rqRouted  lazyCounter
 	accessLog io.Writer
 	logMu     sync.Mutex
 
@@ -146,6 +150,7 @@ func newGateway(ctx context.Context, o options, log *slog.Logger) (*gateway, err
 	})
 	g.rqTotal = lazyCounter{c: &g.counters, name: "http.edge.downstream_rq_total"}
 	g.rqClass = newClassCounters(&g.counters, "http.edge.downstream_rq_")
+	g.rqRouted = lazyCounter{c: &g.counters, name: "http.edge.rq_total"}
 	workers := o.concurrency
 	if o.check {
 		workers = 1

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -630,5 +632,56 @@ func BenchmarkGateway(b *testing.B) {
 	cancel()
 	if err := <-errc; err != nil {
 		b.Error(err)
+	}
+}
+
+// TestGatewayRouterCountsRoutedRequests: http.edge.rq_total, the router's
+// count, has the requests that reached the router, as Envoy's router filter
+// counts them in its decodeHeaders: the filter's admitted ones, a route's
+// 404 among them, and not those answered before it, by the filter (a 401)
+// or by the connection manager (a path it cannot normalize: a 400 that
+// http.edge.downstream_rq_total has, the filter never sees).
+func TestGatewayRouterCountsRoutedRequests(t *testing.T) {
+	filter, _ := modules(t)
+	orders := newService(t, "orders", 0)
+	sidecar := newSidecar(t)
+	g := start(t, "-config", envoyYAML, "-wasm", filter,
+		"-cluster", "orders="+orders.Listener.Addr().String(),
+		"-cluster", "billing="+orders.Listener.Addr().String(),
+		"-cluster", "ratelimit_sidecar="+sidecar.Listener.Addr().String())
+	decidedFirst(t, "http://"+g.addr+"/orders/0")
+	total, routed := stat(t, g.admin, "http.edge.downstream_rq_total"), stat(t, g.admin, "http.edge.rq_total")
+	decided := stat(t, g.admin, "wasmcustom.edgelimit.requests.allowed") + stat(t, g.admin, "wasmcustom.edgelimit.requests.missing_key")
+
+	if resp, _ := testkit.Get(t, "http://"+g.addr+"/orders/1", "x-api-key", "alice"); resp.StatusCode != 200 {
+		t.Fatalf("allowed: %d", resp.StatusCode)
+	}
+	if resp, _ := testkit.Get(t, "http://"+g.addr+"/elsewhere", "x-api-key", "alice"); resp.StatusCode != 404 {
+		t.Fatalf("no route: %d", resp.StatusCode)
+	}
+	if resp, _ := testkit.Get(t, "http://"+g.addr+"/orders/1"); resp.StatusCode != 401 {
+		t.Fatalf("no key: %d", resp.StatusCode)
+	}
+	c, err := net.Dial("tcp", g.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("GET * HTTP/1.1\r\nHost: edge\r\nx-api-key: alice\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 400 ") {
+		t.Fatalf("GET *: %q %v, want a 400", line, err)
+	}
+
+	if n := stat(t, g.admin, "http.edge.downstream_rq_total") - total; n != 4 {
+		t.Errorf("downstream_rq_total grew by %d, want 4 (every request)", n)
+	}
+	if n := stat(t, g.admin, "http.edge.rq_total") - routed; n != 2 {
+		t.Errorf("rq_total grew by %d, want 2 (the admitted request and the one without a route)", n)
+	}
+	if n := stat(t, g.admin, "wasmcustom.edgelimit.requests.allowed") + stat(t, g.admin, "wasmcustom.edgelimit.requests.missing_key") - decided; n != 3 {
+		t.Errorf("the filter decided %d, want 3 (all but the 400)", n)
 	}
 }

@@ -21,16 +21,19 @@ type routerListener struct {
 	g    *gateway
 	name string
 	addr string // as configured at start; bound once
-	// http.<stat_prefix>.downstream_rq_total and _<class>xx.
-	rqTotal lazyCounter
-	rqClass *classCounters
+	// http.<stat_prefix>.downstream_rq_total and _<class>xx; rq_total,
+	// the router's, which has every request here (no filter before it).
+	rqTotal  lazyCounter
+	rqClass  *classCounters
+	rqRouted lazyCounter
 }
 
 func newRouterListener(g *gateway, l envoyconfig.Listener) *routerListener {
 	prefix := "http." + l.StatPrefix + ".downstream_rq_"
 	return &routerListener{g: g, name: l.Name, addr: l.Address,
-		rqTotal: lazyCounter{c: &g.counters, name: prefix + "total"},
-		rqClass: newClassCounters(&g.counters, prefix)}
+		rqTotal:  lazyCounter{c: &g.counters, name: prefix + "total"},
+		rqClass:  newClassCounters(&g.counters, prefix),
+		rqRouted: lazyCounter{c: &g.counters, name: "http." + l.StatPrefix + ".rq_total"}}
 }
 
 // routes returns this listener's routes in a generation's configuration
@@ -48,6 +51,7 @@ func (l *routerListener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g := l.g
 	x := &exchange{start: time.Now()}
 	l.rqTotal.inc()
+	l.rqRouted.inc()
 	defer func() {
 		if x.status != 0 {
 			l.rqClass.inc(x.status)

@@ -98,6 +98,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // through, and the response, or the router's own answer, back through the
 // filter.
 func (g *gateway) route(w http.ResponseWriter, r *http.Request, gen *generation, s *wasmhost.Stream, x *exchange) {
+	g.rqRouted.inc()
 	headers := s.UpstreamHeaders()
 	fw := g.forward(r, gen, gen.cfg.Routes, firstValue(headers, ":path"), headers, x)
 	defer fw.done()
