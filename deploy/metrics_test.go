@@ -2,7 +2,8 @@
 // metric names, and the label values of the filter's request counters,
 // that envoy/README.md, the chart's alert rules and the other documents use
 // are ones the filter and the sidecar export, as the Envoy of each
-// deployment form names them.
+// deployment form names them; and every metric they export is in the
+// Metrics table of filter/README.md or sidecar/README.md.
 package deploy
 
 import (
@@ -460,4 +461,100 @@ func alternatives(re string) []string {
 		}
 	}
 	return append(out, re[start:])
+}
+
+// TestExportedMetricsDocumented: the other way round, every metric the
+// filter defines has its row in filter/README.md's Metrics table (a
+// failed_open reason in the row of failed_open.<reason>), and every series
+// of the sidecar's /metrics but the Go runtime's and the process's (go_*,
+// process_*) has its family's row in sidecar/README.md's, with each of its
+// label values there quoted (but sidecar_build_info's, which are versions,
+// and a histogram's le).
+func TestExportedMetricsDocumented(t *testing.T) {
+	rows := func(path string) []string {
+		t.Helper()
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, section, ok := strings.Cut(string(raw), "\n## Metrics\n")
+		if !ok {
+			t.Fatalf("%s: no section Metrics", path)
+		}
+		if i := strings.Index(section, "\n## "); i >= 0 {
+			section = section[:i]
+		}
+		var out []string
+		for _, line := range strings.Split(section, "\n") {
+			if strings.HasPrefix(line, "| `") {
+				out = append(out, line)
+			}
+		}
+		return out
+	}
+	// row returns the first cell of rows that names name in backticks, and
+	// the whole row.
+	row := func(rows []string, name string) (string, bool) {
+		for _, r := range rows {
+			cells := strings.Split(r, " | ")
+			if strings.Contains(cells[0], "`"+name+"`") || strings.Contains(cells[0], "`"+name+"{") {
+				return r, true
+			}
+		}
+		return "", false
+	}
+
+	filterRows := rows("../filter/README.md")
+	for _, m := range limiter.MetricNames() {
+		if reason, ok := strings.CutPrefix(m, limiter.MetricFailedOpenPrefix); ok {
+			r, found := row(filterRows, limiter.MetricFailedOpenPrefix+"<reason>")
+			if !found || !strings.Contains(r, "`"+reason+"`") {
+				t.Errorf("filter/README.md: %s: no `%s` in the row of %s<reason>", m, reason, limiter.MetricFailedOpenPrefix)
+			}
+			continue
+		}
+		if _, found := row(filterRows, m); !found {
+			t.Errorf("filter/README.md: %s has no row in Metrics", m)
+		}
+	}
+
+	sidecarRows := rows("../sidecar/README.md")
+	s := stats.New()
+	s.Latency.Update(0.001) // a histogram is written once it has a sample
+	s.Wait.Update(0.001)
+	s.ObserveBatch(1)
+	var buf bytes.Buffer
+	s.WritePrometheus(&buf)
+	m, err := testkit.ParseMetrics(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	labelRE := regexp.MustCompile(`([a-z_]+)="([^"]*)"`)
+	n := 0
+	for series := range m {
+		name, labels, _ := strings.Cut(series, "{")
+		if strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_") {
+			continue
+		}
+		n++
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			name = strings.TrimSuffix(name, suffix)
+		}
+		r, found := row(sidecarRows, name)
+		if !found {
+			t.Errorf("sidecar/README.md: %s has no row in Metrics", name)
+			continue
+		}
+		if name == "sidecar_build_info" {
+			continue
+		}
+		for _, l := range labelRE.FindAllStringSubmatch(labels, -1) {
+			if l[1] != "le" && !strings.Contains(r, `"`+l[2]+`"`) {
+				t.Errorf("sidecar/README.md: %s: its row does not name %s=%q", series, l[1], l[2])
+			}
+		}
+	}
+	if n < 20 {
+		t.Errorf("%d series of the sidecar's own: the test no longer reads its /metrics", n)
+	}
 }
