@@ -115,6 +115,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	var sharder *hot.Sharder
 	if !cfg.NoHotSharding {
 		sharder = hot.New(a.client, log)
+		sharder.OnReconcileError = a.stats.HotReconcileErrors.Inc
 		a.hot = sharder
 	}
 	var decider server.Decider = a.decider

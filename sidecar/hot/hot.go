@@ -71,6 +71,9 @@ type Sharder struct {
 	log    *slog.Logger
 	mu     sync.Mutex // serialises creating a state
 	states sync.Map   // base bucket key → *state
+	// OnReconcileError, if set before Run, is called for each hot
+	// client's reconcile that failed (its shares in force kept).
+	OnReconcileError func()
 }
 
 // New returns a Sharder on client. Call Run to reconcile.
@@ -247,6 +250,9 @@ func (s *Sharder) Run(ctx context.Context, interval time.Duration) {
 			tctx, cancel := context.WithTimeout(ctx, interval)
 			if err := s.tick(tctx, st, interval); err != nil {
 				s.log.Warn("hot client reconcile failed; shares in force kept", "client", st.base[4:20], "err", err)
+				if s.OnReconcileError != nil {
+					s.OnReconcileError()
+				}
 			}
 			cancel()
 			return true

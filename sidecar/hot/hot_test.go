@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/lua"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
@@ -162,4 +164,35 @@ func TestRouteLargeCost(t *testing.T) {
 	if got := [3]int64{st.demand[0].Load(), st.demand[1].Load(), st.demand[2].Load()}; got != [3]int64{1 + 4 + 5, 0, 16 + 180 + 181} {
 		t.Errorf("demand %v, want each check counted for the region it came from", got)
 	}
+}
+
+// TestReconcileErrorsReported: with Redis gone, each hot client's reconcile
+// fails every interval and each failure is reported to OnReconcileError
+// (the sidecar counts them in sidecar_hot_reconcile_errors_total); while
+// Redis answers, none is.
+func TestReconcileErrorsReported(t *testing.T) {
+	srv := redisproc.StartT(t, redisproc.Options{})
+	s := New(srv.Client(t), nil)
+	var failed atomic.Int64
+	s.OnReconcileError = func() { failed.Add(1) }
+	base := keys.New(nil).BucketKey([]byte("a-hot-client"))
+	s.Route(time.Time{}, base, []string{"eu", "us"}, []byte("eu"), lua.Limit{Capacity: 200, Rate: 100}, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	// The shipped interval (DefaultInterval, 1 s), which is also each
+	// reconcile's deadline: a Redis that answers is well within it.
+	go func() { s.Run(ctx, 0); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	// Redis answering: the shares move to the demand, no failure.
+	testkit.Poll(t, 10*time.Second, "a reconcile to write the shares", func() bool {
+		shares := s.Shares(base)
+		return len(shares) == 2 && shares[0] > shares[1]
+	})
+	if n := failed.Load(); n != 0 {
+		t.Fatalf("%d reconcile errors with Redis up", n)
+	}
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Poll(t, 10*time.Second, "reconcile errors with Redis down", func() bool { return failed.Load() >= 2 })
 }

@@ -60,6 +60,10 @@ type Stats struct {
 	// sidecar_denied_cached_total: of the denied decisions, those the deny
 	// cache made without Redis (sidecar/denycache).
 	DeniedCached *metrics.Counter
+	// sidecar_hot_reconcile_errors_total: a hot client's reconcile (its
+	// demand written, its shares read or moved) that failed; the shares in
+	// force are kept until one succeeds.
+	HotReconcileErrors *metrics.Counter
 	// sidecar_warm_ups_total{result}: the gateways' warm-up calls
 	// (POST /v1/warm), answered ("ok") or not ("error"); no decision.
 	WarmUps, WarmUpErrors *metrics.Counter
@@ -130,6 +134,7 @@ func New() *Stats {
 		Expired:                s.NewCounter(`sidecar_checks_expired_total`),
 		ScriptLoads:            s.NewCounter(`sidecar_redis_script_loads_total`),
 		DeniedCached:           s.NewCounter(`sidecar_denied_cached_total`),
+		HotReconcileErrors:     s.NewCounter(`sidecar_hot_reconcile_errors_total`),
 		WarmUps:                s.NewCounter(`sidecar_warm_ups_total{result="ok"}`),
 		WarmUpErrors:           s.NewCounter(`sidecar_warm_ups_total{result="error"}`),
 		Latency:                s.NewPrometheusHistogramExt(`sidecar_decision_duration_seconds`, LatencyBuckets),
