@@ -122,6 +122,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	if !cfg.NoDenyCache {
 		dc := denycache.New(a.decider)
 		dc.OnDenied = a.stats.DeniedCached.Inc
+		dc.OnFull = a.stats.DenyCacheFull.Inc
 		decider = dc
 	}
 	srv := server.New(server.Options{

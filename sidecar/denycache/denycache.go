@@ -70,6 +70,9 @@ type Cache struct {
 	shards [shards]shard
 	// OnDenied, if set, is called for each check denied here.
 	OnDenied func()
+	// OnFull, if set, is called for each denial not kept for want of room:
+	// its shard full, and none of the shard's entries past its window.
+	OnFull func()
 }
 
 type shard struct {
@@ -162,6 +165,9 @@ func (c *Cache) Decide(deadline time.Time, key string, l lua.Limit, cost int64) 
 	}
 	n := &entry{limit: l, tokens: res.Tokens, sent: sent}
 	if cur == nil && len(sh.entries) >= shardEntries && !sh.sweep(recv) {
+		if c.OnFull != nil {
+			c.OnFull()
+		}
 		return res, err
 	}
 	sh.entries[key] = n

@@ -370,3 +370,32 @@ func TestCachedDenialsAgainstRedis(t *testing.T) {
 		t.Errorf("too few denials to mean anything: %d, %d near the boundary", cached, near)
 	}
 }
+
+// TestFullShardReported: a shard holds shardEntries denials; the next one
+// denied on a bucket of the same shard, with none of the shard's entries
+// past its window (a rate of one token in 1,000 s), is not kept, and is
+// reported to OnFull, once.
+func TestFullShardReported(t *testing.T) {
+	c, _, _ := stack(t)
+	var full int
+	c.OnFull = func() { full++ } // Decide runs on this goroutine only
+	l := lua.Limit{Capacity: 1, Rate: 0.001}
+	n := 0
+	for i := 0; n <= shardEntries; i++ {
+		key := "rl:{full-" + strconv.Itoa(i) + "}"
+		if c.shard(key) != &c.shards[0] {
+			continue
+		}
+		n++
+		decide1(t, c, key, l, 1) // admitted: the bucket's one token
+		if r := decide1(t, c, key, l, 1); r.Allowed {
+			t.Fatalf("%s: the second check admitted", key)
+		}
+		if want := max(0, n-shardEntries); full != want {
+			t.Fatalf("after %d denials on shard 0 (of %d entries): reported full %d times, want %d", n, shardEntries, full, want)
+		}
+	}
+	if got := len(c.shards[0].entries); got != shardEntries {
+		t.Errorf("shard 0 holds %d entries, want %d", got, shardEntries)
+	}
+}

@@ -60,6 +60,10 @@ type Stats struct {
 	// sidecar_denied_cached_total: of the denied decisions, those the deny
 	// cache made without Redis (sidecar/denycache).
 	DeniedCached *metrics.Counter
+	// sidecar_deny_cache_full_total: denials the deny cache had no room to
+	// keep (a shard full, none of its entries past its window): each costs
+	// that client's next checks their round trips to Redis.
+	DenyCacheFull *metrics.Counter
 	// sidecar_hot_reconcile_errors_total: a hot client's reconcile (its
 	// demand written, its shares read or moved) that failed; the shares in
 	// force are kept until one succeeds.
@@ -134,6 +138,7 @@ func New() *Stats {
 		Expired:                s.NewCounter(`sidecar_checks_expired_total`),
 		ScriptLoads:            s.NewCounter(`sidecar_redis_script_loads_total`),
 		DeniedCached:           s.NewCounter(`sidecar_denied_cached_total`),
+		DenyCacheFull:          s.NewCounter(`sidecar_deny_cache_full_total`),
 		HotReconcileErrors:     s.NewCounter(`sidecar_hot_reconcile_errors_total`),
 		WarmUps:                s.NewCounter(`sidecar_warm_ups_total{result="ok"}`),
 		WarmUpErrors:           s.NewCounter(`sidecar_warm_ups_total{result="error"}`),
