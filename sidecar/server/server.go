@@ -258,7 +258,13 @@ func (s *Server) waited(ctx *fasthttp.RequestCtx, start time.Time, sent int64) (
 	if l == nil {
 		return 0, false
 	}
-	return l.waited(start, sent)
+	w, ok := l.waited(start, sent)
+	if !ok {
+		// The proxy's clock is more than maxLag from the sidecar's: its
+		// checks' waits go unmeasured and unbounded.
+		s.o.Stats.ClockOff.Inc()
+	}
+	return w, ok
 }
 
 // WarmLimit and WarmPlan are what a warm-up peeks with and answers with

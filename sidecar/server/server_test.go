@@ -750,14 +750,20 @@ func TestCheckTheProxyGaveUpOnIsNotDecided(t *testing.T) {
 		t.Errorf("%d decisions, %d expired, %d errors; want 3, 2, 2", len(d.calls), st.Expired.Get(), st.Errors.Get())
 	}
 
+	if n := st.ClockOff.Get(); n != 0 {
+		t.Errorf("%d checks counted from a clock off, want 0", n)
+	}
 	// A clock an hour off is not a queue: the check keeps the sidecar's
-	// own deadline.
+	// own deadline, and is counted as from a clock off.
 	before = time.Now()
 	if r := do(s, "POST", "/v1/check", HeaderKey, "a", HeaderSent, sent(time.Now().Add(-time.Hour))); r.StatusCode() != 200 {
 		t.Fatalf("an hour off: status %d", r.StatusCode())
 	}
 	if left, took := d.left[3], time.Since(before); left > timeout || left < timeout-took {
 		t.Errorf("an hour off: %v left of the deadline, want %v less at most the call's %v", left, timeout, took)
+	}
+	if n := st.ClockOff.Get(); n != 1 {
+		t.Errorf("%d checks counted from a clock off, want 1 (the one an hour off)", n)
 	}
 
 	// sidecar_check_wait_seconds has the four checks whose wait could be

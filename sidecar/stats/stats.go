@@ -55,6 +55,11 @@ type Stats struct {
 	// the proxy's wait: the proxy lets their requests through, so they are
 	// answered 503 without Redis and take no tokens.
 	Expired *metrics.Counter
+	// sidecar_checks_clock_off_total: checks whose x-ratelimit-sent was
+	// more than a minute from the sidecar's clock: the proxy's clock and
+	// the sidecar's disagree, so their waits are neither measured
+	// (sidecar_check_wait_seconds) nor held to the proxy's deadline.
+	ClockOff *metrics.Counter
 	// sidecar_redis_script_loads_total: NOSCRIPT seen and the script resent.
 	ScriptLoads *metrics.Counter
 	// sidecar_denied_cached_total: of the denied decisions, those the deny
@@ -136,6 +141,7 @@ func New() *Stats {
 		RedisErrors:            s.NewCounter(`sidecar_redis_errors_total`),
 		RedisTimeouts:          s.NewCounter(`sidecar_redis_timeouts_total`),
 		Expired:                s.NewCounter(`sidecar_checks_expired_total`),
+		ClockOff:               s.NewCounter(`sidecar_checks_clock_off_total`),
 		ScriptLoads:            s.NewCounter(`sidecar_redis_script_loads_total`),
 		DeniedCached:           s.NewCounter(`sidecar_denied_cached_total`),
 		DenyCacheFull:          s.NewCounter(`sidecar_deny_cache_full_total`),
