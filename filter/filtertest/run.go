@@ -38,6 +38,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"deny-cache/window", r.denyCacheWindow},
 		{"deny-cache/costs", r.denyCacheCosts},
 		{"deny-cache/plan-raised", r.denyCachePlanRaised},
+		{"deny-cache/plan-changed", r.denyCachePlanChanged},
 		{"deny-cache/workers", r.denyCacheWorkers},
 		{"deny-cache/needs-exact-state", r.denyCacheNeedsExactState},
 		{"deny-cache/bucket-model", r.denyCacheBucketModel},
@@ -783,28 +784,29 @@ func (r runner) denyCacheWindow(t *testing.T) {
 	s.RespondCallout(SidecarAnswer("basic", 10, 0.2, 10, 1), nil)
 	wentOn(t, s)
 
-	// The cache gives up early by its margin (10 µs + 2.5 s / 1000 =
-	// 2.51 ms), never late.
+	// An entry is trusted for a second: at 2.497 s, 3 ms before the
+	// token can be back, the entry still denies, but its answer is 2.497 s
+	// old, so the filter asks again (the plan may have changed since); the
+	// bucket holds 0.5 + 0.2·2.497 = 0.9994 tokens, and the sidecar denies:
+	// the token 3 ms away, full in 45.003 s.
 	h.Advance(2500*time.Millisecond - 3*time.Millisecond)
+	s, _ = waiting(t, h, get("key-1"))
+	s.RespondCallout(SidecarAnswer("basic", 10, 0.2, 0.5+0.2*2.497, 1), nil)
+	denial(t, s, policy, `"basic";r=0;t=1`, "46", "1")
+	// That denial is the entry now: 0.9994 tokens at 2.497 s, the token
+	// 3 ms on. The cache gives up early by its margin (10 µs + 3 ms / 1000
+	// = 13 µs), never late: at 2.4999 s it denies (0.99998 tokens: full
+	// in 45.0001 s, the token back in 0.1 ms).
+	h.Advance(2900 * time.Microsecond)
 	s, _ = send(h, get("key-1"))
 	if _, ok := s.Callout(); ok {
-		t.Fatal("callout 3 ms before the tokens can suffice")
+		t.Fatal("callout 0.1 ms before the tokens can suffice")
 	}
-	// By now 0.5 + 0.2·2.497 = 0.9994 tokens: full in 45.003 s, the token
-	// back in 3 ms.
 	denial(t, s, policy, `"basic";r=0;t=1`, "46", "1")
-	// At 2.498 s the filter asks; the bucket holds 0.5 + 0.2·2.498 =
-	// 0.9996 tokens (the script's 0.5 + 2498000·0.2/10⁶ is that double),
-	// so the sidecar denies: the token is 2 ms away, full in 45.002 s.
-	h.Advance(time.Millisecond)
-	s, _ = waiting(t, h, get("key-1"))
-	s.RespondCallout(SidecarAnswer("basic", 10, 0.2, 0.9996, 1), nil)
-	denial(t, s, policy, `"basic";r=0;t=1`, "46", "1")
-	// That denial is the entry now: 0.9996 tokens at 2.498 s, the token
-	// 2 ms on, less the margin of 10 µs + 2 µs. At 2.5 s the filter asks
-	// again, and the bucket holds 0.5 + 0.2·2.5 = 1 token (exactly: the
-	// script's 2500000·0.2/10⁶ is 0.5): admitted, none left.
-	h.Advance(2 * time.Millisecond)
+	// At 2.5 s the filter asks, and the bucket holds 0.5 + 0.2·2.5 = 1
+	// token (exactly: the script's 2500000·0.2/10⁶ is 0.5): admitted, none
+	// left.
+	h.Advance(100 * time.Microsecond)
 	s, _ = waiting(t, h, get("key-1"))
 	s.RespondCallout(SidecarAnswer("basic", 10, 0.2, 1, 1), nil)
 	wentOn(t, s)
@@ -858,34 +860,32 @@ func (r runner) denyCacheCosts(t *testing.T) {
 	denial(t, asks("/huge", 50, 0), policy, `"basic";r=0;t=1`, "10", "")
 	cached("/double", "2") // 2 tokens: not before 2 s
 	cached("/heavy", "5")  // 5 tokens: not before 5 s
-	// The cache's window for 2 tokens ends at 2 s less its margin,
-	// 10 µs + 2 ms: 1.99799 s. At 1.997 s the bucket holds 1.997 tokens,
-	// 3 ms short of 2, told as 1 s.
+	// An entry is trusted for a second: at 1.997 s the entry (0 tokens at
+	// 0 s) still denies 2 tokens, but the filter asks again, and the
+	// sidecar denies: 1.997 tokens, 3 ms short (1 s), full in 8.003 s (9 s).
 	h.Advance(1997 * time.Millisecond)
-	cached("/double", "1")
-	// At 1.998 s the filter asks, and the sidecar denies: 1.998 tokens,
-	// 2 ms short (1 s), full in 8.002 s (9 s).
-	h.Advance(time.Millisecond)
-	denial(t, asks("/double", 2, 1.998), policy, `"basic";r=1;t=1`, "9", "1")
-	// That denial is the entry now: 1.998 tokens at 1.998 s. 5 tokens are
-	// 3.002 s away (4 s); 2 tokens 2 ms away, so its window for them ends
-	// 10 µs + 2 µs sooner, at 1.999988 s.
+	denial(t, asks("/double", 2, 1.997), policy, `"basic";r=1;t=1`, "9", "1")
+	// That denial is the entry now: 1.997 tokens at 1.997 s. 5 tokens are
+	// 3.003 s away (4 s); 2 tokens 3 ms away, so its window for them ends
+	// 10 µs + 3 µs sooner, at 1.999987 s.
 	cached("/heavy", "4")
-	h.Advance(time.Millisecond)
+	h.Advance(2 * time.Millisecond)
 	cached("/double", "1") // 1.999 tokens, 1 ms short
 	// At 2 s the bucket holds 2: admitted, 0 left, and that 200 is the
-	// entry: 5 tokens at 7 s, the window ending 10 µs + 5 ms sooner, at
-	// 6.99499 s.
+	// entry: 5 tokens at 7 s.
 	h.Advance(time.Millisecond)
 	wentOn(t, asks("/double", 2, 2))
 	cached("/heavy", "5")
+	// At 6.994 s, the entry 4.994 s old, the filter asks again: 4.994
+	// tokens, 6 ms short (1 s), full in 5.006 s (6 s). The window for 5
+	// tokens from there ends 10 µs + 6 µs before 7 s.
 	h.Advance(4994 * time.Millisecond)
-	cached("/heavy", "1") // 6.994 s: 4.994 tokens, 6 ms short
+	denial(t, asks("/heavy", 5, 4.994), policy, `"basic";r=4;t=1`, "6", "1")
 	// At 7 s the bucket holds 5 (the script's 5000000·1/10⁶ from the 0
 	// written at 2 s): admitted.
 	h.Advance(6 * time.Millisecond)
 	wentOn(t, asks("/heavy", 5, 5))
-	counters(t, h, map[string]int64{limiter.MetricDenied: 3, limiter.MetricDeniedCached: 7, limiter.MetricAllowed: 3})
+	counters(t, h, map[string]int64{limiter.MetricDenied: 4, limiter.MetricDeniedCached: 5, limiter.MetricAllowed: 3})
 }
 
 // denyCachePlanRaised: a client with an entry whose plan is then raised
@@ -915,6 +915,87 @@ func (r runner) denyCachePlanRaised(t *testing.T) {
 	s.RespondCallout(SidecarAnswer("basic", 10, 10, 5, 1), nil)
 	wentOn(t, s)
 	counters(t, h, map[string]int64{limiter.MetricDenied: 1, limiter.MetricDeniedCached: 0, limiter.MetricAllowed: 2})
+}
+
+// denyCachePlanChanged: an entry is trusted for a second after its answer.
+// Past that, the first request it denies is asked about instead, one per
+// process however many workers and requests there are (the others are
+// denied by the entry while it is out), and the answer replaces the entry:
+// a plan raised is in force a second after the sidecar has it, not when the
+// old plan's window ends (here the hour 10 tokens an hour caps it at). A
+// re-ask that cannot go out, or fails, is denied by the entry as before; a
+// 403 (the key is in no plan now) removes the entry.
+func (r runner) denyCachePlanChanged(t *testing.T) {
+	h := r.host(t, "")
+	w := worker(t, h, "")
+	cachedDeny := func(h Host, key, what string) {
+		t.Helper()
+		s, _ := send(h, get(key))
+		if _, ok := s.Callout(); ok {
+			t.Fatalf("%s: callout, want the cached denial", what)
+		}
+		reply(t, s, 429)
+	}
+	// Plan slow: 10 burst + 10 an hour, spent: the next token is 360 s
+	// away, a full bucket an hour.
+	s, _ := waiting(t, h, get("key-1"))
+	s.RespondCallout(SidecarAnswer("slow", 10, 10.0/3600, 0, 1), nil)
+	denial(t, s, `"slow";q=10;w=3600;edgelimit-rate="0.002777777777777778"`, `"slow";r=0;t=360`, "3600", "360")
+	h.Advance(999 * time.Millisecond)
+	cachedDeny(h, "key-1", "0.999 s")
+	cachedDeny(w, "key-1", "0.999 s, another worker")
+	// The plan is raised to 100 burst + 100/s. A second after the answer,
+	// one request asks; the others, on either worker, are denied by the
+	// entry while it is out.
+	h.Advance(time.Millisecond)
+	a, _ := waiting(t, w, get("key-1"))
+	cachedDeny(h, "key-1", "1 s, a re-ask out")
+	cachedDeny(w, "key-1", "1 s, a re-ask out, on its worker")
+	// The bucket kept its tokens, 10/3600 refilled (the sidecar keeps a
+	// bucket through a plan change): denied by the new plan, the token
+	// 9.97 ms away.
+	a.RespondCallout(SidecarAnswer("fast", 100, 100, 1.0/360, 1), nil)
+	denial(t, a, `"fast";q=100;w=1;edgelimit-rate="100"`, `"fast";r=0;t=1`, "1", "1")
+	// That answer is the entry: 10 ms on, the filter asks, and admits.
+	h.Advance(10 * time.Millisecond)
+	s, _ = waiting(t, h, get("key-1"))
+	s.RespondCallout(SidecarAnswer("fast", 100, 100, 1.0/360+1, 1), nil)
+	wentOn(t, s)
+	counters(t, h, map[string]int64{limiter.MetricDenied: 2, limiter.MetricDeniedCached: 4, limiter.MetricAllowed: 1})
+
+	// A key taken out of the plans: the 403 to the re-ask removes the
+	// entry, and the next request is asked about too.
+	s, _ = waiting(t, h, get("key-2"))
+	s.RespondCallout(SidecarAnswer("slow", 10, 10.0/3600, 0, 1), nil)
+	reply(t, s, 429)
+	h.Advance(time.Second)
+	for i := 0; i < 2; i++ {
+		s, _ = waiting(t, h, get("key-2"))
+		s.RespondCallout([]Header{{":status", "403"}}, nil)
+		reply(t, s, 403)
+	}
+
+	// With no answer to be had, the entry still denies: a re-ask whose
+	// dispatch fails, one the open breaker keeps in (the failure opened
+	// it: one failure, 5 s), and one that times out.
+	const brk = `{"breaker": {"failures": 1, "min_open_ms": 5000, "max_open_ms": 5000}}`
+	h = r.host(t, brk)
+	s, _ = waiting(t, h, get("key-3"))
+	s.RespondCallout(SidecarAnswer("slow", 10, 10.0/3600, 0, 1), nil)
+	reply(t, s, 429)
+	h.Advance(time.Second)
+	h.FailNextDispatch()
+	cachedDeny(h, "key-3", "a re-ask whose dispatch failed")
+	cachedDeny(h, "key-3", "just after a re-ask whose dispatch failed")
+	h.Advance(time.Second)
+	cachedDeny(h, "key-3", "a re-ask with the breaker open")
+	h.Advance(4 * time.Second)
+	s, _ = waiting(t, h, get("key-3")) // the breaker's probe
+	s.RespondCallout(timeoutAnswer, nil)
+	reply(t, s, 429)
+	counters(t, h, map[string]int64{limiter.MetricDenied: 1, limiter.MetricDeniedCached: 4,
+		limiter.MetricFailedOpenPrefix + "dispatch": 0, limiter.MetricFailedOpenPrefix + "circuit_open": 0,
+		limiter.MetricFailedOpenPrefix + "timeout": 0})
 }
 
 // denyCacheInFlight: with an entry for the client, a request whose cost the

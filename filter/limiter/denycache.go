@@ -48,7 +48,18 @@ const (
 	// denyCASAttempts bounds the retries when another VM updated the shard
 	// between our read and write; losing the race only loses a cache entry.
 	denyCASAttempts = 4
-	denyFormat      = 4
+	denyFormat      = 5
+	// denyTrust is how long one answer is taken on trust: past it, a
+	// request the entry denies is asked about instead, once per denyTrust
+	// per client per process, and the others wait for that answer, denied
+	// by the entry as before. The entry's bound assumes the plan of the
+	// answer it came from; a plan raised, or a client moved to a bucket
+	// holding more (another plan, its hot regions changed), makes it deny
+	// what the sidecar would admit, for as long as the window lasts, up to
+	// bucketbound.MaxWindow. Re-asking bounds that at denyTrust, for one
+	// callout per second per denied client (filter/RATIONALE.md, "A plan
+	// change is in force within two seconds").
+	denyTrust = int64(1e9)
 )
 
 // denyEntry is what one sidecar denial says about a client's bucket.
@@ -68,6 +79,18 @@ type denyEntry struct {
 	// pending is the cost of the client's callouts sent after recv, by any
 	// worker, that are unanswered: each may still spend it.
 	pending int64
+	// asked is when a worker last sent a callout to ask again about a
+	// request the entry denied, past denyTrust (0: never). Until denyTrust
+	// after it, the entry answers alone again.
+	asked int64
+}
+
+// trusted reports whether the entry may deny at now without asking the
+// sidecar again: its answer, or its latest re-ask, is under denyTrust old.
+// A clock that went back before either trusts it (the bound itself then
+// denies nothing).
+func (e *denyEntry) trusted(now int64) bool {
+	return now-max(e.recv, e.asked) < denyTrust
 }
 
 // newDenyEntry makes an entry from a 429 for a request of cost sent at
@@ -113,7 +136,7 @@ func (e *denyEntry) stale(now int64) bool {
 // what it wrote must not turn into long denials.
 func (e *denyEntry) valid() bool {
 	return e.limit > 0 && e.sent > 0 && e.recv >= e.sent && e.tokens >= 0 && e.tokens <= float64(e.limit) &&
-		e.rate > 0 && !math.IsInf(e.rate, 0) && e.bucketRate >= 0 && e.bucketRate < e.rate && e.pending >= 0
+		e.rate > 0 && !math.IsInf(e.rate, 0) && e.bucketRate >= 0 && e.bucketRate < e.rate && e.pending >= 0 && e.asked >= 0
 }
 
 // refill is the rate the entry's tokens refill at: bucketRate, or rate.
@@ -218,6 +241,53 @@ func (c denyCache) subPending(h abi.Host, key string, cost int64, at anchors) {
 	c.changePending(h, key, -cost, at, 0)
 }
 
+// reask marks key's entry, the one with anchors at, as asked about again at
+// now, with compare-and-swap, if it is not trusted at now. It reports
+// whether it did: exactly one of the workers that find the entry past its
+// trust at once wins, and its request goes to the sidecar.
+func (c denyCache) reask(h abi.Host, key string, at anchors, now int64) bool {
+	sk := c.shardKey(key)
+	for attempt := 0; attempt < denyCASAttempts; attempt++ {
+		v, cas, s := h.GetSharedData(sk)
+		if s != abi.StatusOK {
+			return false
+		}
+		off, e, ok := locateEntry(v, key)
+		if !ok || at != (anchors{e.sent, e.recv}) || e.trusted(now) {
+			return false
+		}
+		b := append((*c.buf)[:0], v...)
+		putU64(b[off+askedOffset:], uint64(now))
+		*c.buf = b
+		switch h.SetSharedData(sk, b, cas) {
+		case abi.StatusOK:
+			return true
+		case abi.StatusCASMismatch:
+			continue
+		}
+		return false
+	}
+	return false
+}
+
+// drop removes key's entry, if any: the sidecar no longer knows the key
+// (a 403), so no bucket of it bounds anything.
+func (c denyCache) drop(h abi.Host, key string, now int64) {
+	sk := c.shardKey(key)
+	for attempt := 0; attempt < denyCASAttempts; attempt++ {
+		v, cas, s := h.GetSharedData(sk)
+		if s != abi.StatusOK {
+			return
+		}
+		if _, _, ok := locateEntry(v, key); !ok {
+			return
+		}
+		if h.SetSharedData(sk, c.without(v, key, now), cas) != abi.StatusCASMismatch {
+			return
+		}
+	}
+}
+
 // changePending adds d to the pending cost of key's entry in place, with
 // compare-and-swap: the entry with anchors at, or, when at is zero, the
 // entry whose answer came before sentAt. Pending never goes below zero.
@@ -252,6 +322,17 @@ func (c denyCache) changePending(h abi.Host, key string, d int64, at anchors, se
 // allocates nothing. A shard that is unreadable, or holds more entries than
 // this filter writes, is overwritten.
 func (c denyCache) withEntry(v []byte, e denyEntry, now int64) []byte {
+	return c.rewrite(v, &e, e.key, now)
+}
+
+// without returns shard v without key's entry, as withEntry does.
+func (c denyCache) without(v []byte, key string, now int64) []byte {
+	return c.rewrite(v, nil, key, now)
+}
+
+// rewrite returns shard v with key's entry replaced by e, or removed when e
+// is nil, and the stale entries of other clients dropped.
+func (c denyCache) rewrite(v []byte, e *denyEntry, key string, now int64) []byte {
 	type kept struct {
 		from, to int
 		staleAt  int64
@@ -267,7 +348,7 @@ func (c denyCache) withEntry(v []byte, e denyEntry, now int64) []byte {
 				break
 			}
 			o := entryFrom("", "", fixed)
-			if ok = o.valid(); ok && string(k) != e.key && !o.stale(now) {
+			if ok = o.valid(); ok && string(k) != key && !o.stale(now) {
 				keep[n] = kept{at, next, o.staleAt()}
 				n++
 			}
@@ -277,8 +358,10 @@ func (c denyCache) withEntry(v []byte, e denyEntry, now int64) []byte {
 			n = 0
 		}
 	}
-	keep[n] = kept{-1, -1, e.staleAt()} // the new entry, last
-	n++
+	if e != nil {
+		keep[n] = kept{-1, -1, e.staleAt()} // the new entry, last
+		n++
+	}
 	for n > denyShardEntries {
 		evict := 0
 		for i := 1; i < n; i++ {
@@ -292,7 +375,7 @@ func (c denyCache) withEntry(v []byte, e denyEntry, now int64) []byte {
 	b := append((*c.buf)[:0], denyFormat, byte(n))
 	for _, k := range keep[:n] {
 		if k.from < 0 {
-			b = appendEntry(b, e)
+			b = appendEntry(b, *e)
 		} else {
 			b = append(b, v[k.from:k.to]...)
 		}
@@ -304,15 +387,16 @@ func (c denyCache) withEntry(v []byte, e denyEntry, now int64) []byte {
 // Shard format: version byte, entry count byte, then per entry a u16 key
 // length and the key, a u8 plan length and the plan, limit (i64), tokens
 // (f64 bits), rate (tokens per second, f64 bits), sent, recv and pending
-// (i64), bucket rate (f64 bits, 0 for the plan's), little-endian. The format is in the keys
-// (deny/v4): formats 1 (a rate per ns derived from a rounded wait, one
-// anchor), 2 (nothing pending) and 3 (no bucket rate) live under other
-// keys, so an older filter's VM in the same process never reads these, nor
-// they its.
+// (i64), bucket rate (f64 bits, 0 for the plan's), asked (i64),
+// little-endian. The format is in the keys (deny/v5): formats 1 (a rate per
+// ns derived from a rounded wait, one anchor), 2 (nothing pending), 3 (no
+// bucket rate) and 4 (no re-ask) live under other keys, so an older
+// filter's VM in the same process never reads these, nor they its.
 
 const (
-	denyEntryFixed = 56
+	denyEntryFixed = 64
 	pendingOffset  = 40 // of pending in the fixed part
+	askedOffset    = 56 // of asked in the fixed part
 )
 
 // appendEntry appends e in the shard format.
@@ -331,7 +415,8 @@ func appendEntry(b []byte, e denyEntry) []byte {
 	b = appendU64(b, uint64(e.sent))
 	b = appendU64(b, uint64(e.recv))
 	b = appendU64(b, uint64(e.pending))
-	return appendU64(b, math.Float64bits(e.bucketRate))
+	b = appendU64(b, math.Float64bits(e.bucketRate))
+	return appendU64(b, uint64(e.asked))
 }
 
 // findEntry looks for key in an encoded shard, decoding only its entry.
@@ -402,6 +487,7 @@ func entryFrom(key, plan string, f []byte) denyEntry {
 		recv:       int64(u64(f[32:])),
 		pending:    int64(u64(f[pendingOffset:])),
 		bucketRate: math.Float64frombits(u64(f[48:])),
+		asked:      int64(u64(f[askedOffset:])),
 	}
 }
 

@@ -138,6 +138,7 @@ type stream struct {
 	pending bool    // a callout is out and the request waits for it
 	entry   bool    // the deny cache held an entry for the key (not denying this request)
 	beyond  bool    // the cost is above that entry's capacity: asked, not counted as pending
+	reask   bool    // the entry denies it but is past its trust: asked again, else denied by it
 	counted bool    // the callout's cost is pending in a deny entry
 	in      anchors // that entry
 	probe   bool    // the callout is the circuit breaker's probe
@@ -312,7 +313,7 @@ func (l *Limiter) check(s *stream) abi.Action {
 		s.cost = cfg.Cost(method, path)
 	}
 	now := h.Now()
-	if act, denied := l.fromCache(s, now); denied {
+	if act, denied := l.fromCache(s, now, true); denied {
 		return act
 	}
 	// The deny cache comes first: it needs no sidecar, so a client it
@@ -321,6 +322,11 @@ func (l *Limiter) check(s *stream) abi.Action {
 		allow, probe := b.allow(h, now)
 		if !allow {
 			s.root.warm.outage = true
+			if s.reask {
+				// No one to ask: the entry still bounds the bucket.
+				act, _ := l.fromCache(s, now, false)
+				return act
+			}
 			if l.failOpen(s, ReasonCircuitOpen, "circuit breaker open", now) {
 				return abi.ActionPause
 			}
@@ -367,7 +373,10 @@ func (r *root) inFlightCost(key string, after int64) int64 {
 // fromCache answers the request 429 when the client's deny cache entry
 // shows that the bucket cannot hold its cost now; otherwise it notes
 // whether the client has an entry and leaves the request to the caller.
-func (l *Limiter) fromCache(s *stream, now int64) (abi.Action, bool) {
+// With reask, an entry past its trust (denyTrust) that would deny is asked
+// about again by this request, if no other took that turn: the plan the
+// entry's answer came from may have changed since.
+func (l *Limiter) fromCache(s *stream, now int64, reask bool) (abi.Action, bool) {
 	e, ok := s.root.cache.lookup(l.host, s.key)
 	if !ok {
 		return abi.ActionContinue, false
@@ -383,6 +392,9 @@ func (l *Limiter) fromCache(s *stream, now int64) (abi.Action, bool) {
 		return abi.ActionContinue, false
 	}
 	if e.denies(s.cost, now) {
+		if l.reasks(s, &e, reask, now) {
+			return abi.ActionContinue, false
+		}
 		return l.cachedDeny(s, &e, 0, now), true
 	}
 	// The bucket may hold this request's cost, but not that and the costs
@@ -392,10 +404,26 @@ func (l *Limiter) fromCache(s *stream, now int64) (abi.Action, bool) {
 	// on their way"). Those the workers counted in the entry, or this
 	// worker's own if it knows of more (a count lost to a race).
 	if c := max(e.pending, s.root.inFlightCost(s.key, e.recv)); c > 0 && (s.cost+c > e.limit || e.denies(s.cost+c, now)) {
+		if l.reasks(s, &e, reask, now) {
+			return abi.ActionContinue, false
+		}
 		return l.cachedDeny(s, &e, c, now), true
 	}
 	s.entry = true
 	return abi.ActionContinue, false
+}
+
+// reasks reports whether a request the entry e denies is to be asked about
+// instead: e is past its trust and this request took the turn to ask
+// (denyCache.reask), so that a plan changed since e's answer is in force
+// within denyTrust of the change reaching the sidecar. Its answer replaces
+// the entry, as any answer for a client with one does.
+func (l *Limiter) reasks(s *stream, e *denyEntry, reask bool, now int64) bool {
+	if !reask || e.trusted(now) || !s.root.cache.reask(l.host, s.key, anchors{e.sent, e.recv}, now) {
+		return false
+	}
+	s.entry, s.reask = true, true
+	return true
 }
 
 // cachedDeny answers a request the deny cache denies, counting spent, the
@@ -419,6 +447,13 @@ func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 	token, st := l.host.HTTPCall(cfg.SidecarCluster, l.encoded, nil, nil, cfg.TimeoutMs)
 	if st != abi.StatusOK {
 		l.breakerResult(s.root, true, s.probe, ReasonDispatch, now, now)
+		if s.reask {
+			// A re-ask that could not go out: the entry still denies it.
+			if act, denied := l.fromCache(s, now, false); denied {
+				l.m.inc(l.host, cFailedCached)
+				return act
+			}
+		}
 		if l.failOpen(s, ReasonDispatch, "proxy_http_call failed: "+st.String(), now) {
 			return abi.ActionPause
 		}
@@ -504,6 +539,11 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 			s.counted = false
 		}
 	}
+	if a.Outcome == UnknownKey && s.entry {
+		// The key is in no plan now: no bucket of its old plan bounds
+		// anything, and its next request is asked about.
+		r.cache.drop(h, s.key, now)
+	}
 	l.uncount(s)
 	if s.gone {
 		l.release(s) // the answer was all that was left of it
@@ -559,7 +599,7 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 		// the client's other callouts came meanwhile). The rest fails
 		// open. filter/RATIONALE.md, "A failed callout meets the deny
 		// cache first".
-		if act, denied := l.fromCache(s, now); denied {
+		if act, denied := l.fromCache(s, now, false); denied {
 			l.m.inc(h, cFailedCached)
 			if act == abi.ActionPause {
 				return // answered 429
