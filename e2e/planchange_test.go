@@ -134,3 +134,73 @@ func TestPlanChangeInForce(t *testing.T) {
 		}
 	}
 }
+
+// TestHotRegionsChangeInForce: a hot client past its region's share whose
+// regions change in the plans file (here it is no longer hot: one bucket
+// again) has the change in force at the gateway within the same bound as
+// a plan change; the gateway's deny cache used to go on denying it by its
+// region bucket's entry, the plan's 10 an hour, for 360 s.
+func TestHotRegionsChangeInForce(t *testing.T) {
+	const client = "hot-region-client"
+	s := startStack(t, stackConfig{
+		plans:          "plans:\n  slow: {capacity: 10, rate: \"10/h\"}\nclients:\n  \"" + client + "\": {plan: slow, regions: [eu, us]}\n",
+		gatewayRegions: []string{"eu"},
+	})
+	get := func() reply { return s.do(0, "GET", "/orders/1", "x-api-key", client) }
+	// eu's share, half of 10, is spent after at most 5 requests (the
+	// reconciler may move the share toward eu meanwhile, so up to 10).
+	admitted := 0
+	for i := 0; i < 11; i++ {
+		if r := get(); r.status == http.StatusOK {
+			admitted++
+		} else if r.status != http.StatusTooManyRequests {
+			t.Fatalf("request %d: status %d", i+1, r.status)
+		}
+	}
+	if admitted < 5 || admitted > 10 {
+		t.Fatalf("%d of 11 admitted through eu, want 5 to 10", admitted)
+	}
+	cachedBefore := s.stat(counter("denied_cached"))
+	testkit.Poll(t, 10*time.Second, "a denial from the deny cache", func() bool {
+		get()
+		return s.stat(counter("denied_cached")) > cachedBefore
+	})
+
+	n := s.sidecarMetric(0, `sidecar_plans_reloads_total{result="ok"}`)
+	tmp := filepath.Join(filepath.Dir(s.plans), "plans.new")
+	if err := os.WriteFile(tmp, []byte("plans:\n  slow: {capacity: 10, rate: \"10/h\"}\nclients:\n  \""+client+"\": slow\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, s.plans); err != nil {
+		t.Fatal(err)
+	}
+	written := time.Now()
+	testkit.Poll(t, 10*time.Second, "the sidecar loads the new plans", func() bool {
+		return s.sidecarMetric(0, `sidecar_plans_reloads_total{result="ok"}`) > n
+	})
+	loaded := time.Now()
+	// One bucket again, which this client has never used: full. The
+	// bound is TestPlanChangeInForce's: the poll, the trust, a second
+	// for the trips and this machine's stalls.
+	const bound = 3 * time.Second
+	denied, maxRetry := 0, 0
+	end := written.Add(10 * time.Second)
+	for {
+		r := get()
+		if r.status == http.StatusOK {
+			break
+		}
+		denied++
+		maxRetry = max(maxRetry, r.retryAfter)
+		if time.Now().After(end) {
+			t.Fatalf("no 200 within 10 s of the write: %d answered %d, retry-after up to %d s", denied, r.status, maxRetry)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	at := time.Now()
+	t.Logf("regions removed: loaded %v after the write, admitted %v after it (%v after the load); meanwhile %d denied, retry-after up to %d s",
+		loaded.Sub(written).Round(time.Millisecond), at.Sub(written).Round(time.Millisecond), at.Sub(loaded).Round(time.Millisecond), denied, maxRetry)
+	if at.Sub(written) > bound {
+		t.Errorf("admitted %v after the write, want within %v", at.Sub(written), bound)
+	}
+}
