@@ -325,6 +325,36 @@ func (s *stack) doDecided(g int, method, path string, headers ...string) reply {
 	}
 }
 
+// denyTrust is how long the filter's deny cache takes one of the sidecar's
+// answers on trust (filter/limiter's denyTrust): past it, the next request
+// the entry would deny is asked about again.
+const denyTrust = time.Second
+
+// cachedDenial sends a request of a client the gateway's deny cache holds,
+// whose latest 429 answered a request sent at prev, and reports whether it
+// was answered 429 from the cache. One answered within denyTrust of prev
+// must be: the entry is still trusted. One answered later may rightly be
+// the once-a-second re-ask (a stall of the machine between two requests),
+// which renews the entry, so it is sent again, up to decidedAttempts times.
+func (s *stack) cachedDenial(g int, prev time.Time, method, path string, headers ...string) bool {
+	s.t.Helper()
+	for attempt := 1; ; attempt++ {
+		before := s.decisions()["denied_cached"]
+		sent := time.Now()
+		r := s.do(g, method, path, headers...)
+		answered := time.Since(prev)
+		if r.status == http.StatusTooManyRequests && s.decisions()["denied_cached"] == before+1 {
+			return true
+		}
+		if answered < denyTrust || r.status != http.StatusTooManyRequests || attempt == decidedAttempts {
+			s.t.Logf("%s %s: %d, answered %v after the previous 429's request, not from the deny cache", method, path, r.status, answered)
+			return false
+		}
+		s.t.Logf("%s %s answered %v after the previous 429's request, past the deny cache's trust: asked again (attempt %d of %d)", method, path, answered, attempt, decidedAttempts)
+		prev = sent
+	}
+}
+
 // decidedRun runs fn, a sequence of requests whose decisions a test
 // checks, again when one of its requests failed open (the gateways'
 // fail-open counters moved): that request went through undecided, and its
