@@ -354,3 +354,62 @@ func TestRunNamesTheListenerItCannotBind(t *testing.T) {
 		}
 	}
 }
+
+// TestREADMEListsEveryFlag holds sidecar/README.md's Configuration table to
+// what -h prints: one row per flag, with the flag's variable and default,
+// and no row for a flag the sidecar does not have.
+func TestREADMEListsEveryFlag(t *testing.T) {
+	var out bytes.Buffer
+	if code := run([]string{"-h"}, envOf(nil), io.Discard, &out); code != 0 {
+		t.Fatalf("-h exit %d", code)
+	}
+	type flagDoc struct{ env, def string }
+	// "  -name [type]" then "    \t... " lines, the last "env VAR [(default "x")]".
+	help := map[string]flagDoc{}
+	flagLine := regexp.MustCompile(`^  -([a-z-]+)`)
+	envLine := regexp.MustCompile(`^\s+env (SIDECAR_[A-Z_]+)(?: \(default "(.*)"\))?$`)
+	name := ""
+	for _, line := range strings.Split(out.String(), "\n") {
+		if m := flagLine.FindStringSubmatch(line); m != nil {
+			name = m[1]
+			continue
+		}
+		if m := envLine.FindStringSubmatch(line); m != nil && name != "" {
+			help[name] = flagDoc{m[1], m[2]}
+			name = ""
+		}
+	}
+	if len(help) < 10 {
+		t.Fatalf("read %d flags from -h, want every one:\n%s", len(help), out.String())
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile("(?m)^\\| `-([a-z-]+)` \\| `(SIDECAR_[A-Z_]+)` \\| ([^|]+) \\|")
+	documented := map[string]bool{}
+	for _, m := range row.FindAllStringSubmatch(string(readme), -1) {
+		name, env, def := m[1], m[2], strings.TrimSpace(m[3])
+		documented[name] = true
+		h, ok := help[name]
+		if !ok {
+			t.Errorf("README.md documents -%s, which -h does not list", name)
+			continue
+		}
+		if env != h.env {
+			t.Errorf("README.md: -%s's variable is %s, -h says %s", name, env, h.env)
+		}
+		want := "`" + h.def + "`"
+		if h.def == "" {
+			want = "(none), (required) or `false`"
+		}
+		if (h.def != "" && def != want) || (h.def == "" && def != "(none)" && def != "(required)" && def != "`false`") {
+			t.Errorf("README.md: -%s's default is %s, -h says %s", name, def, want)
+		}
+	}
+	for name := range help {
+		if !documented[name] {
+			t.Errorf("-h lists -%s, which README.md's Configuration table does not", name)
+		}
+	}
+}
