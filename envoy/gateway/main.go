@@ -144,7 +144,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	// The default is the minimum supported Envoy's answer (README: 1.33),
 	// so nothing passes here that would fail there; sleep is what no
 	// Envoy does (envoy/wasmhost/RATIONALE.md: poll_oneoff modes).
-	fs.StringVar(&o.poll, "poll-oneoff", "enosys", "WASI poll_oneoff answer: enosys (Envoy 1.33, the minimum supported, until the 2026 WASI update), noevents (Envoy with that update), sleep (a real implementation, no Envoy)")
+	fs.StringVar(&o.poll, "poll-oneoff", "enosys", "WASI poll_oneoff answer: enosys (Envoy 1.33 to 1.38), noevents (Envoy 1.39 and later), sleep (a real implementation, no Envoy)")
 	fs.BoolVar(&o.check, "check", false, "load the configuration and the module, configure the plugin once, and exit")
 	fs.BoolVar(&o.accessLog, "access-log", false, "write one line per request to stdout")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (for measuring the host's cost per request)")
