@@ -4,7 +4,7 @@
 // effective settings of a valid file and the error the filter would log for
 // an invalid one, and exits 1 if any file is invalid.
 //
-//	go run ./filter/configcheck envoy/filter-config.json
+//	go run ./filter/configcheck my-filter-config.json
 package main
 
 import (
@@ -15,20 +15,39 @@ import (
 	"github.com/edgelimit/edgelimit/filter/limiter"
 )
 
+const usage = `usage: configcheck FILE... (- for standard input)
+
+Each FILE holds the JSON Envoy passes to the filter as its configuration
+(envoy.yaml's configuration value). Prints the settings of a valid file and
+the error the filter would log for an invalid one; exits 1 if any is
+invalid, 2 on bad usage.`
+
 func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: configcheck FILE... (- for standard input)")
-		os.Exit(2)
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run checks each named file; -h, -help or --help prints the usage.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, usage)
+		return 2
+	}
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" {
+			fmt.Fprintln(stdout, usage)
+			return 0
+		}
 	}
 	failed := false
-	for _, name := range os.Args[1:] {
+	for _, name := range args {
 		line, ok := check(name)
-		fmt.Println(line)
+		fmt.Fprintln(stdout, line)
 		failed = failed || !ok
 	}
 	if failed {
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
 // check reads and validates one configuration file.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"testing"
@@ -29,5 +30,19 @@ func TestCheck(t *testing.T) {
 		if line != c.want || ok != c.ok {
 			t.Errorf("check(%s) = %q, %v; want %q, %v", c.file, line, ok, c.want, c.ok)
 		}
+	}
+}
+
+// TestHelp: -h prints the usage and succeeds; it names no file to open.
+func TestHelp(t *testing.T) {
+	for _, arg := range []string{"-h", "-help", "--help"} {
+		var out, errOut bytes.Buffer
+		if code := run([]string{arg}, &out, &errOut); code != 0 || !bytes.HasPrefix(out.Bytes(), []byte("usage: configcheck FILE...")) || errOut.Len() != 0 {
+			t.Errorf("configcheck %s: exit %d, stdout %q, stderr %q; want exit 0 and the usage", arg, code, out.String(), errOut.String())
+		}
+	}
+	var out, errOut bytes.Buffer
+	if code := run(nil, &out, &errOut); code != 2 || !bytes.HasPrefix(errOut.Bytes(), []byte("usage: configcheck FILE...")) {
+		t.Errorf("configcheck with no file: exit %d, stderr %q; want exit 2 and the usage", code, errOut.String())
 	}
 }
