@@ -140,7 +140,7 @@ func TestQuotaProblem(t *testing.T) {
 				`"detail":"this request costs 500 quota units and policy pro holds at most 200: it can never succeed, do not retry it","violated-policies":["pro"],"error":"cost_above_limit"}`},
 		{"escaped", quota{plan: `a"b\c`, limit: 1}, 1, 2,
 			`{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,` +
-				`"detail":"this request costs 1 quota units and 0 remain in policy a\"b\\c; retry after 2 s","violated-policies":["a\"b\\c"],"error":"rate_limited","retry_after":2}`},
+				`"detail":"this request costs 1 quota unit and 0 remain in policy a\"b\\c; retry after 2 s","violated-policies":["a\"b\\c"],"error":"rate_limited","retry_after":2}`},
 	} {
 		got := string(appendQuotaProblem(nil, &c.q, c.cost, c.retry))
 		if got != c.want {

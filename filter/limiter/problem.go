@@ -32,7 +32,11 @@ func appendQuotaProblem(b []byte, q *quota, cost, retry int64) []byte {
 	b = append(b, `{"type":"`+QuotaExceededType+`","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"this request costs `...)
 	b = strconv.AppendInt(b, cost, 10)
 	if retry > 0 {
-		b = append(b, ` quota units and `...)
+		if cost == 1 {
+			b = append(b, ` quota unit and `...)
+		} else {
+			b = append(b, ` quota units and `...)
+		}
 		b = strconv.AppendInt(b, q.remaining, 10)
 		b = append(b, ` remain in policy `...)
 		b = appendJSONText(b, name)
