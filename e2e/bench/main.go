@@ -103,7 +103,7 @@ func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	binDir := fs.String("bin", filepath.Join(root, "build"), "directory with filter.wasm, sidecar and gateway (built there if missing)")
 	out := fs.String("out", filepath.Join(root, "e2e", "bench", "results"), "where charts, markdown and JSON results go")
-	md := fs.String("md", filepath.Join(root, "BENCHMARKS.md"), "BENCHMARKS.md to write after `all` and `report`; empty for none")
+	md := fs.String("md", filepath.Join(root, "BENCHMARKS.md"), "`file` the all and report commands write the markdown report to; empty for none")
 	runs := fs.Int("runs", 3, "repetitions of each measurement; tables report medians")
 	scale := fs.Float64("scale", 1, "multiplies the duration of every phase (e.g. 5 for a longer, steadier run)")
 	fs.Usage = func() {
