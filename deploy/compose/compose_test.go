@@ -14,11 +14,13 @@ import (
 	"path"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
+	"github.com/edgelimit/edgelimit/filter/limiter"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 	"sigs.k8s.io/yaml"
 )
@@ -170,6 +172,30 @@ func TestComposeRunsEnvoyYAML(t *testing.T) {
 	// "The callout timeout's clock").
 	if _, ok := envoy.Environment["EVENT_PRECISE_TIMER"]; !ok {
 		t.Errorf("envoy's environment %v has no EVENT_PRECISE_TIMER", envoy.Environment)
+	}
+}
+
+// Envoy's workers are set, as the chart sets them, not left to Envoy's
+// default of one per hardware thread of the Docker host, each with its own
+// wasm VM and its own warm connections to the sidecar: they must all fit
+// in the callout cluster's connection limit.
+func TestComposeSetsEnvoyWorkers(t *testing.T) {
+	c, cfg, _ := load(t)
+	workers, err := strconv.Atoi(flag(t, c.Services["envoy"], "--concurrency"))
+	if err != nil || workers < 1 {
+		t.Fatalf("envoy --concurrency %q: want a number of workers", flag(t, c.Services["envoy"], "--concurrency"))
+	}
+	filter, err := limiter.Parse([]byte(cfg.Wasm.Configuration))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sidecar, ok := cfg.Clusters[filter.SidecarCluster]
+	if !ok {
+		t.Fatalf("envoy.yaml has no cluster %s", filter.SidecarCluster)
+	}
+	if warm := workers * int(filter.WarmConnections); warm > sidecar.Limits.MaxConnections {
+		t.Errorf("%d workers x %d warm connections = %d, past %s's max_connections %d",
+			workers, filter.WarmConnections, warm, sidecar.Name, sidecar.Limits.MaxConnections)
 	}
 }
 
