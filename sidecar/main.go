@@ -62,19 +62,24 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return checkConfig(o, stdout, stderr)
 	}
 
-	log := newLogger(o, stderr)
-	a, err := app.Start(o.cfg, log)
-	if err != nil {
-		log.Error("cannot start", "err", err)
-		return 1
-	}
-
+	// The signals are caught before the listeners open: app.Start serves
+	// while it waits up to a second for Redis, and a signal there would
+	// otherwise take its default action, SIGHUP's and SIGTERM's alike
+	// killing the process. One that comes during the start is acted on
+	// once it is done.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(hup)
 	defer signal.Stop(stop)
+
+	log := newLogger(o, stderr)
+	a, err := app.Start(o.cfg, log)
+	if err != nil {
+		log.Error("cannot start", "err", err)
+		return 1
+	}
 
 	for {
 		select {

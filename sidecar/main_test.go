@@ -21,6 +21,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/internal/gotool"
 	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/internal/syncbuf"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
@@ -411,5 +412,92 @@ func TestREADMEListsEveryFlag(t *testing.T) {
 		if !documented[name] {
 			t.Errorf("-h lists -%s, which README.md's Configuration table does not", name)
 		}
+	}
+}
+
+// TestSignalDuringStart: a SIGHUP or SIGTERM that reaches the sidecar while
+// it starts, its listener already serving and Redis not yet answering, is
+// acted on once the start is done, as one that comes later: SIGHUP
+// reloads the plans and the sidecar runs on, SIGTERM stops it with exit
+// status 0. The signal is sent when the sidecar's first connection to
+// Redis comes in, which the start makes to see whether Redis is ready and
+// waits up to a second on; this Redis never answers.
+func TestSignalDuringStart(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "sidecar")
+	if err := gotool.Run(context.Background(), ".", nil, "build", "-o", bin, "."); err != nil {
+		t.Fatal(err)
+	}
+	plansPath := filepath.Join(dir, "plans.yaml")
+	if err := os.WriteFile(plansPath, []byte("default_plan: free\nplans:\n  free: {capacity: 2, rate: 1}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			connected := make(chan struct{}, 1)
+			redisAddr := testkit.RawServer(t, func(c net.Conn, br *bufio.Reader) {
+				select {
+				case connected <- struct{}{}:
+				default:
+				}
+				io.Copy(io.Discard, br) // read every command, answer none
+			})
+			cmd := exec.Command(bin, "-listen", "127.0.0.1:0", "-log-format", "json", "-plans", plansPath, "-redis", "redis://"+redisAddr+"/0")
+			var logs syncbuf.Buffer
+			cmd.Stderr = &logs
+			testkit.DieWithParent(cmd)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			t.Cleanup(func() {
+				if cmd.ProcessState == nil {
+					cmd.Process.Kill()
+					<-exited
+				}
+				if t.Failed() {
+					t.Logf("sidecar log:\n%s", logs.String())
+				}
+			})
+			select {
+			case <-connected:
+			case err := <-exited:
+				t.Fatalf("exited before it reached Redis: %v", err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("no connection to Redis")
+			}
+			if strings.Contains(logs.String(), `"msg":"sidecar listening"`) {
+				t.Fatal("the start was over before the signal; this test sends it during the start")
+			}
+			if err := cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			if sig == syscall.SIGTERM {
+				select {
+				case err := <-exited:
+					if err != nil {
+						t.Fatalf("exit after SIGTERM during the start: %v, want status 0", err)
+					}
+				case <-time.After(30 * time.Second):
+					t.Fatal("no exit after SIGTERM")
+				}
+				if !strings.Contains(logs.String(), `"msg":"sidecar stopped"`) {
+					t.Error("log lacks the stop")
+				}
+				return
+			}
+			testkit.PollErr(t, 30*time.Second, "the plans reloaded after the start", func() error {
+				select {
+				case err := <-exited:
+					t.Fatalf("exited after SIGHUP during the start: %v", err)
+				default:
+				}
+				if !strings.Contains(logs.String(), `"msg":"plans reloaded"`) {
+					return fmt.Errorf("no reload logged yet")
+				}
+				return nil
+			})
+		})
 	}
 }
