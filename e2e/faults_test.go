@@ -319,33 +319,7 @@ func TestFaultRedisMemoryFull(t *testing.T) {
 	ctx := context.Background()
 	rc := s.redis.Client(t)
 	s.expectLimited(0, "before")
-
-	// Fill Redis with 4 MiB of other data, then set maxmemory 1 MiB below
-	// what it holds. Redis refuses a write when it is above maxmemory as
-	// the command starts, and with noeviction it cannot get below: every
-	// write fails with OOM until memory is freed or the limit raised.
-	// (Filling up to the limit instead leaves Redis just below it, where
-	// small writes still pass.)
-	filler := strings.Repeat("x", 64<<10)
-	for i := 0; i < 64; i++ {
-		if err := rc.Set(ctx, "filler:"+strconv.Itoa(i), filler, 0).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	info, err := rc.Info(ctx, "memory").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	usedMemory, err := strconv.ParseInt(infoValue(info, "used_memory"), 10, 64)
-	if err != nil {
-		t.Fatalf("INFO memory: used_memory: %v", err)
-	}
-	if err := rc.ConfigSet(ctx, "maxmemory", strconv.FormatInt(usedMemory-1<<20, 10)).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rc.Set(ctx, "probe", "1", 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
-		t.Fatalf("a write to the full Redis: %v, want an OOM error", err)
-	}
+	fillRedisMemory(t, rc)
 
 	// What the sidecar answers, asked directly.
 	req, _ := http.NewRequest("POST", "http://"+s.scAddrs[0]+"/v1/check", nil)
@@ -388,6 +362,38 @@ func TestFaultRedisMemoryFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.expectLimited(0, "after")
+}
+
+// fillRedisMemory fills a Redis started with --maxmemory-policy noeviction
+// with 4 MiB of other data, then sets maxmemory 1 MiB below what it holds.
+// Redis refuses a write when it is above maxmemory as the command starts,
+// and with noeviction it cannot get below: every write fails with OOM until
+// memory is freed or the limit raised ("CONFIG SET maxmemory 0"). (Filling
+// up to the limit instead leaves Redis just below it, where small writes
+// still pass.)
+func fillRedisMemory(t *testing.T, rc *redis.Client) {
+	t.Helper()
+	ctx := context.Background()
+	filler := strings.Repeat("x", 64<<10)
+	for i := 0; i < 64; i++ {
+		if err := rc.Set(ctx, "filler:"+strconv.Itoa(i), filler, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := rc.Info(ctx, "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	usedMemory, err := strconv.ParseInt(infoValue(info, "used_memory"), 10, 64)
+	if err != nil {
+		t.Fatalf("INFO memory: used_memory: %v", err)
+	}
+	if err := rc.ConfigSet(ctx, "maxmemory", strconv.FormatInt(usedMemory-1<<20, 10)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Set(ctx, "probe", "1", 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+		t.Fatalf("a write to the full Redis: %v, want an OOM error", err)
+	}
 }
 
 // infoValue returns the value of "name:value" in an INFO reply.
@@ -759,4 +765,104 @@ func TestSidecarRestartWarmsAgain(t *testing.T) {
 	if k := notOK.Load(); k != 0 {
 		t.Fatalf("%d of %d requests across the restart were not answered 200 within %v", k, sent.Load(), hangBound)
 	}
+}
+
+// Redis down long enough for the circuit breaker's interval to have grown
+// to max_open_ms (5 s as shipped, after six failed probes: 0.1 + 0.2 + 0.4
+// + 0.8 + 1.6 + 3.2 s), and back just after a probe failed, so that the
+// next probe is 5 s away; every request meanwhile goes through unlimited
+// (circuit_open). The filter's warm-up rounds, which come every second
+// while they fail, reach the sidecar and Redis within a second of Redis's
+// return, and the first one answered 200 ends the open interval: the next
+// request is the probe, and the client's requests are decided again. The
+// bound: the next round at most 1 s away, plus 1 s for a loaded machine,
+// 2 s in all; left to the interval, the probe would come 5 s after the
+// failed one, more than 4 s after Redis is back (its restart is checked to
+// take under 1 s).
+func TestLimitBackWithinASecondOfRedis(t *testing.T) {
+	s := startStack(t, stackConfig{plans: "default_plan: bulk\nplans:\n  bulk: {capacity: 1000000000, rate: 1000000000}\n"})
+	var decided, back, firstDecided atomic.Int64 // back, firstDecided: unix ns
+	load := testkit.StartLoad(t, 1, func(w, i int) {
+		r, err := s.try(0, "GET", "/orders/1", "x-api-key", "steady")
+		if err == nil && r.header.Get("ratelimit-limit") != "" {
+			decided.Add(1)
+			if back.Load() != 0 {
+				firstDecided.CompareAndSwap(0, time.Now().UnixNano())
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	})
+	defer load.Stop()
+	testkit.Poll(t, 10*time.Second, "requests decided before the outage", func() bool { return decided.Load() > 0 })
+
+	if err := s.redis.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	reopened := "wasmcustom." + limiter.MetricBreakerReopened
+	testkit.Poll(t, 30*time.Second, "the breaker open for max_open_ms after its sixth failed probe", func() bool { return s.stat(reopened) >= 6 })
+	seen := time.Now()
+	if err := s.redis.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	back.Store(time.Now().UnixNano())
+	if d := time.Since(seen); d > time.Second {
+		t.Fatalf("Redis took %v to restart after the failed probe: the next probe is too close to tell a round's 200 from it", d.Round(time.Millisecond))
+	}
+	testkit.Poll(t, 10*time.Second, "a request decided after Redis is back", func() bool { return firstDecided.Load() != 0 })
+	took := time.Duration(firstDecided.Load() - back.Load())
+	t.Logf("the first request decided %v after Redis was back", took.Round(time.Millisecond))
+	if took > 2*time.Second {
+		t.Fatalf("the first request decided %v after Redis was back, want within 2 s: the warm-up round's 200 did not bring the breaker's probe forward", took.Round(time.Millisecond))
+	}
+	if got := s.stat("wasmcustom." + limiter.MetricBreakerClosed); got != 1 {
+		t.Errorf("%s = %d, want 1", limiter.MetricBreakerClosed, got)
+	}
+}
+
+// Redis that answers the warm-up calls' peek, which writes nothing, but
+// refuses every check's write: here out of memory (OOM under maxmemory
+// with noeviction); a replica's READONLY and an ACL user without hset are
+// answered the same way, 200 to POST /v1/warm and 503 to every check. The
+// rounds' 200s bring the breaker's probe forward, each probe fails, and
+// the breaker never closes: no request is decided while Redis refuses.
+// Memory back, the client is limited again.
+func TestBreakerStaysOpenWhileRedisRefusesWrites(t *testing.T) {
+	s := startStack(t, stackConfig{
+		plans:     tinyPlans,
+		redisArgs: []string{"--maxmemory-policy", "noeviction"},
+	})
+	var decided atomic.Int64
+	load := testkit.StartLoad(t, 1, func(w, i int) {
+		// A client of its own each time: its first request is decided 200.
+		r, err := s.try(0, "GET", "/orders/1", "x-api-key", "steady-"+strconv.Itoa(i))
+		if err == nil && r.header.Get("ratelimit-limit") != "" {
+			decided.Add(1)
+		}
+		time.Sleep(10 * time.Millisecond)
+	})
+	defer load.Stop()
+	testkit.Poll(t, 10*time.Second, "requests decided before Redis is full", func() bool { return decided.Load() > 0 })
+
+	fillRedisMemory(t, s.redis.Client(t))
+	opened := "wasmcustom." + limiter.MetricBreakerOpened
+	testkit.Poll(t, 10*time.Second, "the breaker open", func() bool { return s.stat(opened) >= 1 })
+	closed, reopened := "wasmcustom."+limiter.MetricBreakerClosed, "wasmcustom."+limiter.MetricBreakerReopened
+	closedBefore, reopenedBefore, decidedBefore := s.stat(closed), s.stat(reopened), decided.Load()
+	warmOK := `sidecar_warm_ups_total{result="ok"}`
+	// Two rounds of warm-up calls answered 200 after the breaker opened,
+	// the second sent after the first was answered.
+	warmed := s.sidecarMetric(0, warmOK) + 2*2*limiter.DefaultWarmConnections
+	testkit.Poll(t, 30*time.Second, "warm-up calls answered 200 while Redis refuses the checks", func() bool { return s.sidecarMetric(0, warmOK) >= warmed })
+	if got := s.stat(closed); got != closedBefore {
+		t.Errorf("the breaker closed %d times while Redis refused every check", got-closedBefore)
+	}
+	if got := decided.Load(); got != decidedBefore {
+		t.Errorf("%d requests decided while Redis refused every check", got-decidedBefore)
+	}
+	t.Logf("while Redis refused the checks: %d failed probes", s.stat(reopened)-reopenedBefore)
+
+	if err := s.redis.Client(t).ConfigSet(context.Background(), "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.expectLimited(0, "memory-back")
 }

@@ -70,6 +70,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"breaker/shadow", r.breakerShadow},
 		{"breaker/workers", r.breakerWorkers},
 		{"breaker/lost-probe", r.breakerLostProbe},
+		{"breaker/warm-ends-open", r.breakerWarmEndsOpen},
 		{"breaker/disabled", r.breakerDisabled},
 		{"breaker/default", r.breakerDefault},
 		{"local/limits", r.localLimits},

@@ -442,3 +442,80 @@ func (r runner) breakerDefault(t *testing.T) {
 	allowing(t, h, "key-1")
 	transitions(t, h, 1, 0, 1)
 }
+
+// breakerWarmEndsOpen: while the breaker is open, a warm-up call answered
+// 200 says the sidecar answers through Redis again, so the open interval
+// ends and the next request is the probe, which closes the breaker: not
+// the end of an interval that may be max_open_ms long. A call sent before
+// the breaker last opened, or answered otherwise, changes nothing; and the
+// 200 only brings the probe forward: a sidecar that answers its warm-up
+// calls (Redis answers their peek, which writes nothing) but fails its
+// checks (Redis refusing their writes: READONLY, OOM, NOPERM) fails the
+// probe, and the breaker opens again for twice as long, never closed by a
+// warm-up call.
+func (r runner) breakerWarmEndsOpen(t *testing.T) {
+	h := r.host(t, breakerConfig)
+	tick(t, h, time.Second, "after the first round")
+	h.RespondRootCallouts(warmOK)
+	tick(t, h, 10*time.Second, "after a round answered")
+	// This round goes out before the breaker opens, and is answered after.
+	h.Advance(time.Millisecond)
+	openBreaker(t, h)
+	transitions(t, h, 1, 0, 0)
+	h.RespondRootCallouts(warmOK)
+	bypassed(t, h, "key-1").Done()
+
+	// A round that fails (the sidecar up, Redis not) changes nothing.
+	h.Advance(10 * time.Millisecond)
+	tick(t, h, time.Second, "after a round answered while the breaker opened")
+	h.RespondRootCallouts(unavailableAnswer)
+	bypassed(t, h, "key-1").Done()
+
+	// The sidecar answers through Redis again: 21 ms into the 100 ms
+	// interval, the next request probes, and its answer closes the
+	// breaker.
+	h.Advance(10 * time.Millisecond)
+	tick(t, h, time.Second, "after a round refused")
+	h.RespondRootCallouts(warmOK)
+	probe, _ := waiting(t, h, get("key-2"))
+	breakerState(t, h, 2)
+	// Another request while the probe is out goes through as before.
+	bypassed(t, h, "key-3").Done()
+	probe.RespondCallout(firstAllow, nil)
+	wentOn(t, probe)
+	probe.Done()
+	transitions(t, h, 1, 0, 1)
+	breakerState(t, h, 0)
+	if got := logged(h, "edgelimit: circuit breaker closed: "); !slices.Equal(got, []string{
+		"edgelimit: circuit breaker closed: the sidecar answered after 20 ms"}) {
+		t.Errorf("closing lines %q, want one 20 ms after the breaker opened", got)
+	}
+
+	// Redis answers the warm-ups' peeks but refuses every check (503):
+	// each 200 brings a probe forward, each probe fails and opens the
+	// breaker again, for 200 ms, then 400; it stays open.
+	h.RespondRootCallouts(warmOK)
+	h.Advance(time.Millisecond)
+	for range 3 {
+		failing(t, h, "key-1", unavailableAnswer)
+	}
+	transitions(t, h, 2, 0, 1)
+	for i, interval := range []time.Duration{200 * time.Millisecond, 400 * time.Millisecond} {
+		h.Advance(time.Millisecond)
+		h.Tick() // a round, whatever its period
+		h.RespondRootCallouts(warmOK)
+		failing(t, h, "key-1", unavailableAnswer)
+		transitions(t, h, 2, int64(i+1), 1)
+		breakerState(t, h, 1)
+		bypassed(t, h, "key-1").Done()
+		h.Advance(interval - time.Millisecond)
+		bypassed(t, h, "key-1").Done()
+	}
+	// A round sent before the last probe failed changes nothing.
+	h.Tick()
+	h.Advance(time.Millisecond)
+	failing(t, h, "key-1", unavailableAnswer) // the probe at the interval's end
+	transitions(t, h, 2, 3, 1)
+	h.RespondRootCallouts(warmOK)
+	bypassed(t, h, "key-1").Done()
+}

@@ -22,7 +22,11 @@ import (
 // has passed, the first request is a probe and every other one keeps
 // failing open until its answer: a probe that gets any answer from the
 // sidecar closes the breaker, one that fails opens it again for twice as
-// long, up to MaxOpenMs.
+// long, up to MaxOpenMs. A warm-up call (warm.go) answered 200, sent after
+// the breaker last opened, ends the open interval at once (wake): the
+// sidecar answered through Redis, so the next request probes instead of
+// failing open for the rest of an interval that may be seconds long. Only
+// the probe's answer closes the breaker.
 //
 // The state lives in proxy-wasm shared data, one value per sidecar cluster,
 // so that every worker VM of the process opens together and a single probe
@@ -133,6 +137,21 @@ func (st breakerState) admit(lease, now int64) (next breakerState, allow, probe 
 	}
 	st.phase, st.until = phaseHalfOpen, now+lease
 	return st, true, true
+}
+
+// wake ends the open interval at now, so that the next request is the
+// probe, when the sidecar answered at now a warm-up call sent at sentAt,
+// after the breaker last opened (until − interval): a call sent before
+// then may have been answered before the failure that opened it. It
+// changes nothing but the open interval's end: a half-open
+// breaker's probe is already out, and a failed probe still doubles the
+// interval.
+func (st breakerState) wake(sentAt, now int64) (breakerState, bool) {
+	if st.phase != phaseOpen || now >= st.until || sentAt < st.until-st.interval {
+		return st, false
+	}
+	st.until = now
+	return st, true
 }
 
 // record applies the result, at now, of a callout sent at sentAt when the
@@ -298,6 +317,20 @@ func (b *breaker) record(h abi.Host, failed, probe, timedOut bool, sentAt, now i
 		return st, evNone
 	}
 	return breakerState{}, evNone
+}
+
+// wake applies a warm-up call's 200, answered at now to a call sent at
+// sentAt, to the shared state (breakerState.wake). Giving up after
+// breakerCASAttempts leaves the interval as it was: its probe comes at its
+// end.
+func (b *breaker) wake(h abi.Host, sentAt, now int64) {
+	for attempt := 0; attempt < breakerCASAttempts; attempt++ {
+		st, cas := b.load(h)
+		next, ok := st.wake(sentAt, now)
+		if !ok || h.SetSharedData(b.key, encodeBreaker(next), cas) != abi.StatusCASMismatch {
+			return
+		}
+	}
 }
 
 // Shared value: format byte, phase byte, failures (u32), interval, until,

@@ -102,6 +102,69 @@ func TestBreakerIntervalAndOutageStart(t *testing.T) {
 	}
 }
 
+// TestBreakerWake: a warm-up call's 200 ends the open interval at its
+// answer, so that the next callout is the probe, only when the call was
+// sent after the breaker last opened (or opened again after a failed
+// probe); it changes neither a closed breaker nor a half-open one (the
+// probe is out), nor the interval a failed probe doubles.
+func TestBreakerWake(t *testing.T) {
+	var open breakerState
+	for i := range 3 {
+		open, _ = open.record(&testBreaker, true, false, anchor+int64(i)*ms, anchor+int64(i)*ms)
+	}
+	opened := anchor + 2*ms // open until opened+100ms
+	for _, c := range []struct {
+		what        string
+		st          breakerState
+		sentAt, now int64
+		woken       bool
+	}{
+		{"sent as it opened", open, opened, opened + 30*ms, true},
+		{"sent before it opened", open, opened - 1, opened + 30*ms, false},
+		{"answered after the interval", open, opened + 10*ms, opened + 100*ms, false},
+		{"closed", breakerState{}, opened, opened + 30*ms, false},
+	} {
+		st, woken := c.st.wake(c.sentAt, c.now)
+		if woken != c.woken {
+			t.Errorf("%s: woken %v, want %v", c.what, woken, c.woken)
+			continue
+		}
+		if !woken {
+			if st != c.st {
+				t.Errorf("%s: %+v, want it unchanged %+v", c.what, st, c.st)
+			}
+			continue
+		}
+		if st.phase != phaseOpen || st.until != c.now || st.interval != 100*ms || st.since != opened {
+			t.Errorf("%s: %+v, want open until %d, the interval and outage start as they were", c.what, st, c.now)
+		}
+		if _, allow, probe := st.admit(testLease, c.now); !allow || !probe {
+			t.Errorf("%s: the next callout allow=%v probe=%v, want the probe", c.what, allow, probe)
+		}
+	}
+	// Half-open: the probe is out.
+	now := open.until
+	half, _, _ := open.admit(testLease, now)
+	if st, woken := half.wake(now, now+ms); woken || st != half {
+		t.Errorf("half-open: woken %v, %+v; want it unchanged", woken, st)
+	}
+	// The probe failed: open again for 200 ms from its answer; a call sent
+	// before that answer wakes nothing, one sent after does, and the
+	// interval a failed probe doubles stays 200 ms.
+	reopened, _ := half.record(&testBreaker, true, true, now, now+ms)
+	if _, woken := reopened.wake(now, now+50*ms); woken {
+		t.Error("reopened: a call sent before the failed probe's answer woke it")
+	}
+	st, woken := reopened.wake(now+ms, now+50*ms)
+	if !woken || st.interval != 200*ms {
+		t.Errorf("reopened: woken %v, %+v; want woken with its 200 ms interval", woken, st)
+	}
+	st, _, _ = st.admit(testLease, now+50*ms)
+	if st, _ = st.record(&testBreaker, true, true, now+50*ms, now+51*ms); st.interval != 400*ms {
+		t.Errorf("a failed probe after a wake: %+v, want the interval doubled to 400 ms", st)
+	}
+}
+
 // TestBreakerClock: the breaker runs on the proxy's wall clock. A step
 // back never keeps it open beyond one interval or a probe's lease; a step
 // forward only probes early.

@@ -16,8 +16,15 @@ import "github.com/edgelimit/edgelimit/filter/abi"
 // whole path once before a client's check needs it. A round that went
 // wrong (a call refused, failed or still unanswered at the next tick: the
 // sidecar is not up yet, or gone, or Redis down) is made again a second
-// later instead of ten. The answers decide nothing else: they reach neither
-// the breaker nor any counter.
+// later instead of ten. The answers decide nothing: they reach no counter,
+// and a failed one reaches no breaker. A 200 to a call sent after the
+// circuit breaker (last) opened ends its open interval early
+// (breaker.wake): the next request is the probe, so that checking resumes
+// within about a second of the sidecar and Redis answering again rather
+// than at the end of an interval of up to max_open_ms. It only brings the
+// probe forward: the probe, a check, is still what closes the breaker, so a
+// sidecar whose peeks Redis answers while it refuses the checks' writes
+// (READONLY, OOM, an ACL user without hset) does not close it.
 
 // warmPath is what a warm-up call asks the sidecar, with a POST and no
 // body.
@@ -41,6 +48,7 @@ const warmRetryMs = 1000
 type warmRound struct {
 	tokens []uint32 // its calls not answered yet
 	failed bool     // one was refused, or answered other than 200, or rewarm asked for the next round a second away
+	sent   int64    // when its calls went out (host clock, ns)
 	// outage: requests failed open on the open breaker since the sidecar
 	// last answered this VM; its next answer sends a round at once
 	// (Limiter.rewarm).
@@ -60,7 +68,7 @@ func (l *Limiter) warm(r *root, first bool) uint32 {
 	if first || r.warm.failed || len(r.warm.tokens) > 0 {
 		period = warmRetryMs
 	}
-	r.warm.tokens, r.warm.failed = r.warm.tokens[:0], false
+	r.warm.tokens, r.warm.failed, r.warm.sent = r.warm.tokens[:0], false, l.host.Now()
 	for range cfg.WarmConnections {
 		l.text.reset()
 		l.encoded = r.warmCall.Append(l.encoded[:0], l.text.large(l.host.Now()/1000))
@@ -86,8 +94,10 @@ func warmHeaders(cfg *Config) abi.PairsTemplate {
 
 // warmAnswer takes a warm-up call's answer off its round: anything but a
 // 200 marks the round failed, a call that got no answer at all (no
-// headers, so no :status) among them. The answer of a call from an earlier
-// round, or no warm-up call at all, is ignored.
+// headers, so no :status) among them. A 200 says the sidecar and Redis
+// answer: it brings the open breaker's probe forward (breaker.wake). The
+// answer of a call from an earlier round, or no warm-up call at all, is
+// ignored.
 func (l *Limiter) warmAnswer(r *root, token uint32) {
 	defer l.recoverLog("proxy_on_http_call_response")
 	t := r.warm.tokens
@@ -99,6 +109,8 @@ func (l *Limiter) warmAnswer(r *root, token uint32) {
 		r.warm.tokens = t[:len(t)-1]
 		if st, _ := l.host.GetHeader(abi.MapHTTPCallResponseHeaders, ":status"); st != "200" {
 			r.warm.failed = true
+		} else if r.breaker.enabled() {
+			r.breaker.wake(l.host, r.warm.sent, l.host.Now())
 		}
 		return
 	}
