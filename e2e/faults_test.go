@@ -777,8 +777,8 @@ func TestSidecarRestartWarmsAgain(t *testing.T) {
 // request is the probe, and the client's requests are decided again. The
 // bound: the next round at most 1 s away, plus 1 s for a loaded machine,
 // 2 s in all; left to the interval, the probe would come 5 s after the
-// failed one, more than 4 s after Redis is back (its restart is checked to
-// take under 1 s).
+// failed one, more than 3 s after Redis is back (its restart, from the
+// poll that saw the failed probe, is checked to take under 2 s).
 func TestLimitBackWithinASecondOfRedis(t *testing.T) {
 	s := startStack(t, stackConfig{plans: "default_plan: bulk\nplans:\n  bulk: {capacity: 1000000000, rate: 1000000000}\n"})
 	var decided, back, firstDecided atomic.Int64 // back, firstDecided: unix ns
@@ -805,8 +805,8 @@ func TestLimitBackWithinASecondOfRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	back.Store(time.Now().UnixNano())
-	if d := time.Since(seen); d > time.Second {
-		t.Fatalf("Redis took %v to restart after the failed probe: the next probe is too close to tell a round's 200 from it", d.Round(time.Millisecond))
+	if d := time.Since(seen); d > 2*time.Second {
+		t.Fatalf("Redis took %v to restart after the failed probe: the interval's own probe, 5 s after it, could fall within the bound, and a round's 200 cannot be told from it", d.Round(time.Millisecond))
 	}
 	testkit.Poll(t, 10*time.Second, "a request decided after Redis is back", func() bool { return firstDecided.Load() != 0 })
 	took := time.Duration(firstDecided.Load() - back.Load())
