@@ -170,15 +170,23 @@ func TestCheckFlag(t *testing.T) {
 	}
 }
 
+// buildSidecar builds the sidecar's binary into a directory of the test's
+// own, and returns that directory and the binary's path.
+func buildSidecar(t *testing.T) (dir, bin string) {
+	t.Helper()
+	dir = t.TempDir()
+	bin = filepath.Join(dir, "sidecar")
+	if err := gotool.Run(context.Background(), ".", nil, "build", "-o", bin, "."); err != nil {
+		t.Fatal(err)
+	}
+	return dir, bin
+}
+
 // TestBinary builds the real binary and drives it as a user would: start it
 // with environment settings, wait for /healthz, check, reload on SIGHUP,
 // stop with SIGTERM.
 func TestBinary(t *testing.T) {
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "sidecar")
-	if err := gotool.Run(context.Background(), ".", nil, "build", "-o", bin, "."); err != nil {
-		t.Fatal(err)
-	}
+	dir, bin := buildSidecar(t)
 
 	// -check on a bad config: exit 1, the error names file, field and value.
 	bad := filepath.Join(dir, "bad.yaml")
@@ -423,11 +431,7 @@ func TestREADMEListsEveryFlag(t *testing.T) {
 // Redis comes in, which the start makes to see whether Redis is ready and
 // waits up to a second on; this Redis never answers.
 func TestSignalDuringStart(t *testing.T) {
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "sidecar")
-	if err := gotool.Run(context.Background(), ".", nil, "build", "-o", bin, "."); err != nil {
-		t.Fatal(err)
-	}
+	dir, bin := buildSidecar(t)
 	plansPath := filepath.Join(dir, "plans.yaml")
 	if err := os.WriteFile(plansPath, []byte("default_plan: free\nplans:\n  free: {capacity: 2, rate: 1}\n"), 0o600); err != nil {
 		t.Fatal(err)
