@@ -144,11 +144,13 @@ func exported(t *testing.T) (forms map[string]*names, dotted []string) {
 	return forms, dotted
 }
 
-// sidecarNames are the names of the sidecar's /metrics.
-func sidecarNames(t *testing.T) []string {
+// sidecarSeries is the sidecar's /metrics, parsed, with a sample in each
+// histogram (a histogram is written once it has one).
+func sidecarSeries(t *testing.T) testkit.Metrics {
 	t.Helper()
 	s := stats.New()
-	s.Latency.Update(0.001) // a histogram is written once it has a sample
+	s.Latency.Update(0.001)
+	s.Wait.Update(0.001)
 	s.ObserveBatch(1)
 	var buf bytes.Buffer
 	s.WritePrometheus(&buf)
@@ -156,6 +158,13 @@ func sidecarNames(t *testing.T) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return m
+}
+
+// sidecarNames are the names of the sidecar's /metrics.
+func sidecarNames(t *testing.T) []string {
+	t.Helper()
+	m := sidecarSeries(t)
 	var out []string
 	for series := range m {
 		name, _, _ := strings.Cut(series, "{")
@@ -519,16 +528,7 @@ func TestExportedMetricsDocumented(t *testing.T) {
 	}
 
 	sidecarRows := rows("../sidecar/README.md")
-	s := stats.New()
-	s.Latency.Update(0.001) // a histogram is written once it has a sample
-	s.Wait.Update(0.001)
-	s.ObserveBatch(1)
-	var buf bytes.Buffer
-	s.WritePrometheus(&buf)
-	m, err := testkit.ParseMetrics(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := sidecarSeries(t)
 	labelRE := regexp.MustCompile(`([a-z_]+)="([^"]*)"`)
 	n := 0
 	for series := range m {
