@@ -182,6 +182,21 @@ func buildSidecar(t *testing.T) (dir, bin string) {
 	return dir, bin
 }
 
+// stopOnCleanup kills the started sidecar cmd at the end of the test if it
+// is still running, waiting for exited (where its Wait reports), and logs
+// what it wrote if the test failed.
+func stopOnCleanup(t *testing.T, cmd *exec.Cmd, exited <-chan error, logs fmt.Stringer) {
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("sidecar log:\n%s", logs.String())
+		}
+	})
+}
+
 // TestBinary builds the real binary and drives it as a user would: start it
 // with environment settings, wait for /healthz, check, reload on SIGHUP,
 // stop with SIGTERM.
@@ -227,15 +242,7 @@ func TestBinary(t *testing.T) {
 		}
 		exited <- cmd.Wait()
 	}()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("sidecar log:\n%s", logs.String())
-		}
-	})
+	stopOnCleanup(t, cmd, exited, &logs)
 
 	// The listening address is in the start-up log line.
 	addrRE := regexp.MustCompile(`"msg":"sidecar listening","addr":"([0-9.:]+)"`)
@@ -455,15 +462,7 @@ func TestSignalDuringStart(t *testing.T) {
 			}
 			exited := make(chan error, 1)
 			go func() { exited <- cmd.Wait() }()
-			t.Cleanup(func() {
-				if cmd.ProcessState == nil {
-					cmd.Process.Kill()
-					<-exited
-				}
-				if t.Failed() {
-					t.Logf("sidecar log:\n%s", logs.String())
-				}
-			})
+			stopOnCleanup(t, cmd, exited, &logs)
 			select {
 			case <-connected:
 			case err := <-exited:
