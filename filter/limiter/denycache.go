@@ -246,28 +246,10 @@ func (c denyCache) subPending(h abi.Host, key string, cost int64, at anchors) {
 // whether it did: exactly one of the workers that find the entry past its
 // trust at once wins, and its request goes to the sidecar.
 func (c denyCache) reask(h abi.Host, key string, at anchors, now int64) bool {
-	sk := c.shardKey(key)
-	for attempt := 0; attempt < denyCASAttempts; attempt++ {
-		v, cas, s := h.GetSharedData(sk)
-		if s != abi.StatusOK {
-			return false
-		}
-		off, e, ok := locateEntry(v, key)
-		if !ok || at != (anchors{e.sent, e.recv}) || e.trusted(now) {
-			return false
-		}
-		b := append((*c.buf)[:0], v...)
-		putU64(b[off+askedOffset:], uint64(now))
-		*c.buf = b
-		switch h.SetSharedData(sk, b, cas) {
-		case abi.StatusOK:
-			return true
-		case abi.StatusCASMismatch:
-			continue
-		}
-		return false
-	}
-	return false
+	_, ok := c.patch(h, key, askedOffset,
+		func(e denyEntry) bool { return at == anchors{e.sent, e.recv} && !e.trusted(now) },
+		func(denyEntry) uint64 { return uint64(now) })
+	return ok
 }
 
 // drop removes key's entry, if any: the sidecar no longer knows the key
@@ -292,28 +274,44 @@ func (c denyCache) drop(h abi.Host, key string, now int64) {
 // compare-and-swap: the entry with anchors at, or, when at is zero, the
 // entry whose answer came before sentAt. Pending never goes below zero.
 func (c denyCache) changePending(h abi.Host, key string, d int64, at anchors, sentAt int64) (anchors, bool) {
+	e, ok := c.patch(h, key, pendingOffset,
+		func(e denyEntry) bool {
+			if at == (anchors{}) {
+				return e.recv < sentAt
+			}
+			return at == anchors{e.sent, e.recv}
+		},
+		func(e denyEntry) uint64 { return uint64(max(e.pending+d, 0)) })
+	return anchors{e.sent, e.recv}, ok
+}
+
+// patch writes one field of key's entry in place, at offset field of its
+// fixed part, with compare-and-swap: the value value gives for the entry
+// the shard holds, if match accepts it. It reports the entry it patched
+// (as it was read), or none.
+func (c denyCache) patch(h abi.Host, key string, field int, match func(denyEntry) bool, value func(denyEntry) uint64) (denyEntry, bool) {
 	sk := c.shardKey(key)
 	for attempt := 0; attempt < denyCASAttempts; attempt++ {
 		v, cas, s := h.GetSharedData(sk)
 		if s != abi.StatusOK {
-			return anchors{}, false
+			return denyEntry{}, false
 		}
 		off, e, ok := locateEntry(v, key)
-		if !ok || (at == anchors{} && e.recv >= sentAt) || (at != anchors{} && at != anchors{e.sent, e.recv}) {
-			return anchors{}, false
+		if !ok || !match(e) {
+			return denyEntry{}, false
 		}
 		b := append((*c.buf)[:0], v...)
-		putU64(b[off+pendingOffset:], uint64(max(e.pending+d, 0)))
+		putU64(b[off+field:], value(e))
 		*c.buf = b
 		switch h.SetSharedData(sk, b, cas) {
 		case abi.StatusOK:
-			return anchors{e.sent, e.recv}, true
+			return e, true
 		case abi.StatusCASMismatch:
 			continue
 		}
-		return anchors{}, false
+		return denyEntry{}, false
 	}
-	return anchors{}, false
+	return denyEntry{}, false
 }
 
 // withEntry returns shard v with e stored, in the cache's scratch buffer
