@@ -15,6 +15,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
 	"github.com/edgelimit/edgelimit/e2e/services"
+	"github.com/edgelimit/edgelimit/filter/limiter"
 	"github.com/edgelimit/edgelimit/internal/redisproc"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 )
@@ -326,9 +327,9 @@ func (s *stack) doDecided(g int, method, path string, headers ...string) reply {
 }
 
 // denyTrust is how long the filter's deny cache takes one of the sidecar's
-// answers on trust (filter/limiter's denyTrust): past it, the next request
-// the entry would deny is asked about again.
-const denyTrust = time.Second
+// answers on trust: past it, the next request the entry would deny is
+// asked about again.
+const denyTrust = time.Duration(limiter.DenyTrust)
 
 // cachedDenial sends a request of a client the gateway's deny cache holds,
 // whose latest 429 answered a request sent at prev, and reports whether it

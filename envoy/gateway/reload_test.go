@@ -112,14 +112,14 @@ func waitStat(t *testing.T, admin, name string, want int64) {
 // and its deny cache (shared data) carry over to the new VMs.
 //
 // The filter trusts a deny-cache entry for a second after its answer
-// (filter/limiter's denyTrust), then asks the sidecar about the client once
+// (limiter.DenyTrust), then asks the sidecar about the client once
 // more: a reload that took longer than that on a busy machine makes the
 // request after it a re-ask, which cannot show whether the entry was
 // carried over. Such a round is run again with a new client, back in
 // enforce mode, up to three rounds; one answered within the trust must not
 // ask the sidecar.
 func TestReloadAppliesNewMode(t *testing.T) {
-	const denyTrust = time.Second
+	const denyTrust = time.Duration(limiter.DenyTrust)
 	for _, how := range []string{"SIGHUP", "admin"} {
 		t.Run(how, func(t *testing.T) {
 			orders := newService(t, "orders", 0)

@@ -49,17 +49,17 @@ const (
 	// between our read and write; losing the race only loses a cache entry.
 	denyCASAttempts = 4
 	denyFormat      = 5
-	// denyTrust is how long one answer is taken on trust: past it, a
-	// request the entry denies is asked about instead, once per denyTrust
+	// DenyTrust is how long one answer is taken on trust, in ns: past it, a
+	// request the entry denies is asked about instead, once per DenyTrust
 	// per client per process, and the others wait for that answer, denied
 	// by the entry as before. The entry's bound assumes the plan of the
 	// answer it came from; a plan raised, or a client moved to a bucket
 	// holding more (another plan, its hot regions changed), makes it deny
 	// what the sidecar would admit, for as long as the window lasts, up to
-	// bucketbound.MaxWindow. Re-asking bounds that at denyTrust, for one
+	// bucketbound.MaxWindow. Re-asking bounds that at DenyTrust, for one
 	// callout per second per denied client (filter/RATIONALE.md, "A plan
 	// change is in force within two seconds").
-	denyTrust = int64(1e9)
+	DenyTrust = int64(1e9)
 )
 
 // denyEntry is what one sidecar denial says about a client's bucket.
@@ -80,17 +80,17 @@ type denyEntry struct {
 	// worker, that are unanswered: each may still spend it.
 	pending int64
 	// asked is when a worker last sent a callout to ask again about a
-	// request the entry denied, past denyTrust (0: never). Until denyTrust
+	// request the entry denied, past DenyTrust (0: never). Until DenyTrust
 	// after it, the entry answers alone again.
 	asked int64
 }
 
 // trusted reports whether the entry may deny at now without asking the
-// sidecar again: its answer, or its latest re-ask, is under denyTrust old.
+// sidecar again: its answer, or its latest re-ask, is under DenyTrust old.
 // A clock that went back before either trusts it (the bound itself then
 // denies nothing).
 func (e *denyEntry) trusted(now int64) bool {
-	return now-max(e.recv, e.asked) < denyTrust
+	return now-max(e.recv, e.asked) < DenyTrust
 }
 
 // newDenyEntry makes an entry from a 429 for a request of cost sent at

@@ -373,7 +373,7 @@ func (r *root) inFlightCost(key string, after int64) int64 {
 // fromCache answers the request 429 when the client's deny cache entry
 // shows that the bucket cannot hold its cost now; otherwise it notes
 // whether the client has an entry and leaves the request to the caller.
-// With reask, an entry past its trust (denyTrust) that would deny is asked
+// With reask, an entry past its trust (DenyTrust) that would deny is asked
 // about again by this request, if no other took that turn: the plan the
 // entry's answer came from may have changed since.
 func (l *Limiter) fromCache(s *stream, now int64, reask bool) (abi.Action, bool) {
@@ -416,7 +416,7 @@ func (l *Limiter) fromCache(s *stream, now int64, reask bool) (abi.Action, bool)
 // reasks reports whether a request the entry e denies is to be asked about
 // instead: e is past its trust and this request took the turn to ask
 // (denyCache.reask), so that a plan changed since e's answer is in force
-// within denyTrust of the change reaching the sidecar. Its answer replaces
+// within DenyTrust of the change reaching the sidecar. Its answer replaces
 // the entry, as any answer for a client with one does.
 func (l *Limiter) reasks(s *stream, e *denyEntry, reask bool, now int64) bool {
 	if !reask || e.trusted(now) || !s.root.cache.reask(l.host, s.key, anchors{e.sent, e.recv}, now) {
