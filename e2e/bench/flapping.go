@@ -12,8 +12,9 @@ import (
 )
 
 // An outage that comes and goes: Redis paused for flapPause in every
-// flapEvery while one client bursts at five times its plan, within what
-// this machine carries (the burst sweep's rate), through a gateway as
+// flapEvery (startFlapping, with Redis's cron at flapHz so that a pause
+// lasts its time) while one client bursts at five times its plan, within
+// what this machine carries (the burst sweep's rate), through a gateway as
 // shipped (on_failure open) and one with on_failure local, in turn. The
 // sidecar answers the checks between the pauses and 503 to those a pause
 // holds past its 4 ms deadline, so two deciders share the client's
@@ -107,7 +108,7 @@ func runFlapping(ctx context.Context, e *env) (*report.Scenario, error) {
 			flapOffered, flapSenders, plan.Capacity, plan.Rate, flapPause, flapEvery, e.runs),
 		Header: []string{"gateway", "sent", "plan allows", "admitted", "admitted/plan", "plan + one capacity", "failed open", "decided by the local bucket", "reached services = admitted", "runs within plan + one capacity"},
 		Notes: []string{
-			fmt.Sprintf("Redis is paused (CLIENT PAUSE ALL) for %v at the start of every %v of each run: the sidecar decides the checks between the pauses and answers 503 at its 4 ms deadline to those a pause holds, and the filter's circuit breaker (as shipped) opens and closes with them. A request that fails goes through unlimited with on_failure open, and through the client's local bucket with on_failure local.", flapPause, flapEvery),
+			fmt.Sprintf("Redis is paused (CLIENT PAUSE ALL) for %v at the start of every %v of each run, its hz raised to %s meanwhile so that a pause ends within 2 ms of its time (at the default 10 it lasted until the cron's next run, up to 100 ms more): the sidecar decides the checks between the pauses and answers 503 at its 4 ms deadline to those a pause holds, and the filter's circuit breaker (as shipped) opens and closes with them. A request that fails goes through unlimited with on_failure open, and through the client's local bucket with on_failure local.", flapPause, flapEvery, flapHz),
 			"\"plan allows\" is capacity + rate × the run's window; \"plan + one capacity\" is the most the local gateway may admit of the client from its bucket's first use (a bucket starts full, and its debt stops at minus the capacity). \"decided by the local bucket\" counts local_allowed + local_denied.",
 		},
 	}
