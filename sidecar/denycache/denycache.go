@@ -196,6 +196,15 @@ func (e *entry) deny(cost, now int64) (lua.Result, bool) {
 	if float64(need) <= e.limit.Capacity && !bucketbound.Denies(float64(need), e.tokens, e.limit.Rate, e.sent, now) {
 		return lua.Result{}, false
 	}
+	// Only Redis knows what other sidecars spent from the bucket since the
+	// entry's decision. While the bound shows that nothing but the checks
+	// on their way here can have been (not a whole token more: costs are
+	// whole), the denial's waits count everything spent before it; past
+	// that, the check goes to Redis, so that a client told to wait is told
+	// the wait the bucket really needs.
+	if !bucketbound.Denies(float64(e.pending+1), e.tokens, e.limit.Rate, e.sent, now) {
+		return lua.Result{}, false
+	}
 	return e.denial(cost, now), true
 }
 

@@ -94,15 +94,15 @@ func TestDeniesWithoutRedis(t *testing.T) {
 	denied := 0
 	c.OnDenied = func() { denied++ }
 	const key = "rl:{a}"
-	if r := decide1(t, c, key, slow, 4); !r.Allowed {
+	if r := decide1(t, c, key, slow, 5); !r.Allowed {
 		t.Fatalf("first check denied: %+v", r)
 	}
 	asked := time.Now()
 	redisDenial := decide1(t, c, key, slow, 2)
 	if redisDenial.Allowed || g.count() != 2 {
-		t.Fatalf("cost 2 on 1 token: %+v after %d calls to Redis", redisDenial, g.count())
+		t.Fatalf("cost 2 on an empty bucket: %+v after %d calls to Redis", redisDenial, g.count())
 	}
-	for _, cost := range []int64{2, 5} {
+	for _, cost := range []int64{1, 2, 5} {
 		r := decide1(t, c, key, slow, cost)
 		if r.Allowed || r.Never || g.count() != 2 {
 			t.Fatalf("cost %d: %+v, %d calls to Redis, want a denial without Redis", cost, r, g.count())
@@ -118,16 +118,12 @@ func TestDeniesWithoutRedis(t *testing.T) {
 			t.Errorf("cost %d: cached %+v against Redis's %+v, %.9f tokens refilled since", cost, r, redisDenial, refill)
 		}
 	}
-	if denied != 2 {
-		t.Errorf("OnDenied called %d times, want 2", denied)
-	}
-	// The bucket holds what cost 1 needs: Redis admits it.
-	if r := decide1(t, c, key, slow, 1); !r.Allowed || g.count() != 3 {
-		t.Errorf("cost 1 on 1 token: %+v, %d calls", r, g.count())
+	if denied != 3 {
+		t.Errorf("OnDenied called %d times, want 3", denied)
 	}
 	// Above the capacity: Redis's own "never", and the entry counts
 	// nothing for it.
-	if r := decide1(t, c, key, slow, 6); !r.Never || g.count() != 4 {
+	if r := decide1(t, c, key, slow, 6); !r.Never || g.count() != 3 {
 		t.Errorf("cost above capacity: %+v, %d calls", r, g.count())
 	}
 	sh := c.shard(key)
@@ -138,8 +134,46 @@ func TestDeniesWithoutRedis(t *testing.T) {
 	sh.mu.Unlock()
 	// Another limit for the same key (the plan changed): Redis decides.
 	other := lua.Limit{Capacity: 5, Rate: 0.002}
-	if r := decide1(t, c, key, other, 2); r.Allowed || g.count() != 5 {
+	if r := decide1(t, c, key, other, 2); r.Allowed || g.count() != 4 {
 		t.Errorf("changed plan: %+v, %d calls", r, g.count())
+	}
+}
+
+// TestAsksRedisWhenOthersMaySpend: two sidecars on one Redis, each with its
+// own cache (a sidecar beside each proxy). Sidecar A's entry says the bucket
+// held 3 tokens when Redis denied a cost of 5; the client then spends those 3
+// through sidecar B. A's next check of 5 must be told the wait from an
+// empty bucket, 5 tokens at 0.001/s: 5,000 s, not the 2,000 s A's entry
+// alone would say; while the bound lets a whole token have been spent
+// elsewhere, A cannot know it, and asks Redis.
+func TestAsksRedisWhenOthersMaySpend(t *testing.T) {
+	a, g, c := stack(t)
+	db := decide.New(c, decide.Options{Direct: true})
+	t.Cleanup(db.Close)
+	b := New(db)
+	const key = "rl:{spread}"
+	if r := decide1(t, a, key, slow, 2); !r.Allowed {
+		t.Fatalf("cost 2 on a full bucket: %+v", r)
+	}
+	if r := decide1(t, a, key, slow, 5); r.Allowed || g.count() != 2 {
+		t.Fatalf("cost 5 on 3 tokens: %+v after %d calls to Redis", r, g.count())
+	}
+	for i := 0; i < 3; i++ {
+		if r := decide1(t, b, key, slow, 1); !r.Allowed {
+			t.Fatalf("cost 1 through B, %d: %+v", i, r)
+		}
+	}
+	r := decide1(t, a, key, slow, 5)
+	// The bucket holds the refill since B's last admission, well under a
+	// token in this test's time: the wait for 5 is over 4,999 s.
+	if r.Allowed || r.RetryMs < 4_999_000 || g.count() != 3 {
+		t.Errorf("cost 5 through A after B spent the 3 tokens: %+v (wait %.0f s) after %d calls to Redis; want a denial from Redis with a wait over 4,999 s",
+			r, r.RetryMs/1000, g.count())
+	}
+	// That denial is A's entry now: 0 tokens at its decision, so no whole
+	// token can have been spent since, and A answers alone again.
+	if r := decide1(t, a, key, slow, 5); r.Allowed || r.RetryMs < 4_999_000 || g.count() != 3 {
+		t.Errorf("cost 5 through A again: %+v after %d calls to Redis; want a denial without Redis", r, g.count())
 	}
 }
 
