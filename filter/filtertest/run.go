@@ -867,26 +867,41 @@ func (r runner) denyCacheCosts(t *testing.T) {
 	h.Advance(1997 * time.Millisecond)
 	denial(t, asks("/double", 2, 1.997), policy, `"basic";r=1;t=1`, "9", "1")
 	// That denial is the entry now: 1.997 tokens at 1.997 s. 5 tokens are
-	// 3.003 s away (4 s); 2 tokens 3 ms away, so its window for them ends
-	// 10 µs + 3 µs sooner, at 1.999987 s.
-	cached("/heavy", "4")
+	// 3.003 s away, 2 tokens 3 ms away, so its window for them ends 10 µs
+	// + 3 µs sooner, at 1.999987 s. What the cached denials tell the
+	// client counts the one whole token another gateway may have spent
+	// since that answer: 0.997 tokens, 5 tokens 4.003 s away (5 s, where
+	// the entry alone says 4 s), 2 tokens 1.003 s away (2 s, not 1). The
+	// client asked a moment ago (the re-ask), so the entry answers alone.
+	cached("/heavy", "5")
 	h.Advance(2 * time.Millisecond)
-	cached("/double", "1") // 1.999 tokens, 1 ms short
+	cached("/double", "2") // 1.999 tokens, 1 ms short, or 0.999 if one was spent elsewhere
 	// At 2 s the bucket holds 2: admitted, 0 left, and that 200 is the
 	// entry: 5 tokens at 7 s.
 	h.Advance(time.Millisecond)
 	wentOn(t, asks("/double", 2, 2))
 	cached("/heavy", "5")
-	// At 6.994 s, the entry 4.994 s old, the filter asks again: 4.994
+	// At 3.5 s the entry (0 tokens at 2 s) says 1.5 tokens, 5 tokens in
+	// 3.5 s (4 s); a token may have been spent through another gateway
+	// since, which makes it 4.5 s (5 s). The client's last ask was 1.5 s
+	// ago: the filter asks, and tells the sidecar's exact wait, 4 s.
+	h.Advance(1500 * time.Millisecond)
+	denial(t, asks("/heavy", 5, 1.5), policy, `"basic";r=1;t=1`, "9", "4")
+	// A moment later the entry is that answer and the client's turn to ask
+	// is taken: the entry answers alone, counting the token that may have
+	// been spent elsewhere (0.6 tokens at 3.6 s: 5 tokens 4.4 s away).
+	h.Advance(100 * time.Millisecond)
+	cached("/heavy", "5")
+	// At 6.994 s, the entry 3.494 s old, the filter asks again: 4.994
 	// tokens, 6 ms short (1 s), full in 5.006 s (6 s). The window for 5
 	// tokens from there ends 10 µs + 6 µs before 7 s.
-	h.Advance(4994 * time.Millisecond)
+	h.Advance(3394 * time.Millisecond)
 	denial(t, asks("/heavy", 5, 4.994), policy, `"basic";r=4;t=1`, "6", "1")
 	// At 7 s the bucket holds 5 (the script's 5000000·1/10⁶ from the 0
 	// written at 2 s): admitted.
 	h.Advance(6 * time.Millisecond)
 	wentOn(t, asks("/heavy", 5, 5))
-	counters(t, h, map[string]int64{limiter.MetricDenied: 4, limiter.MetricDeniedCached: 5, limiter.MetricAllowed: 3})
+	counters(t, h, map[string]int64{limiter.MetricDenied: 5, limiter.MetricDeniedCached: 6, limiter.MetricAllowed: 3})
 }
 
 // denyCachePlanRaised: a client with an entry whose plan is then raised

@@ -148,19 +148,45 @@ func (e *denyEntry) refill() float64 {
 }
 
 // reply is what a cached denial of cost at now tells the client: the least
-// the bucket can hold at now if nobody else spent since the answer came,
-// less spent (the cost of the callouts on their way that the denial
-// counted), and a Retry-After no earlier than the wait from there (none for
-// a cost above the capacity: retryAfterFor).
-func (e *denyEntry) reply(cost, spent, now int64) (q quota, retry int64) {
+// the bucket can hold at now, and a Retry-After no earlier than the wait
+// from there (none for a cost above the capacity: retryAfterFor). The least
+// is what the answer left, refilled since it came, less the larger of spent
+// (the cost of the callouts on their way that the denial counted) and all
+// that can have been spent since the decision, through this proxy or any
+// other (spendable): what the client spent through another gateway since
+// this entry's answer is in neither the entry nor spent. sure reports
+// whether that made no difference to the Retry-After: nothing beyond spent
+// can have been spent, or the wait rounds to the same whole seconds.
+func (e *denyEntry) reply(cost, spent, now int64) (q quota, retry int64, sure bool) {
 	br := e.refill()
 	tokens := e.tokens
 	if now > e.recv {
 		tokens += br * (float64(now-e.recv) / 1e9)
 	}
-	tokens = math.Min(tokens, bucketCapacity(e.limit, e.rate, br)) - float64(spent)
-	q = quotaAt(e.plan, e.limit, e.rate, br, tokens)
-	return q, retryAfterFor(cost, e.limit, tokens, br, q.next)
+	tokens = math.Min(tokens, bucketCapacity(e.limit, e.rate, br))
+	known := tokens - float64(spent)
+	least := math.Min(known, math.Max(0, tokens-float64(e.spendable(now))))
+	q = quotaAt(e.plan, e.limit, e.rate, br, least)
+	retry = retryAfterFor(cost, e.limit, least, br, q.next)
+	if least == known {
+		return q, retry, true
+	}
+	known0 := quotaAt(e.plan, e.limit, e.rate, br, known)
+	return q, retry, retry == retryAfterFor(cost, e.limit, known, br, known0.next)
+}
+
+// spendable is the most that can have been spent from the bucket between
+// the entry's decision and now, by anyone: costs are whole tokens, and no
+// more can be spent than the bound lets the bucket hold, τ + rate × the time
+// since the callout was sent (capped at the capacity), with the bound's
+// margin for the two clocks (bucketbound.Margin).
+func (e *denyEntry) spendable(now int64) int64 {
+	if now <= e.sent {
+		return int64(math.Floor(e.tokens))
+	}
+	el := now - e.sent
+	most := e.tokens + e.rate*(float64(el+bucketbound.Margin(el))/1e9)
+	return int64(math.Floor(math.Min(most, float64(e.limit))))
 }
 
 // denyCache is one plugin's view of the shared deny entries.
@@ -242,12 +268,16 @@ func (c denyCache) subPending(h abi.Host, key string, cost int64, at anchors) {
 }
 
 // reask marks key's entry, the one with anchors at, as asked about again at
-// now, with compare-and-swap, if it is not trusted at now. It reports
-// whether it did: exactly one of the workers that find the entry past its
-// trust at once wins, and its request goes to the sidecar.
-func (c denyCache) reask(h abi.Host, key string, at anchors, now int64) bool {
+// now, with compare-and-swap, if it is not trusted at now, or, when unsure
+// (the denial's Retry-After would count spending the entry cannot tell
+// from none), if no request asked about the client in the last DenyTrust.
+// It reports whether it did: exactly one of the workers that find the
+// entry so at once wins, and its request goes to the sidecar.
+func (c denyCache) reask(h abi.Host, key string, at anchors, unsure bool, now int64) bool {
 	_, ok := c.patch(h, key, askedOffset,
-		func(e denyEntry) bool { return at == anchors{e.sent, e.recv} && !e.trusted(now) },
+		func(e denyEntry) bool {
+			return at == anchors{e.sent, e.recv} && (!e.trusted(now) || unsure && !(now >= e.asked && now-e.asked < DenyTrust))
+		},
 		func(denyEntry) uint64 { return uint64(now) })
 	return ok
 }
@@ -346,7 +376,13 @@ func (c denyCache) rewrite(v []byte, e *denyEntry, key string, now int64) []byte
 				break
 			}
 			o := entryFrom("", "", fixed)
-			if ok = o.valid(); ok && string(k) != key && !o.stale(now) {
+			if ok = o.valid(); ok && e != nil && string(k) == key {
+				// The client's turn to ask outlives its entry: an
+				// answer replacing the entry leaves the next ask a
+				// DenyTrust after the last (reask).
+				e.asked = max(e.asked, o.asked)
+			}
+			if ok && string(k) != key && !o.stale(now) {
 				keep[n] = kept{at, next, o.staleAt()}
 				n++
 			}

@@ -80,15 +80,19 @@ func TestDenyWindow(t *testing.T) {
 	if d := e.staleAt() - anchor; d != 9*second || !e.stale(anchor+9*second) || e.stale(anchor+9*second-1) || !e.stale(anchor-1) {
 		t.Errorf("staleAt anchor%+dns, want anchor+9s", d)
 	}
-	q, retry := e.reply(5, 0, anchor+second/2)
-	if want := (quota{plan: "p", limit: 10, rate: 1, remaining: 1, next: 1, reset: 9}); retry != 4 || q != want {
-		t.Errorf("reply at +0.5s = %+v, retry %d; want %+v (1.5 tokens), retry 4 (3.5 s)", q, retry, want)
+	// At +0.5 s the bucket holds 1.5 tokens if nobody spent since, 0.5 if
+	// the one whole token the bound allowed was spent through another
+	// gateway: what the client is told is the second, and it is unsure
+	// (the entry alone would say 4 s).
+	q, retry, sure := e.reply(5, 0, anchor+second/2)
+	if want := (quota{plan: "p", limit: 10, rate: 1, remaining: 0, next: 1, reset: 10}); retry != 5 || q != want || sure {
+		t.Errorf("reply at +0.5s = %+v, retry %d, sure %v; want %+v (0.5 tokens), retry 5 (4.5 s), unsure", q, retry, sure, want)
 	}
-	_, retry = e.reply(2, 0, anchor+second-m(second)-1)
-	if retry != 1 {
-		t.Errorf("retry-after %d just before the window ends, want at least 1", retry)
+	_, retry, _ = e.reply(2, 0, anchor+second-m(second)-1)
+	if retry != 2 {
+		t.Errorf("retry-after %d just before the window ends, want 2 (a token short of 2 if one was spent elsewhere)", retry)
 	}
-	if _, retry = e.reply(11, 0, anchor+second/2); retry != 0 {
+	if _, retry, _ = e.reply(11, 0, anchor+second/2); retry != 0 {
 		t.Errorf("retry-after %d for a cost above the capacity, want none (0): no wait admits it", retry)
 	}
 	slow, _ := newDenyEntry("k", 1, anchor, anchor, deniedAnswer(10, 0, 1e-6))
@@ -104,15 +108,17 @@ func TestDenyWindow(t *testing.T) {
 // took 1 s to be answered.
 func TestDenyReplyAnchors(t *testing.T) {
 	e, _ := newDenyEntry("k", 2, anchor, anchor+second, deniedAnswer(10, 0, 0.5))
-	now := anchor + 2*second
+	now := anchor + 3*second/2
 	if !e.denies(2, now) {
-		t.Fatal("cost 2 not denied 2 s into a 4 s wait")
+		t.Fatal("cost 2 not denied 1.5 s into a 4 s wait")
 	}
-	q, retry := e.reply(2, 0, now)
-	// 1 s after the answer: 0.5 tokens; 1.5 more take 3 s, the next whole
-	// token 1 s, full 19 s.
-	if want := (quota{plan: "p", limit: 10, rate: 0.5, remaining: 0, next: 1, reset: 19}); q != want || retry != 3 {
-		t.Errorf("reply = %+v, retry %d; want %+v, retry 3", q, retry, want)
+	q, retry, sure := e.reply(2, 0, now)
+	// 0.5 s after the answer: 0.25 tokens; 1.75 more take 3.5 s (4), the
+	// next whole token 1.5 s (2), full 19.5 s (20). The bound, from the
+	// callout's departure, is 0.75 tokens: nothing can have been spent
+	// elsewhere, so the reply is sure.
+	if want := (quota{plan: "p", limit: 10, rate: 0.5, remaining: 0, next: 2, reset: 20}); q != want || retry != 4 || !sure {
+		t.Errorf("reply = %+v, retry %d, sure %v; want %+v, retry 4, sure", q, retry, sure, want)
 	}
 }
 
@@ -137,7 +143,7 @@ func TestDenyReplyRegionBucket(t *testing.T) {
 	if !ok || got != e {
 		t.Fatalf("round trip: %+v %v, want %+v", got, ok, e)
 	}
-	q, retry := got.reply(1, 0, anchor)
+	q, retry, _ := got.reply(1, 0, anchor)
 	if want := (quota{plan: "p", limit: 6, rate: 1, remaining: 0, next: 3, reset: 6}); q != want || retry != 3 {
 		t.Errorf("reply = %+v, retry %d; want %+v, retry 3", q, retry, want)
 	}

@@ -392,10 +392,7 @@ func (l *Limiter) fromCache(s *stream, now int64, reask bool) (abi.Action, bool)
 		return abi.ActionContinue, false
 	}
 	if e.denies(s.cost, now) {
-		if l.reasks(s, &e, reask, now) {
-			return abi.ActionContinue, false
-		}
-		return l.cachedDeny(s, &e, 0, now), true
+		return l.cachedDeny(s, &e, 0, reask, now)
 	}
 	// The bucket may hold this request's cost, but not that and the costs
 	// of the client's callouts already on their way, nor could it when
@@ -404,22 +401,21 @@ func (l *Limiter) fromCache(s *stream, now int64, reask bool) (abi.Action, bool)
 	// on their way"). Those the workers counted in the entry, or this
 	// worker's own if it knows of more (a count lost to a race).
 	if c := max(e.pending, s.root.inFlightCost(s.key, e.recv)); c > 0 && (s.cost+c > e.limit || e.denies(s.cost+c, now)) {
-		if l.reasks(s, &e, reask, now) {
-			return abi.ActionContinue, false
-		}
-		return l.cachedDeny(s, &e, c, now), true
+		return l.cachedDeny(s, &e, c, reask, now)
 	}
 	s.entry = true
 	return abi.ActionContinue, false
 }
 
 // reasks reports whether a request the entry e denies is to be asked about
-// instead: e is past its trust and this request took the turn to ask
-// (denyCache.reask), so that a plan changed since e's answer is in force
-// within DenyTrust of the change reaching the sidecar. Its answer replaces
-// the entry, as any answer for a client with one does.
-func (l *Limiter) reasks(s *stream, e *denyEntry, reask bool, now int64) bool {
-	if !reask || e.trusted(now) || !s.root.cache.reask(l.host, s.key, anchors{e.sent, e.recv}, now) {
+// instead: e is past its trust, or unsure (what the client spent
+// elsewhere since e's answer would change its Retry-After), and this
+// request took the turn to ask (denyCache.reask), so that a plan changed
+// since e's answer is in force within DenyTrust of the change reaching the
+// sidecar, and a client told to wait is told the wait Redis knows. Its
+// answer replaces the entry, as any answer for a client with one does.
+func (l *Limiter) reasks(s *stream, e *denyEntry, reask, unsure bool, now int64) bool {
+	if !reask || e.trusted(now) && !unsure || !s.root.cache.reask(l.host, s.key, anchors{e.sent, e.recv}, unsure, now) {
 		return false
 	}
 	s.entry, s.reask = true, true
@@ -427,17 +423,22 @@ func (l *Limiter) reasks(s *stream, e *denyEntry, reask bool, now int64) bool {
 }
 
 // cachedDeny answers a request the deny cache denies, counting spent, the
-// cost of the callouts in flight the denial counted.
-func (l *Limiter) cachedDeny(s *stream, e *denyEntry, spent, now int64) abi.Action {
+// cost of the callouts in flight the denial counted, unless, with reask,
+// the request is to be asked about instead (reasks): it then reports false
+// and leaves the request to the caller.
+func (l *Limiter) cachedDeny(s *stream, e *denyEntry, spent int64, reask bool, now int64) (abi.Action, bool) {
+	q, retry, sure := e.reply(s.cost, spent, now)
+	if l.reasks(s, e, reask, !sure, now) {
+		return abi.ActionContinue, false
+	}
 	if !s.enforce {
 		l.m.inc(l.host, cShadowWouldDeny)
 		l.host.ReplaceHeader(abi.MapRequestHeaders, ShadowHeader, "deny")
-		return abi.ActionContinue
+		return abi.ActionContinue, true
 	}
 	l.m.inc(l.host, cDeniedCached)
-	q, retry := e.reply(s.cost, spent, now)
 	l.deny(s, &q, retry, "edgelimit_rate_limited_cached")
-	return abi.ActionPause
+	return abi.ActionPause, true
 }
 
 func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
