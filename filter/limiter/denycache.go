@@ -125,6 +125,16 @@ func (e *denyEntry) denies(cost, now int64) bool {
 // deny no cost up to the capacity.
 func (e *denyEntry) staleAt() int64 { return e.sent + e.wait(e.limit) }
 
+// refreshed is when the entry last stood for a request: its answer came,
+// or a worker asked again about a request it denied. A client that keeps
+// sending while denied refreshes its entry every DenyTrust; an entry not
+// refreshed for longer denies nothing without first asking again, so it is
+// the one a full shard evicts first, whatever its plan's window: evicting
+// the entry that goes stale first kept a scanner's spent keys on a plan
+// refilling over an hour and dropped a busy client's on a plan refilling
+// in seconds, whose every request then went to the sidecar.
+func (e *denyEntry) refreshed() int64 { return max(e.recv, e.asked) }
+
 // stale reports whether the entry is past staleAt or the clock went back
 // past its anchor.
 func (e *denyEntry) stale(now int64) bool {
@@ -229,8 +239,8 @@ func (c denyCache) lookup(h abi.Host, key string) (denyEntry, bool) {
 }
 
 // store records e, replacing the client's previous entry and dropping stale
-// ones; when the shard is full the entry that goes stale first is evicted.
-// It reports whether e was written.
+// ones; when the shard is full the entry refreshed longest ago is evicted
+// (refreshed). It reports whether e was written.
 func (c denyCache) store(h abi.Host, e denyEntry, now int64) bool {
 	sk := c.shardKey(e.key)
 	for attempt := 0; attempt < denyCASAttempts; attempt++ {
@@ -362,8 +372,8 @@ func (c denyCache) without(v []byte, key string, now int64) []byte {
 // is nil, and the stale entries of other clients dropped.
 func (c denyCache) rewrite(v []byte, e *denyEntry, key string, now int64) []byte {
 	type kept struct {
-		from, to int
-		staleAt  int64
+		from, to  int
+		refreshed int64
 	}
 	var keep [denyShardEntries + 1]kept
 	n := 0
@@ -383,7 +393,7 @@ func (c denyCache) rewrite(v []byte, e *denyEntry, key string, now int64) []byte
 				e.asked = max(e.asked, o.asked)
 			}
 			if ok && string(k) != key && !o.stale(now) {
-				keep[n] = kept{at, next, o.staleAt()}
+				keep[n] = kept{at, next, o.refreshed()}
 				n++
 			}
 			at = next
@@ -393,13 +403,13 @@ func (c denyCache) rewrite(v []byte, e *denyEntry, key string, now int64) []byte
 		}
 	}
 	if e != nil {
-		keep[n] = kept{-1, -1, e.staleAt()} // the new entry, last
+		keep[n] = kept{-1, -1, e.refreshed()} // the new entry, last
 		n++
 	}
 	for n > denyShardEntries {
 		evict := 0
 		for i := 1; i < n; i++ {
-			if keep[i].staleAt < keep[evict].staleAt {
+			if keep[i].refreshed < keep[evict].refreshed {
 				evict = i
 			}
 		}

@@ -355,7 +355,7 @@ func TestDenyCacheShardBounds(t *testing.T) {
 	if !ok || len(all) != denyShardEntries {
 		t.Fatalf("shard holds %d entries (%v), want %d", len(all), ok, denyShardEntries)
 	}
-	// The entries that go stale first were evicted.
+	// The entries refreshed longest ago were evicted.
 	for i, k := range keys {
 		_, ok := c.lookup(h, k)
 		if want := i >= len(keys)-denyShardEntries; ok != want {
@@ -373,6 +373,51 @@ func TestDenyCacheShardBounds(t *testing.T) {
 	c.store(h, entry("k0", late), late)
 	if _, ok := c.lookup(h, "k0"); !ok {
 		t.Error("a garbage shard was not replaced")
+	}
+}
+
+// A full shard evicts the entry refreshed longest ago, whatever its plan:
+// a busy client's entry, on a plan that refills in seconds, is kept beside
+// entries of a plan that refills over an hour, which nobody has asked
+// about since (a scanner's spent keys), and an entry asked about again
+// counts as refreshed then.
+func TestDenyCacheEvictsTheLeastRefreshed(t *testing.T) {
+	c := newDenyCache("rl")
+	h := newSharedHost()
+	shard := c.shardKey("busy")
+	var scan []string
+	for i := 0; len(scan) < denyShardEntries; i++ {
+		if k := "scan" + strconv.Itoa(i); c.shardKey(k) == shard {
+			scan = append(scan, k)
+		}
+	}
+	hourly := func(key string, at int64) denyEntry { // 1 token an hour: stale an hour later
+		e, ok := newDenyEntry(key, 1, at, at, deniedAnswer(1, 0, 1.0/3600))
+		if !ok {
+			t.Fatal("no entry for the hourly plan")
+		}
+		return e
+	}
+	for i, k := range scan {
+		c.store(h, hourly(k, anchor+int64(i)*second/100), anchor+int64(i)*second/100)
+	}
+	// scan[0] is asked about again after the others were stored.
+	e0, _ := c.lookup(h, scan[0])
+	if !c.reask(h, scan[0], anchors{e0.sent, e0.recv}, anchor+2*second) {
+		t.Fatal("no re-ask")
+	}
+	busy := entry("busy", anchor+3*second) // 10 + 1/s: stale 10 s later
+	if !c.store(h, busy, anchor+3*second) {
+		t.Fatal("busy client's entry not stored")
+	}
+	if _, ok := c.lookup(h, "busy"); !ok {
+		t.Error("the busy client's new entry was evicted at once")
+	}
+	if _, ok := c.lookup(h, scan[0]); !ok {
+		t.Error("the entry asked about again was evicted")
+	}
+	if _, ok := c.lookup(h, scan[1]); ok {
+		t.Error("the entry refreshed longest ago was kept")
 	}
 }
 
@@ -412,9 +457,9 @@ func decodeShard(b []byte) ([]denyEntry, bool) {
 }
 
 // modelStore is what storing e into shard v must give: decode every entry,
-// drop the client's old one and the stale ones, add e, evict whichever goes
-// stale first while the shard is over its size (the earliest such on a
-// tie), encode.
+// drop the client's old one and the stale ones, add e, evict whichever was
+// refreshed longest ago while the shard is over its size (the earliest such
+// on a tie), encode.
 func modelStore(v []byte, e denyEntry, now int64) []byte {
 	old, ok := decodeShard(v)
 	if !ok || len(old) > denyShardEntries {
@@ -430,7 +475,7 @@ func modelStore(v []byte, e denyEntry, now int64) []byte {
 	for len(entries) > denyShardEntries {
 		evict := 0
 		for i := range entries {
-			if entries[i].staleAt() < entries[evict].staleAt() {
+			if entries[i].refreshed() < entries[evict].refreshed() {
 				evict = i
 			}
 		}
@@ -441,17 +486,21 @@ func modelStore(v []byte, e denyEntry, now int64) []byte {
 
 // The byte-level rewrite of a shard equals the model on random shards:
 // few keys (so the client's old entry is often there), entries stale and
-// live, full shards, ties in staleAt, and unreadable values.
+// live, full shards, ties in when they were refreshed, and unreadable
+// values.
 func TestWithEntryMatchesTheModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	c := newDenyCache("sidecar")
-	// Few distinct values, so that staleAt ties and full shards are common.
+	// Few distinct values, so that ties and full shards are common.
 	entry := func() denyEntry {
 		limit := int64(4 * (1 + rng.IntN(2)))
 		e := denyEntry{key: fmt.Sprintf("k%d", rng.IntN(24)), plan: []string{"", "free", "pro"}[rng.IntN(3)], limit: limit,
 			tokens: float64(limit) * float64(rng.IntN(3)) / 4, rate: float64(1 + rng.IntN(2)),
 			sent: anchor + int64(rng.IntN(3))*second}
 		e.recv = e.sent + int64(rng.IntN(3))*1e6
+		if rng.IntN(3) == 0 {
+			e.asked = e.recv + int64(rng.IntN(3))*second
+		}
 		return e
 	}
 	full := 0
