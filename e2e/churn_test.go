@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/bench/load"
+	"github.com/edgelimit/edgelimit/filter/limiter"
 )
 
 // Key churn: a scanner that tries many keys, each denied on its second
@@ -57,9 +58,18 @@ func TestDenyCacheKeepsBusyClientUnderKeyChurn(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	t.Logf("scan of %d keys, each until denied: %v; %v", scanKeys, scanned, s.decisions())
+	d := s.decisions()
+	evicted := s.stat("wasmcustom." + limiter.MetricDenyEvicted)
+	t.Logf("scan of %d keys, each until denied: %v; %v; %d evicted from the deny cache", scanKeys, scanned, d, evicted)
 	if scanned[http.StatusTooManyRequests] < scanKeys*3/4 {
 		t.Fatalf("the scan: %v, want most of its %d keys denied", scanned, scanKeys)
+	}
+	// Each of the sidecar's 429s stored an entry good for an hour, into a
+	// cache of 512: each store into a full key evicted one, counted when
+	// it was under a second old (how many were depends on the scan's
+	// pace), never more than the denials.
+	if evicted > d["denied"] {
+		t.Errorf("%s = %d after %d denials by the sidecar, want at most that", limiter.MetricDenyEvicted, evicted, d["denied"])
 	}
 
 	// The busy client spends its 5 tokens, then sends 100 requests back to
@@ -84,7 +94,7 @@ func TestDenyCacheKeepsBusyClientUnderKeyChurn(t *testing.T) {
 		s.do(0, "GET", "/orders/busy", "x-api-key", key)
 	}
 	elapsed := time.Since(start)
-	d := s.decisions().minus(before)
+	d = s.decisions().minus(before)
 	asked := d["allowed"] + d["denied"] + d.failedOpen()
 	secs := math.Ceil(elapsed.Seconds())
 	most := int64(secs+1) + int64(math.Ceil(elapsed.Seconds()/denyTrust.Seconds())+1)

@@ -47,6 +47,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"deny-cache/in-flight-workers", r.denyCacheInFlightWorkers},
 		{"deny-cache/failed-callout", r.denyCacheFailedCallout},
 		{"deny-cache/failed-callout-shadow", r.denyCacheFailedCalloutShadow},
+		{"deny-cache/evictions", r.denyCacheEvictions},
 		{"costs", r.costs},
 		{"mode/off", r.modeOff},
 		{"mode/shadow", r.modeShadow},
@@ -79,6 +80,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"local/partial-outage", r.localPartialOutage},
 		{"local/not-for-shadow", r.localNotForShadow},
 		{"local/off-by-default", r.localOffByDefault},
+		{"local/evictions", r.localEvictions},
 		{"warm/connections", r.warmConnections},
 		{"warm/none", r.warmConnectionsNone},
 		{"warm/after-outage", r.warmAfterOutage},
@@ -760,6 +762,28 @@ func (r runner) hostileAnswers(t *testing.T) {
 }
 
 // ---- deny cache ----
+
+// denyCacheEvictions: the deny cache holds 512 clients per process (64
+// shared-data keys of 8). 600 clients denied at once, each on a plan that
+// refills over an hour so that no entry goes stale: every denial is
+// stored, and each store into a full key evicts one entry, so the
+// evictions counted are at least 600 - 512 and at most 600.
+func (r runner) denyCacheEvictions(t *testing.T) {
+	h := r.host(t, "")
+	const clients, held = 600, 64 * 8
+	for i := range clients {
+		s, _ := waiting(t, h, get("evict-"+strconv.Itoa(i)))
+		s.RespondCallout(SidecarAnswer("hourly", 1, 1.0/3600, 0, 1), nil)
+		if st, _ := s.LocalReply(); st.Status != 429 {
+			t.Fatalf("client %d: %d, want 429", i, st.Status)
+		}
+		s.Done()
+	}
+	if n := metric(t, h, limiter.MetricDenyEvicted); n < clients-held || n > clients {
+		t.Errorf("%s = %d, want %d to %d", limiter.MetricDenyEvicted, n, clients-held, clients)
+	}
+	counters(t, h, map[string]int64{limiter.MetricDenied: clients})
+}
 
 func (r runner) denyCacheWindow(t *testing.T) {
 	h := r.host(t, "")

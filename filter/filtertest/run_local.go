@@ -250,3 +250,24 @@ func (r runner) localPartialOutage(t *testing.T) {
 		localAllowed: 3, localDenied: 3,
 	})
 }
+
+// localEvictions: the local buckets hold 2048 clients per process (128
+// shared-data keys of 16). Each client whose plan an answer teaches is
+// written there; past 2048, each new one evicts the entry written longest
+// ago in its key, so 2100 clients evict at least 52 and at most 2100.
+func (r runner) localEvictions(t *testing.T) {
+	h := r.host(t, `{"on_failure": "local"}`)
+	const clients, held = 2100, 128 * 16
+	for i := range clients {
+		s, _ := waiting(t, h, get("evict-"+strconv.Itoa(i)))
+		s.RespondCallout(sidecaranswer.NewBucket(3, 0.5).Check("gold", 0, 1), nil)
+		wentOn(t, s)
+		s.Done()
+	}
+	if n := metric(t, h, limiter.MetricLocalEvicted); n < clients-held || n > clients {
+		t.Errorf("%s = %d, want %d to %d", limiter.MetricLocalEvicted, n, clients-held, clients)
+	}
+	if n := metric(t, h, limiter.MetricDenyEvicted); n != 0 {
+		t.Errorf("%s = %d, want 0: no client was denied", limiter.MetricDenyEvicted, n)
+	}
+}

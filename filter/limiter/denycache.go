@@ -240,23 +240,25 @@ func (c denyCache) lookup(h abi.Host, key string) (denyEntry, bool) {
 
 // store records e, replacing the client's previous entry and dropping stale
 // ones; when the shard is full the entry refreshed longest ago is evicted
-// (refreshed). It reports whether e was written.
-func (c denyCache) store(h abi.Host, e denyEntry, now int64) bool {
+// (refreshed). It reports whether e was written, and how many trusted
+// entries the write evicted (rewrite).
+func (c denyCache) store(h abi.Host, e denyEntry, now int64) (stored bool, evicted int) {
 	sk := c.shardKey(e.key)
 	for attempt := 0; attempt < denyCASAttempts; attempt++ {
 		v, cas, s := h.GetSharedData(sk)
 		if s != abi.StatusOK && s != abi.StatusNotFound {
-			return false
+			return false, 0
 		}
-		switch h.SetSharedData(sk, c.withEntry(v, e, now), cas) {
+		b, evicted := c.withEntry(v, e, now)
+		switch h.SetSharedData(sk, b, cas) {
 		case abi.StatusOK:
-			return true
+			return true, evicted
 		case abi.StatusCASMismatch:
 			continue
 		}
-		return false
+		return false, 0
 	}
-	return false
+	return false, 0
 }
 
 // anchors identify one entry of a client: the local times its answer's
@@ -304,7 +306,7 @@ func (c denyCache) drop(h abi.Host, key string, now int64) {
 		if _, _, ok := locateEntry(v, key); !ok {
 			return
 		}
-		if h.SetSharedData(sk, c.without(v, key, now), cas) != abi.StatusCASMismatch {
+		if b, _ := c.without(v, key, now); h.SetSharedData(sk, b, cas) != abi.StatusCASMismatch {
 			return
 		}
 	}
@@ -358,19 +360,24 @@ func (c denyCache) patch(h abi.Host, key string, field int, match func(denyEntry
 // (valid until the next call): the entries of other clients that are not
 // stale are copied as they are, without decoding their keys, so a denial
 // allocates nothing. A shard that is unreadable, or holds more entries than
-// this filter writes, is overwritten.
-func (c denyCache) withEntry(v []byte, e denyEntry, now int64) []byte {
+// this filter writes, is overwritten. evicted is how many trusted entries
+// it left out for want of room (rewrite).
+func (c denyCache) withEntry(v []byte, e denyEntry, now int64) (b []byte, evicted int) {
 	return c.rewrite(v, &e, e.key, now)
 }
 
 // without returns shard v without key's entry, as withEntry does.
-func (c denyCache) without(v []byte, key string, now int64) []byte {
+func (c denyCache) without(v []byte, key string, now int64) (b []byte, evicted int) {
 	return c.rewrite(v, nil, key, now)
 }
 
 // rewrite returns shard v with key's entry replaced by e, or removed when e
-// is nil, and the stale entries of other clients dropped.
-func (c denyCache) rewrite(v []byte, e *denyEntry, key string, now int64) []byte {
+// is nil, and the stale entries of other clients dropped, and how many
+// entries it evicted for want of room were trusted at now: each could
+// have answered its client's requests for the rest of its trust without a
+// callout. An entry past its trust asks about the next request it denies
+// anyway, so evicting it costs nothing worth counting.
+func (c denyCache) rewrite(v []byte, e *denyEntry, key string, now int64) (b []byte, evicted int) {
 	type kept struct {
 		from, to  int
 		refreshed int64
@@ -413,10 +420,13 @@ func (c denyCache) rewrite(v []byte, e *denyEntry, key string, now int64) []byte
 				evict = i
 			}
 		}
+		if now-keep[evict].refreshed < DenyTrust {
+			evicted++
+		}
 		copy(keep[evict:n], keep[evict+1:n])
 		n--
 	}
-	b := append((*c.buf)[:0], denyFormat, byte(n))
+	b = append((*c.buf)[:0], denyFormat, byte(n))
 	for _, k := range keep[:n] {
 		if k.from < 0 {
 			b = appendEntry(b, *e)
@@ -425,7 +435,7 @@ func (c denyCache) rewrite(v []byte, e *denyEntry, key string, now int64) []byte
 		}
 	}
 	*c.buf = b
-	return b
+	return b, evicted
 }
 
 // Shard format: version byte, entry count byte, then per entry a u16 key

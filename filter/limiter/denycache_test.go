@@ -407,8 +407,9 @@ func TestDenyCacheEvictsTheLeastRefreshed(t *testing.T) {
 		t.Fatal("no re-ask")
 	}
 	busy := entry("busy", anchor+3*second) // 10 + 1/s: stale 10 s later
-	if !c.store(h, busy, anchor+3*second) {
-		t.Fatal("busy client's entry not stored")
+	// The entry it evicts is past its trust: not counted.
+	if stored, evicted := c.store(h, busy, anchor+3*second); !stored || evicted != 0 {
+		t.Fatalf("busy client's entry: stored %v, counting %d evicted; want stored, none counted", stored, evicted)
 	}
 	if _, ok := c.lookup(h, "busy"); !ok {
 		t.Error("the busy client's new entry was evicted at once")
@@ -418,6 +419,20 @@ func TestDenyCacheEvictsTheLeastRefreshed(t *testing.T) {
 	}
 	if _, ok := c.lookup(h, scan[1]); ok {
 		t.Error("the entry refreshed longest ago was kept")
+	}
+	// Eight more clients 100 ms later evict the other seven scan entries
+	// and scan[0] (asked about 1.1 s before: past its trust), then the
+	// busy client's (answered 0.1 s before: trusted), the one counted.
+	counted := 0
+	for i, n := 0, 0; n < denyShardEntries; i++ {
+		if k := "more" + strconv.Itoa(i); c.shardKey(k) == shard {
+			_, evicted := c.store(h, entry(k, anchor+3*second+second/10), anchor+3*second+second/10)
+			counted += evicted
+			n++
+		}
+	}
+	if _, ok := c.lookup(h, "busy"); ok || counted != 1 {
+		t.Errorf("after 8 more clients: busy client's entry kept %v, %d evictions counted; want evicted, 1 counted", ok, counted)
 	}
 }
 
@@ -459,8 +474,8 @@ func decodeShard(b []byte) ([]denyEntry, bool) {
 // modelStore is what storing e into shard v must give: decode every entry,
 // drop the client's old one and the stale ones, add e, evict whichever was
 // refreshed longest ago while the shard is over its size (the earliest such
-// on a tie), encode.
-func modelStore(v []byte, e denyEntry, now int64) []byte {
+// on a tie), encode; and count the evicted entries that were trusted.
+func modelStore(v []byte, e denyEntry, now int64) (b []byte, evicted int) {
 	old, ok := decodeShard(v)
 	if !ok || len(old) > denyShardEntries {
 		old = nil
@@ -479,9 +494,12 @@ func modelStore(v []byte, e denyEntry, now int64) []byte {
 				evict = i
 			}
 		}
+		if now-entries[evict].refreshed() < DenyTrust {
+			evicted++
+		}
 		entries = append(entries[:evict], entries[evict+1:]...)
 	}
-	return encodeShard(entries)
+	return encodeShard(entries), evicted
 }
 
 // The byte-level rewrite of a shard equals the model on random shards:
@@ -533,12 +551,16 @@ func TestWithEntryMatchesTheModel(t *testing.T) {
 		}
 		e := entry()
 		now := anchor + int64(rng.IntN(6))*second
-		want := modelStore(shard, e, now)
+		want, wantEvicted := modelStore(shard, e, now)
 		if old, ok := decodeShard(want); ok && len(old) == denyShardEntries {
 			full++
 		}
-		if got := c.withEntry(shard, e, now); !bytes.Equal(got, want) {
+		got, evicted := c.withEntry(shard, e, now)
+		if !bytes.Equal(got, want) {
 			t.Fatalf("case %d: storing %+v at %d into %x\ngot  %x\nwant %x", i, e, now, shard, got, want)
+		}
+		if evicted != wantEvicted {
+			t.Fatalf("case %d: storing %+v at %d into %x evicted %d, want %d", i, e, now, shard, evicted, wantEvicted)
 		}
 	}
 	// Eviction is where the two could part: make sure it was reached.

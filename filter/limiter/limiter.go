@@ -248,7 +248,9 @@ func (l *Limiter) OnConfigure(rootID uint32, size int) (ok bool) {
 	}
 	r.cfg, r.cache, r.breaker = cfg, newDenyCache(cfg.SidecarCluster), newBreaker(cfg)
 	r.check, r.warmCall = checkHeaders(cfg), warmHeaders(cfg)
-	r.local = newLocalLimiter(cfg)
+	if r.local = newLocalLimiter(cfg); r.local != nil {
+		r.local.m = &l.m
+	}
 	// The first tick comes at once, for the warm-up (warm.go); the ticks
 	// after it come every second until a round of it went well, then every
 	// tickPeriodMs.
@@ -536,8 +538,12 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	// pending, this callout's cost included: every callout still on its
 	// way was sent before this answer came.
 	if a.Outcome == Denied || (a.Outcome == Allowed && s.entry) {
-		if e, ok := newDenyEntry(s.key, s.cost, s.sentAt, now, &a); ok && r.cache.store(h, e, now) {
-			s.counted = false
+		if e, ok := newDenyEntry(s.key, s.cost, s.sentAt, now, &a); ok {
+			stored, evicted := r.cache.store(h, e, now)
+			l.m.add(h, cDenyEvicted, evicted)
+			if stored {
+				s.counted = false
+			}
 		}
 	}
 	if a.Outcome == UnknownKey && s.entry {

@@ -307,7 +307,8 @@ func TestMetricNames(t *testing.T) {
 		"edgelimit.requests.failed_open.internal", "edgelimit.requests.failed_open.circuit_open",
 		"edgelimit.breaker.opened", "edgelimit.breaker.reopened", "edgelimit.breaker.closed",
 		"edgelimit.requests.local_allowed", "edgelimit.requests.local_denied",
-		"edgelimit.callout.failed_cached", "edgelimit.callout.latency_us", "edgelimit.breaker.state",
+		"edgelimit.callout.failed_cached", "edgelimit.deny_cache.evicted", "edgelimit.local_bucket.evicted",
+		"edgelimit.callout.latency_us", "edgelimit.breaker.state",
 	}
 	if got := MetricNames(); !slices.Equal(got, want) {
 		t.Errorf("MetricNames() = %q", got)

@@ -230,6 +230,8 @@ type localLimiter struct {
 	// known holds the plans this VM has recorded in shared data (or found
 	// there), so that an answer repeating one costs no host call.
 	known map[string]*localKnown
+	// m counts the entries this VM's writes evict; nil counts nothing.
+	m *metrics
 }
 
 // localKnown is what a VM remembers of a client's entry.
@@ -407,10 +409,11 @@ func (c *localLimiter) update(h abi.Host, key string, now int64, fn func(e *loca
 			return true
 		}
 		e.touched = now
+		evicted := false
 		if found {
 			entries[i] = e
 		} else {
-			if len(entries) >= localShardEntries {
+			if evicted = len(entries) >= localShardEntries; evicted {
 				evict := 0
 				for j := range entries {
 					if entries[j].touched < entries[evict].touched {
@@ -421,9 +424,15 @@ func (c *localLimiter) update(h abi.Host, key string, now int64, fn func(e *loca
 			}
 			entries = append(entries, e)
 		}
-		if h.SetSharedData(sk, encodeLocalShard(entries), cas) != abi.StatusCASMismatch {
-			return true
+		switch h.SetSharedData(sk, encodeLocalShard(entries), cas) {
+		case abi.StatusCASMismatch:
+			continue
+		case abi.StatusOK:
+			if evicted && c.m != nil {
+				c.m.inc(h, cLocalEvicted)
+			}
 		}
+		return true
 	}
 	return false
 }

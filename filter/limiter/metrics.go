@@ -47,6 +47,15 @@ const (
 	// denied_cached (or shadow_would_deny) as well. With the
 	// failed_open.<reason> counters, it makes every failed callout.
 	MetricFailedCached = "edgelimit.callout.failed_cached"
+	// MetricDenyEvicted counts deny cache entries still trusted (under
+	// DenyTrust since their answer or re-ask) evicted from their full
+	// shared-data key for another client's: the client's requests in the
+	// rest of that trust go to the sidecar, until a 429 stores it again. MetricLocalEvicted counts local buckets
+	// (on_failure "local") evicted from their full key: the client is
+	// then held only by the workers that remember its plan. Each eviction
+	// is counted once per process, by the VM whose write made it.
+	MetricDenyEvicted  = "edgelimit.deny_cache.evicted"
+	MetricLocalEvicted = "edgelimit.local_bucket.evicted"
 )
 
 type counter uint8
@@ -71,6 +80,8 @@ const (
 	cLocalAllowed
 	cLocalDenied
 	cFailedCached
+	cDenyEvicted
+	cLocalEvicted
 	numCounters
 )
 
@@ -126,6 +137,10 @@ func counterName(c counter) string {
 		return MetricLocalDenied
 	case cFailedCached:
 		return MetricFailedCached
+	case cDenyEvicted:
+		return MetricDenyEvicted
+	case cLocalEvicted:
+		return MetricLocalEvicted
 	}
 	return MetricFailedOpenPrefix + Reason(c-cFailedOpen).String()
 }
@@ -153,9 +168,11 @@ func (m *metrics) define(h abi.Host) (failed string) {
 	return failed
 }
 
-func (m *metrics) inc(h abi.Host, c counter) {
-	if m.defined[c] {
-		h.IncrementMetric(m.counters[c], 1)
+func (m *metrics) inc(h abi.Host, c counter) { m.add(h, c, 1) }
+
+func (m *metrics) add(h abi.Host, c counter, n int) {
+	if m.defined[c] && n > 0 {
+		h.IncrementMetric(m.counters[c], int64(n))
 	}
 }
 
