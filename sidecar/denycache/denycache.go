@@ -55,8 +55,9 @@ type Decider interface {
 const (
 	shards = 64
 	// shardEntries bounds each shard's entries. A full shard drops the
-	// entries past their window first; if none is, a new entry is not
-	// kept, which only costs round trips to Redis.
+	// entries past their window first; if none is, the entry a check came
+	// for longest ago, which only costs that bucket's next checks a round
+	// trip to Redis.
 	shardEntries = 1024
 )
 
@@ -70,8 +71,9 @@ type Cache struct {
 	shards [shards]shard
 	// OnDenied, if set, is called for each check denied here.
 	OnDenied func()
-	// OnFull, if set, is called for each denial not kept for want of room:
-	// its shard full, and none of the shard's entries past its window.
+	// OnFull, if set, is called for each denial kept in a full shard none
+	// of whose entries was past its window, by evicting the entry a check
+	// came for longest ago.
 	OnFull func()
 }
 
@@ -88,6 +90,10 @@ type entry struct {
 	// pending is the cost of the bucket's checks passed on since the entry
 	// was made, when its answer came, and still unanswered.
 	pending int64
+	// used is the clock when a check last came for the bucket: when the
+	// entry was made, or denied or passed on a check since. A full shard
+	// evicts the entry used longest ago.
+	used int64
 }
 
 // New wraps next.
@@ -121,6 +127,9 @@ func (c *Cache) Decide(deadline time.Time, key string, l lua.Limit, cost int64) 
 	if e != nil && (e.limit != l || e.stale(sent)) {
 		delete(sh.entries, key)
 		e = nil
+	}
+	if e != nil {
+		e.used = sent
 	}
 	var counted *entry // the entry this check's cost was added to
 	if e != nil && cost > 0 && float64(cost) <= l.Capacity {
@@ -163,26 +172,35 @@ func (c *Cache) Decide(deadline time.Time, key string, l lua.Limit, cost int64) 
 	if !res.Allowed && float64(cost) <= res.Tokens {
 		return res, err // not a denial the bound can explain
 	}
-	n := &entry{limit: l, tokens: res.Tokens, sent: sent}
-	if cur == nil && len(sh.entries) >= shardEntries && !sh.sweep(recv) {
-		if c.OnFull != nil {
-			c.OnFull()
-		}
-		return res, err
+	n := &entry{limit: l, tokens: res.Tokens, sent: sent, used: recv}
+	if cur == nil && len(sh.entries) >= shardEntries && sh.makeRoom(recv) && c.OnFull != nil {
+		c.OnFull()
 	}
 	sh.entries[key] = n
 	return res, err
 }
 
-// sweep drops the shard's entries past their window and reports whether
-// that made room.
-func (sh *shard) sweep(now int64) bool {
+// makeRoom drops the shard's entries past their window and, when that
+// frees no room, the entry a check came for longest ago, reporting that it
+// did. Keeping the entries in use rather than the oldest ones matters when
+// many buckets are denied once and never asked about again (a scanner's
+// keys on a plan refilling over an hour): a full shard used to keep them
+// and refuse every new entry, so that a busy client denied after the scan
+// had its every check sent to Redis.
+func (sh *shard) makeRoom(now int64) (evicted bool) {
+	oldest, used := "", int64(0)
 	for k, e := range sh.entries {
 		if e.stale(now) {
 			delete(sh.entries, k)
+		} else if oldest == "" || e.used < used {
+			oldest, used = k, e.used
 		}
 	}
-	return len(sh.entries) < shardEntries
+	if len(sh.entries) < shardEntries {
+		return false
+	}
+	delete(sh.entries, oldest)
+	return true
 }
 
 func (e *entry) stale(now int64) bool {

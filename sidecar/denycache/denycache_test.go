@@ -407,8 +407,8 @@ func TestCachedDenialsAgainstRedis(t *testing.T) {
 
 // TestFullShardReported: a shard holds shardEntries denials; the next one
 // denied on a bucket of the same shard, with none of the shard's entries
-// past its window (a rate of one token in 1,000 s), is not kept, and is
-// reported to OnFull, once.
+// past its window (a rate of one token in 1,000 s), is kept in place of
+// the entry checked longest ago, and reported to OnFull, once.
 func TestFullShardReported(t *testing.T) {
 	c, _, _ := stack(t)
 	var full int
@@ -431,5 +431,63 @@ func TestFullShardReported(t *testing.T) {
 	}
 	if got := len(c.shards[0].entries); got != shardEntries {
 		t.Errorf("shard 0 holds %d entries, want %d", got, shardEntries)
+	}
+}
+
+// TestFullShardKeepsTheBusyBucket: a shard full of buckets denied once and
+// never checked again (a scanner's keys on a plan of 1 an hour) makes room
+// for a busy client's denial by evicting the one checked longest ago, and
+// keeps the busy client's entry while more scanner keys come: its checks
+// are denied without Redis. The shard used to refuse the busy client's
+// entry, and every one of its checks went to Redis.
+func TestFullShardKeepsTheBusyBucket(t *testing.T) {
+	c, g, _ := stack(t)
+	hourly := lua.Limit{Capacity: 1, Rate: 1.0 / 3600}
+	var scan []string
+	for i := 0; len(scan) < 2*shardEntries; i++ {
+		if key := "rl:{scan-" + strconv.Itoa(i) + "}"; c.shard(key) == &c.shards[0] {
+			scan = append(scan, key)
+		}
+	}
+	spend := func(key string) {
+		decide1(t, c, key, hourly, 1)
+		if r := decide1(t, c, key, hourly, 1); r.Allowed {
+			t.Fatalf("%s: the second check admitted", key)
+		}
+	}
+	for _, key := range scan[:shardEntries] {
+		spend(key)
+	}
+	// The busy client: 5 + 1/s, spent, then checked again and again while
+	// the scan goes on. Its bucket refills a token a second, so over E
+	// seconds Redis can be asked about at most 2(⌈E⌉ + 1) of its checks:
+	// the ⌈E⌉ + 1 admissions, and the denial that renews its entry after
+	// each.
+	busy, steady := "rl:{busy}", lua.Limit{Capacity: 5, Rate: 1}
+	for c.shard(busy) != &c.shards[0] {
+		busy += "+"
+	}
+	for range 5 {
+		decide1(t, c, busy, steady, 1)
+	}
+	start := time.Now()
+	before := g.count()
+	const checks = 100
+	for i := range checks {
+		decide1(t, c, busy, steady, 1)
+		if i%2 == 0 {
+			spend(scan[shardEntries+i/2])
+		}
+	}
+	asked := g.count() - before - 2*(checks/2) // the scan's checks go to Redis
+	most := 2 * (int(time.Since(start).Seconds()) + 2)
+	if asked > most {
+		t.Errorf("the busy bucket's %d checks beside the scan: %d went to Redis in %v, want at most %d", checks, asked, time.Since(start), most)
+	}
+	if _, ok := c.shards[0].entries[busy]; !ok {
+		t.Error("the busy bucket's entry was evicted")
+	}
+	if _, ok := c.shards[0].entries[scan[0]]; ok {
+		t.Error("the entry checked longest ago was kept")
 	}
 }

@@ -65,9 +65,10 @@ type Stats struct {
 	// sidecar_denied_cached_total: of the denied decisions, those the deny
 	// cache made without Redis (sidecar/denycache).
 	DeniedCached *metrics.Counter
-	// sidecar_deny_cache_full_total: denials the deny cache had no room to
-	// keep (a shard full, none of its entries past its window): each costs
-	// that client's next checks their round trips to Redis.
+	// sidecar_deny_cache_full_total: denials the deny cache kept in a full
+	// shard, none of its entries past its window, by evicting the entry a
+	// check came for longest ago: each costs that bucket's next checks
+	// their round trips to Redis.
 	DenyCacheFull *metrics.Counter
 	// sidecar_hot_reconcile_errors_total: a hot client's reconcile (its
 	// demand written, its shares read or moved) that failed; the shares in
