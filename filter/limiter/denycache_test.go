@@ -403,7 +403,7 @@ func TestDenyCacheEvictsTheLeastRefreshed(t *testing.T) {
 	}
 	// scan[0] is asked about again after the others were stored.
 	e0, _ := c.lookup(h, scan[0])
-	if !c.reask(h, scan[0], anchors{e0.sent, e0.recv}, anchor+2*second) {
+	if !c.reask(h, scan[0], anchors{e0.sent, e0.recv}, false, anchor+2*second) {
 		t.Fatal("no re-ask")
 	}
 	busy := entry("busy", anchor+3*second) // 10 + 1/s: stale 10 s later
@@ -472,7 +472,8 @@ func decodeShard(b []byte) ([]denyEntry, bool) {
 }
 
 // modelStore is what storing e into shard v must give: decode every entry,
-// drop the client's old one and the stale ones, add e, evict whichever was
+// drop the client's old one (keeping the later of the two times it was
+// asked about) and the stale ones, add e, evict whichever was
 // refreshed longest ago while the shard is over its size (the earliest such
 // on a tie), encode; and count the evicted entries that were trusted.
 func modelStore(v []byte, e denyEntry, now int64) (b []byte, evicted int) {
@@ -482,7 +483,9 @@ func modelStore(v []byte, e denyEntry, now int64) (b []byte, evicted int) {
 	}
 	entries := make([]denyEntry, 0, len(old)+1)
 	for _, o := range old {
-		if o.key != e.key && !o.stale(now) {
+		if o.key == e.key {
+			e.asked = max(e.asked, o.asked) // the client's turn to ask outlives its entry
+		} else if !o.stale(now) {
 			entries = append(entries, o)
 		}
 	}
