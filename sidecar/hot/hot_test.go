@@ -3,13 +3,16 @@ package hot
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/internal/syncbuf"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/lua"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
@@ -195,4 +198,60 @@ func TestReconcileErrorsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Poll(t, 10*time.Second, "reconcile errors with Redis down", func() bool { return failed.Load() >= 2 })
+}
+
+// TestReconcileFailuresLoggedTogether: with many hot clients and Redis
+// refusing a command every reconcile sends (PEXPIRE), the failed
+// reconciles make one line, not one per client and round, naming Redis's
+// reply; and the end of the failure is logged once Redis accepts it again.
+// Run at the shipped interval (1 s) and log interval (10 s).
+func TestReconcileFailuresLoggedTogether(t *testing.T) {
+	const clients = 20
+	srv := redisproc.StartT(t, redisproc.Options{})
+	admin := srv.Client(t)
+	var out syncbuf.Buffer
+	s := New(srv.Client(t), slog.New(slog.NewTextHandler(&out, nil)))
+	var failed atomic.Int64
+	s.OnReconcileError = func() { failed.Add(1) }
+	for i := range clients {
+		base := keys.New(nil).BucketKey(fmt.Appendf(nil, "hot-client-%d", i))
+		s.Route(time.Time{}, base, []string{"eu", "us"}, []byte("eu"), lua.Limit{Capacity: 200, Rate: 100}, 1)
+	}
+	lines := func(msg string) int { return strings.Count(out.String(), `msg="`+msg+`"`) }
+	const failedMsg, endedMsg = "hot client reconcile failed; shares in force kept", "hot client reconciles succeed again"
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "default", "-pexpire").Err(); err != nil {
+		t.Fatal(err)
+	}
+	refused := time.Now()
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { s.Run(ctx, 0); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	// Three rounds of failures: 60 reconciles, once one line each.
+	testkit.Poll(t, 20*time.Second, "three rounds of failed reconciles", func() bool { return failed.Load() >= 3*clients })
+	// One line, and one more for each whole 10 s the rounds took (a
+	// stalled machine can stretch three rounds past 10 s).
+	if got, most := lines(failedMsg), 1+int(time.Since(refused)/reconcileLogEvery); got < 1 || got > most {
+		t.Fatalf("%d failure lines for %d failed reconciles of %d clients in %v, want 1 to %d:\n%s",
+			got, failed.Load(), clients, time.Since(refused).Round(time.Millisecond), most, out.String())
+	}
+	for _, want := range []string{fmt.Sprintf("failed=%d hot_clients=%d", clients, clients), "NOPERM"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the failure line does not say %q:\n%s", want, out.String())
+		}
+	}
+	if lines(endedMsg) != 0 {
+		t.Fatalf("an end line while Redis refuses:\n%s", out.String())
+	}
+
+	if err := admin.Do(ctx, "ACL", "SETUSER", "default", "+pexpire").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The end: once a round succeeds 10 s after the last failure.
+	testkit.Poll(t, 30*time.Second, "the end of the failure logged", func() bool { return lines(endedMsg) == 1 })
+	if got, most := lines(failedMsg), 1+int(time.Since(refused)/reconcileLogEvery); got > most {
+		t.Errorf("%d failure lines in %v, want at most %d:\n%s", got, time.Since(refused).Round(time.Millisecond), most, out.String())
+	}
 }

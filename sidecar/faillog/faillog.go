@@ -1,0 +1,60 @@
+// Package faillog throttles the log lines of a failure that repeats (Redis
+// down, refusing writes, a hot client's reconcile failing round after
+// round) and says when it ends. The first failure after a quiet spell is
+// logged at once, then at most one line per interval with the number of
+// failures held back since the last; the end is logged once, at the first
+// success that comes a whole interval after the last failure, with the
+// failures held back since the last line. During an outage the log then
+// says when it began, what Redis answered, roughly how many times, and
+// when it ended, in a few lines however much traffic or how many hot
+// clients fail.
+package faillog
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Log is one failure's throttle. The zero value is not usable: set Every.
+// It is safe for concurrent use.
+type Log struct {
+	Every time.Duration // least time between two failure lines, and the quiet spell that ends a failure
+
+	next    atomic.Int64 // unix nanoseconds when the next failure line may go out
+	last    atomic.Int64 // unix nanoseconds of the latest failure
+	held    atomic.Int64 // failures not in any line yet
+	failing atomic.Bool  // a failure line went out and its end has not
+}
+
+// Failed records n failures at now. It says to log them (log true) for the
+// first failure after a quiet spell and then at most once every Every,
+// with the number of failures held back before these n.
+func (l *Log) Failed(now time.Time, n int64) (held int64, log bool) {
+	t := now.UnixNano()
+	l.last.Store(t)
+	next := l.next.Load()
+	if t < next || !l.next.CompareAndSwap(next, t+int64(l.Every)) {
+		l.held.Add(n)
+		return 0, false
+	}
+	l.failing.Store(true)
+	return l.held.Swap(0), true
+}
+
+// Succeeded records a success at now. If a failure was logged and none
+// came in the Every before now, the failure has ended: it says so (ended
+// true) once, with the failures held back since the last line. A success
+// among failures (a Redis Cluster with one master down, a Redis out of
+// memory that still denies) ends nothing. Without a failure logged it is
+// one atomic load.
+func (l *Log) Succeeded(now time.Time) (held int64, ended bool) {
+	if !l.failing.Load() {
+		return 0, false
+	}
+	t := now.UnixNano()
+	if t-l.last.Load() < int64(l.Every) || !l.failing.CompareAndSwap(true, false) {
+		return 0, false
+	}
+	l.next.Store(0)
+	return l.held.Swap(0), true
+}

@@ -1,0 +1,53 @@
+package faillog
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestLog walks one failure through its lines at set times: the first at
+// once, the rest held back within the interval, a success among failures
+// ending nothing, the end logged once a whole interval after the last
+// failure, and the next failure logged at once again.
+func TestLog(t *testing.T) {
+	l := Log{Every: time.Second}
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	var failed, ended []int64
+	fail := func(ms int, n int64) {
+		if h, log := l.Failed(at(ms), n); log {
+			failed = append(failed, h)
+		}
+	}
+	succeed := func(ms int) {
+		if h, end := l.Succeeded(at(ms)); end {
+			ended = append(ended, h)
+		}
+	}
+
+	succeed(0) // nothing failed: nothing to end
+	fail(0, 1) // the first: logged, nothing held
+	for ms := 100; ms < 1000; ms += 100 {
+		fail(ms, 2) // 9 rounds of 2 within the second: held
+		succeed(ms + 50)
+	}
+	if !slices.Equal(failed, []int64{0}) || len(ended) != 0 {
+		t.Fatalf("within the first second: failure lines %v, end lines %v; want [0] and none", failed, ended)
+	}
+	fail(1000, 1) // a second after the first line: logged with the 18 held
+	fail(1500, 3) // held
+	succeed(2400) // 0.9 s after the last failure: not over yet
+	if !slices.Equal(failed, []int64{0, 18}) || len(ended) != 0 {
+		t.Fatalf("failure lines %v, end lines %v; want [0 18] and none", failed, ended)
+	}
+	succeed(2500) // a whole second without a failure: the end, with the 3 held
+	succeed(2600) // once only
+	if !slices.Equal(ended, []int64{3}) {
+		t.Fatalf("end lines %v, want [3]", ended)
+	}
+	fail(2700, 1) // a new failure: logged at once, with nothing held
+	if !slices.Equal(failed, []int64{0, 18, 0}) {
+		t.Fatalf("failure lines %v, want a third, at once", failed)
+	}
+}
