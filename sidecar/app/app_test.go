@@ -463,6 +463,50 @@ func TestRedisFaults(t *testing.T) {
 	}
 }
 
+// TestDecisionFailuresLoggedWithTheirEnd: while Redis refuses the
+// checks' writes (an ACL without HSET), 50 failed decisions make one log
+// line a second at most, and once Redis accepts them again the sidecar
+// says so, with the failures it held back. The shipped deadline (4 ms).
+func TestDecisionFailuresLoggedWithTheirEnd(t *testing.T) {
+	srv := redisproc.StartT(t, redisproc.Options{})
+	ctl := srv.Client(t)
+	ctx := context.Background()
+	s := startSidecarLog(t, srv.URL(), contractPlans, 4*time.Millisecond, slog.LevelInfo)
+	lines := func(msg string) int { return strings.Count(s.logs.String(), `msg="`+msg+`"`) }
+	const failedMsg, endedMsg = "decision failed, answering 503", "decisions succeed again"
+	if err := ctl.Do(ctx, "ACL", "SETUSER", "default", "-hset").Err(); err != nil {
+		t.Fatal(err)
+	}
+	refused := time.Now()
+	for i := range 50 {
+		if r := s.check(t, fmt.Sprintf("refused-client-%d", i)); r.status != 503 {
+			t.Fatalf("check %d with HSET refused: %d %q, want 503", i, r.status, r.body)
+		}
+	}
+	// One line, and one more for each whole second the 50 checks took.
+	if got, most := lines(failedMsg), 1+int(time.Since(refused)/time.Second); got < 1 || got > most {
+		t.Fatalf("%d failure lines for 50 failed decisions in %v, want 1 to %d:\n%s", got, time.Since(refused), most, s.logs)
+	}
+	if !strings.Contains(s.logs.String(), "can't run this command") {
+		t.Errorf("the failure line does not quote Redis's reply:\n%s", s.logs)
+	}
+	if lines(endedMsg) != 0 {
+		t.Fatalf("an end line while Redis refuses:\n%s", s.logs)
+	}
+	if err := ctl.Do(ctx, "ACL", "SETUSER", "default", "+hset").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The end: the first decision made a whole second after the last
+	// failure.
+	testkit.Poll(t, 30*time.Second, "the end of the failures logged", func() bool {
+		s.check(t, "client-key-123")
+		return lines(endedMsg) == 1
+	})
+	if strings.Contains(s.logs.String(), "refused-client-") || strings.Contains(s.logs.String(), "client-key-123") {
+		t.Errorf("a raw API key in the log:\n%s", s.logs)
+	}
+}
+
 // A sidecar started before Redis loads the script and makes its warm-up
 // decision once Redis comes up, with nobody asking it anything: no check and
 // no /readyz, as behind a probe of /healthz (the chart's).

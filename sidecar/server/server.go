@@ -39,6 +39,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/internal/seconds"
 	"github.com/edgelimit/edgelimit/lua"
+	"github.com/edgelimit/edgelimit/sidecar/faillog"
 	"github.com/edgelimit/edgelimit/sidecar/hot"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 	"github.com/edgelimit/edgelimit/sidecar/plans"
@@ -93,7 +94,7 @@ type Options struct {
 // Server handles the sidecar's HTTP requests.
 type Server struct {
 	o        Options
-	errorLog throttle
+	errorLog faillog.Log // failed decisions' lines: at most one a second, and their end
 	sent     peerLags
 	// stopping is set when the sidecar starts to shut down: its check
 	// listener is closed or closing, so it cannot decide any more.
@@ -113,7 +114,9 @@ func New(o Options) *Server {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	return &Server{o: o}
+	s := &Server{o: o}
+	s.errorLog.Every = time.Second
+	return s
 }
 
 // Handle is the fasthttp request handler.
@@ -212,11 +215,14 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 		} else {
 			s.o.Stats.RedisErrors.Inc()
 		}
-		s.errorLog.do(func(suppressed int64) {
-			s.o.Log.Warn("decision failed, answering 503", "client", keys.LogID(bucket), "reason", reason, "err", err, "suppressed", suppressed)
-		})
+		if held, log := s.errorLog.Failed(start, 1); log {
+			s.o.Log.Warn("decision failed, answering 503", "client", keys.LogID(bucket), "reason", reason, "err", err, "suppressed", held)
+		}
 		text(ctx, fasthttp.StatusServiceUnavailable, reason)
 		return
+	}
+	if held, ended := s.errorLog.Succeeded(start); ended {
+		s.o.Log.Info("decisions succeed again", "suppressed", held)
 	}
 
 	var a Answer
@@ -487,22 +493,4 @@ func getOrHead(ctx *fasthttp.RequestCtx) bool {
 func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 	ctx.Response.Header.Set("Allow", allow)
 	text(ctx, fasthttp.StatusMethodNotAllowed, "method not allowed")
-}
-
-// throttle lets through at most one log line per second; the lines it holds
-// back are counted and reported with the next one. During an outage every
-// request fails the same way, and one line per request would flood the log.
-type throttle struct {
-	next       atomic.Int64 // unix nanoseconds when the next line may go out
-	suppressed atomic.Int64
-}
-
-func (t *throttle) do(log func(suppressed int64)) {
-	now := time.Now().UnixNano()
-	next := t.next.Load()
-	if now < next || !t.next.CompareAndSwap(next, now+int64(time.Second)) {
-		t.suppressed.Add(1)
-		return
-	}
-	log(t.suppressed.Swap(0))
 }

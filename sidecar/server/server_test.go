@@ -610,23 +610,6 @@ func TestAdminListenerBoundsConnections(t *testing.T) {
 	}
 }
 
-func TestThrottle(t *testing.T) {
-	var th throttle
-	var logged []int64
-	for range 5 {
-		th.do(func(n int64) { logged = append(logged, n) })
-	}
-	// The first line goes out, the next four fall within the same second.
-	if len(logged) != 1 || logged[0] != 0 || th.suppressed.Load() != 4 {
-		t.Fatalf("logged %v, suppressed %d; want [0] and 4", logged, th.suppressed.Load())
-	}
-	th.next.Store(0) // as if a second had passed
-	th.do(func(n int64) { logged = append(logged, n) })
-	if len(logged) != 2 || logged[1] != 4 {
-		t.Fatalf("logged %v, want the 4 suppressed lines reported", logged)
-	}
-}
-
 // TestAnswerDoesNotAllocate: the sidecar formats every answer on the stack.
 func TestAnswerDoesNotAllocate(t *testing.T) {
 	p := &plans.Plan{Name: "pro", Capacity: 200, Rate: 100, LimitHeader: "200"}
