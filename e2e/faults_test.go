@@ -848,11 +848,17 @@ func TestBreakerStaysOpenWhileRedisRefusesWrites(t *testing.T) {
 	testkit.Poll(t, 10*time.Second, "the breaker open", func() bool { return s.stat(opened) >= 1 })
 	closed, reopened := "wasmcustom."+limiter.MetricBreakerClosed, "wasmcustom."+limiter.MetricBreakerReopened
 	closedBefore, reopenedBefore, decidedBefore := s.stat(closed), s.stat(reopened), decided.Load()
-	warmOK := `sidecar_warm_ups_total{result="ok"}`
-	// Two rounds of warm-up calls answered 200 after the breaker opened,
-	// the second sent after the first was answered.
-	warmed := s.sidecarMetric(0, warmOK) + 2*2*limiter.DefaultWarmConnections
-	testkit.Poll(t, 30*time.Second, "warm-up calls answered 200 while Redis refuses the checks", func() bool { return s.sidecarMetric(0, warmOK) >= warmed })
+	warmOK, warmErr := `sidecar_warm_ups_total{result="ok"}`, `sidecar_warm_ups_total{result="error"}`
+	okBefore := s.sidecarMetric(0, warmOK)
+	// Two rounds of warm-up calls answered 503 after the breaker opened,
+	// the second sent after the first was answered: the sidecar knows
+	// Redis refuses the checks' writes, and a warm-up's write is refused
+	// too, so none ends the breaker's open interval.
+	refused := s.sidecarMetric(0, warmErr) + 2*2*limiter.DefaultWarmConnections
+	testkit.Poll(t, 30*time.Second, "warm-up calls answered 503 while Redis refuses the checks", func() bool { return s.sidecarMetric(0, warmErr) >= refused })
+	if got := s.sidecarMetric(0, warmOK); got != okBefore {
+		t.Errorf("%v warm-up calls answered 200 while Redis refused every check", got-okBefore)
+	}
 	if got := s.stat(closed); got != closedBefore {
 		t.Errorf("the breaker closed %d times while Redis refused every check", got-closedBefore)
 	}

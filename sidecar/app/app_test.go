@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/internal/syncbuf"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
@@ -504,6 +506,66 @@ func TestDecisionFailuresLoggedWithTheirEnd(t *testing.T) {
 	})
 	if strings.Contains(s.logs.String(), "refused-client-") || strings.Contains(s.logs.String(), "client-key-123") {
 		t.Errorf("a raw API key in the log:\n%s", s.logs)
+	}
+}
+
+// TestWarmRefusedWhileChecksAre: while Redis answers peeks but refuses the
+// writes every admission makes (a replica's READONLY, OOM at maxmemory
+// under noeviction, an ACL user without HSET), a warm-up is answered 503,
+// not 200: the gateway's breaker would otherwise end its open interval on
+// that 200 and send a probe Redis refuses. Once Redis takes writes again
+// the next warm-up is 200, and /readyz follows. The shipped deadline
+// (4 ms).
+func TestWarmRefusedWhileChecksAre(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name        string
+		refuse, fix func(c *redis.Client, other string) error
+	}{
+		{"replica",
+			func(c *redis.Client, other string) error {
+				host, port, _ := net.SplitHostPort(other)
+				return c.ReplicaOf(ctx, host, port).Err()
+			},
+			func(c *redis.Client, _ string) error { return c.ReplicaOf(ctx, "NO", "ONE").Err() }},
+		{"maxmemory",
+			func(c *redis.Client, _ string) error { return c.ConfigSet(ctx, "maxmemory", "1").Err() },
+			func(c *redis.Client, _ string) error { return c.ConfigSet(ctx, "maxmemory", "0").Err() }},
+		{"acl",
+			func(c *redis.Client, _ string) error { return c.Do(ctx, "ACL", "SETUSER", "default", "-hset").Err() },
+			func(c *redis.Client, _ string) error { return c.Do(ctx, "ACL", "SETUSER", "default", "+hset").Err() }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redisproc.StartT(t, redisproc.Options{})
+			other := redisproc.StartT(t, redisproc.Options{})
+			admin := srv.Client(t)
+			s := startSidecarLog(t, srv.URL(), contractPlans, 4*time.Millisecond, slog.LevelInfo)
+			if r := s.do(t, "POST", "/v1/warm"); r.status != 200 {
+				t.Fatalf("warm-up with Redis healthy: %d %q, want 200", r.status, r.body)
+			}
+			if err := tc.refuse(admin, other.Addr); err != nil {
+				t.Fatal(err)
+			}
+			// A client's check is refused, then a warm-up. (A warm-up
+			// past the 4 ms is 503 "redis unavailable", which says
+			// nothing of the writes: polled past.)
+			testkit.Poll(t, 10*time.Second, "a warm-up answered 503 checks refused after a refused check", func() bool {
+				check := s.check(t, "client-key-123")
+				warm := s.do(t, "POST", "/v1/warm")
+				return check.status == 503 && warm.status == 503 && warm.body == "checks refused\n"
+			})
+			if err := tc.fix(admin, other.Addr); err != nil {
+				t.Fatal(err)
+			}
+			// No client sends: the warm-up alone finds Redis taking writes.
+			testkit.Poll(t, 10*time.Second, "a warm-up answered 200 once Redis takes writes", func() bool {
+				return s.do(t, "POST", "/v1/warm").status == 200
+			})
+			testkit.Poll(t, 10*time.Second, "/readyz ready once a warm-up wrote", func() bool {
+				return s.do(t, "GET", "/readyz").status == 200
+			})
+		})
 	}
 }
 

@@ -118,6 +118,17 @@ func (d *Decider) peek(ctx context.Context) error {
 // being refused; once they stop coming, Ready goes back to its peek.
 const refusalMemory = 5 * time.Second
 
+// Refused returns Redis's error reply to the latest check that took
+// tokens, if it came within refusalMemory and no check was admitted since:
+// Redis answers peeks but refuses the writes every admission makes. nil
+// otherwise.
+func (d *Decider) Refused() error {
+	if r := d.refused.Load(); r != nil && time.Since(r.at) < refusalMemory {
+		return r.err
+	}
+	return nil
+}
+
 // refusedLately returns, as not ready, Redis's error reply to the latest
 // check that took tokens, if it came within refusalMemory before now and
 // no check was admitted after it: Redis answers the peek but refuses the

@@ -50,6 +50,7 @@ import (
 type Decider interface {
 	Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error)
 	Ready(ctx context.Context) error
+	Refused() error
 }
 
 const (
@@ -108,6 +109,10 @@ func New(next Decider) *Cache {
 
 // Ready reports whether the wrapped Decider can decide now.
 func (c *Cache) Ready(ctx context.Context) error { return c.next.Ready(ctx) }
+
+// Refused is the wrapped Decider's: a denial made here writes nothing and
+// changes nothing of it.
+func (c *Cache) Refused() error { return c.next.Refused() }
 
 // monotonic is the clock, in ns since the cache was made (always > 0).
 func (c *Cache) monotonic() int64 { return int64(time.Since(c.epoch)) + 1 }

@@ -48,6 +48,8 @@ func (g *gate) Decide(deadline time.Time, key string, l lua.Limit, cost int64) (
 
 func (g *gate) Ready(ctx context.Context) error { return g.next.Ready(ctx) }
 
+func (g *gate) Refused() error { return g.next.Refused() }
+
 func (g *gate) count() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -25,6 +25,8 @@ func (instantDecider) Decide(time.Time, string, lua.Limit, int64) (lua.Result, e
 
 func (instantDecider) Ready(context.Context) error { return nil }
 
+func (instantDecider) Refused() error { return nil }
+
 // BenchmarkCheckHandler is the handler's own work for one allowed check,
 // without the HTTP connection and without Redis: parsing, the digest, the
 // plan, x-ratelimit-sent's wait, the answer's headers, the metrics. The

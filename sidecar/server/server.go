@@ -71,6 +71,10 @@ type Decider interface {
 	Decide(deadline time.Time, key string, l lua.Limit, cost int64) (lua.Result, error)
 	// Ready reports whether decisions can be made now.
 	Ready(ctx context.Context) error
+	// Refused returns Redis's error reply to the latest check that took
+	// tokens, if it came lately and no check was admitted since (Redis
+	// refuses writes), else nil.
+	Refused() error
 }
 
 // Options configure a Server.
@@ -281,6 +285,13 @@ var (
 	WarmPlan  = plans.Plan{Name: "warm-up", Capacity: 1, Rate: 1, LimitHeader: "1"}
 )
 
+// warmWriteLimit is what a warm-up spends one token with while Redis
+// refuses the checks' writes: a bucket so large and quick to refill that
+// the spend is always admitted, so that it always writes (a denial would
+// not). The bucket expires 2 s after (the script's ttl: capacity/rate
+// plus 1 s).
+var warmWriteLimit = lua.Limit{Capacity: 1e9, Rate: 1e9}
+
 // warm answers a gateway's warm-up call (POST /v1/warm, the filter's
 // warm_connections): a peek (cost 0) at keys.WarmBucket, which writes
 // nothing, made and answered the way a check is (the decision queue, a
@@ -293,6 +304,16 @@ var (
 // (x-ratelimit-sent) counts towards the least lag from its address, as a
 // check's does: each round tells the sidecar how quick the way from the
 // proxy is, with or without clients.
+//
+// While Redis refuses the checks' writes (Decider.Refused: READONLY, OOM,
+// NOPERM to the latest check that took tokens), Redis still answers a peek,
+// so a peek's 200 would say the sidecar can decide when it cannot. The
+// warm-up then spends a token of a bucket no client has
+// (warmWriteLimit), a write as every admission makes: 503 while Redis
+// refuses it, 200 (with a peek's answer) once it takes it, which also ends
+// the refusal for /readyz as an admitted check does. The gateway's
+// breaker keeps its open interval while the writes are refused, and ends
+// it at the first warm-up round that finds them taken again.
 func (s *Server) warm(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
 	sent, err := ParseSent(&ctx.Request.Header)
@@ -302,6 +323,14 @@ func (s *Server) warm(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	s.waited(ctx, start, sent)
+	if s.o.Decider.Refused() != nil {
+		res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), keys.WarmBucket, warmWriteLimit, 1)
+		if err != nil || !res.Allowed {
+			s.o.Stats.WarmUpErrors.Inc()
+			text(ctx, fasthttp.StatusServiceUnavailable, "checks refused")
+			return
+		}
+	}
 	res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), keys.WarmBucket, WarmLimit, 0)
 	if err != nil {
 		s.o.Stats.WarmUpErrors.Inc()

@@ -74,6 +74,8 @@ func holding(tokens float64) func(lua.Limit) float64 {
 
 func (f *fakeDecider) Ready(context.Context) error { return f.readyErr }
 
+func (f *fakeDecider) Refused() error { return nil }
+
 const planYAML = `
 default_plan: free
 plans:

@@ -43,6 +43,8 @@ func (atOnce) Decide(_ time.Time, _ string, l lua.Limit, cost int64) (lua.Result
 
 func (atOnce) Ready(context.Context) error { return nil }
 
+func (atOnce) Refused() error { return nil }
+
 func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "address to serve on")
 	plansFile := flag.String("plans", "", "the sidecar's plans file")
