@@ -358,7 +358,11 @@ func (tl *timeline) queryable() storage.Queryable {
 // alerts firing at the last evaluation (alert name → the series' labels).
 func (tl *timeline) firing(t *testing.T, rs []rulefmt.Rule, start int64) map[string][]string {
 	t.Helper()
-	eng := promql.NewEngine(promql.EngineOpts{MaxSamples: 1e7, Timeout: time.Minute, LookbackDelta: 5 * time.Minute})
+	// A subquery without a step ([5m:]) is evaluated at the global
+	// evaluation interval, as Prometheus sets it (its
+	// NoStepSubqueryIntervalFn).
+	eng := promql.NewEngine(promql.EngineOpts{MaxSamples: 1e7, Timeout: time.Minute, LookbackDelta: 5 * time.Minute,
+		NoStepSubqueryIntervalFn: func(int64) int64 { return evalInterval.Milliseconds() }})
 	q := tl.queryable()
 	out := map[string][]string{}
 	for _, r := range rs {
