@@ -4,7 +4,9 @@
 // logged at once, then at most one line per interval with the number of
 // failures held back since the last; the end is logged once, at the first
 // success that comes a whole interval after the last failure, with the
-// failures held back since the last line. During an outage the log then
+// failures held back since the last line; a failure that came alone (one
+// decision past its deadline on a busy machine) ends without a line, its
+// own line having said all there was. During an outage the log then
 // says when it began, what Redis answered, roughly how many times, and
 // when it ended, in a few lines however much traffic or how many hot
 // clients fail.
@@ -23,6 +25,7 @@ type Log struct {
 	next    atomic.Int64 // unix nanoseconds when the next failure line may go out
 	last    atomic.Int64 // unix nanoseconds of the latest failure
 	held    atomic.Int64 // failures not in any line yet
+	count   atomic.Int64 // failures since the last end
 	failing atomic.Bool  // a failure line went out and its end has not
 }
 
@@ -32,6 +35,7 @@ type Log struct {
 func (l *Log) Failed(now time.Time, n int64) (held int64, log bool) {
 	t := now.UnixNano()
 	l.last.Store(t)
+	l.count.Add(n)
 	next := l.next.Load()
 	if t < next || !l.next.CompareAndSwap(next, t+int64(l.Every)) {
 		l.held.Add(n)
@@ -43,7 +47,8 @@ func (l *Log) Failed(now time.Time, n int64) (held int64, log bool) {
 
 // Succeeded records a success at now. If a failure was logged and none
 // came in the Every before now, the failure has ended: it says so (ended
-// true) once, with the failures held back since the last line. A success
+// true) once, with the failures held back since the last line, unless the
+// failure came alone (ended quietly: nothing to add to its line). A success
 // among failures (a Redis Cluster with one master down, a Redis out of
 // memory that still denies) ends nothing. Without a failure logged it is
 // one atomic load.
@@ -56,5 +61,9 @@ func (l *Log) Succeeded(now time.Time) (held int64, ended bool) {
 		return 0, false
 	}
 	l.next.Store(0)
-	return l.held.Swap(0), true
+	held = l.held.Swap(0)
+	if l.count.Swap(0) <= 1 {
+		return 0, false
+	}
+	return held, true
 }

@@ -50,4 +50,9 @@ func TestLog(t *testing.T) {
 	if !slices.Equal(failed, []int64{0, 18, 0}) {
 		t.Fatalf("failure lines %v, want a third, at once", failed)
 	}
+	succeed(3800) // it came alone: it ends without a line
+	fail(3900, 1) // and the next is logged at once
+	if !slices.Equal(ended, []int64{3}) || !slices.Equal(failed, []int64{0, 18, 0, 0}) {
+		t.Fatalf("after a failure alone: end lines %v, failure lines %v; want [3] and a fourth failure line", ended, failed)
+	}
 }
