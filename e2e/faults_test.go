@@ -822,10 +822,11 @@ func TestLimitBackWithinASecondOfRedis(t *testing.T) {
 // Redis that answers the warm-up calls' peek, which writes nothing, but
 // refuses every check's write: here out of memory (OOM under maxmemory
 // with noeviction); a replica's READONLY and an ACL user without hset are
-// answered the same way, 200 to POST /v1/warm and 503 to every check. The
-// rounds' 200s bring the breaker's probe forward, each probe fails, and
-// the breaker never closes: no request is decided while Redis refuses.
-// Memory back, the client is limited again.
+// answered the same way. The sidecar, told by its refused checks, answers
+// POST /v1/warm 503 too (its warm-up's own write is refused), so no round
+// ends the breaker's open interval; the probes fail, and the breaker never
+// closes: no request is decided while Redis refuses. Memory back, the
+// client is limited again.
 func TestBreakerStaysOpenWhileRedisRefusesWrites(t *testing.T) {
 	s := startStack(t, stackConfig{
 		plans:     tinyPlans,
