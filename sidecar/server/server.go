@@ -327,7 +327,11 @@ func (s *Server) warm(ctx *fasthttp.RequestCtx) {
 		res, err := s.o.Decider.Decide(start.Add(s.o.Timeout), keys.WarmBucket, warmWriteLimit, 1)
 		if err != nil || !res.Allowed {
 			s.o.Stats.WarmUpErrors.Inc()
-			text(ctx, fasthttp.StatusServiceUnavailable, "checks refused")
+			reason := "checks refused"
+			if errors.Is(err, context.DeadlineExceeded) {
+				reason = "redis unavailable" // late, as a peek's failure says: nothing learnt of the writes
+			}
+			text(ctx, fasthttp.StatusServiceUnavailable, reason)
 			return
 		}
 	}
