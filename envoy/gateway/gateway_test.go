@@ -322,6 +322,14 @@ func TestGatewayWithTheFilter(t *testing.T) {
 	if resp.StatusCode != 401 || !strings.Contains(body, "invalid_api_key") {
 		t.Errorf("two authorization headers: %d %q, want 401 invalid_api_key", resp.StatusCode, body)
 	}
+	// A gRPC call's local reply is the trailers-only response Envoy makes
+	// of it: the router's 404 (no route, no body) is a 200 with
+	// content-type application/grpc and grpc-status 12, UNIMPLEMENTED.
+	resp, body = testkit.Get(t, base+"/elsewhere.v1.Svc/Get", "x-api-key", "alice", "content-type", "application/grpc")
+	if resp.StatusCode != 200 || body != "" || resp.Header.Get("content-type") != "application/grpc" ||
+		resp.Header.Get("grpc-status") != "12" || resp.Header.Get("grpc-message") != "" {
+		t.Errorf("gRPC call with no route: %d %v %q, want 200 with grpc-status 12 and no body", resp.StatusCode, resp.Header, body)
+	}
 	// What the service saw of an admitted request.
 	testkit.Get(t, base+"/orders/9?x=1", "x-api-key", "alice", limiter.ShadowHeader, "forged")
 	if orders.header("x-request-id") == "" || orders.header("x-forwarded-for") != "127.0.0.1" ||

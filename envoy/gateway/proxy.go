@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/envoy/wasmhost"
+	"github.com/edgelimit/edgelimit/internal/grpclocal"
 )
 
 // hopHeaders are connection-level headers a proxy does not forward.
@@ -104,7 +105,7 @@ func (g *gateway) route(w http.ResponseWriter, r *http.Request, gen *generation,
 	defer fw.done()
 	if fw.resp == nil {
 		if fw.status != 0 {
-			g.localReply(w, s, x, fw.status, fw.body)
+			g.localReply(w, s, x, fw.status, fw.body, grpclocal.IsGRPC(r.Header.Get("content-type")))
 		}
 		return
 	}
@@ -175,9 +176,14 @@ func (g *gateway) streamTimeout(w http.ResponseWriter, x *exchange) {
 }
 
 // localReply answers on the router's behalf, as Envoy does, through the
-// filter's encoder path: the plugin sees the reply's headers.
-func (g *gateway) localReply(w http.ResponseWriter, s *wasmhost.Stream, x *exchange, status int, body string) {
+// filter's encoder path: the plugin sees the reply's headers. A gRPC
+// request's is the trailers-only response Envoy makes of it (package
+// grpclocal: a 404 is UNIMPLEMENTED, a 503 or 504 UNAVAILABLE).
+func (g *gateway) localReply(w http.ResponseWriter, s *wasmhost.Stream, x *exchange, status int, body string, grpc bool) {
 	h := localHeaders(status, body)
+	if grpc {
+		h, body = grpclocal.Reply(h, []byte(body), -1), ""
+	}
 	st, out, err := s.ResponseHeadersWait(context.Background(), h, body == "")
 	if err == nil && st == wasmhost.Replied {
 		reply, _ := s.LocalReply()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"sync"
+
+	"github.com/edgelimit/edgelimit/internal/grpclocal"
 )
 
 // State is where the current phase of a stream (its request, then its
@@ -46,7 +48,9 @@ type StreamInfo struct {
 }
 
 // LocalReply is a response sent without the upstream: by the plugin with
-// proxy_send_local_response, or a 503 for a failed VM.
+// proxy_send_local_response, or a 503 for a failed VM. To a gRPC request it
+// is the trailers-only response Envoy makes of it (package grpclocal):
+// Status 200, the gRPC status in the grpc-status header, no Body.
 type LocalReply struct {
 	Status     int
 	Headers    []Header // as the client receives them, ":status" first
@@ -77,6 +81,11 @@ type Stream struct {
 	failReplied bool
 	respCode    int
 	done        bool
+	// grpc: the request is gRPC (grpclocal.IsGRPC of its content-type as
+	// it arrived, with a :path), so its local replies are trailers-only
+	// gRPC responses, as Envoy's connection manager decides once the
+	// request headers are in (requestHeadersInitialized).
+	grpc bool
 
 	// posted counts the tasks the caller posted (the caller's alone).
 	posted uint64
@@ -336,6 +345,7 @@ func (s *Stream) requestHeaders(headers []Header, eos bool) State {
 	vm := s.vm
 	s.ensureContext()
 	s.reqHeaders = lowerKeys(headers, headerRoom)
+	s.grpc = firstValue(s.reqHeaders, ":path") != "" && grpclocal.IsGRPC(firstValue(s.reqHeaders, "content-type"))
 	if vm.failed.Load() {
 		s.c.created = true
 		s.failStream()
@@ -408,6 +418,9 @@ func (s *Stream) sendLocalReply(r LocalReply) {
 		return
 	}
 	headers := localReplyHeaders(r.Status, r.Headers, len(r.Body))
+	if s.grpc {
+		headers, r.Body = grpclocal.Reply(headers, r.Body, r.GRPCStatus), nil
+	}
 	if !s.inResponse {
 		s.inResponse = true
 		s.respHeaders = headers
@@ -450,12 +463,16 @@ func (s *Stream) failStream() {
 		return
 	}
 	s.failReplied = true
-	s.finish(LocalReply{
+	r := LocalReply{
 		Status:     503,
 		Headers:    []Header{{":status", "503"}},
 		Details:    "wasm_fail_stream",
-		GRPCStatus: 14, // UNAVAILABLE
-	})
+		GRPCStatus: grpclocal.Unavailable,
+	}
+	if s.grpc {
+		r.Status, r.Headers = 200, grpclocal.Reply(r.Headers, nil, r.GRPCStatus)
+	}
+	s.finish(r)
 }
 
 // localReplyHeaders builds a local reply's headers as Envoy does: the

@@ -11,6 +11,9 @@ import (
 
 var getReq = []Header{{":method", "GET"}, {":path", "/orders/1"}, {":authority", "shop"}, {":scheme", "http"}, {"A", "1"}, {"a", "2"}}
 
+// grpcReq is a gRPC call as a client sends it.
+var grpcReq = []Header{{":method", "POST"}, {":path", "/orders.v1.Orders/Get"}, {":authority", "shop"}, {":scheme", "http"}, {"content-type", "application/grpc"}, {"te", "trailers"}}
+
 const callout = "call sidecar :method=POST,:path=/v1/check,:authority=rl - 100;return 1"
 
 func newStream(t *testing.T, vm *probeVM) *Stream {
@@ -139,19 +142,39 @@ func TestLocalReplies(t *testing.T) {
 		wantHdrs   []Header
 		wantBody   string
 		wantLines  []string
+		req        []Header // nil: getReq
 	}{
 		{"from the callback, through on_response_headers",
 			map[string]string{"http_call_response": "effective stream;local 429 rate%20limited slow%20down retry-after=3,X-Up=1 -1",
 				"response_headers": "add 2 x-seen-by-plugin yes"},
 			true, 429,
 			[]Header{{":status", "429"}, {"retry-after", "3"}, {"x-up", "1"}, {"content-length", "9"}, {"content-type", "text/plain"}, {"x-seen-by-plugin", "yes"}},
-			"slow down", []string{"local=0", "response_headers n=5 eos=0", "add=0"}},
+			"slow down", []string{"local=0", "response_headers n=5 eos=0", "add=0"}, nil},
 		{"deferred until on_request_headers returns, then it stops",
 			map[string]string{"request_headers": "local 403 - - - -1;get 0 :path;return 0"},
-			false, 403, []Header{{":status", "403"}}, "", []string{"local=0", "get=0 value=%2Forders%2F1", "response_headers n=1 eos=1"}},
+			false, 403, []Header{{":status", "403"}}, "", []string{"local=0", "get=0 value=%2Forders%2F1", "response_headers n=1 eos=1"}, nil},
 		{"empty body drops content headers",
 			map[string]string{"request_headers": "local 401 - - content-length=5,content-type=x -1"},
-			false, 401, []Header{{":status", "401"}}, "", nil},
+			false, 401, []Header{{":status", "401"}}, "", nil, nil},
+		// A gRPC request's local reply is the trailers-only response Envoy
+		// makes of it (Http::Utility::prepareLocalReply): 200, the plugin's
+		// headers, content-type application/grpc, grpc-status (without one
+		// from the plugin, the HTTP status mapped: 429 is UNAVAILABLE) and
+		// the body as grpc-message; no body, end of stream with the headers.
+		{"a gRPC request's, a trailers-only 200 with the status mapped",
+			map[string]string{"request_headers": "local 429 rate%20limited slow%2520down retry-after=3,content-type=application/problem%2Bjson -1",
+				"response_headers": "add 2 x-seen-by-plugin yes"},
+			false, 200,
+			[]Header{{":status", "200"}, {"retry-after", "3"}, {"content-type", "application/grpc"}, {"grpc-status", "14"}, {"grpc-message", "slow%2520down"}, {"x-seen-by-plugin", "yes"}},
+			"", []string{"local=0", "response_headers n=5 eos=1", "add=0"}, grpcReq},
+		{"a gRPC request's with the plugin's gRPC status",
+			map[string]string{"request_headers": "local 429 - - - 8"},
+			false, 200, []Header{{":status", "200"}, {"content-type", "application/grpc"}, {"grpc-status", "8"}}, "", nil,
+			append(slices.Clone(grpcReq[:4]), Header{"content-type", "application/grpc+proto"})},
+		{"a gRPC-Web request's is an HTTP reply",
+			map[string]string{"request_headers": "local 429 - - - 8"},
+			false, 429, []Header{{":status", "429"}}, "", nil,
+			append(slices.Clone(grpcReq[:4]), Header{"content-type", "application/grpc-web"})},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -164,7 +187,11 @@ func TestLocalReplies(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := newStream(t, vm)
-			st, _ := s.RequestHeaders(getReq, true)
+			req := getReq
+			if c.req != nil {
+				req = c.req
+			}
+			st, _ := s.RequestHeaders(req, true)
 			if c.respond {
 				if st != Paused {
 					t.Fatalf("state %v before the response", st)
@@ -321,6 +348,18 @@ func TestFailedVM(t *testing.T) {
 				}
 			} else if r, ok := fresh.LocalReply(); st != Replied || !ok || r.Status != 503 || r.Details != "wasm_fail_stream" {
 				t.Errorf("fail closed: state %v reply %+v", st, r)
+			}
+			if !failOpen {
+				// A gRPC call gets Envoy's gRPC form of the 503: a
+				// trailers-only 200 with UNAVAILABLE.
+				g := newStream(t, vm)
+				g.RequestHeaders(grpcReq, true)
+				g.Wait(context.Background())
+				want := []Header{{":status", "200"}, {"content-type", "application/grpc"}, {"grpc-status", "14"}}
+				if r, ok := g.LocalReply(); !ok || r.Status != 200 || !slices.Equal(r.Headers, want) || len(r.Body) != 0 {
+					t.Errorf("fail closed, gRPC call: reply %+v, want %v", r, want)
+				}
+				g.Done()
 			}
 			// The stream that was waiting for its callback is sent nothing
 			// more, as in Envoy: it waits for the proxy's stream idle

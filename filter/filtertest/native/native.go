@@ -7,6 +7,7 @@ package native
 
 import (
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/edgelimit/edgelimit/filter/abi"
 	"github.com/edgelimit/edgelimit/filter/filtertest"
 	"github.com/edgelimit/edgelimit/filter/limiter"
+	"github.com/edgelimit/edgelimit/internal/grpclocal"
 )
 
 // NewHost returns a filtertest.Host that runs the limiter natively: the
@@ -498,7 +500,14 @@ func (v *vm) SendLocalResponse(status uint32, details string, body []byte, heade
 	if strings.ContainsAny(details, " \t\r\n") {
 		v.t.Errorf("native host: local reply details %q: Envoy's response code details hold no whitespace", details)
 	}
-	s.deferredReply = &filtertest.Reply{Status: int(status), Headers: cloneHeaders(headers), Body: slices.Clone(body), Details: strings.Clone(details)}
+	r := &filtertest.Reply{Status: int(status), Headers: cloneHeaders(headers), Body: slices.Clone(body), Details: strings.Clone(details)}
+	path, _ := filtertest.Get(s.request, ":path")
+	if ct, _ := filtertest.Get(s.request, "content-type"); path != "" && grpclocal.IsGRPC(ct) {
+		// What Envoy sends a gRPC request instead: a trailers-only 200.
+		all := grpclocal.Reply(append([]filtertest.Header{{":status", strconv.Itoa(r.Status)}}, r.Headers...), r.Body, grpcStatus)
+		r.Status, r.Headers, r.Body = 200, all[1:], nil
+	}
+	s.deferredReply = r
 	v.touched = append(v.touched, s)
 	return abi.StatusOK
 }
