@@ -49,6 +49,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"deny-cache/failed-callout-shadow", r.denyCacheFailedCalloutShadow},
 		{"deny-cache/evictions", r.denyCacheEvictions},
 		{"costs", r.costs},
+		{"grpc/replies", r.grpcReplies},
 		{"mode/off", r.modeOff},
 		{"mode/shadow", r.modeShadow},
 		{"mode/canary", r.canary},

@@ -13,6 +13,7 @@ import (
 	"strconv"
 
 	"github.com/edgelimit/edgelimit/filter/abi"
+	"github.com/edgelimit/edgelimit/internal/grpclocal"
 )
 
 // Names the filter uses on the wire.
@@ -354,7 +355,7 @@ func (l *Limiter) noKey(s *stream, ks KeyStatus) abi.Action {
 	}
 	h.SendLocalResponse(401, details, []byte(body), append(l.headers[:0],
 		[2]string{"content-type", ProblemContentType},
-		[2]string{"www-authenticate", "Bearer"}), abi.GRPCStatusNone)
+		[2]string{"www-authenticate", "Bearer"}), grpclocal.Unauthenticated)
 	s.settled = true
 	return abi.ActionPause
 }
@@ -592,7 +593,7 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 		if s.enforce {
 			l.m.inc(h, cUnknownKey)
 			h.SendLocalResponse(403, "edgelimit_unknown_api_key", []byte(unknownKeyBody),
-				append(l.headers[:0], [2]string{"content-type", ProblemContentType}), abi.GRPCStatusNone)
+				append(l.headers[:0], [2]string{"content-type", ProblemContentType}), grpclocal.PermissionDenied)
 			s.settled = true
 			return
 		}
@@ -713,7 +714,11 @@ func (l *Limiter) resume(s *stream) {
 
 // deny answers the request 429 with the rate-limit headers, Retry-After
 // (seconds; 0 leaves it out: the request can never succeed) and a problem
-// body; the request never reaches a service.
+// body; the request never reaches a service. To a gRPC request Envoy sends
+// a trailers-only 200 instead (package grpclocal): its grpc-status is
+// RESOURCE_EXHAUSTED, which gRPC clients do not retry unless told to, not
+// the UNAVAILABLE Envoy maps a 429 to, which they retry at once; and
+// grpc-retry-pushback-ms carries the wait to gRPC's retries (gRFC A6).
 func (l *Limiter) deny(s *stream, q *quota, retry int64, details string) {
 	t := &l.text
 	t.reset()
@@ -721,12 +726,44 @@ func (l *Limiter) deny(s *stream, q *quota, retry int64, details string) {
 	if retry > 0 {
 		headers = append(headers, [2]string{"retry-after", t.int(retry)})
 	}
+	if l.grpcRequest() {
+		headers = append(headers, [2]string{PushbackHeader, pushback(t, retry)})
+	}
 	headers = append(headers, [2]string{"content-type", ProblemContentType})
 	l.headers = headers
 	m := len(t.b)
 	t.b = appendQuotaProblem(t.b, q, s.cost, retry)
-	l.host.SendLocalResponse(429, details, t.b[m:], headers, abi.GRPCStatusNone)
+	l.host.SendLocalResponse(429, details, t.b[m:], headers, grpclocal.ResourceExhausted)
 	s.settled = true
+}
+
+// PushbackHeader is gRPC's server pushback (gRFC A6, client retries): a
+// gRPC client whose retry policy retries the call's status waits this many
+// milliseconds before its next attempt, and makes none when it is
+// negative.
+const PushbackHeader = "grpc-retry-pushback-ms"
+
+// maxPushbackMs is the largest pushback gRFC A6 allows, a signed 32-bit
+// integer of milliseconds (24.8 days).
+const maxPushbackMs = 1<<31 - 1
+
+// pushback is a 429's grpc-retry-pushback-ms: its Retry-After in
+// milliseconds, so never earlier than the exact wait either; -1, do not
+// retry, for a request that can never succeed (retry 0).
+func pushback(t *text, retry int64) string {
+	if retry <= 0 {
+		return "-1"
+	}
+	return t.int(min(retry, maxPushbackMs/1000) * 1000)
+}
+
+// grpcRequest reports whether the stream's request is gRPC, as Envoy tells
+// one (grpclocal.IsGRPC of its content-type), which Envoy answers gRPC's
+// way. Read only when the filter answers a request itself: the request
+// headers are there until the request goes on.
+func (l *Limiter) grpcRequest() bool {
+	ct, _ := l.host.GetHeader(abi.MapRequestHeaders, "content-type")
+	return grpclocal.IsGRPC(ct)
 }
 
 // failOpen lets the request through unlimited and says why: a counter per
