@@ -172,6 +172,59 @@ func TestSmallPlansAdmitWholeTokens(t *testing.T) {
 	}
 }
 
+// TestNeverCostBurstAnsweredAtTheEdge: a client on a plan of 2 burst +
+// 0.5/s sends nothing but envoy.yaml's POST /orders, which costs 5, more
+// than its bucket can ever hold: every request is a 429 that can never
+// succeed. The filter's deny cache answers them for the second it trusts
+// each answer, and asks again once a second per gateway (the plan may have
+// been raised since), so that a client sending only what it can never have
+// costs the sidecar and Redis about one check a second, as a client past
+// its bucket does, instead of one per request (each a callout that could
+// fail open and let a request the plan can never admit through to the
+// service).
+//
+// 300 POSTs, an open loop of 100/s for 3 s, through one gateway as shipped.
+// The checks the sidecar sees: those sent before the first answer came (a
+// request every 10 ms, an answer within the 5 ms timeout: one, or two if
+// that one failed), then at most one per second of trust after each
+// answer, 1 + 3 in 3 s, and one per callout that failed and left the entry
+// as it was (those fail open, and are allowed here the design's 1%):
+// under 10 in all. The bound is 30, a tenth of the requests; a filter that
+// asks about every such request sends 300.
+func TestNeverCostBurstAnsweredAtTheEdge(t *testing.T) {
+	const client = "never-client"
+	s := startStack(t, stackConfig{plans: "default_plan: tiny\nplans:\n  tiny: {capacity: 2, rate: 0.5}\n"})
+	if cost := shippedFilter(t).Cost("POST", "/orders/never"); cost <= 2 {
+		t.Fatalf("envoy.yaml's POST /orders costs %d; the test needs a cost above the plan's capacity, 2", cost)
+	}
+	// Another client goes first: a stack's first check is each process's
+	// first pass over the path (e2e_test.go, TestBurstRetryAfterRefill).
+	s.doDecided(0, "GET", "/orders/1", "x-api-key", "warm-up")
+	before, checksBefore := s.decisions(), s.sidecarAllowed()+s.sidecarDenied()+s.sidecarErrors()
+	r, err := load.RunBurst(context.Background(), load.Burst{Targets: []string{s.gateways[0].Addr}, Client: client,
+		Path: "/orders/never", Methods: []string{"POST"}, Rate: 100, Window: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := s.decisions().minus(before)
+	checks := s.sidecarAllowed() + s.sidecarDenied() + s.sidecarErrors() - checksBefore
+	t.Logf("sent %d: denied %d, admitted %d, other %d; the sidecar checked %d; the filter's counters %v", r.Sent, r.Denied, r.OK, r.Other, checks, d)
+	if r.Other != 0 {
+		t.Errorf("%d requests got neither 200 nor 429", r.Other)
+	}
+	// Nothing the plan can never admit is admitted by a decision; a
+	// request let through is one that failed open.
+	if failedOpen := d.failedOpen(); r.OK != failedOpen || float64(failedOpen) > 0.01*float64(r.Sent) {
+		t.Errorf("%d requests admitted, %d of them failed open, want none but those and at most 1%% of %d", r.OK, failedOpen, r.Sent)
+	}
+	if got := s.received(client); got != r.OK {
+		t.Errorf("services received %d requests, %d were admitted", got, r.OK)
+	}
+	if checks > 30 {
+		t.Errorf("the sidecar checked %d of %d requests that can never succeed, want at most 30: the deny cache answers them", checks, r.Sent)
+	}
+}
+
 // burstSenders is how many senders fire together, by gateway count (see
 // the test's comment).
 var burstSenders = map[int]int{1: 20, 3: 10}

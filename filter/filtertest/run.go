@@ -589,7 +589,21 @@ func (r runner) denied(t *testing.T) {
 	if d, _ := jsonBody(t, rep)["detail"].(string); !strings.Contains(d, "never") {
 		t.Errorf("never: detail %q does not say it can never succeed", d)
 	}
-	// Nothing is cached for it: the next one asks again.
+	// Its tokens bound the bucket as any denial's do: for the entry's
+	// second of trust the next one is answered from it, no callout, the
+	// same never and no retry-after, with the least the bucket can hold
+	// as every cached denial tells it (another gateway may have spent the
+	// 200 since: 0 left, the next token in 1 s, full in 2 s); past that
+	// second one asks again (the plan may have been raised since).
+	s, _ = send(h, request("POST", "/orders", "key-1"))
+	if _, ok := s.Callout(); ok {
+		t.Fatal("never again within the entry's trust: callout, want the cached denial")
+	}
+	rep = denial(t, s, `"pro";q=200;w=2;edgelimit-rate="100"`, `"pro";r=0;t=1`, "2", "")
+	if d, _ := jsonBody(t, rep)["detail"].(string); !strings.Contains(d, "never") {
+		t.Errorf("cached never: detail %q does not say it can never succeed", d)
+	}
+	h.Advance(time.Second)
 	waiting(t, h, request("POST", "/orders", "key-1"))
 }
 
@@ -879,11 +893,15 @@ func (r runner) denyCacheCosts(t *testing.T) {
 	// holds t tokens at t s (the script's elapsed·1/10⁶ from 0).
 	wentOn(t, asks("/", 1, 1))
 
-	// Above the capacity (10) of the entry's plan: the sidecar is asked,
-	// as the plan may have grown since, and its x-ratelimit-never answer
-	// is told as it is: no retry-after. The bucket is empty: the next
-	// token in 1 s, full in 10 s. That answer leaves the entry as it was.
-	denial(t, asks("/huge", 50, 0), policy, `"basic";r=0;t=1`, "10", "")
+	// Above the capacity (10) of the entry's plan, which the entry, a
+	// moment old, is trusted for: answered from it, no callout, never, so
+	// no retry-after. The bucket is empty: the next token in 1 s, full in
+	// 10 s.
+	s, _ = send(h, request("GET", "/huge", "key-1"))
+	if _, ok := s.Callout(); ok {
+		t.Fatal("/huge: callout, want the cached denial")
+	}
+	denial(t, s, policy, `"basic";r=0;t=1`, "10", "")
 	cached("/double", "2") // 2 tokens: not before 2 s
 	cached("/heavy", "5")  // 5 tokens: not before 5 s
 	// An entry is trusted for a second: at 1.997 s the entry (0 tokens at
@@ -926,7 +944,7 @@ func (r runner) denyCacheCosts(t *testing.T) {
 	// written at 2 s): admitted.
 	h.Advance(6 * time.Millisecond)
 	wentOn(t, asks("/heavy", 5, 5))
-	counters(t, h, map[string]int64{limiter.MetricDenied: 5, limiter.MetricDeniedCached: 6, limiter.MetricAllowed: 3})
+	counters(t, h, map[string]int64{limiter.MetricDenied: 4, limiter.MetricDeniedCached: 7, limiter.MetricAllowed: 3})
 }
 
 // denyCachePlanRaised: a client with an entry whose plan is then raised
@@ -1287,7 +1305,6 @@ func (r runner) denyCacheNeedsExactState(t *testing.T) {
 		{"bad tokens", "", "/", denyAnswer(10, 0, 5, 5, "NaN", "0.2", "basic")},
 		{"bad rate", "", "/", denyAnswer(10, 0, 5, 5, "0", "Inf", "basic")},
 		{"tokens would suffice", "", "/", denyAnswer(10, 1, 5, 5, "1.5", "0.2", "basic")},
-		{"cost above capacity", `{"costs": [{"path_prefix": "/huge", "cost": 20}]}`, "/huge", SidecarAnswer("basic", 10, 0.2, 0, 20)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := r.host(t, c.config)

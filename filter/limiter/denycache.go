@@ -96,13 +96,17 @@ func (e *denyEntry) trusted(now int64) bool {
 // newDenyEntry makes an entry from a 429 for a request of cost sent at
 // sentAt and answered at recvAt, or from a 200 for a client that already has
 // an entry (the bound is the same: the exact tokens after the decision, and
-// what they told the client stays true after the client spent). It reports
-// false when the answer lacks the exact tokens or rate, or would cache
-// nothing sound: a denied cost above the capacity (no wait helps), or one the
-// tokens already cover.
+// what they told the client stays true after the client spent). A 429 for a
+// cost above the capacity (can never succeed) makes one too: it spent
+// nothing, and its tokens bound the bucket as any denial's do, so that the
+// client's next such requests are answered from the entry while it is
+// trusted (fromCache). It reports false when the answer lacks the exact
+// tokens or rate, or would cache nothing sound: a denial of a cost the
+// tokens already cover, or a "never" for a cost within the plan's capacity
+// (a hot client's region share, which another region's bucket may take).
 func newDenyEntry(key string, cost, sentAt, recvAt int64, a *Answer) (denyEntry, bool) {
 	if !a.HasTokens || !a.HasRate || sentAt <= 0 || recvAt < sentAt || a.Limit <= 0 || a.Tokens > float64(a.Limit) ||
-		(a.Outcome == Denied && (a.Never || cost > a.Limit || float64(cost) <= a.Tokens)) {
+		(a.Outcome == Denied && cost <= a.Limit && (a.Never || float64(cost) <= a.Tokens)) {
 		return denyEntry{}, false
 	}
 	e := denyEntry{key: key, plan: a.Plan, limit: a.Limit, tokens: a.Tokens, rate: a.Rate, bucketRate: a.BucketRate, sent: sentAt, recv: recvAt}

@@ -30,16 +30,25 @@ func TestNewDenyEntry(t *testing.T) {
 	never := deniedAnswer(10, 1, 1)
 	never.Never = true
 	for name, a := range map[string]*Answer{
-		"no tokens":           {Limit: 10, HasRate: true, Rate: 1},
-		"no rate":             {Limit: 10, HasTokens: true},
-		"never":               never,
-		"tokens enough":       deniedAnswer(10, 5, 1),
-		"tokens above limit":  deniedAnswer(4, 4.5, 1),
-		"cost above capacity": deniedAnswer(4, 1, 1),
-		"no capacity":         deniedAnswer(0, 0, 1),
+		"no tokens":                 {Limit: 10, HasRate: true, Rate: 1},
+		"no rate":                   {Limit: 10, HasTokens: true},
+		"never within the capacity": never,
+		"tokens enough":             deniedAnswer(10, 5, 1),
+		"tokens above limit":        deniedAnswer(4, 4.5, 1),
+		"no capacity":               deniedAnswer(0, 0, 1),
 	} {
 		if e, ok := newDenyEntry("k", 5, anchor, anchor, a); ok {
 			t.Errorf("%s: cached %+v", name, e)
+		}
+	}
+	// A cost above the capacity spent nothing: the answer's tokens bound
+	// the bucket as a denial's do, whether or not it says never.
+	above := deniedAnswer(4, 1, 1)
+	aboveNever := deniedAnswer(4, 1, 1)
+	aboveNever.Never = true
+	for name, a := range map[string]*Answer{"cost above capacity": above, "cost above capacity, never": aboveNever} {
+		if e, ok := newDenyEntry("k", 5, anchor, anchor, a); !ok || e.tokens != 1 || e.limit != 4 {
+			t.Errorf("%s: entry %+v, %v; want 1 token of 4", name, e, ok)
 		}
 	}
 	if _, ok := newDenyEntry("k", 5, 0, 0, deniedAnswer(10, 1, 1)); ok {

@@ -384,14 +384,21 @@ func (l *Limiter) fromCache(s *stream, now int64, reask bool) (abi.Action, bool)
 	if !ok {
 		return abi.ActionContinue, false
 	}
-	// A cost above the capacity the entry's answer gave is the sidecar's
-	// to judge: the plan may have grown since, and a cached "can never
-	// succeed, do not retry it" would outlast the entry. Its callout is not
+	// A cost above the capacity the entry's answer gave can never succeed
+	// on that plan: answered from the entry while it is trusted, as any
+	// denial it makes is, and past that asked about, one a second per
+	// client per process (reasks), so that a plan raised since is in force
+	// within DenyTrust, as for every other cached denial. A burst of such
+	// requests costs one callout a second, not one each. The callout is not
 	// counted as pending (by the entry's plan it cannot spend), and its
 	// answer, a never or a decision by the plan in force, replaces the
 	// entry as any answer for a client with one does.
 	if s.cost > e.limit {
-		s.entry, s.beyond = true, true
+		s.beyond = true
+		if act, denied := l.cachedDeny(s, &e, 0, reask, now); denied {
+			return act, true
+		}
+		s.entry = true
 		return abi.ActionContinue, false
 	}
 	if e.denies(s.cost, now) {
