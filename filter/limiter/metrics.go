@@ -50,11 +50,14 @@ const (
 	// MetricDenyEvicted counts deny cache entries still trusted (under
 	// DenyTrust since their answer or re-ask) evicted from their full
 	// shared-data key for another client's: the client's requests in the
-	// rest of that trust go to the sidecar, until a 429 stores it again. MetricLocalEvicted counts local buckets
-	// (on_failure "local") evicted from their full key: the client is
-	// then held only by the workers that remember its plan. Each eviction
-	// is counted once per process, by the VM whose write made it.
-	MetricDenyEvicted  = "edgelimit.deny_cache.evicted"
+	// rest of that trust go to the sidecar, until a 429 stores it again.
+	// Each eviction is counted once per process, by the VM whose write
+	// made it.
+	MetricDenyEvicted = "edgelimit.deny_cache.evicted"
+	// MetricLocalEvicted counts local buckets (on_failure "local")
+	// evicted from their full shared-data key: the client is then held
+	// only by the workers that remember its plan. Counted as
+	// MetricDenyEvicted is.
 	MetricLocalEvicted = "edgelimit.local_bucket.evicted"
 )
 
