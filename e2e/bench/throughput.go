@@ -20,14 +20,15 @@ import (
 func runThroughput(ctx context.Context, e *env) (*report.Scenario, error) {
 	const workers, calloutTimeoutMs = 16, 250
 	phase := e.dur(2 * time.Second)
+	// Clients not listed (the callout-deny path's, a new one each request)
+	// are on the tiny plan.
 	p := plans{
-		Default: "free",
+		Default: "tiny",
 		Plans: map[string]bucket.Limit{
-			"free":      {Capacity: 10, Rate: 2},
 			"unlimited": unlimitedPlan,
 			"tiny":      {Capacity: 1, Rate: 0.001}, // one token per 1000 s: denied for the whole run
 		},
-		Clients: map[string]string{"tp-allow": "unlimited", "tp-deny": "tiny", "tp-never": "tiny"},
+		Clients: map[string]string{"tp-allow": "unlimited", "tp-deny": "tiny"},
 	}
 	e.prog.Printf("throughput: starting redis, sidecar, two gateways")
 	b, err := rig.StartBackend(ctx, e.bin, p.YAML(), "-redis-timeout", fmt.Sprintf("%dms", calloutTimeoutMs-50))
@@ -37,8 +38,10 @@ func runThroughput(ctx context.Context, e *env) (*report.Scenario, error) {
 	defer b.Close()
 	// Two changes to the shipped filter configuration. POST /orders costs
 	// 2 tokens (this scenario's own rule in place of the shipped ones), more
-	// than the tiny plan's capacity: the sidecar denies it every time, and
-	// the filter cannot cache a denial no wait would end, so each one is a
+	// than the tiny plan's capacity: the sidecar denies it whatever the
+	// bucket holds, by one run of the script (its own deny cache answers
+	// only costs within the capacity), and sent by a new client each time
+	// it finds no entry in the filter's deny cache, so each one is a
 	// callout. The callout timeout is raised from 5 ms: at full load the
 	// callouts queue past 5 ms and fail open, which would measure the
 	// timeout instead of the path.
@@ -58,7 +61,7 @@ func runThroughput(ctx context.Context, e *env) (*report.Scenario, error) {
 		front      *rig.Front
 		method     string
 		services   []string
-		key        string
+		key        string // the client's; "" for a new client each request
 		rates      []float64
 		p50, p99   []time.Duration
 		callouts   []float64 // per request
@@ -68,7 +71,7 @@ func runThroughput(ctx context.Context, e *env) (*report.Scenario, error) {
 	all := rig.DefaultServices
 	paths := []*path{
 		{name: "cached deny", desc: "429 from the filter's deny cache, no callout", front: edge, method: "GET", services: all, key: "tp-deny"},
-		{name: "callout deny", desc: "one callout (one Redis script), 429 from the sidecar, never cached (cost above capacity)", front: edge, method: "POST", services: []string{"orders"}, key: "tp-never"},
+		{name: "callout deny", desc: "one callout (one Redis script), 429 from the sidecar: a new client each request, its cost above the capacity", front: edge, method: "POST", services: []string{"orders"}},
 		{name: "callout allow", desc: "one callout (one Redis script), allowed, forwarded to a service", front: edge, method: "GET", services: all, key: "tp-allow"},
 		{name: "filter off", desc: "no check, forwarded (the same gateway without the limiter)", front: off, method: "GET", services: all, key: "tp-allow"},
 	}
@@ -91,7 +94,11 @@ func runThroughput(ctx context.Context, e *env) (*report.Scenario, error) {
 				return nil, err
 			}
 			res, err := load.Closed(ctx, pa.front.Gateway.Addr, workers, phase, func(w, i int) (string, string, string) {
-				return pa.method, fmt.Sprintf("/%s/%d", pa.services[i%len(pa.services)], i), pa.key
+				key := pa.key
+				if key == "" {
+					key = fmt.Sprintf("tp-new-%d-%d-%d", run, w, i)
+				}
+				return pa.method, fmt.Sprintf("/%s/%d", pa.services[i%len(pa.services)], i), key
 			})
 			if err != nil {
 				return nil, err
@@ -142,7 +149,7 @@ func runThroughput(ctx context.Context, e *env) (*report.Scenario, error) {
 	return &report.Scenario{
 		Title:  "Throughput: the filter's cached-deny path vs a callout",
 		Claim:  throughputClaim,
-		Method: fmt.Sprintf("%d closed-loop workers send requests for %v per path and run; the paths take turns within each run. Two clients with a plan of one token per 1000 s are denied: one's GETs from the deny cache (filled by one denial before the runs), the other's POST /orders (cost 2, above the capacity of 1) by the sidecar every time, since no wait would let it pass and the filter caches only denials a wait would end. An unlimited client's GETs are checked and forwarded, with the filter enforcing and with it off. The filter's callout timeout is %d ms here instead of 5 (and the sidecar's Redis deadline 50 ms less), so that callouts queued at full load are waited for rather than failed open: the table measures the paths, not the timeouts. The callouts per request column comes from the filter's own counters on the gateway's admin /stats.", workers, phase, calloutTimeoutMs),
+		Method: fmt.Sprintf("%d closed-loop workers send requests for %v per path and run; the paths take turns within each run. Two clients with a plan of one token per 1000 s are denied: one's GETs from the deny cache (filled by one denial before the runs), and POST /orders (cost 2, above the capacity of 1) from a new client on the same plan each request, which the filter's deny cache has no entry for, by the sidecar every time (one run of the script: the sidecar's own deny cache answers only costs within the capacity). An unlimited client's GETs are checked and forwarded, with the filter enforcing and with it off. The filter's callout timeout is %d ms here instead of 5 (and the sidecar's Redis deadline 50 ms less), so that callouts queued at full load are waited for rather than failed open: the table measures the paths, not the timeouts. The callouts per request column comes from the filter's own counters on the gateway's admin /stats.", workers, phase, calloutTimeoutMs),
 		Tables: []report.Table{t},
 		Charts: []report.Chart{{File: chart, Alt: "gateway requests per second for each filter path"}},
 		Checks: []report.Check{{
