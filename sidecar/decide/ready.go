@@ -122,8 +122,11 @@ const refusalMemory = 5 * time.Second
 // tokens, if it came within refusalMemory and no check was admitted since:
 // Redis answers peeks but refuses the writes every admission makes. nil
 // otherwise.
-func (d *Decider) Refused() error {
-	if r := d.refused.Load(); r != nil && time.Since(r.at) < refusalMemory {
+func (d *Decider) Refused() error { return d.refusedAt(time.Now()) }
+
+// refusedAt is Refused as of now.
+func (d *Decider) refusedAt(now time.Time) error {
+	if r := d.refused.Load(); r != nil && now.Sub(r.at) < refusalMemory {
 		return r.err
 	}
 	return nil
@@ -131,14 +134,12 @@ func (d *Decider) Refused() error {
 
 // refusedLately returns, as not ready, Redis's error reply to the latest
 // check that took tokens, if it came within refusalMemory before now and
-// no check was admitted after it: Redis answers the peek but refuses the
-// writes every admission makes.
+// no check was admitted after it (refusedAt).
 func (d *Decider) refusedLately(now time.Time) error {
-	r := d.refused.Load()
-	if r == nil || now.Sub(r.at) >= refusalMemory {
-		return nil
+	if err := d.refusedAt(now); err != nil {
+		return fmt.Errorf("redis: checks refused: %w", err)
 	}
-	return fmt.Errorf("redis: checks refused: %w", r.err)
+	return nil
 }
 
 type readyCache struct {
