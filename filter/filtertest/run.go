@@ -34,6 +34,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"sidecar/fail-open", r.failOpen},
 		{"sidecar/dispatch-failure", r.dispatchFailure},
 		{"sidecar/fail-open-logs", r.failOpenLogs},
+		{"sidecar/unavailable-who-answered", r.unavailableWhoAnswered},
 		{"sidecar/hostile-answers", r.hostileAnswers},
 		{"deny-cache/window", r.denyCacheWindow},
 		{"deny-cache/costs", r.denyCacheCosts},
@@ -738,6 +739,50 @@ func (r runner) failOpenLogs(t *testing.T) {
 		t.Errorf("a tick with nothing held back logged: %q", logged(h, prefix))
 	}
 	counters(t, h, map[string]int64{limiter.MetricFailedOpenPrefix + "timeout": 6, limiter.MetricFailedOpenPrefix + "unavailable": 1})
+}
+
+// unavailableWhoAnswered: a 503's log line says whether the sidecar sent
+// it (Redis down or late: its reason is the body) or the proxy answered for
+// a sidecar it could not reach (Envoy's local reply, text/plain), so that
+// the gateway's log tells a dead sidecar from a Redis outage.
+func (r runner) unavailableWhoAnswered(t *testing.T) {
+	sidecarText := Header{"content-type", "text/plain; charset=utf-8"}
+	envoyText := Header{"content-type", "text/plain"}
+	for _, c := range []struct {
+		name    string
+		headers []Header
+		body    string
+		want    string
+	}{
+		{"redis down", []Header{{":status", "503"}, sidecarText, {"content-length", "18"}}, "redis unavailable\n",
+			"sidecar answered 503: redis unavailable"},
+		{"writes refused", []Header{{":status", "503"}, sidecarText, {"content-length", "15"}}, "checks refused\n",
+			"sidecar answered 503: checks refused"},
+		{"sidecar refused the connection", []Header{{":status", "503"}, envoyText, {"content-length", "91"}},
+			"upstream connect error or disconnect/reset before headers. reset reason: connection failure",
+			"the proxy answered 503 for the sidecar (not reachable: upstream connect error or disconnect/reset before headers. reset reason: connection failure)"},
+		{"no healthy sidecar", []Header{{":status", "503"}, envoyText, {"content-length", "19"}}, "no healthy upstream",
+			"the proxy answered 503 for the sidecar (not reachable: no healthy upstream)"},
+		{"no body", []Header{{":status", "503"}}, "", "sidecar answered 503"},
+		{"long body", []Header{{":status", "503"}}, "redis unavailable " + strings.Repeat("x", 1000), "sidecar answered 503: redis unavailable " + strings.Repeat("x", 256-18)},
+		{"hostile body", []Header{{":status", "503"}}, "redis\x1b[31m down\r\nforged line", "sidecar answered 503: redis?[31m down"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := r.host(t, `{"breaker": {"failures": 0}}`)
+			s, _ := waiting(t, h, get("key-1"))
+			var body []byte
+			if c.body != "" {
+				body = []byte(c.body)
+			}
+			s.RespondCallout(c.headers, body)
+			wentOn(t, s)
+			counters(t, h, map[string]int64{limiter.MetricFailedOpenPrefix + "unavailable": 1})
+			want := "edgelimit: failing open (unavailable): " + c.want
+			if got := logged(h, "edgelimit: failing open (unavailable): "); !slices.Equal(got, []string{want}) {
+				t.Errorf("logs %q, want %q", got, want)
+			}
+		})
+	}
 }
 
 func (r runner) hostileAnswers(t *testing.T) {

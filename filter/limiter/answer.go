@@ -32,7 +32,8 @@ const (
 	// ReasonTimeout: the callout timed out (Envoy answers it with a 504).
 	ReasonTimeout Reason = iota
 	// ReasonUnavailable: 503, from Envoy (no connection to the sidecar) or
-	// from the sidecar (Redis down or slower than its own deadline).
+	// from the sidecar (Redis down or slower than its own deadline); the
+	// log line tells which (UnavailableDetail).
 	ReasonUnavailable
 	// ReasonReset: the callout's stream was reset (a callback without
 	// headers).
@@ -641,4 +642,49 @@ func (t *text) policyID(plan string) string {
 	}
 	t.b = append(t.b, '"')
 	return t.since(m)
+}
+
+// maxDetailBody bounds how much of a 503's body is read for its log line:
+// Envoy's longest local reply for an unreachable upstream, with its
+// transport failure reason, and the sidecar's reasons fit.
+const maxDetailBody = 256
+
+// proxyReplies are the starts of the bodies Envoy's router gives the 503
+// it answers itself when it cannot reach the cluster's hosts
+// (source/common/router/router.cc: onUpstreamReset,
+// sendNoHealthyUpstreamResponse); the sidecar's own 503s carry their reason
+// ("redis unavailable", "redis timeout", "checks refused", ...).
+var proxyReplies = [...]string{
+	"upstream connect error or disconnect/reset before headers",
+	"no healthy upstream",
+}
+
+// UnavailableDetail is the fail-open detail of a 503 whose body begins
+// with body: "the proxy answered 503 for the sidecar (not reachable:
+// <Envoy's body>)" when Envoy made it up, "sidecar answered 503: <reason>"
+// when the sidecar sent it, "sidecar answered 503" when it has no body. Only
+// the first line is quoted, its bytes outside printable ASCII as '?'.
+func UnavailableDetail(body []byte) string {
+	line := make([]byte, 0, len(body))
+	for _, c := range body {
+		if c == '\r' || c == '\n' {
+			break
+		}
+		if c < ' ' || c > '~' {
+			c = '?'
+		}
+		line = append(line, c)
+	}
+	for len(line) > 0 && line[len(line)-1] == ' ' {
+		line = line[:len(line)-1]
+	}
+	if len(line) == 0 {
+		return "sidecar answered 503"
+	}
+	for _, p := range proxyReplies {
+		if len(line) >= len(p) && string(line[:len(p)]) == p {
+			return "the proxy answered 503 for the sidecar (not reachable: " + string(line) + ")"
+		}
+	}
+	return "sidecar answered 503: " + string(line)
 }

@@ -509,7 +509,7 @@ func (l *Limiter) uncount(s *stream) {
 // OnHTTPCallResponse applies the sidecar's answer to the request waiting for
 // it. It runs on the root context: the stream becomes the effective context
 // before it is resumed or answered.
-func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int) {
+func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, bodySize, _ int) {
 	r := l.roots.get(rootID)
 	if r == nil {
 		return
@@ -563,6 +563,12 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, _, _ int)
 	if s.gone {
 		l.release(s) // the answer was all that was left of it
 		return
+	}
+	if a.Reason == ReasonUnavailable && a.Outcome == FailedOpen && s.root.fails.due(ReasonUnavailable, now) {
+		// A 503 about to be logged says who answered it, read from its
+		// body while the root context still holds the response (Envoy
+		// finds no call response on the stream's context).
+		a.Detail = l.unavailableDetail(bodySize)
 	}
 	if h.SetEffectiveContext(s.id) != abi.StatusOK {
 		return // nothing left to resume
@@ -712,6 +718,24 @@ func (l *Limiter) answer(numHeaders int) Answer {
 	a := ParseAnswer(hs)
 	clear(hs) // no view left behind in the reused slice
 	return a
+}
+
+// unavailableDetail is the log line's detail for a 503, from at most
+// maxDetailBody bytes of its body: whether the sidecar answered it or the
+// proxy answered it for a sidecar it could not reach (UnavailableDetail).
+// Read only for a line that will be written, so an outage costs one read
+// per 10 s.
+//
+//go:noinline
+func (l *Limiter) unavailableDetail(bodySize int) string {
+	if bodySize <= 0 {
+		return UnavailableDetail(nil)
+	}
+	b, st := l.host.GetBuffer(abi.BufferHTTPCallResponseBody, 0, min(bodySize, maxDetailBody))
+	if st != abi.StatusOK {
+		return UnavailableDetail(nil)
+	}
+	return UnavailableDetail(b)
 }
 
 func (l *Limiter) resume(s *stream) {
@@ -925,8 +949,14 @@ type failLog struct {
 	suppressed [numReasons]int64
 }
 
+// due reports whether a failure for r now would be logged rather than
+// held back: what only its line needs is read only then.
+func (f *failLog) due(r Reason, now int64) bool {
+	return !f.logged[r] || now < f.last[r] || now-f.last[r] >= failLogInterval
+}
+
 func (f *failLog) note(h abi.Host, r Reason, detail string, now int64) {
-	if f.logged[r] && now >= f.last[r] && now-f.last[r] < failLogInterval {
+	if !f.due(r, now) {
 		f.suppressed[r]++
 		return
 	}
