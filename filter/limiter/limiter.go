@@ -566,8 +566,7 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, bodySize,
 	}
 	if a.Reason == ReasonUnavailable && a.Outcome == FailedOpen && s.root.fails.due(ReasonUnavailable, now) {
 		// A 503 about to be logged says who answered it, read from its
-		// body while the root context still holds the response (Envoy
-		// finds no call response on the stream's context).
+		// body, which Envoy holds only while this callback runs.
 		a.Detail = l.unavailableDetail(bodySize)
 	}
 	if h.SetEffectiveContext(s.id) != abi.StatusOK {
