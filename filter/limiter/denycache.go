@@ -90,7 +90,7 @@ type denyEntry struct {
 // A clock that went back before either trusts it (the bound itself then
 // denies nothing).
 func (e *denyEntry) trusted(now int64) bool {
-	return now-max(e.recv, e.asked) < DenyTrust
+	return now-e.refreshed() < DenyTrust
 }
 
 // newDenyEntry makes an entry from a 429 for a request of cost sent at
