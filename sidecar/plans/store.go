@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -177,7 +178,18 @@ func (s *Store) reloadLocked(reason string, force bool) error {
 	return nil
 }
 
+// parse parses and checks data, then collects the garbage parsing left.
+// A parse allocates about 20 times the file's size (the YAML node tree:
+// 90 MB for a file of 100,000 clients, 4.6 MB) and keeps a fraction of it
+// (the plans). At the sidecar's GOGC of 400 the collector waits for the
+// heap to grow to five times what its last cycle found live, often a
+// cycle in the middle of a parse, so the garbage of each reload stayed:
+// a sidecar with 100,000 clients went from 96 to 287 MB resident over
+// five reloads, past the Helm chart's 256 MiB limit. A collection after
+// each parse, of a heap holding little more than the plans, returns the
+// heap to the plans in force: 105 to 115 MiB over eight reloads.
 func (s *Store) parse(data []byte) (*Plans, error) {
+	defer runtime.GC()
 	p, err := Parse(s.path, data)
 	if err == nil && s.check != nil {
 		err = s.check(p)
