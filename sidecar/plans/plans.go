@@ -31,6 +31,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 
@@ -246,6 +247,29 @@ type parser struct {
 	digestLine int
 }
 
+// firstNotUTF8 returns the line (1-based) of data's first byte that does
+// not begin a valid UTF-8 sequence, and that byte's place on its line
+// (1-based); 0, 0 when data is UTF-8 or starts with a UTF-16 byte order
+// mark (the YAML decoder reads UTF-16 too).
+func firstNotUTF8(data []byte) (line, at int) {
+	if bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) {
+		return 0, 0
+	}
+	start := 0
+	line = 1
+	for i := 0; i < len(data); {
+		r, n := utf8.DecodeRune(data[i:])
+		if r == utf8.RuneError && n == 1 {
+			return line, i - start + 1
+		}
+		if data[i] == '\n' {
+			line, start = line+1, i+1
+		}
+		i += n
+	}
+	return 0, 0
+}
+
 // resolve returns the plan called name, reporting a reference to a plan that
 // is not declared at all.
 func (p *parser) resolve(n *yaml.Node, field, name string, out *Plans) *Plan {
@@ -272,9 +296,17 @@ func (p *parser) parse(data []byte) *Plans {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
-		if err == io.EOF {
+		switch line, at := firstNotUTF8(data); {
+		case err == io.EOF:
 			p.fail(nil, "", "empty file: a plans mapping is required")
-		} else {
+		case line > 0 && strings.Contains(err.Error(), "UTF-8"):
+			// The YAML decoder names no line for bytes that are not UTF-8
+			// (a file saved as Latin-1), which in a file of many clients
+			// leaves the operator searching. The line and the place on
+			// it, never the bytes: they may be part of an API key.
+			p.errs = append(p.errs, &FieldError{File: p.file, Line: line,
+				Msg: fmt.Sprintf("this line is not UTF-8 (its byte %d is not a UTF-8 sequence); a plans file must be UTF-8", at)})
+		default:
 			p.fail(nil, "", "%v", err)
 		}
 		return nil

@@ -130,6 +130,8 @@ func TestParseInvalid(t *testing.T) {
 		{"refill-absurd.yaml", `F:2: plans.free.rate: refilling 1 tokens at 1e-300/s takes 1e+300 s, more than the 31536000 s (365 days) allowed; raise the rate`},
 		{"refill-too-slow.yaml", `F:2: plans.free.rate: refilling 100 tokens at 0.000001/s takes 100000000 s, more than the 31536000 s (365 days) allowed; raise the rate`},
 		{"syntax.yaml", `F: yaml: line 1: did not find expected ',' or '}'`},
+		// Saved as Latin-1: the line and where on it, not the bytes (a key).
+		{"not-utf8.yaml", `F:4: this line is not UTF-8 (its byte 14 is not a UTF-8 sequence); a plans file must be UTF-8`},
 		{"two-documents.yaml", `F:3: more than one YAML document; put everything in one`},
 		{"unknown-plan-field.yaml", `F:2: plans: unknown field on this line (known: capacity, rate)`},
 		{"unknown-top.yaml", `F:3: unknown top-level field on this line (known: default_plan, plans, clients)`},
