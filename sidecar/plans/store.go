@@ -38,7 +38,20 @@ type Store struct {
 	lastStat os.FileInfo
 	readAt   time.Time // when the file was last read
 	statErr  string
+	// goneSince is when the poll first could not stat the file, zero while
+	// it can; goneReported: that absence has been reported as a refused
+	// reload (missingGrace).
+	goneSince    time.Time
+	goneReported bool
 }
+
+// missingGrace is how long the file may be missing before the absence is
+// reported as a refused reload. An editor between delete and write, or a
+// tool that removes the file before writing the new one, takes
+// milliseconds; a file still gone 2 s later (a ConfigMap whose key was
+// renamed, a volume unmounted) is the plans the sidecar would refuse at
+// start: it would not start.
+const missingGrace = 2 * time.Second
 
 // racyWindow is how close to the last read a modification time must be for
 // an unchanged stat to be distrusted. File timestamps come from a coarse
@@ -122,14 +135,29 @@ func (s *Store) poll() {
 	fi, err := os.Stat(s.path)
 	if err != nil {
 		// Often transient (an editor between delete and write): say so once,
-		// keep the plans in force, look again next tick.
+		// keep the plans in force, look again next tick. Past missingGrace
+		// it is a refused reload, counted once, until the file is back and
+		// loads: the plans in force are no longer the file's.
+		now := time.Now()
+		if s.goneSince.IsZero() {
+			s.goneSince = now
+		}
+		// Whatever comes back at the path is read, even a file whose stat
+		// matches the last one read.
+		s.lastStat = nil
 		if msg := err.Error(); msg != s.statErr {
 			s.statErr = msg
 			s.log.Warn("plans file unreadable, keeping the plans in force", "file", s.path, "err", err)
 		}
+		if !s.goneReported && now.Sub(s.goneSince) >= missingGrace {
+			s.goneReported, s.refused = true, true
+			s.log.Error("plans file unreadable for "+missingGrace.String()+", keeping the plans in force; a sidecar started now would not start",
+				"file", s.path, "err", err)
+			s.report(false)
+		}
 		return
 	}
-	s.statErr = ""
+	s.statErr, s.goneSince, s.goneReported = "", time.Time{}, false
 	if prev := s.lastStat; prev != nil && os.SameFile(prev, fi) &&
 		prev.Size() == fi.Size() && prev.ModTime().Equal(fi.ModTime()) &&
 		changeTime(prev).Equal(changeTime(fi)) &&

@@ -136,6 +136,51 @@ func TestStoreBadThenGood(t *testing.T) {
 	}
 }
 
+// TestStoreMissingFileReported: a plans file gone for good (a ConfigMap
+// whose key was renamed) is a refused reload once it has been missing for
+// missingGrace, counted once, so that sidecar_plans_last_reload_successful
+// and its alert say what a restart would find: a sidecar that does not
+// start. It used to be one warning line and nothing counted, however long
+// it lasted. A moment's absence (an editor between delete and write)
+// still counts nothing, and the file put back as it was ends the refusal.
+func TestStoreMissingFileReported(t *testing.T) {
+	s, path, r, logs := openStore(t, planFile(10))
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	removed := time.Now()
+	s.poll()
+	if r.failed.Load() != 0 {
+		t.Fatalf("a file missing for a moment counted %d failed reloads, want 0", r.failed.Load())
+	}
+	testkit.Poll(t, 10*time.Second, "the missing file to be reported", func() bool {
+		s.poll()
+		return r.failed.Load() > 0
+	})
+	if d := time.Since(removed); d < missingGrace {
+		t.Errorf("reported %v after the removal, want at least %v", d, missingGrace)
+	}
+	s.poll()
+	s.poll()
+	if r.failed.Load() != 1 || capacity(s) != 10 {
+		t.Fatalf("failed %d, capacity %v; want one report and the plans in force kept (10)", r.failed.Load(), capacity(s))
+	}
+	if !strings.Contains(logs.String(), "a sidecar started now would not start") {
+		t.Errorf("the log does not say what a restart would do:\n%s", logs)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.poll()
+	if r.ok.Load() != 1 || capacity(s) != 10 {
+		t.Fatalf("the file put back: ok %d, capacity %v; want 1 reload and 10", r.ok.Load(), capacity(s))
+	}
+}
+
 func TestStoreReloadForced(t *testing.T) {
 	s, path, r, _ := openStore(t, planFile(10))
 	if err := s.Reload("SIGHUP"); err != nil {
