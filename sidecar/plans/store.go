@@ -212,7 +212,7 @@ func (s *Store) reloadLocked(reason string, force bool) error {
 // (the plans). At the sidecar's GOGC of 400 the collector waits for the
 // heap to grow to five times what its last cycle found live, often a
 // cycle in the middle of a parse, so the garbage of each reload stayed:
-// a sidecar with 100,000 clients went from 96 to 287 MB resident over
+// a sidecar with 100,000 clients went from 93 to 280 MiB resident over
 // five reloads, past the Helm chart's 256 MiB limit. A collection after
 // each parse, of a heap holding little more than the plans, returns the
 // heap to the plans in force: 105 to 115 MiB over eight reloads.
