@@ -138,6 +138,15 @@ func TestPlanChangeInForce(t *testing.T) {
 // again) has the change in force at the gateway within the same bound as
 // a plan change; the gateway's deny cache used to go on denying it by its
 // region bucket's entry, the plan's 10 an hour, for 360 s.
+//
+// The one bucket starts with the tokens the client had left in its region
+// buckets (sidecar/README.md, "Hot clients"): us's share of them, which
+// falls by half its distance to the floor each second the client asks
+// only through eu, holds less than a token from about the third second.
+// So the new file raises the plan's rate with the change, to 10 a second:
+// whatever was carried, the bucket holds a token 0.1 s after the load,
+// and a denial the deny cache still answers by the old entry is the
+// cache's.
 func TestHotRegionsChangeInForce(t *testing.T) {
 	const client = "hot-region-client"
 	s := startStack(t, stackConfig{
@@ -166,7 +175,7 @@ func TestHotRegionsChangeInForce(t *testing.T) {
 
 	n := s.sidecarMetric(0, `sidecar_plans_reloads_total{result="ok"}`)
 	tmp := filepath.Join(filepath.Dir(s.plans), "plans.new")
-	if err := os.WriteFile(tmp, []byte("plans:\n  slow: {capacity: 10, rate: \"10/h\"}\nclients:\n  \""+client+"\": slow\n"), 0o600); err != nil {
+	if err := os.WriteFile(tmp, []byte("plans:\n  slow: {capacity: 10, rate: \"10/s\"}\nclients:\n  \""+client+"\": slow\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Rename(tmp, s.plans); err != nil {
@@ -177,9 +186,9 @@ func TestHotRegionsChangeInForce(t *testing.T) {
 		return s.sidecarMetric(0, `sidecar_plans_reloads_total{result="ok"}`) > n
 	})
 	loaded := time.Now()
-	// One bucket again, which this client has never used: full. The
-	// bound is TestPlanChangeInForce's: the poll, the trust, a second
-	// for the trips and this machine's stalls.
+	// One bucket again, holding what the client had left and refilling a
+	// token in 0.1 s. The bound is TestPlanChangeInForce's: the poll, the
+	// trust, a second for the trips and this machine's stalls.
 	const bound = 3 * time.Second
 	denied, maxRetry := 0, 0
 	end := written.Add(10 * time.Second)

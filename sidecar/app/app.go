@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -117,6 +118,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 		sharder = hot.New(a.client, log)
 		sharder.OnReconcileError = a.stats.HotReconcileErrors.Inc
 		a.hot = sharder
+		a.plans.BeforeSwap = func(old, new *plans.Plans) { a.carryHot(digester, old, new) }
 	}
 	var decider server.Decider = a.decider
 	if !cfg.NoDenyCache {
@@ -215,6 +217,46 @@ func (a *App) AdminAddr() string {
 
 // Stats exposes the metrics (for tests and benchmarks).
 func (a *App) Stats() *stats.Stats { return a.stats }
+
+// carryTimeout bounds the Redis work of carrying the tokens of the clients
+// one reload marks hot or unmarks (the reload waits for it).
+const carryTimeout = 2 * time.Second
+
+// carryHot carries the tokens of each client whose bucket layout differs
+// between old and new (marked hot, unmarked, other regions) to the buckets
+// of its new layout (hot.Carry). A client without a plan in either file
+// has no tokens to carry. What cannot be carried is logged; the client's
+// new buckets then start as they would without it (full, or as they were
+// left).
+func (a *App) carryHot(d *keys.Digester, old, new *plans.Plans) {
+	changes := plans.HotChanges(old, new)
+	if len(changes) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), carryTimeout)
+	defer cancel()
+	for _, c := range changes {
+		if c.FromPlan == nil || c.ToPlan == nil {
+			continue
+		}
+		base := keys.BucketKeyOf(c.Sum)
+		if c.Key != "" {
+			base = d.BucketKey([]byte(c.Key))
+		}
+		from := hot.Layout{Regions: c.From, Capacity: c.FromPlan.Capacity, Rate: c.FromPlan.Rate}
+		to := hot.Layout{Regions: c.To, Capacity: c.ToPlan.Capacity, Rate: c.ToPlan.Rate}
+		carried, tokens, err := hot.Carry(ctx, a.client, base, from, to)
+		if err != nil {
+			a.log.Warn("hot client's tokens not carried to its new buckets", "client", keys.LogID(base),
+				"from", strings.Join(c.From, ","), "to", strings.Join(c.To, ","), "err", err)
+			continue
+		}
+		if carried {
+			a.log.Info("hot client's tokens carried to its new buckets", "client", keys.LogID(base),
+				"from", strings.Join(c.From, ","), "to", strings.Join(c.To, ","), "tokens", tokens)
+		}
+	}
+}
 
 // Reload re-reads the plans file now (SIGHUP). A bad file is logged and the
 // plans in force kept; the error is returned too.

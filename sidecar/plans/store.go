@@ -27,6 +27,12 @@ type Store struct {
 	onReload func(ok bool)
 	check    func(*Plans) error
 
+	// BeforeSwap, if set before Watch or Reload is first called, is called
+	// with the plans in force and a reloaded file's plans just before the
+	// latter are put in force (the sidecar carries the tokens of clients
+	// marked hot or unmarked to their new buckets).
+	BeforeSwap func(old, new *Plans)
+
 	cur atomic.Pointer[Plans]
 
 	mu      sync.Mutex // serialises reloads (SIGHUP and the watcher)
@@ -194,6 +200,9 @@ func (s *Store) reloadLocked(reason string, force bool) error {
 		s.log.Error("plans reload rejected, keeping the plans in force", "file", s.path, "reason", reason, "err", err)
 		s.report(false)
 		return err
+	}
+	if s.BeforeSwap != nil {
+		s.BeforeSwap(s.cur.Load(), p)
 	}
 	s.cur.Store(p)
 	s.goodSum, s.badSum, s.refused = sum, [sha256.Size]byte{}, false

@@ -1,0 +1,87 @@
+package app
+
+import (
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/internal/redisproc"
+)
+
+// TestHotMarkCarriesTokens: a client marked hot, and later unmarked, while
+// its traffic flows keeps the tokens it had: two sidecars on one Redis
+// load each change (one of them carries the tokens, once), and the client
+// is admitted no more over the run than its plan allows, capacity + rate ×
+// the run's time. Its new buckets used to start full: marked hot, a client
+// that had spent 50 of 60 was admitted 30 more in each of its two
+// regions, and unmarked, its old bucket, untouched while it was hot, gave
+// the 10 left in it again: 120 in all where the plan allows 60.
+//
+// The arithmetic: the plan is 60 burst + 60 an hour, a token a minute, so
+// a run of t seconds refills t/60 tokens and admits at most 60 + t/60.
+// The 10 left when the client is marked hot are split evenly, 5 in each
+// region's bucket (no shares are in Redis yet), and each region sends
+// more checks than that: all 10 are admitted, so the run admits at least
+// 60, and an unmarked client has nothing left to carry back but the
+// refill.
+func TestHotMarkCarriesTokens(t *testing.T) {
+	srv := redisproc.StartT(t, redisproc.Options{})
+	const client = "carried-client"
+	plain := "plans:\n  p: {capacity: 60, rate: \"60/h\"}\nclients:\n  " + client + ": p\n"
+	hotFile := "plans:\n  p: {capacity: 60, rate: \"60/h\"}\nclients:\n  " + client + ": {plan: p, regions: [eu, us]}\n"
+	// The reconciler is kept from running (an hour): a tick between the
+	// regions' checks would move the shares toward eu and cut us's bucket
+	// to its smaller share, and this test counts tokens, not shares.
+	slowReconcile := func(c *Config) { c.HotInterval = time.Hour }
+	a := startSidecarWith(t, srv.URL(), plain, time.Second, slog.LevelInfo, slowReconcile)
+	b := startSidecarWith(t, srv.URL(), plain, time.Second, slog.LevelInfo, slowReconcile)
+
+	admitted := func(s *sidecar, n int, region string) int {
+		got := 0
+		for i := 0; i < n; i++ {
+			switch r := s.check(t, client, "x-ratelimit-region", region); r.status {
+			case 200:
+				got++
+			case 429:
+			default:
+				t.Fatalf("check from %s: %d %s", region, r.status, r.body)
+			}
+		}
+		return got
+	}
+	load := func(content string) {
+		for _, s := range []*sidecar{a, b} {
+			if err := os.WriteFile(s.plansPath, []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Reload(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	start := time.Now()
+	before := admitted(a, 50, "eu")
+	load(hotFile)
+	hotEU, hotUS := admitted(a, 30, "eu"), admitted(b, 30, "us")
+	load(plain)
+	after := admitted(a, 30, "eu") + admitted(b, 30, "us")
+	elapsed := time.Since(start)
+
+	total := before + hotEU + hotUS + after
+	most := 60 + int(elapsed.Seconds()/60)
+	t.Logf("admitted %d before marking, %d (eu) + %d (us) while hot, %d after unmarking: %d in %v, the plan allows %d",
+		before, hotEU, hotUS, after, total, elapsed.Round(time.Millisecond), most)
+	if before != 50 {
+		t.Fatalf("%d of the first 50 admitted, want all", before)
+	}
+	if total > most || total < 60 {
+		t.Errorf("admitted %d in all, want 60 to %d (capacity + rate × %v)", total, most, elapsed.Round(time.Millisecond))
+	}
+	carried := strings.Count(a.logs.String(), "tokens carried") + strings.Count(b.logs.String(), "tokens carried")
+	if carried != 2 {
+		t.Errorf("%d log lines of tokens carried, want 2 (one per change, by one of the two sidecars)", carried)
+	}
+}
