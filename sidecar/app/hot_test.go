@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -21,7 +22,9 @@ import (
 	"github.com/edgelimit/edgelimit/internal/redisproc"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/sidecar/hot"
+	"github.com/edgelimit/edgelimit/sidecar/keys"
 	"github.com/edgelimit/edgelimit/sidecar/redisconn"
+	"github.com/edgelimit/edgelimit/sidecar/server"
 )
 
 // The hot client's plan and its demand: 600 checks/s, three times the plan,
@@ -331,4 +334,56 @@ func TestHotClientSharding(t *testing.T) {
 		t.Errorf("unsharded: busiest master took %d of %d EVALSHA calls, want >= 99%%", busiest, total)
 	}
 	t.Logf("unsharded: busiest master took %d of %d EVALSHA calls", busiest, total)
+}
+
+// TestHotClientFirstCheckWithinDeadline: the first check of a hot client
+// of 16 regions, through a sidecar of the shipped deadline (4 ms) that has
+// not seen the client, is decided by the shares in force in Redis. Finding
+// its 16 bucket keys, N tried one by one for each, took 10 to 25 ms on
+// this machine: the check was answered 503, and the ones after it were
+// decided at equal shares, a sixteenth of the plan, their region's bucket
+// cut to 62.5 tokens where its share held 850.
+//
+// Each attempt is a client the sidecar has not seen; one whose check is
+// answered 503 (this shared machine stalled past the deadline) tells
+// nothing, and the next is tried, at most five.
+func TestHotClientFirstCheckWithinDeadline(t *testing.T) {
+	srv := redisproc.StartT(t, redisproc.Options{})
+	regions := make([]string, 16)
+	for i := range regions {
+		regions[i] = "r" + strconv.Itoa(i)
+	}
+	const attempts, capacity = 5, 1000.0
+	plansYAML := fmt.Sprintf("plans:\n  p: {capacity: %v, rate: 100}\nclients:\n", capacity)
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rc.Close()
+	// r3 has taken the traffic: 0.85 of the plan, the others 0.01 each.
+	fields := []any{"_regions", strings.Join(regions, ",")}
+	for i, r := range regions {
+		fields = append(fields, r, map[bool]string{true: "0.85", false: "0.01"}[i == 3])
+	}
+	for i := 0; i < attempts; i++ {
+		client := fmt.Sprintf("first-check-%d", i)
+		plansYAML += fmt.Sprintf("  %s: {plan: p, regions: [%s]}\n", client, strings.Join(regions, ", "))
+		if err := rc.HSet(context.Background(), keys.New(nil).BucketKey([]byte(client))+":hot:shares", fields...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := startSidecar(t, srv.URL(), plansYAML, server.DefaultTimeout)
+	for i := 0; i < attempts; i++ {
+		r := s.check(t, fmt.Sprintf("first-check-%d", i), "x-ratelimit-region", "r3")
+		if r.status == 503 {
+			t.Logf("attempt %d: 503 %s", i, r.body)
+			continue
+		}
+		if r.status != 200 {
+			t.Fatalf("attempt %d: %d %s", i, r.status, r.body)
+		}
+		// 0.85 of 1000, less the check's token; at equal shares 61.5.
+		if tokens := num(t, r, "x-ratelimit-tokens"); math.Abs(tokens-(0.85*capacity-1)) > 1e-6 {
+			t.Fatalf("attempt %d: first check left %v tokens, want %v (r3's share in Redis, 0.85)", i, tokens, 0.85*capacity-1)
+		}
+		return
+	}
+	t.Fatalf("the first check of each of %d hot clients of 16 regions was answered 503 (deadline %v)", attempts, server.DefaultTimeout)
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -55,6 +56,32 @@ func TestKeysSpread(t *testing.T) {
 			}
 			if keys.LogID(key) != keys.LogID(base) {
 				t.Errorf("%s: log id %q, want the client's %q", key, keys.LogID(key), keys.LogID(base))
+			}
+		}
+	}
+}
+
+// TestRegionKeyIsSmallestN: a region's key is the one its N tried one by
+// one gives, the smallest N whose slot is the target, so every sidecar
+// version places a hot client's buckets under the same keys.
+func TestRegionKeyIsSmallestN(t *testing.T) {
+	byTrying := func(digest, region string, target int) string {
+		for n := 0; n < maxSuffix; n++ {
+			key := "rl:{" + digest + "." + region + "." + strconv.Itoa(n) + "}"
+			if Slot(key) == target {
+				return key
+			}
+		}
+		t.Fatalf("no N for slot %d", target)
+		return ""
+	}
+	for c, client := range []string{"a-hot-client", "another", "c"} {
+		digest := strings.TrimSuffix(strings.TrimPrefix(keys.New(nil).BucketKey([]byte(client)), "rl:{"), "}")
+		for i, region := range []string{"eu", "us-east-1", "r15"} {
+			for _, target := range []int{0, 1, 4096 + c, 8191 + i, 12288, SlotCount - 1} {
+				if got, want := regionKey(digest, region, target), byTrying(digest, region, target); got != want {
+					t.Errorf("%s in %s, slot %d: %s, want %s", client, region, target, got, want)
+				}
 			}
 		}
 	}
