@@ -26,8 +26,20 @@ import (
 // more checks than that: all 10 are admitted, so the run admits at least
 // 60, and an unmarked client has nothing left to carry back but the
 // refill.
+//
+// On one Redis and on a Redis Cluster of three masters, where the client's
+// buckets are on different masters.
 func TestHotMarkCarriesTokens(t *testing.T) {
-	srv := redisproc.StartT(t, redisproc.Options{})
+	t.Run("single", func(t *testing.T) {
+		testHotMarkCarriesTokens(t, redisproc.StartT(t, redisproc.Options{}).URL())
+	})
+	t.Run("cluster", func(t *testing.T) {
+		cl := redisproc.StartClusterT(t, 3, 0)
+		testHotMarkCarriesTokens(t, "redis+cluster://"+strings.Join(cl.Addrs, ","))
+	})
+}
+
+func testHotMarkCarriesTokens(t *testing.T, url string) {
 	const client = "carried-client"
 	plain := "plans:\n  p: {capacity: 60, rate: \"60/h\"}\nclients:\n  " + client + ": p\n"
 	hotFile := "plans:\n  p: {capacity: 60, rate: \"60/h\"}\nclients:\n  " + client + ": {plan: p, regions: [eu, us]}\n"
@@ -35,8 +47,8 @@ func TestHotMarkCarriesTokens(t *testing.T) {
 	// regions' checks would move the shares toward eu and cut us's bucket
 	// to its smaller share, and this test counts tokens, not shares.
 	slowReconcile := func(c *Config) { c.HotInterval = time.Hour }
-	a := startSidecarWith(t, srv.URL(), plain, time.Second, slog.LevelInfo, slowReconcile)
-	b := startSidecarWith(t, srv.URL(), plain, time.Second, slog.LevelInfo, slowReconcile)
+	a := startSidecarWith(t, url, plain, time.Second, slog.LevelInfo, slowReconcile)
+	b := startSidecarWith(t, url, plain, time.Second, slog.LevelInfo, slowReconcile)
 
 	admitted := func(s *sidecar, n int, region string) int {
 		got := 0
