@@ -16,6 +16,8 @@
 // clears that hash, moves the shares toward the regions' demand, and writes
 // them to Redis; every sidecar reads the shares from Redis at its first
 // check of a client and once per interval after, so they all use the same.
+// A reload that marks a client hot, unmarks it or changes its regions
+// carries the tokens of its old buckets to its new ones (Carry).
 // See RATIONALE.md, "Why is a hot client split by region, and how?".
 package hot
 
