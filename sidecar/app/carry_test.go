@@ -93,6 +93,9 @@ func testHotMarkCarriesTokens(t *testing.T, url string) {
 		t.Errorf("admitted %d in all, want 60 to %d (capacity + rate × %v)", total, most, elapsed.Round(time.Millisecond))
 	}
 	carried := strings.Count(a.logs.String(), "tokens carried") + strings.Count(b.logs.String(), "tokens carried")
+	if failed := strings.Count(a.logs.String(), "not carried") + strings.Count(b.logs.String(), "not carried"); failed != 0 {
+		t.Errorf("%d log lines of tokens not carried, want none", failed)
+	}
 	if carried != 2 {
 		t.Errorf("%d log lines of tokens carried, want 2 (one per change, by one of the two sidecars)", carried)
 	}
