@@ -1,6 +1,7 @@
 package app
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -99,4 +100,43 @@ func testHotMarkCarriesTokens(t *testing.T, url string) {
 	if carried != 2 {
 		t.Errorf("%d log lines of tokens carried, want 2 (one per change, by one of the two sidecars)", carried)
 	}
+}
+
+// TestHotMarkWithRedisPaused: a reload marking clients hot while Redis does
+// not answer still puts the file in force, within the carry's bound (2 s
+// for all the clients of one reload, not for each), and says so in one
+// line naming how many clients' tokens were not carried.
+func TestHotMarkWithRedisPaused(t *testing.T) {
+	srv := redisproc.StartT(t, redisproc.Options{})
+	const clients = 5
+	plain, hotFile := "plans:\n  p: {capacity: 60, rate: 1}\nclients:\n", "plans:\n  p: {capacity: 60, rate: 1}\nclients:\n"
+	for i := 0; i < clients; i++ {
+		plain += fmt.Sprintf("  c%d: p\n", i)
+		hotFile += fmt.Sprintf("  c%d: {plan: p, regions: [eu, us]}\n", i)
+	}
+	s := startSidecarWith(t, srv.URL(), plain, time.Second, slog.LevelInfo, nil)
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Resume() })
+	if err := os.WriteFile(s.plansPath, []byte(hotFile), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := s.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	if got := s.plans.Current().HotClients(); got != clients {
+		t.Fatalf("%d hot clients in force after the reload, want %d", got, clients)
+	}
+	// carryTimeout for the reload, and a second for this machine's stalls.
+	if took > carryTimeout+time.Second {
+		t.Errorf("reload took %v with Redis paused, want at most %v", took, carryTimeout+time.Second)
+	}
+	logs := s.logs.String()
+	if n := strings.Count(logs, "not carried"); n != 1 || !strings.Contains(logs, fmt.Sprintf("failed=%d", clients)) {
+		t.Errorf("%d lines of tokens not carried, want 1 with failed=%d:\n%s", n, clients, logs)
+	}
+	t.Logf("reload with Redis paused took %v", took.Round(time.Millisecond))
 }
