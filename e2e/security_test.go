@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -659,6 +660,68 @@ func TestKeyNormalisationCollisions(t *testing.T) {
 			return nil
 		})
 	})
+}
+
+// The service receives only the key a bucket paid for. A request whose
+// first x-api-key is empty is charged to its Bearer token; the key header
+// after the empty value, which a service reading the last or the first
+// non-empty value takes for the client, does not reach the service. Without
+// a Bearer token such a request has no key (401) and reaches nothing.
+// Through build/gateway serving envoy.yaml as shipped, to a service that
+// records every header it receives; the plan holds 2 tokens, and each
+// request is charged to a fresh Bearer key, so each is admitted.
+func TestServiceSeesOnlyTheChargedKey(t *testing.T) {
+	s := startStack(t, stackConfig{plans: tinyPlans})
+	var mu sync.Mutex
+	var seen []http.Header
+	svc := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, r.Header.Clone())
+	}))
+	t.Cleanup(svc.Close)
+	svcAddr := strings.TrimPrefix(svc.URL, "http://")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	g, err := harness.StartGateway(ctx, bins, harness.GatewayConfig{
+		Config:   repoFile(t, "envoy/envoy.yaml"),
+		Clusters: map[string]string{"orders": svcAddr, "billing": svcAddr, "ratelimit_sidecar": s.scAddrs[0]},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.own(g.Process)
+
+	const victim, sent = "victim-key", 5 // more than the plan's 2 tokens
+	head := "GET /orders/1 HTTP/1.1\r\nhost: shop\r\nconnection: close\r\nx-api-key: \r\nx-api-key: " + victim + "\r\n"
+	for i := range sent {
+		if st, body := rawRequest(t, g.Addr, head+"authorization: Bearer fresh-"+strconv.Itoa(i)+"\r\n"); st != 200 {
+			t.Fatalf("request %d: status %d (%q), want 200 (charged to its fresh Bearer key)", i, st, body)
+		}
+	}
+	if st, body := rawRequest(t, g.Addr, head); st != 401 {
+		t.Fatalf("an empty key, then a key, and no Bearer token: status %d (%q), want 401", st, body)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != sent {
+		t.Fatalf("the service received %d requests, want %d", len(seen), sent)
+	}
+	withVictim := 0
+	for i, h := range seen {
+		if v := h.Values("x-api-key"); len(v) > 0 {
+			t.Errorf("request %d reached the service with x-api-key %q; it was charged to its Bearer key", i, v)
+		}
+		if slices.Contains(h.Values("x-api-key"), victim) {
+			withVictim++
+		}
+		if got, want := h.Get("authorization"), "Bearer fresh-"+strconv.Itoa(i); got != want {
+			t.Errorf("request %d reached the service with authorization %q, want %q", i, got, want)
+		}
+	}
+	if withVictim > 0 {
+		t.Errorf("the service received %s's key on %d requests; its plan holds 2 tokens and none was charged to it", victim, withVictim)
+	}
 }
 
 // The sidecar listens on loopback unless told otherwise: started with no

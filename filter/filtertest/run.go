@@ -1859,6 +1859,33 @@ func (r runner) hostileHeaders(t *testing.T) {
 	if got := header(t, s.UpstreamHeaders(), "x-api-key"); got != "key-a" {
 		t.Errorf("service sees x-api-key %q, want key-a alone", got)
 	}
+	// An empty key header first: the key is the Bearer token, and the key
+	// header, with the key after the empty value, does not reach the
+	// service, which could read that key as the client's though no bucket
+	// paid for it.
+	s, c = waiting(t, h, get("", Header{"x-api-key", ""}, Header{"x-api-key", "key-uncharged"},
+		Header{"authorization", "Bearer key-bearer"}))
+	if got := header(t, c.Headers, "x-api-key"); got != "key-bearer" {
+		t.Errorf("charged %q, want key-bearer", got)
+	}
+	s.RespondCallout(firstAllow, nil)
+	wentOn(t, s)
+	if v, ok := Get(s.UpstreamHeaders(), "x-api-key"); ok {
+		t.Errorf("service sees x-api-key %q, want none: the key charged came from authorization", v)
+	}
+	// With on_missing_key allow, a request whose first key is empty or
+	// invalid goes on unlimited, without the keys after it.
+	ha := r.host(t, `{"on_missing_key": "allow"}`)
+	for _, first := range []string{"", "not a key"} {
+		s, _ = send(ha, get("", Header{"x-api-key", first}, Header{"x-api-key", "key-uncharged"}))
+		wentOn(t, s)
+		if _, ok := s.Callout(); ok {
+			t.Errorf("first key %q: a callout was made", first)
+		}
+		if v, ok := Get(s.UpstreamHeaders(), "x-api-key"); ok {
+			t.Errorf("first key %q: service sees x-api-key %q, want none: nothing was charged", first, v)
+		}
+	}
 
 	// A flood of headers and a huge header value do not disturb the check.
 	var many []Header

@@ -294,20 +294,27 @@ func (l *Limiter) check(s *stream) abi.Action {
 		l.m.inc(h, cUnchecked)
 		return abi.ActionContinue
 	}
-	keyHeader, _ := h.GetHeader(abi.MapRequestHeaders, cfg.APIKeyHeader)
+	keyHeader, kst := h.GetHeader(abi.MapRequestHeaders, cfg.APIKeyHeader)
 	auth := ""
 	if keyHeader == "" {
 		auth, _ = h.GetHeader(abi.MapRequestHeaders, AuthorizationHeader)
 	}
 	key, ks := ExtractKey(keyHeader, auth)
+	// The proxy reads the first of repeated headers; the service may read
+	// another. Leave it only the key that was charged: Envoy's replace
+	// removes every value of the name before adding one. A key header
+	// that was not charged (an empty first value, the key taken from
+	// authorization; or no valid key at all) is removed with every value
+	// after it, so that `x-api-key:` followed by `x-api-key: <key>` cannot
+	// hand the service a key that no bucket paid for.
+	switch {
+	case ks == KeyFound && keyHeader != "":
+		h.ReplaceHeader(abi.MapRequestHeaders, cfg.APIKeyHeader, key)
+	case kst == abi.StatusOK:
+		h.RemoveHeader(abi.MapRequestHeaders, cfg.APIKeyHeader)
+	}
 	if ks != KeyFound {
 		return l.noKey(s, ks)
-	}
-	if keyHeader != "" {
-		// The proxy reads the first of repeated headers; the service may
-		// read another. Leave it only the key that was charged: Envoy's
-		// replace removes every value of the name before adding one.
-		h.ReplaceHeader(abi.MapRequestHeaders, cfg.APIKeyHeader, key)
 	}
 	s.key, s.cost, s.enforce = owned(s.keyBuf[:], key), 1, cfg.Enforced(key)
 	if len(cfg.Costs) > 0 {
