@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -954,4 +955,78 @@ func TestCostRulesSeeNormalizedPaths(t *testing.T) {
 			return nil
 		})
 	}
+}
+
+// A path with an escaped slash or backslash (%2F, %5C) cannot pay another
+// route's price: many services decode it before routing (the services
+// here are fasthttp's, which read /billing%2F..%2Forders/1 as /orders/1),
+// while Envoy and the filter would not take it for a separator. With
+// envoy.yaml's path_with_escaped_slashes_action the proxy unescapes it,
+// normalizes, and answers 307 with the result as location, before the
+// filter: the client's bucket is not touched and no service receives the
+// request; the request sent to the location pays that path's price (a
+// POST under /orders, 5 in envoy.yaml, read from the file). The plan holds
+// exactly one orders request.
+func TestEscapedSlashesRedirectToTheirPath(t *testing.T) {
+	filter := shippedFilter(t)
+	ordersPrice := float64(filter.Cost("POST", "/orders/1"))
+	s := startStack(t, stackConfig{
+		plans: fmt.Sprintf("default_plan: one-order\nplans:\n  one-order: {capacity: %v, rate: 0.001}\n", ordersPrice),
+	})
+	post := func(path, key string) (*http.Response, error) {
+		conn, err := net.DialTimeout("tcp", s.gateways[0].Addr, 5*time.Second)
+		if err != nil {
+			return nil, err
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(conn, "POST "+path+" HTTP/1.1\r\nhost: shop\r\nconnection: close\r\ncontent-length: 0\r\nx-api-key: "+key+"\r\n\r\n"); err != nil {
+			return nil, err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			return nil, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp, nil
+	}
+	for i, path := range []string{"/billing%2F..%2Forders/1", "/billing%2f..%2forders/1", "/%2Forders/1", "/billing%5C..%5Corders/1"} {
+		s.decidedRun(t, path, func(run int) error {
+			key := fmt.Sprintf("escaped-%d-%d", i, run)
+			resp, err := post(path, key)
+			if err != nil {
+				return fmt.Errorf("%s: %v", path, err)
+			}
+			if resp.StatusCode != http.StatusTemporaryRedirect || resp.Header.Get("location") != "/orders/1" {
+				return fmt.Errorf("%s: status %d, location %q; want 307 to /orders/1 (the service would read it as that path; here it was charged %s)",
+					path, resp.StatusCode, resp.Header.Get("location"), s.spent(key, ordersPrice))
+			}
+			if n := s.received(key); n != 0 {
+				return fmt.Errorf("%s: redirected, and the services received %d requests of its client", path, n)
+			}
+			if _, err := s.tokens(key); !errors.Is(err, redis.Nil) {
+				return fmt.Errorf("%s: redirected, and its client's bucket was touched (%v)", path, err)
+			}
+			if resp, err = post("/orders/1", key); err != nil {
+				return fmt.Errorf("the location /orders/1: %v", err)
+			}
+			if resp.StatusCode != 200 {
+				return fmt.Errorf("the location /orders/1: status %d, want 200", resp.StatusCode)
+			}
+			if tokens, err := s.tokens(key); err != nil || tokens != 0 {
+				return fmt.Errorf("after /orders/1 the bucket of %v holds %v (%v), want 0: orders' price", ordersPrice, tokens, err)
+			}
+			return nil
+		})
+	}
+}
+
+// spent describes what client's bucket of capacity shows it spent.
+func (s *stack) spent(client string, capacity float64) string {
+	tokens, err := s.tokens(client)
+	if err != nil {
+		return "nothing"
+	}
+	return strconv.FormatFloat(capacity-tokens, 'f', -1, 64) + " tokens"
 }

@@ -39,11 +39,33 @@ type Config struct {
 	// how long a stream may go without activity (Envoy's default 5 min
 	// when unset; 0: none).
 	StreamIdleTimeout time.Duration
+	// EscapedSlashes is the connection manager's
+	// path_with_escaped_slashes_action: what a %2F, %2f, %5C or %5c in the
+	// path does before the filters and the router see it.
+	EscapedSlashes EscapedSlashesAction
 	// Histograms is stats_config.histogram_bucket_settings, in order.
 	Histograms []HistogramBuckets
 	// Tags is stats_config.stats_tags, in order.
 	Tags []TagSpecifier
 }
+
+// EscapedSlashesAction is what the connection manager does with a path
+// holding escaped slashes or backslashes (%2F, %2f, %5C, %5c).
+type EscapedSlashesAction int
+
+// The actions of path_with_escaped_slashes_action. Envoy's
+// IMPLEMENTATION_SPECIFIC_DEFAULT is KEEP_UNCHANGED.
+const (
+	// KeepEscapedSlashes leaves them as they are (KEEP_UNCHANGED).
+	KeepEscapedSlashes EscapedSlashesAction = iota
+	// UnescapeAndRedirect unescapes them and, when there were any, answers
+	// 307 with the normalized path in location (UNESCAPE_AND_REDIRECT).
+	UnescapeAndRedirect
+	// UnescapeAndForward unescapes them and goes on (UNESCAPE_AND_FORWARD).
+	UnescapeAndForward
+	// RejectEscapedSlashes answers 400 when there are any (REJECT_REQUEST).
+	RejectEscapedSlashes
+)
 
 // TagSpecifier is one entry of stats_config.stats_tags: a tag with a fixed
 // value, or one whose value a regex takes from the stat's name.

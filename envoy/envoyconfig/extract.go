@@ -94,6 +94,14 @@ func extract(b *bootstrapv3.Bootstrap) (*Config, error) {
 	if d := hcm.GetStreamIdleTimeout(); d != nil {
 		c.StreamIdleTimeout = d.AsDuration()
 	}
+	switch hcm.GetPathWithEscapedSlashesAction() {
+	case hcmv3.HttpConnectionManager_UNESCAPE_AND_REDIRECT:
+		c.EscapedSlashes = UnescapeAndRedirect
+	case hcmv3.HttpConnectionManager_UNESCAPE_AND_FORWARD:
+		c.EscapedSlashes = UnescapeAndForward
+	case hcmv3.HttpConnectionManager_REJECT_REQUEST:
+		c.EscapedSlashes = RejectEscapedSlashes
+	}
 	for i, h := range b.GetStatsConfig().GetHistogramBucketSettings() {
 		path := fmt.Sprintf("stats_config.histogram_bucket_settings[%d]", i)
 		match, err := stringMatcher(h.GetMatch(), path+".match")

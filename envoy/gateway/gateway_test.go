@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime/metrics"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/filterwasm"
+	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
 	"github.com/edgelimit/edgelimit/filter/filtertest"
 	"github.com/edgelimit/edgelimit/filter/limiter"
 	"github.com/edgelimit/edgelimit/internal/gotool"
@@ -577,6 +579,11 @@ func TestNormalizePath(t *testing.T) {
 		"/a/./b/":            "/a/b/",
 		"/../..":             "/",
 		"/a/b/..?x=/../y":    "/a/?x=/../y",
+		// Envoy's own cases (path_utility_test.cc): a backslash is a
+		// slash, an escaped slash is not.
+		`/a/..\c`:     "/c",
+		"/a/%2F%2f/c": "/a/%2F%2f/c",
+		"/%5c%25":     "/%5c%25",
 	}
 	for in, want := range cases {
 		if got, ok := normalizePath(in); !ok || got != want {
@@ -585,6 +592,43 @@ func TestNormalizePath(t *testing.T) {
 	}
 	if _, ok := normalizePath("*"); ok {
 		t.Error("normalizePath accepted *")
+	}
+}
+
+// TestRequestPath: the path the filter and the router see, and whether
+// Envoy redirects or refuses first, under each
+// path_with_escaped_slashes_action, in Envoy's order (unescape, then
+// normalize_path, then merge_slashes).
+func TestRequestPath(t *testing.T) {
+	type want struct {
+		path     string
+		redirect bool
+		ok       bool
+	}
+	cases := []struct {
+		target string
+		action envoyconfig.EscapedSlashesAction
+		want   want
+	}{
+		{"/billing%2F..%2Forders/1", envoyconfig.KeepEscapedSlashes, want{"/billing%2F..%2Forders/1", false, true}},
+		{"/billing%2F..%2Forders/1", envoyconfig.UnescapeAndRedirect, want{"/orders/1", true, true}},
+		{"/billing%2f..%5Corders/1", envoyconfig.UnescapeAndForward, want{"/orders/1", false, true}},
+		{"/billing%2F..%2Forders/1", envoyconfig.RejectEscapedSlashes, want{"", false, false}},
+		{"/%2Forders/1?next=%2Fx", envoyconfig.UnescapeAndRedirect, want{"/orders/1?next=%2Fx", true, true}},
+		// Nothing to unescape: no redirect, the query's escapes untouched.
+		{"/orders/1?next=%2Fx", envoyconfig.UnescapeAndRedirect, want{"/orders/1?next=%2Fx", false, true}},
+		{"/orders/%41", envoyconfig.UnescapeAndRedirect, want{"/orders/%41", false, true}},
+		// A raw backslash is canonicalized by normalize_path, not redirected.
+		{`/billing\..\orders/1`, envoyconfig.UnescapeAndRedirect, want{"/orders/1", false, true}},
+		// The fragment is dropped.
+		{"/orders/1#/../../billing", envoyconfig.UnescapeAndRedirect, want{"/orders/1", false, true}},
+	}
+	for _, c := range cases {
+		r := &http.Request{RequestURI: c.target, URL: &url.URL{Path: "/"}}
+		path, redirect, ok := requestPath(r, c.action)
+		if got := (want{path, redirect, ok}); got != c.want {
+			t.Errorf("requestPath(%q, %v) = %+v, want %+v", c.target, c.action, got, c.want)
+		}
 	}
 }
 

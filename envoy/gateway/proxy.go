@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
 	"github.com/edgelimit/edgelimit/envoy/wasmhost"
 	"github.com/edgelimit/edgelimit/internal/grpclocal"
 )
@@ -44,14 +45,24 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		g.writeAccessLog(r, x)
 	}()
-	path, ok := normalizePath(r.URL.RequestURI())
+	gen := g.acquire()
+	defer gen.release()
+	path, redirect, ok := requestPath(r, gen.cfg.EscapedSlashes)
 	if !ok {
 		x.status, x.details = http.StatusBadRequest, "path_normalization_failed"
 		http.Error(w, "Bad Request", http.StatusBadRequest)
 		return
 	}
-	gen := g.acquire()
-	defer gen.release()
+	if redirect {
+		// Envoy's UNESCAPE_AND_REDIRECT: before any filter, so the
+		// request is charged nothing; the one the client sends to the
+		// location is charged as that path.
+		x.status, x.details = http.StatusTemporaryRedirect, "path_normalization_failed"
+		w.Header().Set("location", path)
+		w.Header().Set("content-length", "0")
+		w.WriteHeader(http.StatusTemporaryRedirect)
+		return
+	}
 	worker, _ := r.Context().Value(workerKey{}).(int)
 	vm := gen.workers[worker%len(gen.workers)]
 	// The stream's context is made by its first call, and it ends
@@ -339,14 +350,67 @@ func upstreamFailureBody(err error) string {
 	return "upstream connect error or disconnect/reset before headers. reset reason: connection termination"
 }
 
+// requestPath is the :path Envoy's connection manager gives the filters
+// and the router for r, with envoy.yaml's settings, in Envoy's order: the
+// fragment dropped, escaped slashes and backslashes handled as action says
+// (path_with_escaped_slashes_action), then normalize_path and merge_slashes
+// (normalizePath). redirect: the path held escaped slashes and action is
+// UNESCAPE_AND_REDIRECT, so Envoy answers 307 with path as location. ok
+// false: Envoy answers 400.
+func requestPath(r *http.Request, action envoyconfig.EscapedSlashesAction) (path string, redirect, ok bool) {
+	// The request target as sent: Go's r.URL.RequestURI() escapes a
+	// backslash, which normalize_path takes for a slash.
+	target := r.RequestURI
+	if !strings.HasPrefix(target, "/") {
+		// The absolute form: Envoy routes on its path.
+		target = r.URL.RequestURI()
+	}
+	target, _, _ = strings.Cut(target, "#")
+	if action != envoyconfig.KeepEscapedSlashes {
+		var found bool
+		if target, found = unescapeSlashes(target); found {
+			switch action {
+			case envoyconfig.RejectEscapedSlashes:
+				return "", false, false
+			case envoyconfig.UnescapeAndRedirect:
+				redirect = true
+			}
+		}
+	}
+	path, ok = normalizePath(target)
+	return path, redirect && ok, ok
+}
+
+// unescapeSlashes is Envoy's PathUtil::unescapeSlashes: %2F and %2f become
+// "/", %5C and %5c a backslash, in the path and not in the query. found
+// reports whether there were any.
+func unescapeSlashes(target string) (unescaped string, found bool) {
+	p, query, hasQuery := strings.Cut(target, "?")
+	if !strings.Contains(p, "%") {
+		return target, false
+	}
+	u := slashUnescaper.Replace(p)
+	if u == p {
+		return target, false
+	}
+	if hasQuery {
+		u += "?" + query
+	}
+	return u, true
+}
+
+var slashUnescaper = strings.NewReplacer("%2F", "/", "%2f", "/", "%5C", `\`, "%5c", `\`)
+
 // normalizePath applies Envoy's normalize_path and merge_slashes to a
-// request target: dot segments resolved, repeated slashes merged, the query
-// kept. A target that is not a path fails.
+// request target: a backslash is a slash (normalize_path canonicalizes
+// like a browser), dot segments resolved, repeated slashes merged, the
+// query kept. A target that is not a path fails.
 func normalizePath(target string) (string, bool) {
 	p, query, hasQuery := strings.Cut(target, "?")
 	if !strings.HasPrefix(p, "/") {
 		return "", false
 	}
+	p = strings.ReplaceAll(p, `\`, "/")
 	var out []string
 	for _, seg := range strings.Split(p[1:], "/") {
 		// Envoy's normalize_path canonicalizes like a browser: a
