@@ -45,6 +45,16 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		g.writeAccessLog(r, x)
 	}()
+	if !envoyMethods[r.Method] {
+		// Envoy's HTTP/1 codec (Balsa, allow_custom_methods off as in
+		// envoy.yaml) refuses a method not in its list before any filter:
+		// a `post` is not a POST, and neither the filter's cost rules nor
+		// a service should be handed one.
+		x.status, x.details = http.StatusBadRequest, "http1.codec_error"
+		w.Header().Set("connection", "close")
+		http.Error(w, "Bad Request", http.StatusBadRequest)
+		return
+	}
 	gen := g.acquire()
 	defer gen.release()
 	path, redirect, ok := requestPath(r, gen.cfg.EscapedSlashes)
@@ -348,6 +358,19 @@ func upstreamFailureBody(err error) string {
 		return "upstream request timeout"
 	}
 	return "upstream connect error or disconnect/reset before headers. reset reason: connection termination"
+}
+
+// envoyMethods are the methods Envoy's HTTP/1 codec accepts when
+// allow_custom_methods is off (its default): those of Balsa's list in
+// source/common/http/http1/balsa_parser.cc, upper case only.
+var envoyMethods = map[string]bool{}
+
+func init() {
+	for _, m := range strings.Fields(`ACL BIND CHECKOUT CONNECT COPY DELETE GET HEAD LINK LOCK MERGE
+		MKACTIVITY MKCALENDAR MKCOL MOVE MSEARCH NOTIFY OPTIONS PATCH POST PROPFIND PROPPATCH PURGE
+		PUT REBIND REPORT SEARCH SOURCE SUBSCRIBE TRACE UNBIND UNLINK UNLOCK UNSUBSCRIBE`) {
+		envoyMethods[m] = true
+	}
 }
 
 // requestPath is the :path Envoy's connection manager gives the filters
