@@ -584,6 +584,11 @@ func TestNormalizePath(t *testing.T) {
 		`/a/..\c`:     "/c",
 		"/a/%2F%2f/c": "/a/%2F%2f/c",
 		"/%5c%25":     "/%5c%25",
+		// strip_dotdot_segments_with_parameters.
+		"/xyz/..;foo=bar/abc": "/abc",
+		"/..;foo=bar/abc":     "/abc",
+		"/a/.;x/b":            "/a/b",
+		"/a/x..;y/b":          "/a/x..;y/b",
 	}
 	for in, want := range cases {
 		if got, ok := normalizePath(in); !ok || got != want {

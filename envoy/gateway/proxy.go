@@ -426,12 +426,26 @@ var slashUnescaper = strings.NewReplacer("%2F", "/", "%2f", "/", "%5C", `\`, "%5
 
 // normalizePath applies Envoy's normalize_path and merge_slashes to a
 // request target: a backslash is a slash (normalize_path canonicalizes
-// like a browser), dot segments resolved, repeated slashes merged, the
+// like a browser), parameters dropped from dot segments, dot segments
+// resolved, repeated slashes merged, the
 // query kept. A target that is not a path fails.
 func normalizePath(target string) (string, bool) {
 	p, query, hasQuery := strings.Cut(target, "?")
 	if !strings.HasPrefix(p, "/") {
 		return "", false
+	}
+	if strings.Contains(p, ".;") {
+		// Envoy's stripParametersFromDotSegments: a "..;params" or
+		// ".;params" segment is ".." or "." (a Java service reads it so).
+		segs := strings.Split(p, "/")
+		for i, seg := range segs {
+			if strings.HasPrefix(seg, "..;") {
+				segs[i] = ".."
+			} else if strings.HasPrefix(seg, ".;") {
+				segs[i] = "."
+			}
+		}
+		p = strings.Join(segs, "/")
 	}
 	p = strings.ReplaceAll(p, `\`, "/")
 	var out []string
