@@ -627,6 +627,9 @@ func TestRequestPath(t *testing.T) {
 		{`/billing\..\orders/1`, envoyconfig.UnescapeAndRedirect, want{"/orders/1", false, true}},
 		// The fragment is dropped.
 		{"/orders/1#/../../billing", envoyconfig.UnescapeAndRedirect, want{"/orders/1", false, true}},
+		// Bytes Envoy's HTTP/1 codec refuses in a request target.
+		{"/orders/\xff", envoyconfig.KeepEscapedSlashes, want{"", false, false}},
+		{"/orders/\x7f", envoyconfig.KeepEscapedSlashes, want{"", false, false}},
 	}
 	for _, c := range cases {
 		r := &http.Request{RequestURI: c.target, URL: &url.URL{Path: "/"}}

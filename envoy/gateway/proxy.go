@@ -384,6 +384,13 @@ func requestPath(r *http.Request, action envoyconfig.EscapedSlashesAction) (path
 	// The request target as sent: Go's r.URL.RequestURI() escapes a
 	// backslash, which normalize_path takes for a slash.
 	target := r.RequestURI
+	for i := 0; i < len(target); i++ {
+		// Envoy's HTTP/1 codec (Balsa's isUrlValid) takes visible ASCII,
+		// tab and form feed in a request target, and refuses the rest.
+		if c := target[i]; (c < '!' || c > '~') && c != '\t' && c != '\f' {
+			return "", false, false
+		}
+	}
 	if !strings.HasPrefix(target, "/") {
 		// The absolute form: Envoy routes on its path.
 		target = r.URL.RequestURI()
