@@ -434,8 +434,8 @@ var slashUnescaper = strings.NewReplacer("%2F", "/", "%2f", "/", "%5C", `\`, "%5
 // normalizePath applies Envoy's normalize_path and merge_slashes to a
 // request target: a backslash is a slash (normalize_path canonicalizes
 // like a browser), parameters dropped from dot segments, dot segments
-// resolved, repeated slashes merged, the
-// query kept. A target that is not a path fails.
+// resolved, repeated slashes merged, the query kept. A target that is not
+// a path fails.
 func normalizePath(target string) (string, bool) {
 	p, query, hasQuery := strings.Cut(target, "?")
 	if !strings.HasPrefix(p, "/") {
