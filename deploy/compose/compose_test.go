@@ -31,6 +31,7 @@ type composeFile struct {
 
 type service struct {
 	Image       string            `json:"image"`
+	Restart     string            `json:"restart"`
 	Build       *build            `json:"build"`
 	NetworkMode string            `json:"network_mode"`
 	WorkingDir  string            `json:"working_dir"`
@@ -263,6 +264,23 @@ func TestComposeHealthchecks(t *testing.T) {
 		}
 		if fmt.Sprint(got) != fmt.Sprint(deps) {
 			t.Errorf("%s depends on %v, want %v", svc, got, deps)
+		}
+	}
+}
+
+// Docker starts again every service that keeps running when it exits (a
+// crash, an OOM kill, the daemon's restart, the host's reboot), unless an
+// operator stopped it; Compose's default is never. The one-shot filter
+// copy is the exception: it exits when done, and Envoy waits for that.
+func TestComposeRestartsServices(t *testing.T) {
+	c, _, _ := load(t)
+	for name, s := range c.Services {
+		want := "unless-stopped"
+		if name == "filter" {
+			want = ""
+		}
+		if s.Restart != want {
+			t.Errorf("%s: restart %q, want %q", name, s.Restart, want)
 		}
 	}
 }
