@@ -317,7 +317,16 @@ func (s *Server) signal(sig syscall.Signal) error {
 // Restart stops the server if it runs and starts it again on the same port
 // with empty data (any RDB or AOF files it wrote are removed first). A
 // cluster node keeps its nodes.conf and so rejoins its cluster, empty.
-func (s *Server) Restart(ctx context.Context) error {
+func (s *Server) Restart(ctx context.Context) error { return s.restart(ctx, false) }
+
+// RestartKeepingData is Restart as an operator's restart of the same server
+// is (docker restart, a container recreated on the same volume): SIGTERM,
+// then the server started again on the same port and directory, loading
+// whatever RDB or AOF files its own settings wrote (none with the default
+// --save "" --appendonly no).
+func (s *Server) RestartKeepingData(ctx context.Context) error { return s.restart(ctx, true) }
+
+func (s *Server) restart(ctx context.Context, keepData bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
@@ -326,9 +335,11 @@ func (s *Server) Restart(ctx context.Context) error {
 	if err := s.terminate(); err != nil {
 		return err
 	}
-	for _, name := range []string{s.rdbName(), s.aofDirName()} {
-		if err := os.RemoveAll(filepath.Join(s.dir, name)); err != nil {
-			return fmt.Errorf("restart redis-server %s: remove old data: %w", s.Addr, err)
+	if !keepData {
+		for _, name := range []string{s.rdbName(), s.aofDirName()} {
+			if err := os.RemoveAll(filepath.Join(s.dir, name)); err != nil {
+				return fmt.Errorf("restart redis-server %s: remove old data: %w", s.Addr, err)
+			}
 		}
 	}
 	ctx, cancel := withDefaultTimeout(ctx, readyTimeout)
