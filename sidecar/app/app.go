@@ -67,20 +67,23 @@ type Config struct {
 
 // App is a running sidecar.
 type App struct {
-	log       *slog.Logger
-	stats     *stats.Stats
-	plans     *plans.Store
-	client    redis.UniversalClient
-	decider   *decide.Decider
-	hot       *hot.Sharder // nil without sharding
-	srv       *server.Server
-	http      *fasthttp.Server
-	ln        net.Listener
-	admin     *fasthttp.Server // nil without AdminListen
-	adminLn   net.Listener
-	served    chan error
-	stopWatch context.CancelFunc
-	shutdown  sync.Once
+	log     *slog.Logger
+	stats   *stats.Stats
+	plans   *plans.Store
+	client  redis.UniversalClient
+	decider *decide.Decider
+	hot     *hot.Sharder // nil without sharding
+	srv     *server.Server
+	http    *fasthttp.Server
+	ln      net.Listener
+	admin   *fasthttp.Server // nil without AdminListen
+	adminLn net.Listener
+	// lnClosed and adminLnClosed are closed when the HTTP server closes
+	// its listener (shutdownServer).
+	lnClosed, adminLnClosed chan struct{}
+	served                  chan error
+	stopWatch               context.CancelFunc
+	shutdown                sync.Once
 }
 
 // Start loads the plans, opens Redis, binds the listener and serves in the
@@ -161,9 +164,10 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	if sharder != nil {
 		go sharder.Run(watchCtx, cfg.HotInterval)
 	}
-	go func() { a.served <- a.http.Serve(srv.CheckListener(a.ln)) }()
+	a.lnClosed, a.adminLnClosed = make(chan struct{}), make(chan struct{})
+	go func() { a.served <- a.http.Serve(srv.CheckListener(closeSignal(a.ln, a.lnClosed))) }()
 	if a.admin != nil {
-		go func() { a.served <- a.admin.Serve(srv.AdminListener(a.adminLn)) }()
+		go func() { a.served <- a.admin.Serve(srv.AdminListener(closeSignal(a.adminLn, a.adminLnClosed))) }()
 	}
 
 	// Load the script now rather than on the first request, and say whether
@@ -284,11 +288,11 @@ func (a *App) Shutdown(ctx context.Context) error {
 		// /readyz says 503 before the check listener closes, and for as
 		// long as its last checks take.
 		a.srv.Stopping()
-		err = a.http.ShutdownWithContext(ctx)
+		err = shutdownServer(ctx, a.http, a.lnClosed)
 		// The admin listener goes last: probes and scrapes see the sidecar
 		// until its checks are done.
 		if a.admin != nil {
-			err = errors.Join(err, a.admin.ShutdownWithContext(ctx))
+			err = errors.Join(err, shutdownServer(ctx, a.admin, a.adminLnClosed))
 		}
 		a.decider.Close()
 		if cerr := a.client.Close(); cerr != nil && !errors.Is(cerr, redis.ErrClosed) {
@@ -296,6 +300,63 @@ func (a *App) Shutdown(ctx context.Context) error {
 		}
 		a.log.Info("sidecar stopped")
 	})
+	return err
+}
+
+// shutdownPoll is how often shutdownServer looks for the server's last
+// connection to have closed.
+const shutdownPoll = time.Millisecond
+
+// shutdownServer is srv.ShutdownWithContext (its listener closed, its idle
+// connections closed, the requests in flight answered, each on a
+// connection then closed), but it returns as soon as srv has no connection
+// left once lnClosed is closed, where fasthttp looks only every 100 ms: a
+// sidecar on SIGTERM with the proxy's keep-alive connections open took 101
+// ms to exit, and for a restart in place (the same port, as a container
+// restarts) that is 101 ms more in which no sidecar listens and every
+// check fails open. The shutdown goes on in the background and ends at its
+// next look; with no listener and no connection, there is nothing left
+// for it to wait for.
+func shutdownServer(ctx context.Context, srv *fasthttp.Server, lnClosed <-chan struct{}) error {
+	done := make(chan error, 1)
+	go func() { done <- srv.ShutdownWithContext(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-lnClosed:
+	}
+	tick := time.NewTicker(shutdownPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+			// Once the server is stopping, the count is every connection
+			// still served and the accept loop until it has returned.
+			if srv.GetOpenConnectionsCount() == 0 {
+				return nil
+			}
+		}
+	}
+}
+
+// closeSignal returns ln that closes closed when it is closed.
+func closeSignal(ln net.Listener, closed chan struct{}) net.Listener {
+	return &signalListener{Listener: ln, closed: closed}
+}
+
+type signalListener struct {
+	net.Listener
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (l *signalListener) Close() error {
+	err := l.Listener.Close()
+	l.once.Do(func() { close(l.closed) })
 	return err
 }
 

@@ -667,6 +667,50 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 }
 
+// TestShutdownEndsWithItsConnections: a sidecar whose proxy holds
+// keep-alive connections to both listeners, stopped, returns once those
+// are closed, not at fasthttp's next look at them, which comes every 100
+// ms: for a restart in place every such look is time in which no sidecar
+// listens and every check fails open. Closing an idle connection and
+// seeing it gone takes a few ms; the bound is one look, 100 ms, where the
+// old shutdown took at least one per listener, 200 ms. A shutdown is tried
+// up to three times, each on a fresh sidecar, for a machine busy enough to
+// keep one past the bound.
+func TestShutdownEndsWithItsConnections(t *testing.T) {
+	srv := redisproc.StartT(t, redisproc.Options{})
+	const bound = 100 * time.Millisecond
+	var took []time.Duration
+	for range 3 {
+		s := startSidecarWith(t, srv.URL(), contractPlans, time.Second, slog.LevelInfo, func(c *Config) {
+			c.AdminListen = "127.0.0.1:0"
+		})
+		// One keep-alive connection on each listener, left open and idle.
+		if r := s.check(t, "a"); r.status != 200 {
+			t.Fatalf("check: %d %q", r.status, r.body)
+		}
+		if r := s.doAt(t, s.AdminAddr(), "GET", "/healthz"); r.status != 200 {
+			t.Fatalf("admin /healthz: %d", r.status)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		start := time.Now()
+		err := s.Shutdown(ctx)
+		d := time.Since(start)
+		cancel()
+		if err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+		if _, err := fasthttp.DialTimeout(s.Addr(), time.Second); err == nil {
+			t.Fatal("the check listener still accepts connections after Shutdown")
+		}
+		took = append(took, d)
+		if d < bound {
+			t.Logf("Shutdown took %v (tries: %v)", d.Round(time.Microsecond), took)
+			return
+		}
+	}
+	t.Fatalf("Shutdown with an idle connection on each listener took %v, want under %v", took, bound)
+}
+
 // TestDenyCache: by default a check that Redis's last denial shows cannot be
 // paid is answered 429 without Redis, in the contract's form; with
 // NoDenyCache every check goes to Redis.
