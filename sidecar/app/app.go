@@ -164,6 +164,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	if sharder != nil {
 		go sharder.Run(watchCtx, cfg.HotInterval)
 	}
+	go a.watchEviction(watchCtx, cfg.Redis.Redacted)
 	a.lnClosed, a.adminLnClosed = make(chan struct{}), make(chan struct{})
 	go func() { a.served <- a.http.Serve(srv.CheckListener(closeSignal(a.ln, a.lnClosed))) }()
 	if a.admin != nil {

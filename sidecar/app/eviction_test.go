@@ -1,0 +1,57 @@
+package app
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/internal/testkit"
+)
+
+// TestEvictionPolicyWarned: a Redis with a memory limit and a policy that
+// evicts keys (here allkeys-lru) may drop a live bucket, whose client then
+// starts over with a full one; the sidecar says so at start, naming the
+// policy. One that refuses writes when full (noeviction, Redis's default)
+// or has no limit is not warned about. A policy changed while the sidecar
+// runs (CONFIG SET, or a Redis replaced) is seen at the next minute's
+// look; the test reads only the one at start.
+func TestEvictionPolicyWarned(t *testing.T) {
+	const warning = "redis evicts keys when full"
+	for _, c := range []struct {
+		args []string
+		warn bool
+	}{
+		{[]string{"--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"}, true},
+		{[]string{"--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru"}, true},
+		{[]string{"--maxmemory", "64mb", "--maxmemory-policy", "noeviction"}, false},
+		{[]string{"--maxmemory-policy", "allkeys-lru"}, false}, // no limit: nothing is evicted
+	} {
+		srv := redisproc.StartT(t, redisproc.Options{Args: c.args})
+		s := startSidecarLog(t, srv.URL(), contractPlans, time.Second, slog.LevelInfo)
+		if r := s.check(t, "a"); r.status != 200 {
+			t.Fatalf("%v: check: %d %q", c.args, r.status, r.body)
+		}
+		if c.warn {
+			testkit.Poll(t, 10*time.Second, "the eviction warning", func() bool { return strings.Contains(s.logs.String(), warning) })
+			if line := s.logs.String(); !strings.Contains(line, "maxmemory_policy="+c.args[3]) {
+				t.Errorf("%v: the warning does not name the policy:\n%s", c.args, line)
+			}
+			continue
+		}
+		// The look at start is done once Redis has answered it: Redis's
+		// count of INFO calls says when, less the poll's own (each counted
+		// once it has run).
+		polls := int64(0)
+		testkit.Poll(t, 10*time.Second, "the sidecar's INFO memory", func() bool {
+			n, err := redisproc.CommandCalls(context.Background(), srv.Addr, "info")
+			polls++
+			return err == nil && n > polls-1
+		})
+		if strings.Contains(s.logs.String(), warning) {
+			t.Errorf("%v: warned:\n%s", c.args, s.logs)
+		}
+	}
+}
