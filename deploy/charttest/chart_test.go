@@ -501,6 +501,14 @@ func checkInvariants(t *testing.T, r *rendered) {
 	if g := spec.TerminationGracePeriodSeconds; g == nil || *g <= int64(drainSecs)+2 {
 		t.Errorf("terminationGracePeriodSeconds %v, want more than the drain", g)
 	}
+	// A container its liveness probe kills runs its preStop as well, within
+	// the probe's own grace if it has one, else the pod's: a hung Envoy or
+	// sidecar is killed at once, not after the drain's sleep.
+	for _, c := range []*corev1.Container{envoy, sidecar} {
+		if g := c.LivenessProbe.TerminationGracePeriodSeconds; g == nil || *g >= int64(drainSecs) {
+			t.Errorf("%s liveness probe's terminationGracePeriodSeconds %v, want one shorter than the %d s drain", c.Name, g, drainSecs)
+		}
+	}
 	if ru := r.deployment.Spec.Strategy.RollingUpdate; ru == nil || ru.MaxUnavailable.IntValue() != 0 {
 		t.Errorf("rolling update %+v, want maxUnavailable 0", ru)
 	}
