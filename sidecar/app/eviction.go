@@ -43,7 +43,7 @@ func (a *App) watchEviction(ctx context.Context, redisURL string) {
 	// whether every master answered.
 	check := func() (goOn, answered bool) {
 		var denied, failed atomic.Bool
-		err := forEachMaster(ctx, a.client, func(ctx context.Context, c *redis.Client) {
+		err := forEachMaster(ctx, a.client, func(ctx context.Context, node string, c *redis.Client) {
 			cctx, cancel := context.WithTimeout(ctx, time.Second)
 			defer cancel()
 			info, err := c.Info(cctx, "memory").Result()
@@ -55,14 +55,13 @@ func (a *App) watchEviction(ctx context.Context, redisURL string) {
 				return
 			}
 			s := evictionSettings{maxmemory: infoField(info, "maxmemory"), policy: infoField(info, "maxmemory_policy")}
-			addr := c.Options().Addr
 			mu.Lock()
-			prev, seen := last[addr]
-			last[addr] = s
+			prev, seen := last[node]
+			last[node] = s
 			mu.Unlock()
 			if s.evicts() && (!seen || prev != s) {
 				a.log.Warn("redis evicts keys when full: a bucket evicted starts over full, and its client is admitted up to one capacity more than its plan; give Redis the memory for every active client's bucket (about 211 bytes each), or set maxmemory-policy noeviction to fail open instead (SECURITY.md)",
-					"redis", redisURL, "node", addr, "maxmemory", s.maxmemory, "maxmemory_policy", s.policy)
+					"redis", redisURL, "node", node, "maxmemory", s.maxmemory, "maxmemory_policy", s.policy)
 			}
 		})
 		return !denied.Load(), err == nil && !failed.Load()
@@ -85,16 +84,16 @@ func (a *App) watchEviction(ctx context.Context, redisURL string) {
 	})
 }
 
-// forEachMaster calls f with a client of each master: the one server, or
-// every master of a Redis Cluster. Through Sentinel the failover client
-// talks to the master.
-func forEachMaster(ctx context.Context, c redis.UniversalClient, f func(context.Context, *redis.Client)) error {
+// forEachMaster calls f with a client of each master and its address: the
+// one server ("", the URL names it), or every master of a Redis Cluster.
+// Through Sentinel the failover client talks to the master.
+func forEachMaster(ctx context.Context, c redis.UniversalClient, f func(ctx context.Context, node string, c *redis.Client)) error {
 	switch c := c.(type) {
 	case *redis.Client:
-		f(ctx, c)
+		f(ctx, "", c)
 	case *redis.ClusterClient:
 		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			f(ctx, m)
+			f(ctx, m.Options().Addr, m)
 			return nil
 		})
 	}

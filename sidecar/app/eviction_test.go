@@ -55,3 +55,27 @@ func TestEvictionPolicyWarned(t *testing.T) {
 		}
 	}
 }
+
+// On a Redis Cluster each master is read and named (node=) in its own line.
+func TestEvictionPolicyWarnedPerMaster(t *testing.T) {
+	cl := redisproc.StartClusterT(t, 3, 0)
+	for _, addr := range cl.Addrs {
+		c := cl.Node(addr).Client(t)
+		if err := c.ConfigSet(context.Background(), "maxmemory", "64mb").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ConfigSet(context.Background(), "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := startSidecarLog(t, "redis+cluster://"+strings.Join(cl.Addrs, ","), contractPlans, time.Second, slog.LevelInfo)
+	testkit.Poll(t, 10*time.Second, "a warning for each master", func() bool {
+		logs := s.logs.String()
+		for _, addr := range cl.Addrs {
+			if !strings.Contains(logs, "node="+addr+" maxmemory=67108864 maxmemory_policy=allkeys-lru") {
+				return false
+			}
+		}
+		return true
+	})
+}
