@@ -704,6 +704,38 @@ func TestBootstrapChangeRollsPods(t *testing.T) {
 	}
 }
 
+// TestSecretsChangeRollsPods: the sidecar reads SIDECAR_KEY_SALT and
+// SIDECAR_REDIS_PASSWORD from its environment, set from the Secret only when
+// the container starts, while it reloads the plans in place. A new salt with
+// the plans' clients digested under it must reach the pods as a new pod
+// template (a rollout): else the running sidecars would keep the old salt,
+// match none of the new hmac-sha256: digests and give every listed client
+// the default plan. So must a new Redis password.
+func TestSecretsChangeRollsPods(t *testing.T) {
+	template := func(kv ...any) string {
+		t.Helper()
+		r, err := render(t, values(append([]any{"plans.clients", map[string]any{}}, kv...)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, err := json.Marshal(r.deployment.Spec.Template)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(js)
+	}
+	base := template("secrets.keySalt", "old-salt", "secrets.redisPassword", "old-password")
+	if template("secrets.keySalt", "new-salt", "secrets.redisPassword", "old-password") == base {
+		t.Error("the pod template is the same after secrets.keySalt changed: running sidecars keep the old salt")
+	}
+	if template("secrets.keySalt", "old-salt", "secrets.redisPassword", "new-password") == base {
+		t.Error("the pod template is the same after secrets.redisPassword changed: running sidecars keep the old password")
+	}
+	if template("secrets.keySalt", "old-salt", "secrets.redisPassword", "old-password", "plans.default_plan", "pro") != base {
+		t.Error("the pod template changed with the plans alone, which the sidecar reloads in place")
+	}
+}
+
 func listener(t *testing.T, boot map[string]any, name string) map[string]any {
 	t.Helper()
 	for _, l := range dig(t, boot, "static_resources", "listeners").([]any) {
