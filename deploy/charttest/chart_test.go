@@ -231,6 +231,19 @@ func TestChart(t *testing.T) {
 				t.Errorf("the canary key is not in the Secret %s", bootstrapSecret)
 			}
 		}},
+		{"operator values", values(
+			"replicaCount", 3,
+			"filter.on_failure", "local", "filter.region", "eu-west-1", "filter.mode", "shadow",
+			"filter.breaker", map[string]any{"failures": 3, "min_open_ms": 50, "max_open_ms": 2000},
+			"filter.warm_connections", 8,
+			"redis.url", "rediss+sentinel://s1:26379,s2:26379/mymaster/0",
+			"sidecar.redisTimeout", "3500us", "sidecar.logLevel", "warn", "sidecar.readinessPath", "/readyz",
+			"envoy.logLevel", "warning", "service.type", "LoadBalancer", "podDisruptionBudget.maxUnavailable", "50%",
+		), func(t *testing.T, r *rendered) {
+			if got := filterConfig(t, bootstrap(t, r))["on_failure"]; got != "local" {
+				t.Errorf("the plugin's on_failure %v, want local", got)
+			}
+		}},
 		{"secret from values", values("secrets.keySalt", "pepper", "secrets.redisPassword", "hunter2", "plans.clients", map[string]any{}), func(t *testing.T, r *rendered) {
 			s := r.secrets["edge-edgelimit-secrets"]
 			if s == nil || string(s.Data["key-salt"]) != "pepper" || string(s.Data["redis-password"]) != "hunter2" {
@@ -333,8 +346,28 @@ func TestChartRefuses(t *testing.T) {
 			"plans.clients: secrets.keySalt is set, so the sidecar matches hmac-sha256: digests"},
 		{"hmac-sha256 digests without a key salt", values("plans.clients", map[string]any{"hmac-sha256:" + strings.TrimPrefix(digest("k"), "sha256:"): "pro"}),
 			"plans.clients: no key salt is set, so the sidecar matches sha256: digests"},
-		{"wasm source", values("wasm.source", "http"), `wasm.source: must be initContainer or imageVolume, got "http"`},
+		{"wasm source", values("wasm.source", "http"), "at '/wasm/source': value must be one of 'initContainer', 'imageVolume'"},
 		{"no Redis", values("redis.url", ""), "redis.url is required"},
+		// values.schema.json, which Helm checks before rendering: each a
+		// value the pods would refuse at start (Envoy stops on the filter's
+		// configuration, the sidecar exits on a flag) or a name the chart
+		// does not know, which Helm would otherwise ignore.
+		{"filter mode", values("filter.mode", "enforcing"), "at '/filter/mode': value must be one of 'enforce', 'shadow', 'off'"},
+		{"negative filter timeout", values("filter.timeout_ms", -5), "at '/filter/timeout_ms': minimum: got -5, want 1"},
+		{"filter on_failure", values("filter.on_failure", "locale"), "at '/filter/on_failure': value must be one of 'open', 'local'"},
+		{"filter field misspelt", values("filter.on_failur", "local"), "at '/filter': additional properties 'on_failur' not allowed"},
+		{"region the sidecar refuses", values("filter.region", "eu west"), "at '/filter/region'"},
+		{"cost rule method", values("filter.costs", []any{map[string]any{"method": "post", "cost": 5}}), "at '/filter/costs/0/method'"},
+		{"negative Redis timeout", values("sidecar.redisTimeout", "-1ms"), "at '/sidecar/redisTimeout'"},
+		{"zero Redis timeout", values("sidecar.redisTimeout", "0ms"), "at '/sidecar/redisTimeout'"},
+		{"Redis timeout without a unit", values("sidecar.redisTimeout", 4), "at '/sidecar/redisTimeout': got number, want string"},
+		{"sidecar value misspelt", values("sidecar.redisTimout", "10ms"), "at '/sidecar': additional properties 'redisTimout' not allowed"},
+		{"log format", values("sidecar.logFormat", "JSON"), "at '/sidecar/logFormat': value must be one of 'text', 'json'"},
+		{"no Envoy workers", values("envoy.concurrency", 0), "at '/envoy/concurrency': minimum: got 0, want 1"},
+		{"port not a number", values("envoy.port", "http"), "at '/envoy/port': got string, want integer"},
+		{"port out of range", values("sidecar.port", 70000), "at '/sidecar/port': maximum"},
+		{"top-level value misspelt", values("replicas", 3), "additional properties 'replicas' not allowed"},
+		{"canary clients not a list", values("filter.canary_clients", "client-key-123"), "at '/filter/canary_clients': got string, want array"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

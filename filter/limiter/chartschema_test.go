@@ -1,0 +1,188 @@
+package limiter_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/edgelimit/edgelimit/filter/limiter"
+)
+
+// schemaProp is the part of a JSON Schema the chart's filter section uses.
+type schemaProp struct {
+	Type       string                 `json:"type"`
+	Enum       []string               `json:"enum"`
+	Minimum    *int64                 `json:"minimum"`
+	Maximum    *int64                 `json:"maximum"`
+	Pattern    string                 `json:"pattern"`
+	MinLength  *int                   `json:"minLength"`
+	MaxLength  *int                   `json:"maxLength"`
+	MaxItems   *int                   `json:"maxItems"`
+	Properties map[string]*schemaProp `json:"properties"`
+	Items      *schemaProp            `json:"items"`
+}
+
+// accepts reports whether the schema's leaf keywords accept v (a string or
+// an int64): lengths in characters, as JSON Schema counts them; the
+// patterns are ASCII-only and mean the same to Go's regexp.
+func (p *schemaProp) accepts(t *testing.T, v any) bool {
+	t.Helper()
+	switch v := v.(type) {
+	case string:
+		if p.Type != "" && p.Type != "string" {
+			return false
+		}
+		if p.Enum != nil && !slices.Contains(p.Enum, v) {
+			return false
+		}
+		if n := utf8.RuneCountInString(v); p.MinLength != nil && n < *p.MinLength || p.MaxLength != nil && n > *p.MaxLength {
+			return false
+		}
+		return p.Pattern == "" || regexp.MustCompile(p.Pattern).MatchString(v)
+	case int64:
+		if p.Type != "integer" {
+			return false
+		}
+		return (p.Minimum == nil || v >= *p.Minimum) && (p.Maximum == nil || v <= *p.Maximum)
+	}
+	t.Fatalf("probe %v", v)
+	return false
+}
+
+// TestChartSchemaFollowsFilter holds the Helm chart's values.schema.json,
+// which Helm checks the values against before it renders anything, to the
+// filter's own parser: the schema's filter section has the fields the
+// filter accepts and none other (in the cost rules and the breaker too);
+// it accepts every probe value the filter accepts, so no working
+// configuration is refused at install; and it refuses every probe the
+// filter refuses at Envoy's start, so such a value fails `helm install`
+// naming it rather than crashlooping the pods. Three fields are checked one
+// way only: canary_clients are API keys, which a schema error would quote
+// (the filter names them without quoting), api_key_header's rule (a header
+// name, neither authorization nor the filter's own header) is the
+// filter's, and sidecar_cluster is set by the chart.
+func TestChartSchemaFollowsFilter(t *testing.T) {
+	raw, err := os.ReadFile("../../deploy/helm/edgelimit/values.schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema schemaProp
+	if err := json.Unmarshal(raw, &schema); err != nil {
+		t.Fatal(err)
+	}
+	filter := schema.Properties["filter"]
+	if filter == nil {
+		t.Fatal("values.schema.json: no filter section")
+	}
+	sameFields := func(where string, p *schemaProp, want []string) {
+		t.Helper()
+		if p == nil {
+			t.Fatalf("values.schema.json: no %s", where)
+		}
+		if got := slices.Sorted(maps.Keys(p.Properties)); !slices.Equal(got, slices.Sorted(slices.Values(want))) {
+			t.Errorf("values.schema.json's %s has %v, the filter accepts %v", where, got, want)
+		}
+	}
+	sameFields("filter", filter, limiter.TopFields)
+	costs, breaker := filter.Properties["costs"], filter.Properties["breaker"]
+	if costs == nil || costs.Items == nil {
+		t.Fatal("values.schema.json: filter.costs has no items")
+	}
+	sameFields("filter.costs[]", costs.Items, limiter.RuleFields)
+	sameFields("filter.breaker", breaker, limiter.BreakerFields)
+	if costs.MaxItems == nil || *costs.MaxItems != limiter.MaxCostRules {
+		t.Errorf("values.schema.json: filter.costs maxItems %v, the filter takes at most %d rules", costs.MaxItems, limiter.MaxCostRules)
+	}
+
+	oneWay := map[string]bool{"canary_clients": true, "api_key_header": true, "sidecar_cluster": true}
+	strs := []string{"", "a", "A", "x-api-key", "enforce", "POST", "post", "Post", "/", "/orders", "orders", "eu-west-1",
+		"a b", "a/b", "a\tb", "é", "a:b", strings.Repeat("A", 32), strings.Repeat("A", 33),
+		strings.Repeat("a", 64), strings.Repeat("a", 65), strings.Repeat("a", 255), strings.Repeat("a", 256),
+		"/" + strings.Repeat("a", 1023), "/" + strings.Repeat("a", 1024)}
+	// configuration places a field's value where the filter reads it, with
+	// the other fields it needs (a rule's match and cost, the breaker's
+	// other bound).
+	configuration := func(where, field string, v any) []byte {
+		var cfg any
+		switch where {
+		case "filter":
+			cfg = map[string]any{field: v}
+		case "filter.costs[]":
+			rule := map[string]any{"path_prefix": "/x", "cost": 1}
+			rule[field] = v
+			cfg = map[string]any{"costs": []any{rule}}
+		case "filter.breaker":
+			b := map[string]any{"min_open_ms": 1, "max_open_ms": limiter.MaxBreakerOpenMs}
+			b[field] = v
+			cfg = map[string]any{"breaker": b}
+		}
+		js, err := json.Marshal(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return js
+	}
+	check := func(where, field string, p *schemaProp) {
+		t.Helper()
+		var probes []any
+		switch {
+		case p.Type == "integer":
+			for _, n := range []int64{-1, 0, 1, 2, 1 << 31} {
+				probes = append(probes, n)
+			}
+			for _, b := range []*int64{p.Minimum, p.Maximum} {
+				if b != nil {
+					probes = append(probes, *b-1, *b, *b+1)
+				}
+			}
+		case p.Type == "string" || p.Enum != nil:
+			// And the values the filter's error names ("enforce",
+			// "shadow" or "off"), which the schema may have left out.
+			named := []string{}
+			if _, err := limiter.Parse(configuration(where, field, "?")); err != nil {
+				rule, _, _ := strings.Cut(err.Error(), ", got ")
+				for _, m := range regexp.MustCompile(`"([^"]*)"`).FindAllStringSubmatch(rule, -1) {
+					named = append(named, m[1])
+				}
+			}
+			for _, s := range slices.Concat(strs, p.Enum, named) {
+				probes = append(probes, s)
+				for _, e := range p.Enum {
+					probes = append(probes, strings.ToUpper(e), e+"x")
+				}
+			}
+		default:
+			return // objects and arrays: their parts are checked
+		}
+		for _, v := range probes {
+			_, err := limiter.Parse(configuration(where, field, v))
+			switch schemaOK := p.accepts(t, v); {
+			case err == nil && !schemaOK:
+				t.Errorf("values.schema.json refuses %s.%s %s, which the filter accepts", where, field, shown(v))
+			case err != nil && schemaOK && !oneWay[field]:
+				t.Errorf("values.schema.json accepts %s.%s %s, which the filter refuses (%v): the pods would not start", where, field, shown(v), err)
+			}
+		}
+	}
+	for where, p := range map[string]*schemaProp{"filter": filter, "filter.costs[]": costs.Items, "filter.breaker": breaker} {
+		for field, fp := range p.Properties {
+			check(where, field, fp)
+		}
+	}
+}
+
+// shown is a probe for a message: quoted, cut after 20 bytes.
+func shown(v any) string {
+	s := fmt.Sprint(v)
+	if len(s) > 20 {
+		s = s[:20] + "..."
+	}
+	return strconv.Quote(s)
+}
