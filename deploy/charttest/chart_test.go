@@ -331,7 +331,7 @@ func checkPrometheusRule(t *testing.T, r *rendered) {
 }
 
 // TestChartRefuses: values the chart must not render, each failing with a
-// message that names the value and never quotes an API key.
+// message that names the value and never quotes an API key or a password.
 func TestChartRefuses(t *testing.T) {
 	tests := []struct {
 		name string
@@ -368,6 +368,19 @@ func TestChartRefuses(t *testing.T) {
 		{"port out of range", values("sidecar.port", 70000), "at '/sidecar/port': maximum"},
 		{"top-level value misspelt", values("replicas", 3), "additional properties 'replicas' not allowed"},
 		{"canary clients not a list", values("filter.canary_clients", "client-key-123"), "at '/filter/canary_clients': got string, want array"},
+		// Values that must agree with each other, and the Redis URL's form
+		// (templates/_helpers.tpl, edgelimit.validate).
+		{"port shared", values("sidecar.adminPort", 8081), "sidecar.adminPort and sidecar.port: both are 8081"},
+		{"Envoy port shared", values("envoy.statsPort", 10000), "envoy.port and envoy.statsPort: both are 10000"},
+		{"route to an unknown cluster", values("envoy.routes", []any{map[string]any{"prefix": "/orders", "cluster": "order"}}),
+			`envoy.routes[0].cluster: "order" is none of envoy.clusters (billing, orders)`},
+		{"cluster named twice", values("envoy.clusters", []any{
+			map[string]any{"name": "orders", "host": "a", "port": 80}, map[string]any{"name": "orders", "host": "b", "port": 80}}),
+			`envoy.clusters[1].name: "orders" is already envoy.clusters[0]'s`},
+		{"the chart's cluster name", values("envoy.clusters", []any{map[string]any{"name": "envoy_admin", "host": "a", "port": 80}}),
+			`envoy.clusters[0].name: "envoy_admin" is the chart's own cluster`},
+		{"Redis URL without a scheme", values("redis.url", "default:hunter2@redis:6379"), "redis.url: must start with redis://"},
+		{"password in the Redis URL", values("redis.url", "redis://default:hunter2@redis:6379/0"), "redis.url: holds a password"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -377,6 +390,9 @@ func TestChartRefuses(t *testing.T) {
 			}
 			if strings.Contains(err.Error(), "client-key-123") {
 				t.Errorf("the error quotes an API key: %v", err)
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("the error quotes a password: %v", err)
 			}
 		})
 	}
