@@ -31,6 +31,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
@@ -564,6 +566,26 @@ func checkInvariants(t *testing.T, r *rendered) {
 	if r.pdb == nil {
 		t.Error("no PodDisruptionBudget")
 	}
+	// The PodDisruptionBudget, the Services and every topology spread
+	// constraint select the Deployment's pods.
+	podLabels := labels.Set(r.deployment.Spec.Template.Labels)
+	selects := func(what string, sel *metav1.LabelSelector) {
+		t.Helper()
+		s, err := metav1.LabelSelectorAsSelector(sel)
+		if err != nil || s.Empty() || !s.Matches(podLabels) {
+			t.Errorf("%s selects %v (%v), not the pods (%v)", what, sel, err, podLabels)
+		}
+	}
+	if r.pdb != nil {
+		selects("the PodDisruptionBudget", r.pdb.Spec.Selector)
+	}
+	selects("the Deployment", r.deployment.Spec.Selector)
+	for name, svc := range r.services {
+		selects("Service "+name, &metav1.LabelSelector{MatchLabels: svc.Spec.Selector})
+	}
+	for i, c := range spec.TopologySpreadConstraints {
+		selects(fmt.Sprintf("topology spread constraint %d (%s)", i, c.TopologyKey), c.LabelSelector)
+	}
 	for _, c := range []*corev1.Container{envoy, sidecar} {
 		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Limits.Memory().IsZero() {
 			t.Errorf("%s: resources %+v", c.Name, c.Resources)
@@ -750,6 +772,40 @@ func TestBootstrapChangeRollsPods(t *testing.T) {
 	}
 	if plans := checksum(values("plans.default_plan", "pro")); plans != base {
 		t.Error("checksum/envoy changed by a change to the plans alone")
+	}
+}
+
+// TestReplicasSpread: by default the replicas spread over nodes and over
+// zones (the PodDisruptionBudget guards evictions only, not a node lost),
+// as a preference the scheduler meets where it can, so that a cluster of
+// one node still runs them all; an operator's own constraint, with its own
+// labelSelector, is kept as given.
+func TestReplicasSpread(t *testing.T) {
+	r, err := render(t, values())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]bool{}
+	for _, c := range r.pod().TopologySpreadConstraints {
+		if c.WhenUnsatisfiable != corev1.ScheduleAnyway || c.MaxSkew != 1 {
+			t.Errorf("constraint on %s: %s, maxSkew %d; want ScheduleAnyway, 1", c.TopologyKey, c.WhenUnsatisfiable, c.MaxSkew)
+		}
+		keys[c.TopologyKey] = true
+	}
+	for _, k := range []string{corev1.LabelHostname, corev1.LabelTopologyZone} {
+		if !keys[k] {
+			t.Errorf("the replicas are not spread over %s: one node or zone lost can take them all", k)
+		}
+	}
+	own := map[string]any{"maxSkew": 2, "topologyKey": "example.com/rack", "whenUnsatisfiable": "DoNotSchedule",
+		"labelSelector": map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": "edgelimit"}}}
+	r, err = render(t, values("topologySpreadConstraints", []any{own}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkInvariants(t, r)
+	if c := r.pod().TopologySpreadConstraints; len(c) != 1 || c[0].TopologyKey != "example.com/rack" || len(c[0].LabelSelector.MatchLabels) != 1 {
+		t.Errorf("an operator's constraint rendered as %+v", c)
 	}
 }
 
