@@ -188,8 +188,10 @@ fuzz:
 ## object against the Kubernetes types (deploy/charttest, a module of its
 ## own so the main module does not pull Helm; `go tool helm` there too),
 ## and the pod lookups it shares with deploy/meshtest (deploy/podspec).
+## The rendered sidecar and bootstrap go through build/sidecar -check and
+## build/gateway -check.
 .PHONY: chart
-chart:
+chart: build
 	cd deploy/podspec && $(GO) test -count=1 ./...
 	cd deploy/charttest && $(GO) test -count=1 ./...
 
