@@ -687,7 +687,8 @@ func checkStatsListener(t *testing.T, boot map[string]any) map[string]bool {
 
 // TestBootstrapFollowsEnvoyYAML: with the default values, the chart's
 // bootstrap is envoy/envoy.yaml but for what the values set (the routes and
-// the services' addresses) and where the module is mounted.
+// the services' addresses) and where the module is mounted: part by part,
+// then as a whole.
 func TestBootstrapFollowsEnvoyYAML(t *testing.T) {
 	r, err := render(t, nil)
 	if err != nil {
@@ -747,6 +748,67 @@ func TestBootstrapFollowsEnvoyYAML(t *testing.T) {
 	same("the filter's configuration", chartFilter, shippedFilter)
 	same("the services' routes", dig(t, listener(t, chart, "edge"), "filter_chains", 0, "filters", 0, "typed_config", "route_config", "virtual_hosts", 0, "routes"),
 		dig(t, listener(t, shipped, "edge"), "filter_chains", 0, "filters", 0, "typed_config", "route_config", "virtual_hosts", 0, "routes"))
+
+	// And the whole of it, so that a setting added to envoy.yaml anywhere
+	// (a top-level section, a listener, a cluster) is missed by no
+	// comparison above: the documents, but for the services' addresses,
+	// the module's path and the filter's JSON (compared as JSON), are the
+	// same.
+	whole := func(boot map[string]any) map[string]any {
+		b := runtime.DeepCopyJSON(boot)
+		for _, c := range dig(t, b, "static_resources", "clusters").([]any) {
+			if name := c.(map[string]any)["name"]; name != "ratelimit_sidecar" && name != "envoy_admin" {
+				delete(c.(map[string]any), "load_assignment")
+			}
+		}
+		cfg := dig(t, listener(t, b, "edge"), "filter_chains", 0, "filters", 0, "typed_config", "http_filters", 0, "typed_config", "config").(map[string]any)
+		delete(dig(t, cfg, "vm_config", "code", "local").(map[string]any), "filename")
+		delete(dig(t, cfg, "configuration").(map[string]any), "value")
+		return b
+	}
+	for _, d := range diffPaths("", whole(chart), whole(shipped)) {
+		t.Errorf("the bootstrap differs from envoy.yaml at %s", d)
+	}
+}
+
+// diffPaths lists where two generic YAML documents differ: a key in one
+// only, a list of another length, a value not the same.
+func diffPaths(at string, a, b any) []string {
+	switch a := a.(type) {
+	case map[string]any:
+		bm, ok := b.(map[string]any)
+		if !ok {
+			return []string{at + ": a mapping in the chart's"}
+		}
+		var out []string
+		for _, k := range slices.Sorted(maps.Keys(a)) {
+			if _, ok := bm[k]; !ok {
+				out = append(out, at+"."+k+": in the chart's only")
+				continue
+			}
+			out = append(out, diffPaths(at+"."+k, a[k], bm[k])...)
+		}
+		for _, k := range slices.Sorted(maps.Keys(bm)) {
+			if _, ok := a[k]; !ok {
+				out = append(out, at+"."+k+": in envoy.yaml's only")
+			}
+		}
+		return out
+	case []any:
+		bl, ok := b.([]any)
+		if !ok || len(a) != len(bl) {
+			return []string{fmt.Sprintf("%s: %d items in the chart's, %v in envoy.yaml's", at, len(a), b)}
+		}
+		var out []string
+		for i := range a {
+			out = append(out, diffPaths(fmt.Sprintf("%s[%d]", at, i), a[i], bl[i])...)
+		}
+		return out
+	}
+	if !reflect.DeepEqual(a, b) {
+		return []string{fmt.Sprintf("%s: %v in the chart's, %v in envoy.yaml's", at, a, b)}
+	}
+	return nil
 }
 
 // TestBootstrapChangeRollsPods: Envoy reads its bootstrap only at start, so
