@@ -88,6 +88,13 @@ func Parse(rawURL string) (*Spec, error) {
 		// url.Error quotes the whole URL, password included: say less.
 		return nil, fmt.Errorf("not a URL: %v", unwrapURLError(err))
 	}
+	if u.Opaque != "" {
+		// No "//" after the scheme: "user:password@host:6379" (the scheme
+		// left out) reads as scheme "user" and an opaque rest, and
+		// "redis:password@host" as scheme redis with no host. Redacting
+		// knows no password in an opaque rest: show none of it.
+		return nil, fmt.Errorf("must be scheme://..., got %q followed by something other than // (not shown: it may hold a password)", u.Scheme+":")
+	}
 	s := &Spec{Redacted: redact(u)}
 	fail := func(format string, args ...any) (*Spec, error) {
 		return nil, fmt.Errorf("%s: %s", s.Redacted, fmt.Sprintf(format, args...))
