@@ -190,6 +190,25 @@ func TestIstio(t *testing.T) {
 	if dr.Spec.Host != host || dr.Spec.TrafficPolicy.GetTls().GetMode() != istionetworking.ClientTLSSettings_DISABLE {
 		t.Errorf("DestinationRule %s tls %v: want plain HTTP to %s", dr.Spec.Host, dr.Spec.TrafficPolicy.GetTls(), host)
 	}
+	// The callout cluster's limits are envoy.yaml's ratelimit_sidecar's,
+	// not Istio's default (circuit breakers at 2^32-1, connect timeout
+	// 10 s): an overflow fails open at once, and the gateway opens no more
+	// connections to the sidecar than the chart's Envoy would.
+	pool := dr.Spec.TrafficPolicy.GetConnectionPool()
+	shipped := shippedSidecarCluster(t)
+	for _, c := range []struct {
+		what      string
+		got, want any
+	}{
+		{"tcp.maxConnections", pool.GetTcp().GetMaxConnections(), int32(shipped.maxConnections)},
+		{"http.http1MaxPendingRequests", pool.GetHttp().GetHttp1MaxPendingRequests(), int32(shipped.maxPending)},
+		{"http.http2MaxRequests", pool.GetHttp().GetHttp2MaxRequests(), int32(shipped.maxRequests)},
+		{"tcp.connectTimeout", pool.GetTcp().GetConnectTimeout().AsDuration(), shipped.connectTimeout},
+	} {
+		if c.got != c.want {
+			t.Errorf("DestinationRule connectionPool %s %v, envoy.yaml's ratelimit_sidecar has %v", c.what, c.got, c.want)
+		}
+	}
 
 	// The gateway pod: Istio's gateway injection (no traffic redirection)
 	// fills in istio-proxy.

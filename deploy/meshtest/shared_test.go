@@ -15,8 +15,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/edgelimit/edgelimit/deploy/podspec"
 )
@@ -227,4 +229,50 @@ func selects(sel, labels map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// sidecarCluster is what envoy/envoy.yaml sets on the callout's cluster.
+type sidecarCluster struct {
+	maxConnections, maxPending, maxRequests int
+	connectTimeout                          time.Duration
+}
+
+// shippedSidecarCluster reads envoy/envoy.yaml's ratelimit_sidecar cluster.
+func shippedSidecarCluster(t *testing.T) sidecarCluster {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(repoRoot, "envoy", "envoy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var boot struct {
+		StaticResources struct {
+			Clusters []struct {
+				Name            string `json:"name"`
+				ConnectTimeout  string `json:"connect_timeout"`
+				CircuitBreakers struct {
+					Thresholds []struct {
+						MaxConnections     int `json:"max_connections"`
+						MaxPendingRequests int `json:"max_pending_requests"`
+						MaxRequests        int `json:"max_requests"`
+					} `json:"thresholds"`
+				} `json:"circuit_breakers"`
+			} `json:"clusters"`
+		} `json:"static_resources"`
+	}
+	if err := yaml.Unmarshal(raw, &boot); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range boot.StaticResources.Clusters {
+		if c.Name != "ratelimit_sidecar" || len(c.CircuitBreakers.Thresholds) != 1 {
+			continue
+		}
+		d, err := time.ParseDuration(c.ConnectTimeout)
+		if err != nil {
+			t.Fatalf("envoy.yaml ratelimit_sidecar connect_timeout: %v", err)
+		}
+		th := c.CircuitBreakers.Thresholds[0]
+		return sidecarCluster{th.MaxConnections, th.MaxPendingRequests, th.MaxRequests, d}
+	}
+	t.Fatal("envoy.yaml: no ratelimit_sidecar cluster with one circuit breaker threshold")
+	return sidecarCluster{}
 }
