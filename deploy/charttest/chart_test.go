@@ -837,6 +837,24 @@ func TestBootstrapChangeRollsPods(t *testing.T) {
 	}
 }
 
+// TestImageVolumeNeedsKubernetes133: the module as an image volume needs
+// Kubernetes 1.33 (the ImageVolume feature gate). On an older cluster the
+// API server drops the volume's image source and refuses the Deployment
+// with an error about a volume without a type; the chart refuses first,
+// naming the value. The init container works on every version the chart
+// supports.
+func TestImageVolumeNeedsKubernetes133(t *testing.T) {
+	_, err := chartrender.RenderFor(chartDir, values("wasm.source", "imageVolume"), "1", "32")
+	if want := "wasm.source: imageVolume needs Kubernetes 1.33 or later"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("imageVolume on Kubernetes 1.32: %v, want an error containing %q", err, want)
+	}
+	for _, v := range []struct{ source, minor string }{{"initContainer", "30"}, {"imageVolume", "33"}, {"imageVolume", "35"}} {
+		if _, err := chartrender.RenderFor(chartDir, values("wasm.source", v.source), "1", v.minor); err != nil {
+			t.Errorf("%s on Kubernetes 1.%s: %v", v.source, v.minor, err)
+		}
+	}
+}
+
 // TestReplicasSpread: by default the replicas spread over nodes and over
 // zones (the PodDisruptionBudget guards evictions only, not a node lost),
 // as a preference the scheduler meets where it can, so that a cluster of

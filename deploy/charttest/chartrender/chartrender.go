@@ -33,12 +33,17 @@ var ErrChart = errors.New("chart")
 // took make test over two minutes more. It returns the manifest as
 // `helm template` prints it.
 func Render(dir string, vals map[string]any) (string, error) {
+	return RenderFor(dir, vals, "1", "33")
+}
+
+// RenderFor renders as Render does, for Kubernetes major.minor.0.
+func RenderFor(dir string, vals map[string]any, major, minor string) (string, error) {
 	ch, err := loader.Load(dir)
 	if err != nil {
 		return "", fmt.Errorf("%w: load: %v", ErrChart, err)
 	}
 	caps := chartutil.DefaultCapabilities.Copy()
-	caps.KubeVersion = chartutil.KubeVersion{Version: "v1.33.0", Major: "1", Minor: "33"}
+	caps.KubeVersion = chartutil.KubeVersion{Version: "v" + major + "." + minor + ".0", Major: major, Minor: minor}
 	if v := ch.Metadata.KubeVersion; v != "" && !chartutil.IsCompatibleRange(v, caps.KubeVersion.String()) {
 		return "", fmt.Errorf("%w: it requires Kubernetes %s, not %s", ErrChart, v, caps.KubeVersion)
 	}
