@@ -383,6 +383,10 @@ func TestChartRefuses(t *testing.T) {
 			`envoy.clusters[0].name: "envoy_admin" is the chart's own cluster`},
 		{"Redis URL without a scheme", values("redis.url", "default:hunter2@redis:6379"), "redis.url: must start with redis://"},
 		{"password in the Redis URL", values("redis.url", "redis://default:hunter2@redis:6379/0"), "redis.url: holds a password"},
+		{"salt beside an existing Secret", values("secrets.existingSecret", "edge-credentials", "secrets.keySalt", "pepper"),
+			"secrets.keySalt or secrets.redisPassword is set beside secrets.existingSecret"},
+		{"password beside an existing Secret", values("secrets.existingSecret", "edge-credentials", "secrets.redisPassword", "hunter2"),
+			"secrets.keySalt or secrets.redisPassword is set beside secrets.existingSecret"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

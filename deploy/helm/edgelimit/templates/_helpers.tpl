@@ -65,6 +65,10 @@ where Envoy or the sidecar would refuse them only in the running pod.
 {{- fail (printf "envoy.routes[%d].cluster: %q is none of envoy.clusters (%s); Envoy refuses a route to an unknown cluster" $i $r.cluster (keys $clusters | sortAlpha | join ", ")) -}}
 {{- end -}}
 {{- end -}}
+{{- /* One source for the secrets: an existing Secret, or the values. */ -}}
+{{- if and .Values.secrets.existingSecret (or .Values.secrets.keySalt .Values.secrets.redisPassword) -}}
+{{- fail "secrets.keySalt or secrets.redisPassword is set beside secrets.existingSecret, which the sidecar then reads them from instead (the values would be ignored): put them in that Secret (keys key-salt, redis-password) or leave secrets.existingSecret empty" -}}
+{{- end -}}
 {{- /* The sidecar's -redis forms; a password goes in the Secret. */ -}}
 {{- $url := required "redis.url is required" .Values.redis.url -}}
 {{- if not (regexMatch "^(redis|rediss|unix|redis\\+cluster|rediss\\+cluster|redis\\+sentinel|rediss\\+sentinel)://" $url) -}}
