@@ -358,6 +358,7 @@ func TestChartRefuses(t *testing.T) {
 		{"negative filter timeout", values("filter.timeout_ms", -5), "at '/filter/timeout_ms': minimum: got -5, want 1"},
 		{"filter on_failure", values("filter.on_failure", "locale"), "at '/filter/on_failure': value must be one of 'open', 'local'"},
 		{"filter field misspelt", values("filter.on_failur", "local"), "at '/filter': additional properties 'on_failur' not allowed"},
+		{"another callout cluster", values("filter.sidecar_cluster", "my_sidecar"), "at '/filter/sidecar_cluster': value must be 'ratelimit_sidecar'"},
 		{"region the sidecar refuses", values("filter.region", "eu west"), "at '/filter/region'"},
 		{"cost rule method", values("filter.costs", []any{map[string]any{"method": "post", "cost": 5}}), "at '/filter/costs/0/method'"},
 		{"negative Redis timeout", values("sidecar.redisTimeout", "-1ms"), "at '/sidecar/redisTimeout'"},
