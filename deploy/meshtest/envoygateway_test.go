@@ -108,6 +108,9 @@ func TestEnvoyGateway(t *testing.T) {
 	np := one(t, "NetworkPolicy", x.networkPolicies)
 	pod := &dep.Spec.Template
 	sidecar := podspec.Container(t, &pod.Spec, "sidecar")
+	if a := pod.Spec.AutomountServiceAccountToken; a == nil || *a {
+		t.Errorf("sidecar pod automountServiceAccountToken %v: it calls no Kubernetes API, it needs no token", a)
+	}
 
 	// Both policies attach to the example's Gateway, from its namespace.
 	if len(eep.Spec.TargetRefs) != 1 {
