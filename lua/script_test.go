@@ -107,6 +107,7 @@ func runSuite(t *testing.T, b backend) {
 	t.Run("plan change outlives the old expiry", func(t *testing.T) { testPlanChangeExpiry(t, b) })
 	t.Run("hammer", func(t *testing.T) { testHammer(t, b) })
 	t.Run("differential", func(t *testing.T) { testDifferential(t, b) })
+	t.Run("clock stepped back", func(t *testing.T) { testClockStepBack(t, b) })
 	t.Run("idle for days refills exactly", func(t *testing.T) { testIdleDays(t, b) })
 	t.Run("fractional refills do not drift", func(t *testing.T) { testNoDrift(t, b) })
 	t.Run("noscript", func(t *testing.T) { testNoScript(t, b) })
@@ -188,11 +189,13 @@ func testSemantics(t *testing.T, b backend) {
 			steps: []step{
 				{cost: 1, allowed: true, tokens: 3},
 			}},
+		// A denial restamps such a bucket (testClockStepBack); a peek
+		// writes nothing.
 		{name: "stored ts in the future refills nothing",
 			l:     Limit{Capacity: 10, Rate: 1},
 			state: "2", stateAgo: -time.Hour, withState: true,
 			steps: []step{
-				{cost: 3, tokens: 2},
+				{cost: 0, allowed: true, tokens: 2},
 				{cost: 2, allowed: true, tokens: 0},
 			}},
 	} {
@@ -799,6 +802,55 @@ func testNoScript(t *testing.T, b backend) {
 				t.Errorf("EVALSHA after reload: %v", err)
 			}
 		})
+	}
+}
+
+// testClockStepBack: a bucket last written at a time Redis's clock has not
+// reached, as a failover to a replica whose clock is behind the old
+// master's (or an NTP step back) leaves every bucket, refills from the
+// first refused call after the step, instead of staying as it is until
+// the clock is back at the stamp: a client waits what the reply says, not
+// the step. The refused call keeps the stored balance, to the byte, and
+// stamps it with Redis's time at the call (between two TIME readings
+// around it); once Redis's clock is past that stamp by the wait the reply
+// quoted, the same cost is admitted.
+func testClockStepBack(t *testing.T, b backend) {
+	ctx := context.Background()
+	// A token every 50 ms; 0.5 stored, so a cost of 1 waits 25 ms, and
+	// 0.5 + 25000 µs * 20 / 1e6 is 1 exactly.
+	l := Limit{Capacity: 10, Rate: 20}
+	for _, step := range []time.Duration{2 * time.Second, 30 * time.Second, time.Hour} {
+		for _, refused := range []struct {
+			what  string
+			cost  int64
+			never bool
+		}{{"denial", 1, false}, {"cost above the capacity", 11, true}} {
+			t.Run(fmt.Sprintf("%v/%s", step, refused.what), func(t *testing.T) {
+				key := "bucket:" + t.Name()
+				writeState(t, b.c, key, "0.5", redisMicros(t, b.c)+step.Microseconds())
+				before := redisMicros(t, b.c)
+				r, err := Take(ctx, b.c, key, l, refused.cost)
+				if err != nil {
+					t.Fatal(err)
+				}
+				after := redisMicros(t, b.c)
+				if r.Allowed || r.Never != refused.never || r.Tokens != 0.5 {
+					t.Fatalf("%+v, want refused (never %v) with 0.5 tokens", r, refused.never)
+				}
+				h := hgetall(t, b.c, key)
+				ts, err := strconv.ParseInt(h["ts"], 10, 64)
+				if err != nil || h["tokens"] != "0.5" || ts < before || ts > after {
+					t.Fatalf("bucket after the call %v, want tokens 0.5 stamped between %d and %d (Redis's clock around the call; it was stamped %v ahead)",
+						h, before, after, step)
+				}
+				for redisMicros(t, b.c) < ts+25000 {
+					time.Sleep(5 * time.Millisecond)
+				}
+				if r, err := Take(ctx, b.c, key, l, 1); err != nil || !r.Allowed {
+					t.Errorf("25 ms of Redis's clock after the refused call: %+v, %v; want admitted", r, err)
+				}
+			})
+		}
 	}
 }
 

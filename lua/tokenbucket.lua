@@ -111,6 +111,9 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local state = redis.call('HMGET', key, 'tokens', 'ts')
 local tokens
 local existed = state[1] or state[2]
+-- Set when the bucket was last written at a time Redis's clock has not
+-- reached yet: the clock stepped back since (below).
+local ahead = false
 if not existed then
   tokens = capacity
 else
@@ -121,11 +124,16 @@ else
   end
   -- Continuous refill for the time since the last write, capped at capacity
   -- (a plan that shrank caps the old balance too). If Redis's clock stepped
-  -- back (a failover to a node with a different clock), no time has passed:
-  -- refill never goes negative.
+  -- back (a failover to a node with a different clock, an NTP step), no
+  -- time has passed: refill never goes negative. The bucket is then
+  -- stamped now by whatever this call does (keep, below), so that it
+  -- refills from now on instead of staying as it is until the clock is
+  -- back at the old stamp: a step back of an hour would otherwise deny a
+  -- spent bucket for the hour, whatever the plan.
   local elapsed = now - ts
   if elapsed < 0 then
     elapsed = 0
+    ahead = true
   end
   tokens = math.min(capacity, stored + elapsed * rate / 1000000)
 end
@@ -153,9 +161,19 @@ end
 -- passed. Such a key gets the expiry this plan needs. PTTL and PEXPIRE run
 -- under pcall: an ACL user without +pttl, or a replica that refuses the
 -- write, still gets its denial, only without the longer expiry.
+--
+-- A refused call on a bucket stamped ahead of Redis's clock also stamps it
+-- now, keeping the stored balance as it is (the one write a denial makes
+-- under an unchanged plan, and only after a clock step): the refill it was
+-- not given is lost, so a client waits at most the time its plan takes to
+-- refill a whole bucket longer than without the step, not the step. The
+-- expiry is left: it is later than ever on the stepped clock.
 local function keep(tokens)
   if not existed then
     return
+  end
+  if ahead then
+    redis.pcall('HSET', key, 'ts', string.format('%d', now))
   end
   local want = ttl(tokens)
   local left = redis.pcall('PTTL', key)
@@ -166,7 +184,8 @@ end
 
 -- A cost above capacity can never succeed, however long the caller waits:
 -- say so instead of quoting a wait. Nothing is spent; the stored state is
--- not written (keep may lengthen the key's expiry).
+-- not written (keep may lengthen the key's expiry, or restamp a bucket
+-- stamped ahead of the clock).
 if cost > capacity then
   keep(tokens)
   return {0, exact(tokens), 'never', exact((capacity - tokens) / rate * 1000)}
@@ -176,7 +195,7 @@ end
 -- still describes the bucket exactly, since the next call refills from it
 -- with the same formula; not writing back avoids accumulating rounding and
 -- keeps denials (the bulk of an abusive client's traffic) free of writes
--- (but for keep, after a plan change).
+-- (but for keep, after a plan change or a step back of Redis's clock).
 if tokens < cost then
   keep(tokens)
   return {0, exact(tokens), exact((cost - tokens) / rate * 1000),

@@ -48,7 +48,9 @@ func Warm() [][2]string {
 // as full. Its calls run the script's arithmetic, the same float64
 // operations in the same order, and write only when the script writes: on
 // an admission of a cost above 0 (a denial, a peek and a cost above the
-// capacity leave the bucket as it was). The key's expiry is not kept: it
+// capacity leave the bucket as it was, but that a denial or a cost above
+// the capacity restamps a bucket written at a time after now, Redis's
+// clock having stepped back since). The key's expiry is not kept: it
 // comes at least a second after the refill has reached the capacity, when
 // the bucket reads as full either way.
 type Bucket struct {
@@ -84,8 +86,11 @@ func (b *Bucket) Level(now int64) float64 {
 // returns its result, as lua.ParseReply reads it.
 func (b *Bucket) Take(now, cost int64) lua.Result {
 	r := decide(b.Capacity, b.Rate, b.Level(now), cost)
-	if r.Allowed && cost > 0 {
+	switch {
+	case r.Allowed && cost > 0:
 		b.written, b.tokens, b.ts = true, r.Tokens, now
+	case !r.Allowed && b.written && now < b.ts:
+		b.ts = now
 	}
 	return r
 }
