@@ -162,6 +162,8 @@ func (h *host) Advance(d time.Duration) {
 	h.vm.Sync() // timeouts that fell due deliver their callbacks
 }
 
+func (h *host) StepWall(d time.Duration) { h.clock.StepWall(d) }
+
 func (h *host) Worker() filtertest.Host { return h.p.newHost(h.t) }
 
 // AddPlugin starts a second plugin configuration in the VM, named as the

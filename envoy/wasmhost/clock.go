@@ -92,6 +92,15 @@ func (c *ManualClock) AfterFunc(d time.Duration, f func()) func() bool {
 	}
 }
 
+// StepWall moves the wall clock alone by d, forward or back, as an NTP step
+// or an operator's date does: the monotonic clock and the timers do not
+// move.
+func (c *ManualClock) StepWall(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.wall = c.wall.Add(d)
+}
+
 // Advance moves the clock forward by d and runs, on the calling goroutine
 // and in time order, every timer that falls due.
 func (c *ManualClock) Advance(d time.Duration) {

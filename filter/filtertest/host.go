@@ -34,6 +34,10 @@ type Host interface {
 	// Advance moves the host's clock (proxy_get_current_time_nanoseconds)
 	// forward by d.
 	Advance(d time.Duration)
+	// StepWall moves the host's wall clock (proxy_get_current_time_nanoseconds)
+	// alone by d, forward or back, as an NTP step on the proxy's host
+	// does: Envoy's timers run on its monotonic clock and do not move.
+	StepWall(d time.Duration)
 	// Tick calls proxy_on_tick on the root context once.
 	Tick()
 	// TickPeriod returns the period the root context last set with

@@ -83,6 +83,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"local/not-for-shadow", r.localNotForShadow},
 		{"local/off-by-default", r.localOffByDefault},
 		{"local/evictions", r.localEvictions},
+		{"local/clock-stepped-back", r.localClockSteppedBack},
 		{"warm/connections", r.warmConnections},
 		{"warm/none", r.warmConnectionsNone},
 		{"warm/after-outage", r.warmAfterOutage},

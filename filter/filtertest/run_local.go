@@ -132,6 +132,34 @@ func (r runner) localWorkers(t *testing.T) {
 	})
 }
 
+// localClockSteppedBack: a step back of the proxy's wall clock (an NTP
+// step, what proxy_get_current_time_nanoseconds follows in Envoy) leaves
+// a spent local bucket stamped ahead of the clock. The first request after
+// it is denied on what the bucket held and restamps it, and the bucket
+// refills from there: the Retry-After it was told (2 s) holds, where the
+// bucket used to stay spent until the clock was back at its stamp, an
+// hour here.
+func (r runner) localClockSteppedBack(t *testing.T) {
+	h := r.host(t, `{"on_failure": "local", "breaker": {"failures": 0}}`)
+	learnPlan(t, h, "alice")
+	// 2 s on the answer's 2 tokens: the capacity, 3.
+	h.Advance(2 * time.Second)
+	for range 3 {
+		wentOn(t, failingTo(t, h, "alice", unavailableAnswer))
+	}
+	denial(t, failingTo(t, h, "alice", unavailableAnswer), goldPolicy, `"gold";r=0;t=2`, "6", "2")
+	h.StepWall(-time.Hour)
+	denial(t, failingTo(t, h, "alice", unavailableAnswer), goldPolicy, `"gold";r=0;t=2`, "6", "2")
+	// The wait told: one token back.
+	h.Advance(2 * time.Second)
+	wentOn(t, failingTo(t, h, "alice", unavailableAnswer))
+	denial(t, failingTo(t, h, "alice", unavailableAnswer), goldPolicy, `"gold";r=0;t=2`, "6", "2")
+	counters(t, h, map[string]int64{
+		limiter.MetricAllowed: 1, limiter.MetricFailedOpenPrefix + "unavailable": 7,
+		localAllowed: 4, localDenied: 3,
+	})
+}
+
 // localLearnsOnlyThePlan: a 429 without the sidecar's exact tokens
 // (x-ratelimit-tokens) teaches the plan only. The local bucket starts full
 // when first needed, and a newer plan replaces the old one. (Once in use, the

@@ -196,7 +196,9 @@ type localDecision struct {
 }
 
 // take decides a request of cost at now and updates the bucket. A denial
-// leaves the bucket as it was (only its refill is brought up to now). A
+// leaves the bucket as it was (only its refill is brought up to now, and a
+// bucket stamped after now, the clock having stepped back, is stamped now
+// with the tokens it held). A
 // cost above the capacity can never be admitted: it gets no Retry-After.
 // Waits are capped at maxLocalWaitSeconds.
 func (e *localEntry) take(cost, now int64) localDecision {
@@ -361,10 +363,16 @@ func (c *localLimiter) take(h abi.Host, key string, cost, now int64) (d localDec
 		// No fuller than this VM's latest answer from the sidecar says the
 		// shared bucket can be: a bucket's first use starts there.
 		lowered := k != nil && k.tokensAt != 0 && e.bound(k.tokens, k.tokensAt, now)
+		// Stamped ahead of the clock: the host's wall clock stepped back.
+		ahead := now < e.at
 		d, plan, decided = e.take(cost, now), e.plan, true
 		full = e.fullAt(now)
-		// A denial changes nothing a later refill would not recompute.
-		return d.allowed || !found || lowered
+		// A denial changes nothing a later refill would not recompute, but
+		// for a bucket stamped ahead of the clock, which take stamped now:
+		// left as it was, it would refill nothing until the clock is back
+		// at its stamp (the step, an hour for a step of an hour), and
+		// every Retry-After told meanwhile would be short.
+		return d.allowed || !found || lowered || ahead
 	})
 	if !settled || !decided {
 		return d, plan, false

@@ -245,6 +245,10 @@ func (v *vm) FailNextDispatch() { v.failNext = true }
 
 func (v *vm) Advance(d time.Duration) { v.proc.clock += int64(d) }
 
+// StepWall moves the one clock this host has: nothing of it runs on a
+// monotonic clock (callouts time out only when a case says so).
+func (v *vm) StepWall(d time.Duration) { v.proc.clock += int64(d) }
+
 func (v *vm) Tick() { v.tick(v.rootID) }
 
 func (v *vm) TickPeriod() time.Duration { return v.ticks[v.rootID] }
