@@ -84,6 +84,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"local/off-by-default", r.localOffByDefault},
 		{"local/evictions", r.localEvictions},
 		{"local/clock-stepped-back", r.localClockSteppedBack},
+		{"breaker/clock-stepped-back", r.breakerClockSteppedBack},
 		{"warm/connections", r.warmConnections},
 		{"warm/none", r.warmConnectionsNone},
 		{"warm/after-outage", r.warmAfterOutage},

@@ -239,6 +239,31 @@ func (r runner) breakerProbeReopens(t *testing.T) {
 	})
 }
 
+// breakerClockSteppedBack: a step back of the proxy's wall clock in the
+// middle of a run of failures (an NTP step as an outage begins) neither
+// keeps the breaker from opening nor holds it open. The failures after the
+// step were sent at times before the run's last counted failure came
+// back, on the stepped clock, and used to be taken for its wave: none
+// counted until the clock was back there, an hour here, and every request
+// waited for its callout's timeout throughout the outage.
+func (r runner) breakerClockSteppedBack(t *testing.T) {
+	h := r.host(t, breakerConfig)
+	failing(t, h, "key-1", timeoutAnswer)
+	failing(t, h, "key-2", unavailableAnswer)
+	h.StepWall(-time.Hour)
+	failing(t, h, "key-3", resetAnswer)
+	transitions(t, h, 1, 0, 0)
+	breakerState(t, h, 1)
+	bypassed(t, h, "key-1")
+	// Another step back, while open: the probe still goes out after the
+	// interval (100 ms).
+	h.StepWall(-time.Hour)
+	h.Advance(100 * time.Millisecond)
+	allowing(t, h, "key-1")
+	transitions(t, h, 1, 0, 1)
+	breakerState(t, h, 0)
+}
+
 // breakerAnswersAreSuccess: only a timeout, a 503, a reset or a failed
 // dispatch counts against the sidecar. Any other answer came back promptly
 // and breaks the run of failures.

@@ -173,7 +173,12 @@ func (st breakerState) record(b *BreakerConfig, failed, probe bool, sentAt, now 
 		switch {
 		case st.failures == 0:
 			st.failures, st.since = 1, now
-		case sentAt < st.since:
+		case sentAt < st.since && now >= st.since:
+			// Of a wave already counted. A clock back before the last
+			// counted failure (a step of the host's wall clock) says
+			// nothing about waves: every callout sent since would read as
+			// older than it, and none would count until the clock was
+			// back there, the breaker closed throughout an outage.
 			return st, evNone
 		case st.failures < ^uint32(0):
 			st.failures, st.since = st.failures+1, now
