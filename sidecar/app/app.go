@@ -382,7 +382,10 @@ func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
 	now := time.Now().UnixNano()
 	last := l.last.Load()
-	if now-last >= int64(redisLogEvery) && l.last.CompareAndSwap(last, now) {
+	// A last line after now is a wall clock stepped back since: waiting
+	// for the clock to be back there would keep Redis's errors at debug
+	// for as long as the step.
+	if (now-last >= int64(redisLogEvery) || now < last) && l.last.CompareAndSwap(last, now) {
 		l.log.Warn("redis client", "msg", msg)
 		return
 	}

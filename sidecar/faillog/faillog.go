@@ -37,7 +37,10 @@ func (l *Log) Failed(now time.Time, n int64) (held int64, log bool) {
 	l.last.Store(t)
 	l.count.Add(n)
 	next := l.next.Load()
-	if t < next || !l.next.CompareAndSwap(next, t+int64(l.Every)) {
+	// A time before the last line (next - Every) is a wall clock that
+	// stepped back since: held, every failure would be held until the
+	// clock was back there, an hour of silence after a step of an hour.
+	if t < next && t >= next-int64(l.Every) || !l.next.CompareAndSwap(next, t+int64(l.Every)) {
 		l.held.Add(n)
 		return 0, false
 	}
@@ -57,7 +60,10 @@ func (l *Log) Succeeded(now time.Time) (held int64, ended bool) {
 		return 0, false
 	}
 	t := now.UnixNano()
-	if t-l.last.Load() < int64(l.Every) || !l.failing.CompareAndSwap(true, false) {
+	// A time before the last failure is a clock stepped back: the end is
+	// not held until the clock is back there (a failure after this one
+	// is logged at once, as a new one).
+	if d := t - l.last.Load(); d >= 0 && d < int64(l.Every) || !l.failing.CompareAndSwap(true, false) {
 		return 0, false
 	}
 	l.next.Store(0)

@@ -56,3 +56,37 @@ func TestLog(t *testing.T) {
 		t.Fatalf("after a failure alone: end lines %v, failure lines %v; want [3] and a fourth failure line", ended, failed)
 	}
 }
+
+// TestLogClockSteppedBack: the times are the host's wall clock, and a step
+// back (NTP, an operator's date) in the middle of a failure neither
+// silences it nor holds its end until the clock is back where it was: the
+// first failure after the step is logged at once, with what was held, and
+// so is the end, a whole interval after the last failure on the new clock.
+func TestLogClockSteppedBack(t *testing.T) {
+	l := Log{Every: 10 * time.Second}
+	t0 := time.Unix(100000, 0)
+	if _, log := l.Failed(t0, 1); !log {
+		t.Fatal("first failure not logged")
+	}
+	if _, log := l.Failed(t0.Add(time.Second), 2); log {
+		t.Fatal("a failure within the interval logged")
+	}
+	back := t0.Add(-time.Hour)
+	if held, log := l.Failed(back, 1); !log || held != 2 {
+		t.Fatalf("first failure after a step back of an hour: log %v with %d held, want logged with the 2 held", log, held)
+	}
+	if _, log := l.Failed(back.Add(time.Second), 1); log {
+		t.Fatal("a failure within the interval after the step logged")
+	}
+	if held, ended := l.Succeeded(back.Add(11 * time.Second)); !ended || held != 1 {
+		t.Fatalf("success 10 s after the last failure, on the stepped clock: ended %v with %d held, want ended with 1", ended, held)
+	}
+	// A step back between a failure's last line and the success that ends
+	// it: the end is said at that success.
+	t1 := back.Add(time.Minute)
+	l.Failed(t1, 1)
+	l.Failed(t1.Add(time.Second), 4)
+	if held, ended := l.Succeeded(t1.Add(-time.Hour + 20*time.Second)); !ended || held != 4 {
+		t.Fatalf("success after a step back of an hour: ended %v with %d held, want ended with the 4 held", ended, held)
+	}
+}
