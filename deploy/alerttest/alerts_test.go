@@ -872,16 +872,25 @@ func dump(m map[string][]string) string {
 
 // TestFilterNotDecidingFollowsOnMissingKey: the requests without a valid
 // key are among those the filter passes on to the router only when
-// filter.on_missing_key lets them through; rejected, they are 401s that
+// filter.on_missing_key lets them through, or when they are not enforced
+// (mode shadow, or beside a canary list); rejected, they are 401s that
 // never reach it.
 func TestFilterNotDecidingFollowsOnMissingKey(t *testing.T) {
 	for _, c := range []struct {
-		onMissingKey string
-		passed       bool
-	}{{"", false}, {"reject", false}, {"allow", true}} {
+		filter map[string]any
+		passed bool
+	}{
+		{nil, false},
+		{map[string]any{"on_missing_key": "reject"}, false},
+		{map[string]any{"on_missing_key": "allow"}, true},
+		{map[string]any{"mode": "shadow"}, true},
+		{map[string]any{"mode": "off"}, false},
+		{map[string]any{"canary_clients": []any{"vip-1"}}, true},
+		{map[string]any{"canary_clients": []any{}}, false},
+	} {
 		vals := map[string]any{}
-		if c.onMissingKey != "" {
-			vals["filter"] = map[string]any{"on_missing_key": c.onMissingKey}
+		if c.filter != nil {
+			vals["filter"] = c.filter
 		}
 		var expr string
 		for _, r := range rules(t, vals) {
@@ -890,7 +899,7 @@ func TestFilterNotDecidingFollowsOnMissingKey(t *testing.T) {
 			}
 		}
 		if got := strings.Contains(expr, "|missing_key|invalid_key"); got != c.passed {
-			t.Errorf("on_missing_key %q: missing_key and invalid_key passed on: %t, want %t\n%s", c.onMissingKey, got, c.passed, expr)
+			t.Errorf("filter %v: missing_key and invalid_key passed on: %t, want %t\n%s", c.filter, got, c.passed, expr)
 		}
 	}
 }

@@ -56,6 +56,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"mode/canary", r.canary},
 		{"key/missing", r.missingKey},
 		{"key/invalid", r.invalidKey},
+		{"key/missing-not-enforced", r.missingKeyNotEnforced},
 		{"key/bearer", r.bearer},
 		{"key/header", r.keyHeader},
 		{"hostile/headers", r.hostileHeaders},
@@ -1793,6 +1794,44 @@ func (r runner) invalidKey(t *testing.T) {
 		t.Error("invalid key passed to the sidecar")
 	}
 	counters(t, h, map[string]int64{limiter.MetricInvalidKey: 1})
+}
+
+// missingKeyNotEnforced: shadow never rejects, and beside a canary list a
+// request without a key is not one of the listed clients. With
+// on_missing_key reject, such a request goes on and tells the service that
+// enforcement would refuse it; nothing asks the sidecar.
+func (r runner) missingKeyNotEnforced(t *testing.T) {
+	for _, config := range []string{`{"mode": "shadow"}`, `{"canary_clients": ["vip-1"]}`} {
+		t.Run(config, func(t *testing.T) {
+			h := r.host(t, config)
+			for _, headers := range [][]Header{
+				get(""),
+				get("has space"),
+				get("", Header{"authorization", "Basic dXNlcjpwdw=="}),
+				get("", Header{"x-ratelimit-shadow", "allow"}),
+			} {
+				s, _ := send(h, headers)
+				wentOn(t, s)
+				if _, ok := s.Callout(); ok {
+					t.Errorf("%v: callout made", headers)
+				}
+				if got := header(t, s.UpstreamHeaders(), "x-ratelimit-shadow"); got != "deny" {
+					t.Errorf("%v: x-ratelimit-shadow %q, want deny", headers, got)
+				}
+				absent(t, s.UpstreamHeaders(), "x-api-key")
+			}
+			counters(t, h, map[string]int64{limiter.MetricMissingKey: 3, limiter.MetricInvalidKey: 1,
+				limiter.MetricShadowWouldDeny: 0})
+		})
+	}
+	// With on_missing_key allow nothing would be refused: no header, as
+	// in enforce.
+	h := r.host(t, `{"mode": "shadow", "on_missing_key": "allow"}`)
+	s, cont := send(h, get(""))
+	if !cont {
+		t.Fatal("shadow, on_missing_key allow: request stopped")
+	}
+	absent(t, s.UpstreamHeaders(), "x-ratelimit-shadow")
 }
 
 func (r runner) bearer(t *testing.T) {

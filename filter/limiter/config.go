@@ -394,7 +394,7 @@ func (c *Config) Cost(method, path string) int64 {
 
 // Enforced reports whether the request of client key may be rejected: in
 // ModeEnforce, for every client or, with a canary list, only for those in
-// it.
+// it. A request without a valid key is key "", in no canary list.
 func (c *Config) Enforced(key string) bool {
 	if c.Mode != ModeEnforce {
 		return false

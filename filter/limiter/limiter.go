@@ -357,7 +357,16 @@ func (l *Limiter) noKey(s *stream, ks KeyStatus) abi.Action {
 		c, body, details = cInvalidKey, invalidKeyBody, "edgelimit_invalid_api_key"
 	}
 	l.m.inc(h, c)
-	if !s.root.cfg.RejectMissingKey {
+	cfg := s.root.cfg
+	if !cfg.RejectMissingKey {
+		return abi.ActionContinue
+	}
+	// A request without a key is enforced only where every client is: in
+	// mode shadow, and beside a canary list (which no missing key is in),
+	// it runs in shadow like any client outside the list, and shadow never
+	// rejects. The service is told what enforcement would do.
+	if !cfg.Enforced("") {
+		h.ReplaceHeader(abi.MapRequestHeaders, ShadowHeader, "deny")
 		return abi.ActionContinue
 	}
 	h.SendLocalResponse(401, details, []byte(body), append(l.headers[:0],
