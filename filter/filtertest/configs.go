@@ -67,6 +67,8 @@ var InvalidConfigs = []ConfigCase{
 	{"costs-relative-path.json", `costs[1].path_prefix: must be a path starting with "/" of at most 1024 visible ASCII characters, got "v1/upload"`},
 	{"costs-unknown-field.json", `costs[0]: unknown field "prefix"`},
 	{"costs-duplicate-field.json", `costs[0]: duplicate field "cost"`},
+	{"costs-rule-shadowed.json", "costs[1]: never matches: costs[0] matches every request it does, and the first matching rule wins; put the narrower rule first"},
+	{"costs-rule-shadowed-by-method.json", "costs[2]: never matches: costs[0] matches every request it does, and the first matching rule wins; put the narrower rule first"},
 	{"region-too-long.json", `region: must be at most 64 characters of A-Z a-z 0-9 . _ -, got "` + strings.Repeat("a", 64) + `"...`},
 	{"region-space.json", `region: must be at most 64 characters of A-Z a-z 0-9 . _ -, got "eu west"`},
 	{"region-slash.json", `region: must be at most 64 characters of A-Z a-z 0-9 . _ -, got "eu/west"`},
@@ -99,7 +101,7 @@ var InvalidConfigs = []ConfigCase{
 var ValidConfigs = []string{
 	"empty.json", "whitespace.json", "empty-object.json", "full.json", "shadow.json", "off.json", "escapes.json",
 	"breaker-off.json", "breaker-min-only.json", "on-failure-open.json", "on-failure-local.json",
-	"warm-connections-off.json",
+	"warm-connections-off.json", "costs-narrower-first.json",
 }
 
 // InvalidConfig returns the content of an invalid configuration fixture.

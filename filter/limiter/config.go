@@ -376,6 +376,15 @@ func (c *Config) setCosts(v jsonValue) error {
 		if !hasCost {
 			return errors.New(where + `: missing field "cost"`)
 		}
+		// The first matching rule wins: a rule an earlier one matches
+		// every request of would never set a cost, and its requests would
+		// pay the earlier rule's instead.
+		for j := range c.Costs {
+			if e := &c.Costs[j]; (e.Method == "" || e.Method == rule.Method) && strings.HasPrefix(rule.PathPrefix, e.PathPrefix) {
+				return errors.New(where + ": never matches: costs[" + strconv.Itoa(j) +
+					"] matches every request it does, and the first matching rule wins; put the narrower rule first")
+			}
+		}
 		c.Costs = append(c.Costs, rule)
 	}
 	return nil

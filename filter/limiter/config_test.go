@@ -95,7 +95,7 @@ func TestParseTooLarge(t *testing.T) {
 func TestParseLimits(t *testing.T) {
 	rules := make([]string, limiter.MaxCostRules+1)
 	for i := range rules {
-		rules[i] = `{"path_prefix": "/p` + strconv.Itoa(i) + `", "cost": 1}`
+		rules[i] = `{"path_prefix": "/p` + strconv.Itoa(i) + `/", "cost": 1}` // "/p1" would match every path "/p10" does
 	}
 	_, err := limiter.Parse([]byte(`{"costs": [` + strings.Join(rules, ",") + `]}`))
 	if want := "costs: must have at most 256 rules, got 257"; err == nil || err.Error() != want {

@@ -139,9 +139,14 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("accepted canary key %q", k)
 			}
 		}
-		for _, r := range c.Costs {
+		for i, r := range c.Costs {
 			if r.Cost < 1 || r.Cost > MaxCost || (r.Method == "" && r.PathPrefix == "") {
 				t.Fatalf("accepted rule %+v", r)
+			}
+			for _, e := range c.Costs[:i] {
+				if (e.Method == "" || e.Method == r.Method) && strings.HasPrefix(r.PathPrefix, e.PathPrefix) {
+					t.Fatalf("accepted rule %+v, which %+v before it always wins over", r, e)
+				}
 			}
 		}
 	})
