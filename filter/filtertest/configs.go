@@ -52,6 +52,8 @@ var InvalidConfigs = []ConfigCase{
 	{"api-key-header-number.json", "api_key_header: must be a string, got 42"},
 	{"api-key-header-authorization.json", `api_key_header: must not be "authorization": "authorization: Bearer <key>" is read ` +
 		`whatever the header, leave api_key_header out or name another header, got "Authorization"`},
+	{"api-key-header-host.json", `api_key_header: must not be "host": the proxy gives a filter the Host header as ":authority", ` +
+		`so every request would be missing its key, got "Host"`},
 	{"api-key-header-shadow.json", `api_key_header: must not be "x-ratelimit-shadow", the filter's own header, got "x-ratelimit-shadow"`},
 	{"canary-not-array.json", "canary_clients: must be an array of API keys, got a string of 3 bytes (not shown: API keys are never logged)"},
 	{"canary-bad-key.json", "canary_clients[1]: must be an API key of 1 to 256 visible ASCII characters, " +

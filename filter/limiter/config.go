@@ -220,6 +220,11 @@ func (c *Config) set(name string, v jsonValue) error {
 			// with a Bearer token would be refused as an invalid key.
 			return errors.New(name + `: must not be "authorization": "authorization: Bearer <key>" is read ` +
 				"whatever the header, leave api_key_header out or name another header, got " + render(v))
+		case "host":
+			// Envoy hands a filter the request's Host as :authority, over
+			// HTTP/1 as over HTTP/2: no request would have a key.
+			return errors.New(name + `: must not be "host": the proxy gives a filter the Host header as ":authority", ` +
+				"so every request would be missing its key, got " + render(v))
 		case ShadowHeader:
 			// The filter removes a client's copy before it looks for the
 			// key: every request would be missing its key.
