@@ -191,9 +191,14 @@ func (c *Config) set(name string, v jsonValue) error {
 		c.SidecarCluster = s
 		return err
 	case "sidecar_authority":
-		s, err := visibleString(name, v, 1, maxNameLen)
-		c.SidecarAuthority = s
-		return err
+		if v.kind != jsonString {
+			return mustBe(name, "a string", v)
+		}
+		if len(v.text) > maxNameLen || !isAuthority(v.text) {
+			return mustBe(name, "a host name, an IPv4 address or an IPv6 address in brackets, "+
+				"then an optional :port, at most "+strconv.Itoa(maxNameLen)+" characters", v)
+		}
+		c.SidecarAuthority = v.text
 	case "region":
 		s, err := regionString(name, v)
 		c.Region = s
@@ -541,6 +546,53 @@ func isHeaderName(s string) bool {
 		default:
 			return false
 		}
+	}
+	return true
+}
+
+// isAuthority reports whether s is what an HTTP Host header holds (RFC
+// 9110: uri-host [":" port]): a name of unreserved and sub-delims
+// characters (an IPv4 address is one), or an IPv6 address in brackets,
+// then an optional port of 1 to 5 digits. The callout's :authority is the
+// sidecar's Host, and the sidecar answers 400 to one that is not (a "/",
+// "@" or "%" in it, a port that is not a number), which would fail every
+// request open. Percent-encoding, which RFC 3986 allows in a name, is
+// left out: the sidecar refuses it too, and no host name needs it.
+func isAuthority(s string) bool {
+	port, hasPort := "", false
+	if strings.HasPrefix(s, "[") {
+		end := strings.IndexByte(s, ']')
+		if end < 2 || strings.Trim(s[1:end], "0123456789abcdefABCDEF:.") != "" {
+			return false
+		}
+		switch rest := s[end+1:]; {
+		case rest == "":
+			return true
+		case rest[0] != ':':
+			return false
+		default:
+			port, hasPort = rest[1:], true
+		}
+	} else {
+		host := s
+		if i := strings.LastIndexByte(s, ':'); i >= 0 {
+			host, port, hasPort = s[:i], s[i+1:], true
+		}
+		if host == "" {
+			return false
+		}
+		for i := 0; i < len(host); i++ {
+			c := host[i]
+			switch {
+			case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+			case strings.IndexByte("-._~!$&'()*+,;=", c) >= 0:
+			default:
+				return false
+			}
+		}
+	}
+	if hasPort && (port == "" || len(port) > 5 || strings.Trim(port, "0123456789") != "") {
+		return false
 	}
 	return true
 }

@@ -250,3 +250,21 @@ func TestParseNeverQuotesCanaryKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestParseSidecarAuthority: the callout's :authority is the sidecar's Host
+// header; one the sidecar answers 400 would fail every request open.
+func TestParseSidecarAuthority(t *testing.T) {
+	for _, ok := range []string{"ratelimit-sidecar", "rl.internal:9000", "127.0.0.1:8081", "[::1]", "[::1]:8081",
+		"edgelimit-sidecar.edge.svc.cluster.local", "A.B_c~d", "a!b$c&d'e(f)g*h+i,j;k=l", strings.Repeat("a", 255)} {
+		if _, err := limiter.Parse([]byte(`{"sidecar_authority": "` + ok + `"}`)); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "ratelimit-sidecar/v1", "user@rl", "rl:x", "rl:", ":8081", "rl:123456", "a:b:80",
+		"[::1", "[]", "[v1.x]", "[::1]x", "[::1]:", "a%41b", "side car", "rl?x", "rl#x", `rl\x`, "rl{x}", strings.Repeat("a", 256)} {
+		_, err := limiter.Parse([]byte(`{"sidecar_authority": "` + strings.ReplaceAll(bad, `\`, `\\`) + `"}`))
+		if err == nil || !strings.HasPrefix(err.Error(), "sidecar_authority: must be a host name") {
+			t.Errorf("%q: got %v", bad, err)
+		}
+	}
+}

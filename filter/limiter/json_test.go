@@ -128,7 +128,7 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		if c.TimeoutMs < 1 || c.TimeoutMs > MaxTimeoutMs || !isVisible(c.SidecarCluster) || c.SidecarCluster == "" ||
-			!isVisible(c.SidecarAuthority) || !isHeaderName(c.APIKeyHeader) || c.Mode > ModeOff ||
+			!isAuthority(c.SidecarAuthority) || !isHeaderName(c.APIKeyHeader) || c.Mode > ModeOff ||
 			!region.Valid(c.Region) || len(c.Costs) > MaxCostRules ||
 			c.Breaker.Failures > MaxBreakerFailures || c.Breaker.MinOpenMs < 1 ||
 			c.Breaker.MaxOpenMs < c.Breaker.MinOpenMs || c.Breaker.MaxOpenMs > MaxBreakerOpenMs {
