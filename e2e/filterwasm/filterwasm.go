@@ -112,9 +112,10 @@ func (h *host) log(_ wasmhost.LogLevel, msg string) {
 	h.logs = append(h.logs, msg)
 }
 
-// Cluster accepts every cluster name: the filter's configuration names the
-// sidecar's cluster, and the table decides what answers.
-func (h *host) Cluster(string) bool { return true }
+// Cluster accepts every cluster name but filtertest.UnknownCluster: the
+// filter's configuration names the sidecar's cluster, and the table
+// decides what answers.
+func (h *host) Cluster(name string) bool { return name != filtertest.UnknownCluster }
 
 func (h *host) Dispatch(_ context.Context, c wasmhost.Callout, respond func(wasmhost.CalloutResponse)) error {
 	h.mu.Lock()

@@ -15,6 +15,9 @@ import "time"
 type Header = [2]string
 
 // Host is a proxy-wasm host with the filter loaded into one VM.
+// UnknownCluster is the one cluster name a Host has no cluster of.
+const UnknownCluster = "no_such_cluster"
+
 type Host interface {
 	// Configure runs proxy_on_vm_start and proxy_on_configure with the
 	// plugin configuration; it reports false when the plugin rejects it, as
@@ -29,7 +32,10 @@ type Host interface {
 	// Logs returns every line the plugin logged so far, oldest first.
 	Logs() []string
 	// FailNextDispatch makes the next proxy_http_call fail synchronously with
-	// INTERNAL_FAILURE, so that no callback will come.
+	// INTERNAL_FAILURE, so that no callback will come. A call to
+	// UnknownCluster fails with BAD_ARGUMENT, as Envoy's proxy_http_call
+	// does for a cluster the proxy does not have; every other cluster name
+	// is one the host has.
 	FailNextDispatch()
 	// Advance moves the host's clock (proxy_get_current_time_nanoseconds)
 	// forward by d.

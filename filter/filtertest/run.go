@@ -33,6 +33,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"sidecar/unknown-key", r.unknownKey},
 		{"sidecar/fail-open", r.failOpen},
 		{"sidecar/dispatch-failure", r.dispatchFailure},
+		{"sidecar/unknown-cluster", r.unknownCluster},
 		{"sidecar/fail-open-logs", r.failOpenLogs},
 		{"sidecar/unavailable-who-answered", r.unavailableWhoAnswered},
 		{"sidecar/hostile-answers", r.hostileAnswers},
@@ -694,6 +695,21 @@ func (r runner) dispatchFailure(t *testing.T) {
 	s, _ = waiting(t, h, get("key-1"))
 	s.RespondCallout(firstAllow, nil)
 	wentOn(t, s)
+}
+
+// unknownCluster: Envoy starts with a sidecar_cluster it has no cluster
+// of (nothing checks the filter's configuration against its clusters), and
+// every check's dispatch fails. The log names the field.
+func (r runner) unknownCluster(t *testing.T) {
+	h := r.host(t, `{"sidecar_cluster": "`+UnknownCluster+`"}`)
+	s, _ := send(h, get("key-1"))
+	wentOn(t, s)
+	counters(t, h, map[string]int64{limiter.MetricFailedOpenPrefix + "dispatch": 1})
+	want := `edgelimit: failing open (dispatch): proxy_http_call failed: BAD_ARGUMENT: the proxy has no cluster "` +
+		UnknownCluster + `" (sidecar_cluster)`
+	if !slices.Contains(h.Logs(), want) {
+		t.Errorf("logs %q, want %q", h.Logs(), want)
+	}
 }
 
 func (r runner) failOpenLogs(t *testing.T) {

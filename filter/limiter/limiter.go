@@ -481,7 +481,13 @@ func (l *Limiter) dispatch(s *stream, now int64) abi.Action {
 				return act
 			}
 		}
-		if l.failOpen(s, ReasonDispatch, "proxy_http_call failed: "+st.String(), now) {
+		detail := "proxy_http_call failed: " + st.String()
+		if st == abi.StatusBadArgument {
+			// What Envoy answers for a cluster it does not have: the
+			// filter sends every header it asks for.
+			detail += ": the proxy has no cluster " + quote(cfg.SidecarCluster) + " (sidecar_cluster)"
+		}
+		if l.failOpen(s, ReasonDispatch, detail, now) {
 			return abi.ActionPause
 		}
 		return abi.ActionContinue

@@ -525,7 +525,7 @@ func (v *vm) HTTPCall(cluster string, encoded []byte, body []byte, trailers [][2
 		v.t.Errorf("native host: callout headers: %v", err)
 		return 0, abi.StatusBadArgument
 	}
-	if cluster == "" {
+	if cluster == "" || cluster == filtertest.UnknownCluster {
 		return 0, abi.StatusBadArgument
 	}
 	for _, pseudo := range []string{":method", ":path", ":authority"} {
