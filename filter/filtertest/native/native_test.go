@@ -2,6 +2,7 @@ package native
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -276,4 +277,67 @@ func TestNativeReplaceDropsDuplicates(t *testing.T) {
 	if got := st.UpstreamHeaders(); !slices.Equal(got, []filtertest.Header{{":path", "/"}, {"x-key", "one"}}) {
 		t.Errorf("upstream %q", got)
 	}
+}
+
+// FuzzConfiguredRequests: whatever configuration the filter accepts, the
+// requests it decides under it never panic, recovered or not (a panic in a
+// wasm VM would take every request of its worker down): each is decided,
+// its callout answered (admitted, denied, timed out or reset), its
+// response delivered, and the tick run; FuzzParse covers the
+// configurations the filter refuses.
+func FuzzConfiguredRequests(f *testing.F) {
+	for _, c := range filtertest.ValidConfigs {
+		f.Add(filtertest.ValidConfig(c), "POST", "/orders/1", "key-1", uint8(0))
+	}
+	f.Add(`{"mode": "shadow", "canary_clients": ["vip"], "costs": [{"path_prefix": "/", "cost": 1000000}]}`, "GET", "/x?y", "vip", uint8(1))
+	f.Add(`{"on_failure": "local", "breaker": {"failures": 1, "min_open_ms": 60000}, "timeout_ms": 60000}`, "DELETE", "/", "", uint8(2))
+	printable := func(s string) bool {
+		for i := 0; i < len(s); i++ {
+			if s[i] < 0x20 || s[i] > 0x7e {
+				return false
+			}
+		}
+		return true
+	}
+	f.Fuzz(func(t *testing.T, config, method, path, key string, answer uint8) {
+		if !printable(method+path+key) || method == "" || path == "" {
+			return // Envoy hands a filter no such request
+		}
+		h := NewHost(t)
+		defer h.Close()
+		if !h.Configure(config) {
+			return
+		}
+		for i := 0; i < 3; i++ {
+			s := h.NewStream()
+			headers := []filtertest.Header{{":method", method}, {":path", path}, {":authority", "api.example.com"}}
+			if key != "" {
+				headers = append(headers, filtertest.Header{"x-api-key", key})
+			}
+			s.RequestHeaders(headers)
+			if _, ok := s.Callout(); ok {
+				switch (answer + uint8(i)) % 4 {
+				case 0:
+					s.RespondCallout(filtertest.SidecarAnswer("p", 10, 1, 10, 1), nil)
+				case 1:
+					s.RespondCallout(filtertest.SidecarAnswer("p", 10, 1, 0, 1), nil)
+				case 2:
+					s.RespondCallout([]filtertest.Header{{":status", "504"}}, nil)
+				default:
+					s.RespondCallout(nil, nil)
+				}
+			}
+			if s.Continued() {
+				s.ResponseHeaders([]filtertest.Header{{":status", "200"}})
+			}
+			s.Done()
+			h.Advance(time.Second)
+			h.Tick()
+		}
+		for _, l := range h.Logs() {
+			if strings.Contains(l, "internal error") || strings.Contains(l, "panic") {
+				t.Fatalf("configuration %q: %s", config, l)
+			}
+		}
+	})
 }
