@@ -93,9 +93,10 @@ const (
 	maxMethodLen    = 32
 	maxPathPrefix   = 1024
 	maxQuotedLength = 64
-	// MaxWarmConnections bounds warm_connections: far below Envoy's
-	// default cluster circuit breaker (1024 requests at once), which the
-	// warm-up calls of every worker share with the checks.
+	// MaxWarmConnections bounds warm_connections. Every worker's round
+	// goes out at once and shares the sidecar cluster's circuit breaker
+	// (Envoy's default: 1024 requests at once) with the checks: 16
+	// workers at this bound fill it.
 	MaxWarmConnections = 64
 	// DefaultWarmConnections covers a burst of a few tens of requests at
 	// once over a proxy's workers without a connection set up within a
