@@ -1,6 +1,7 @@
 package limiter_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -10,12 +11,15 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"unicode/utf8"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/edgelimit/edgelimit/filter/limiter"
 )
 
-// schemaProp is the part of a JSON Schema the chart's filter section uses.
+// schemaProp is the part of a JSON Schema the probes below are made from:
+// the fields, their types, enums and bounds. Whether the schema accepts a
+// probe is the validator's answer (helmValidator), not this.
 type schemaProp struct {
 	Type       string                 `json:"type"`
 	Enum       []string               `json:"enum"`
@@ -27,33 +31,6 @@ type schemaProp struct {
 	MaxItems   *int                   `json:"maxItems"`
 	Properties map[string]*schemaProp `json:"properties"`
 	Items      *schemaProp            `json:"items"`
-}
-
-// accepts reports whether the schema's leaf keywords accept v (a string or
-// an int64): lengths in characters, as JSON Schema counts them; the
-// patterns are ASCII-only and mean the same to Go's regexp.
-func (p *schemaProp) accepts(t *testing.T, v any) bool {
-	t.Helper()
-	switch v := v.(type) {
-	case string:
-		if p.Type != "" && p.Type != "string" {
-			return false
-		}
-		if p.Enum != nil && !slices.Contains(p.Enum, v) {
-			return false
-		}
-		if n := utf8.RuneCountInString(v); p.MinLength != nil && n < *p.MinLength || p.MaxLength != nil && n > *p.MaxLength {
-			return false
-		}
-		return p.Pattern == "" || regexp.MustCompile(p.Pattern).MatchString(v)
-	case int64:
-		if p.Type != "integer" {
-			return false
-		}
-		return (p.Minimum == nil || v >= *p.Minimum) && (p.Maximum == nil || v <= *p.Maximum)
-	}
-	t.Fatalf("probe %v", v)
-	return false
 }
 
 // TestChartSchemaFollowsFilter holds the Helm chart's values.schema.json,
@@ -78,6 +55,7 @@ func TestChartSchemaFollowsFilter(t *testing.T) {
 	if err := json.Unmarshal(raw, &schema); err != nil {
 		t.Fatal(err)
 	}
+	validator := helmValidator(t, raw)
 	filter := schema.Properties["filter"]
 	if filter == nil {
 		t.Fatal("values.schema.json: no filter section")
@@ -104,7 +82,7 @@ func TestChartSchemaFollowsFilter(t *testing.T) {
 
 	oneWay := map[string]bool{"api_key_header": true}
 	strs := []string{"", "a", "A", "x-api-key", "enforce", "POST", "post", "Post", "/", "/orders", "orders", "eu-west-1",
-		"a b", "a/b", "a\tb", "é", "a:b", strings.Repeat("A", 32), strings.Repeat("A", 33),
+		"a b", "a/b", "a\tb", "é", "a:b", "h:8081", "h:", "h:123456", "[::1]", "[::1]:8081", "[x]", "[]", "[::1]x", strings.Repeat("A", 32), strings.Repeat("A", 33),
 		strings.Repeat("a", 64), strings.Repeat("a", 65), strings.Repeat("a", 255), strings.Repeat("a", 256),
 		"/" + strings.Repeat("a", 1023), "/" + strings.Repeat("a", 1024)}
 	// configuration places a field's value where the filter reads it, with
@@ -163,8 +141,9 @@ func TestChartSchemaFollowsFilter(t *testing.T) {
 			return // objects and arrays (their parts are checked), sidecar_cluster (a const)
 		}
 		for _, v := range probes {
-			_, err := limiter.Parse(configuration(where, field, v))
-			switch schemaOK := p.accepts(t, v); {
+			cfg := configuration(where, field, v)
+			_, err := limiter.Parse(cfg)
+			switch schemaOK := validates(t, validator, cfg); {
 			case err == nil && !schemaOK:
 				t.Errorf("values.schema.json refuses %s.%s %s, which the filter accepts", where, field, shown(v))
 			case err != nil && schemaOK && !oneWay[field]:
@@ -177,6 +156,39 @@ func TestChartSchemaFollowsFilter(t *testing.T) {
 			check(where, field, fp)
 		}
 	}
+}
+
+// helmValidator compiles the chart's values.schema.json as Helm does
+// before it renders (helm.sh/helm/v3/pkg/chartutil.ValidateAgainstSingleSchema:
+// the same library and version, the schema decoded with its numbers kept
+// exact), so that a probe is accepted or refused here as `helm install`
+// would accept or refuse it.
+func helmValidator(t *testing.T, raw []byte) *jsonschema.Schema {
+	t.Helper()
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := jsonschema.NewCompiler()
+	if err := c.AddResource("file:///values.schema.json", doc); err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Compile("file:///values.schema.json")
+	if err != nil {
+		t.Fatalf("values.schema.json: %v", err)
+	}
+	return s
+}
+
+// validates reports whether values whose filter section is the filter
+// configuration cfg pass the chart's schema.
+func validates(t *testing.T, s *jsonschema.Schema, cfg []byte) bool {
+	t.Helper()
+	filter, err := jsonschema.UnmarshalJSON(bytes.NewReader(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.Validate(map[string]any{"filter": filter}) == nil
 }
 
 // shown is a probe for a message: quoted, cut after 20 bytes.
