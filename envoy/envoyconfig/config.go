@@ -17,6 +17,7 @@ package envoyconfig
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strconv"
@@ -43,10 +44,29 @@ type Config struct {
 	// path_with_escaped_slashes_action: what a %2F, %2f, %5C or %5c in the
 	// path does before the filters and the router see it.
 	EscapedSlashes EscapedSlashesAction
+	// InternalAddresses are the client addresses the connection manager
+	// takes for internal (internal_address_config.cidr_ranges): a request
+	// from one, without an x-forwarded-for of its own, keeps the x-envoy-*
+	// headers that steer the router (x-envoy-retry-on,
+	// x-envoy-max-retries, …) and gets x-envoy-internal: true; any other
+	// loses them. Unset, Envoy 1.33 to 1.35 take 10/8, 172.16/12,
+	// 192.168/16, 127.0.0.1, fd00::/8 and ::1 (DefaultInternalAddresses);
+	// 1.36 and later take none.
+	InternalAddresses []netip.Prefix
 	// Histograms is stats_config.histogram_bucket_settings, in order.
 	Histograms []HistogramBuckets
 	// Tags is stats_config.stats_tags, in order.
 	Tags []TagSpecifier
+}
+
+// DefaultInternalAddresses are the addresses Envoy 1.33 to 1.35 take for
+// internal when internal_address_config is unset
+// (Network::Utility::isInternalAddress: RFC 1918, the IPv4 loopback
+// address itself, fd00::/8 and ::1).
+var DefaultInternalAddresses = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("127.0.0.1/32"),
+	netip.MustParsePrefix("fd00::/8"), netip.MustParsePrefix("::1/128"),
 }
 
 // EscapedSlashesAction is what the connection manager does with a path

@@ -3,6 +3,7 @@ package envoyconfig
 import (
 	"encoding/json"
 	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -38,6 +39,9 @@ func TestLoadRealConfig(t *testing.T) {
 	}
 	if c.ListenerName != "edge" {
 		t.Errorf("ListenerName = %q, want edge", c.ListenerName)
+	}
+	if c.InternalAddresses == nil || len(c.InternalAddresses) > 0 {
+		t.Errorf("InternalAddresses = %v, want none (no client may steer the router with x-envoy-* headers)", c.InternalAddresses)
 	}
 	wantRoutes := []Route{{Prefix: "/orders", Cluster: "orders"}, {Prefix: "/billing", Cluster: "billing"}}
 	if !reflect.DeepEqual(c.Routes, wantRoutes) {
@@ -768,4 +772,37 @@ func codeFile(name string) *corev3.AsyncDataSource {
 	return &corev3.AsyncDataSource{Specifier: &corev3.AsyncDataSource_Local{
 		Local: &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: name}},
 	}}
+}
+
+// internal_address_config: unset is Envoy 1.33 to 1.35's default (RFC
+// 1918, 127.0.0.1, fd00::/8, ::1); set, its cidr_ranges and nothing else;
+// a range that is not an address fails naming the field.
+func TestInternalAddresses(t *testing.T) {
+	base, err := os.ReadFile(realConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	with := func(value string) string {
+		return strings.Replace(string(base), "internal_address_config: {}", "internal_address_config: "+value, 1)
+	}
+	unset := strings.Replace(string(base), "internal_address_config: {}\n", "", 1)
+	c, err := parse([]byte(unset))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c.InternalAddresses, DefaultInternalAddresses) {
+		t.Errorf("unset: %v, want %v", c.InternalAddresses, DefaultInternalAddresses)
+	}
+	c, err = parse([]byte(with(`{cidr_ranges: [{address_prefix: 10.1.2.3, prefix_len: 16}, {address_prefix: "fd00::", prefix_len: 8}]}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16"), netip.MustParsePrefix("fd00::/8")}
+	if !reflect.DeepEqual(c.InternalAddresses, want) {
+		t.Errorf("cidr_ranges: %v, want %v", c.InternalAddresses, want)
+	}
+	_, err = parse([]byte(with(`{cidr_ranges: [{address_prefix: ten, prefix_len: 8}]}`)))
+	if err == nil || !strings.Contains(err.Error(), "internal_address_config.cidr_ranges[0].address_prefix") {
+		t.Errorf("a range that is no address: %v, want an error naming the field", err)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strconv"
@@ -102,6 +103,9 @@ func extract(b *bootstrapv3.Bootstrap) (*Config, error) {
 	case hcmv3.HttpConnectionManager_REJECT_REQUEST:
 		c.EscapedSlashes = RejectEscapedSlashes
 	}
+	if c.InternalAddresses, err = internalAddresses(hcm, hcmPath); err != nil {
+		return nil, err
+	}
 	for i, h := range b.GetStatsConfig().GetHistogramBucketSettings() {
 		path := fmt.Sprintf("stats_config.histogram_bucket_settings[%d]", i)
 		match, err := stringMatcher(h.GetMatch(), path+".match")
@@ -124,6 +128,30 @@ func extract(b *bootstrapv3.Bootstrap) (*Config, error) {
 		c.Tags = append(c.Tags, t)
 	}
 	return c, nil
+}
+
+// internalAddresses reads the connection manager's
+// internal_address_config: its cidr_ranges, or Envoy 1.33 to 1.35's
+// default when the field is unset.
+func internalAddresses(hcm *hcmv3.HttpConnectionManager, path string) ([]netip.Prefix, error) {
+	if hcm.GetInternalAddressConfig() == nil {
+		return DefaultInternalAddresses, nil
+	}
+	ranges := []netip.Prefix{}
+	for i, r := range hcm.GetInternalAddressConfig().GetCidrRanges() {
+		field := fmt.Sprintf("%s.internal_address_config.cidr_ranges[%d]", path, i)
+		addr, err := netip.ParseAddr(r.GetAddressPrefix())
+		if err != nil {
+			return nil, fmt.Errorf("%s.address_prefix: %q is not an IP address", field, r.GetAddressPrefix())
+		}
+		bits := int(r.GetPrefixLen().GetValue())
+		if bits > addr.BitLen() {
+			return nil, fmt.Errorf("%s.prefix_len: %d is longer than the address (%d bits)", field, bits, addr.BitLen())
+		}
+		p, _ := addr.Prefix(bits)
+		ranges = append(ranges, p)
+	}
+	return ranges, nil
 }
 
 // tagSpecifier reads one stats_tags entry as Envoy's tag producer takes

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -88,7 +89,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// it, or until the stream has been idle for stream_idle_timeout (a
 	// failed module sends a paused stream nothing more).
 	idle, stop := idleContext(r.Context(), gen.cfg.StreamIdleTimeout)
-	st, err := s.RequestHeadersWait(idle, requestHeaders(r, path), endOfStream)
+	st, err := s.RequestHeadersWait(idle, edgeHeaders(requestHeaders(r, path), r, gen.cfg.InternalAddresses), endOfStream)
 	stop()
 	if errors.Is(err, wasmhost.ErrClosed) {
 		x.status, x.details = http.StatusServiceUnavailable, "wasm_vm_closed"
@@ -338,6 +339,61 @@ func requestHeaders(r *http.Request, path string) []wasmhost.Header {
 		h = append(h, wasmhost.Header{"x-forwarded-for", xff})
 	}
 	return append(h, wasmhost.Header{"x-forwarded-proto", "http"}, wasmhost.Header{"x-request-id", newRequestID()})
+}
+
+// edgeHeaders does to a request's x-envoy-* headers what Envoy's
+// connection manager does on a listener with use_remote_address
+// (ConnectionManagerUtility::mutateRequestHeaders): a client's
+// x-envoy-internal is never kept; a request from an internal address
+// (internal_address_config) without an x-forwarded-for of its own is
+// marked x-envoy-internal: true and keeps the rest, so the router would
+// act on its x-envoy-retry-on; any other is an edge request, which loses
+// the headers that steer the router and gets x-envoy-external-address.
+func edgeHeaders(h []wasmhost.Header, r *http.Request, internal []netip.Prefix) []wasmhost.Header {
+	var ip netip.Addr
+	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+		ip = ap.Addr().Unmap()
+	}
+	isInternal := false
+	if _, xff := r.Header["X-Forwarded-For"]; !xff && ip.IsValid() {
+		for _, p := range internal {
+			if p.Contains(ip) {
+				isInternal = true
+				break
+			}
+		}
+	}
+	out := h[:0]
+	for _, x := range h {
+		switch {
+		case x[0] == "x-envoy-internal":
+			continue
+		case !isInternal && (envoyInternalOnly[x[0]] || x[0] == "x-envoy-external-address"):
+			continue
+		}
+		out = append(out, x)
+	}
+	if isInternal {
+		return append(out, wasmhost.Header{"x-envoy-internal", "true"})
+	}
+	if ip.IsValid() {
+		out = append(out, wasmhost.Header{"x-envoy-external-address", ip.String()})
+	}
+	return out
+}
+
+// envoyInternalOnly are the headers Envoy removes from an edge request
+// (ConnectionManagerUtility::cleanInternalHeaders): those its router
+// obeys (retries, timeouts, hedging), and those only Envoys set.
+var envoyInternalOnly = map[string]bool{
+	"x-envoy-decorator-operation": true, "x-envoy-downstream-service-cluster": true,
+	"x-envoy-downstream-service-node": true, "x-envoy-retriable-status-codes": true,
+	"x-envoy-retriable-header-names": true, "x-envoy-retry-on": true, "x-envoy-retry-grpc-on": true,
+	"x-envoy-max-retries": true, "x-envoy-upstream-alt-stat-name": true,
+	"x-envoy-upstream-rq-timeout-ms": true, "x-envoy-upstream-rq-per-try-timeout-ms": true,
+	"x-envoy-upstream-rq-timeout-alt-response": true, "x-envoy-expected-rq-timeout-ms": true,
+	"x-envoy-force-trace": true, "x-envoy-ip-tags": true, "x-envoy-original-url": true,
+	"x-envoy-hedge-on-per-try-timeout": true,
 }
 
 // upstreamFailureBody is Envoy's local reply text when no response came.
