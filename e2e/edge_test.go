@@ -1,9 +1,14 @@
 package e2e_test
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -99,4 +104,71 @@ func TestClientCannotSteerRetries(t *testing.T) {
 	if got := seen[0].Get("x-envoy-external-address"); got != "127.0.0.1" {
 		t.Errorf("x-envoy-external-address = %q, want the client's address, 127.0.0.1 (an edge request)", got)
 	}
+}
+
+// A client that sends Expect: 100-continue and is denied gets its 429
+// before it sends its body, and one admitted gets the 100 and uploads to
+// the service: envoy.yaml passes the Expect on (proxy_100_continue), so
+// the 100 comes only once the filter let the request through. (POST
+// /orders costs 5 on a plan of 2, a denial that never depends on time.)
+func TestDeniedUploadSendsNoBody(t *testing.T) {
+	s := startStack(t, stackConfig{plans: tinyPlans})
+	const size = 1 << 20
+	// first sends head and returns the connection and the first answer
+	// to it, interim or final.
+	first := func(head string) (net.Conn, *bufio.Reader, *http.Response) {
+		t.Helper()
+		conn, err := net.DialTimeout("tcp", s.gateways[0].Addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(conn, head); err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("reading the first answer to %q: %v", head, err)
+		}
+		return conn, br, resp
+	}
+	upload := func(method, path, key string) string {
+		return method + " " + path + " HTTP/1.1\r\nhost: shop\r\nx-api-key: " + key +
+			"\r\nexpect: 100-continue\r\ncontent-length: " + strconv.Itoa(size) + "\r\n\r\n"
+	}
+	s.decidedRun(t, "a denied upload", func(run int) error {
+		key := "uploader-" + strconv.Itoa(run)
+		_, _, resp := first(upload("POST", "/orders/new", key))
+		if resp.StatusCode != http.StatusTooManyRequests {
+			return fmt.Errorf("first answer %d, want 429 before any 100 Continue (the client would upload %d bytes for it)", resp.StatusCode, size)
+		}
+		if got := s.received(key); got != 0 {
+			return fmt.Errorf("the services received %d requests of a denied client", got)
+		}
+		return nil
+	})
+	s.decidedRun(t, "an admitted upload", func(run int) error {
+		key := "admitted-" + strconv.Itoa(run)
+		conn, br, resp := first(upload("PUT", "/billing/doc", key))
+		if resp.StatusCode != http.StatusContinue {
+			return fmt.Errorf("first answer %d, want 100 Continue", resp.StatusCode)
+		}
+		if _, err := conn.Write(make([]byte, size)); err != nil {
+			return fmt.Errorf("sending the body: %v", err)
+		}
+		final, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return fmt.Errorf("reading the answer after the body: %v", err)
+		}
+		final.Body.Close()
+		if final.StatusCode != http.StatusOK {
+			return fmt.Errorf("answer after the body %d, want 200", final.StatusCode)
+		}
+		if got := s.received(key); got != 1 {
+			return fmt.Errorf("the services received %d requests of the admitted client, want 1", got)
+		}
+		return nil
+	})
 }

@@ -53,6 +53,12 @@ type Config struct {
 	// 192.168/16, 127.0.0.1, fd00::/8 and ::1 (DefaultInternalAddresses);
 	// 1.36 and later take none.
 	InternalAddresses []netip.Prefix
+	// Proxy100Continue is the connection manager's proxy_100_continue:
+	// true passes a request's Expect: 100-continue on, so that its 100
+	// Continue comes only once the filters let it through; false (Envoy's
+	// default) answers 100 Continue at once, before any filter, and drops
+	// the Expect.
+	Proxy100Continue bool
 	// Histograms is stats_config.histogram_bucket_settings, in order.
 	Histograms []HistogramBuckets
 	// Tags is stats_config.stats_tags, in order.

@@ -40,6 +40,9 @@ func TestLoadRealConfig(t *testing.T) {
 	if c.ListenerName != "edge" {
 		t.Errorf("ListenerName = %q, want edge", c.ListenerName)
 	}
+	if !c.Proxy100Continue {
+		t.Error("Proxy100Continue = false, want true (a denied client that sent Expect: 100-continue must get its 429 before it uploads)")
+	}
 	if c.InternalAddresses == nil || len(c.InternalAddresses) > 0 {
 		t.Errorf("InternalAddresses = %v, want none (no client may steer the router with x-envoy-* headers)", c.InternalAddresses)
 	}

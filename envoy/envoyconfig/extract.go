@@ -103,6 +103,7 @@ func extract(b *bootstrapv3.Bootstrap) (*Config, error) {
 	case hcmv3.HttpConnectionManager_REJECT_REQUEST:
 		c.EscapedSlashes = RejectEscapedSlashes
 	}
+	c.Proxy100Continue = hcm.GetProxy_100Continue()
 	if c.InternalAddresses, err = internalAddresses(hcm, hcmPath); err != nil {
 		return nil, err
 	}

@@ -58,6 +58,15 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	gen := g.acquire()
 	defer gen.release()
+	if !gen.cfg.Proxy100Continue && r.Header.Get("expect") == "100-continue" {
+		// proxy_100_continue false (Envoy's default): the connection
+		// manager answers 100 Continue itself, before any filter, and
+		// drops the Expect, so the client sends its body whatever the
+		// filter decides. With true, Go's server sends the 100 when the
+		// router first reads the body, after the filter let it through.
+		w.WriteHeader(http.StatusContinue)
+		r.Header.Del("expect")
+	}
 	path, redirect, ok := requestPath(r, gen.cfg.EscapedSlashes)
 	if !ok {
 		x.status, x.details = http.StatusBadRequest, "path_normalization_failed"
