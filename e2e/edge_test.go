@@ -172,3 +172,54 @@ func TestDeniedUploadSendsNoBody(t *testing.T) {
 		return nil
 	})
 }
+
+// An upgrade (a WebSocket handshake) to a route is refused before the
+// filter, as Envoy refuses one on a connection manager without
+// upgrade_configs (envoy.yaml has none): a 403, nothing charged, nothing
+// at a service, and the connection closed, so that no bytes sent after
+// the handshake are read as a request. An Upgrade: h2c is no upgrade to
+// Envoy (its HTTP/1 codec drops it): an ordinary request, charged once.
+func TestUpgradeRefusedBeforeTheFilter(t *testing.T) {
+	s := startStack(t, stackConfig{plans: tinyPlans})
+	const key = "websocket-client"
+	conn, err := net.DialTimeout("tcp", s.gateways[0].Addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, "GET /orders/feed HTTP/1.1\r\nhost: shop\r\nconnection: keep-alive, Upgrade\r\nupgrade: websocket\r\n"+
+		"sec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nx-api-key: "+key+"\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("a WebSocket handshake: status %d, want 403", resp.StatusCode)
+	}
+	if rest, err := io.ReadAll(br); err != nil || len(rest) > 0 {
+		t.Errorf("after the 403: %q, %v; want the connection closed", rest, err)
+	}
+	if got := s.received(key); got != 0 {
+		t.Errorf("the services received %d of the refused handshakes", got)
+	}
+	if tokens, err := s.tokens(key); err == nil {
+		t.Errorf("the refused handshake was charged: its bucket holds %v tokens", tokens)
+	}
+	if got := s.stat("http.edge.downstream_rq_ws_on_non_ws_route"); got != 1 {
+		t.Errorf("http.edge.downstream_rq_ws_on_non_ws_route = %d, want 1", got)
+	}
+
+	const h2c = "h2c-client"
+	st, body := rawRequest(t, s.gateways[0].Addr, "GET /orders/1 HTTP/1.1\r\nhost: shop\r\nconnection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\nhttp2-settings: AAMAAABkAAQAAP__\r\nx-api-key: "+h2c+"\r\n")
+	if st != http.StatusOK {
+		t.Errorf("Upgrade: h2c: status %d (%q), want 200, an ordinary request", st, body)
+	}
+	if got := s.received(h2c); got != 1 {
+		t.Errorf("the services received %d of the h2c request, want 1", got)
+	}
+}

@@ -809,3 +809,22 @@ func TestInternalAddresses(t *testing.T) {
 		t.Errorf("a range that is no address: %v, want an error naming the field", err)
 	}
 }
+
+// upgrade_configs, on the connection manager or on a route, is refused
+// naming the field: the gateway tunnels no connection, and refuses every
+// upgrade as Envoy does without them.
+func TestUpgradeConfigsRefused(t *testing.T) {
+	base, err := os.ReadFile(realConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ old, new, field string }{
+		{"          codec_type: AUTO\n", "          codec_type: AUTO\n          upgrade_configs: [{upgrade_type: websocket}]\n", "upgrade_configs"},
+		{"route: {cluster: orders}", "route: {cluster: orders, upgrade_configs: [{upgrade_type: websocket}]}", "routes[0].route.upgrade_configs"},
+	} {
+		_, err := parse([]byte(strings.Replace(string(base), c.old, c.new, 1)))
+		if err == nil || !strings.Contains(err.Error(), c.field+": upgrades are not supported") {
+			t.Errorf("%s: %v, want an error naming the field", c.field, err)
+		}
+	}
+}

@@ -372,6 +372,9 @@ func socketAddress(a *corev3.Address, path string) (string, error) {
 }
 
 func extractRoutes(hcm *hcmv3.HttpConnectionManager, path string, clusters map[string]Cluster) ([]Route, error) {
+	if len(hcm.GetUpgradeConfigs()) > 0 {
+		return nil, fmt.Errorf("%s.upgrade_configs: upgrades are not supported (the gateway tunnels no connection; without upgrade_configs an upgrade is refused, 403, as Envoy refuses it)", path)
+	}
 	rc := hcm.GetRouteConfig()
 	if rc == nil {
 		return nil, fmt.Errorf("%s: want an inline route_config (rds and scoped_routes are not supported)", path)
@@ -402,6 +405,9 @@ func extractRoutes(hcm *hcmv3.HttpConnectionManager, path string, clusters map[s
 		}
 		switch action := r.GetAction().(type) {
 		case *routev3.Route_Route:
+			if len(action.Route.GetUpgradeConfigs()) > 0 {
+				return nil, fmt.Errorf("%s.route.upgrade_configs: upgrades are not supported (the gateway tunnels no connection; without upgrade_configs an upgrade is refused, 403, as Envoy refuses it)", rpath)
+			}
 			cluster := action.Route.GetCluster()
 			if cluster == "" {
 				return nil, fmt.Errorf("%s.route: want a cluster name (weighted_clusters and cluster_header are not supported)", rpath)

@@ -57,11 +57,14 @@ type gateway struct {
 	// manager took (downstream_rq_total, by class), and those that reached
 	// the router (rq_total): not the ones answered before it, by the
 	// connection manager (a path it cannot normalize) or the filter.
-	rqTotal   lazyCounter
-	rqClass   *classCounters
-	rqRouted  lazyCounter
-	accessLog io.Writer
-	logMu     sync.Mutex
+	rqTotal  lazyCounter
+	rqClass  *classCounters
+	rqRouted lazyCounter
+	// upgradeRefused is Envoy's downstream_rq_ws_on_non_ws_route: upgrade
+	// requests to a route refused (403) before the filter.
+	upgradeRefused lazyCounter
+	accessLog      io.Writer
+	logMu          sync.Mutex
 
 	// mu guards cur; a request takes cur and its in-flight count together
 	// (read lock), a reload swaps cur (write lock).
@@ -164,6 +167,7 @@ func newGateway(ctx context.Context, o options, log *slog.Logger) (*gateway, err
 	g.rqTotal = lazyCounter{c: &g.counters, name: "http.edge.downstream_rq_total"}
 	g.rqClass = newClassCounters(&g.counters, "http.edge.downstream_rq_")
 	g.rqRouted = lazyCounter{c: &g.counters, name: "http.edge.rq_total"}
+	g.upgradeRefused = lazyCounter{c: &g.counters, name: "http.edge.downstream_rq_ws_on_non_ws_route"}
 	workers := o.concurrency
 	if o.check {
 		workers = 1

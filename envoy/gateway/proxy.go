@@ -83,6 +83,22 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusTemporaryRedirect)
 		return
 	}
+	if isUpgrade(r.Header) {
+		if _, routed := matchRoute(gen.cfg.Routes, path); routed {
+			// Envoy's connection manager without upgrade_configs (the
+			// gateway supports none): an upgrade (WebSocket, …) to a
+			// route is refused before any filter, so nothing is
+			// charged, and the connection is closed. Upgrade: h2c is
+			// not one: Envoy's HTTP/1 codec drops it, as the gateway
+			// drops every Upgrade header.
+			x.status, x.details = http.StatusForbidden, "upgrade_failed"
+			g.upgradeRefused.inc()
+			w.Header().Set("connection", "close")
+			w.Header().Set("content-length", "0")
+			w.WriteHeader(http.StatusForbidden)
+			return
+		}
+	}
 	worker, _ := r.Context().Value(workerKey{}).(int)
 	vm := gen.workers[worker%len(gen.workers)]
 	// The stream's context is made by its first call, and it ends
@@ -348,6 +364,25 @@ func requestHeaders(r *http.Request, path string) []wasmhost.Header {
 		h = append(h, wasmhost.Header{"x-forwarded-for", xff})
 	}
 	return append(h, wasmhost.Header{"x-forwarded-proto", "http"}, wasmhost.Header{"x-request-id", newRequestID()})
+}
+
+// isUpgrade reports whether a request asks to upgrade its connection as
+// Envoy sees it (Http::Utility::isUpgrade): an Upgrade header, and
+// "upgrade" among the Connection header's tokens; an Upgrade: h2c is not,
+// as Envoy's HTTP/1 codec removes it.
+func isUpgrade(h http.Header) bool {
+	up := h.Get("upgrade")
+	if up == "" || strings.EqualFold(up, "h2c") {
+		return false
+	}
+	for _, v := range h.Values("connection") {
+		for _, tok := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), "upgrade") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // edgeHeaders does to a request's x-envoy-* headers what Envoy's
