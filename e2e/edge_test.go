@@ -223,3 +223,26 @@ func TestUpgradeRefusedBeforeTheFilter(t *testing.T) {
 		t.Errorf("the services received %d of the h2c request, want 1", got)
 	}
 }
+
+// A request with a header whose name holds an underscore gets a 400
+// before the filter (envoy.yaml's headers_with_underscores_action:
+// REJECT_REQUEST), so x_api_key cannot ride beside an x-api-key that paid
+// to a service that reads both as one name (HTTP_X_API_KEY): nothing
+// charged, nothing at a service.
+func TestHeadersWithUnderscoresRefused(t *testing.T) {
+	s := startStack(t, stackConfig{plans: tinyPlans})
+	const payer, victim = "fresh-payer", "victim-key"
+	st, body := rawRequest(t, s.gateways[0].Addr, "GET /orders/1 HTTP/1.1\r\nhost: shop\r\nconnection: close\r\nx-api-key: "+payer+"\r\nx_api_key: "+victim+"\r\n")
+	if st != http.StatusBadRequest {
+		t.Errorf("x_api_key beside x-api-key: status %d (%q), want 400", st, body)
+	}
+	if got := s.totalReceived(); got != 0 {
+		t.Errorf("the services received %d requests", got)
+	}
+	if tokens, err := s.tokens(payer); err == nil {
+		t.Errorf("the refused request was charged: %s's bucket holds %v tokens", payer, tokens)
+	}
+	if got := s.stat("http1.requests_rejected_with_underscores_in_headers"); got != 1 {
+		t.Errorf("http1.requests_rejected_with_underscores_in_headers = %d, want 1", got)
+	}
+}

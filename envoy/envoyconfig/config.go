@@ -59,6 +59,12 @@ type Config struct {
 	// default) answers 100 Continue at once, before any filter, and drops
 	// the Expect.
 	Proxy100Continue bool
+	// RejectUnderscores and DropUnderscores are the connection manager's
+	// common_http_protocol_options.headers_with_underscores_action
+	// (REJECT_REQUEST: a 400 for a request with a header whose name holds
+	// an underscore; DROP_HEADER: such headers dropped; neither: ALLOW,
+	// Envoy's default).
+	RejectUnderscores, DropUnderscores bool
 	// Histograms is stats_config.histogram_bucket_settings, in order.
 	Histograms []HistogramBuckets
 	// Tags is stats_config.stats_tags, in order.

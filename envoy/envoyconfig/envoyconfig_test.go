@@ -40,6 +40,9 @@ func TestLoadRealConfig(t *testing.T) {
 	if c.ListenerName != "edge" {
 		t.Errorf("ListenerName = %q, want edge", c.ListenerName)
 	}
+	if !c.RejectUnderscores || c.DropUnderscores {
+		t.Error("headers_with_underscores_action is not REJECT_REQUEST (x_api_key must not reach a service that reads it as x-api-key)")
+	}
 	if !c.Proxy100Continue {
 		t.Error("Proxy100Continue = false, want true (a denied client that sent Expect: 100-continue must get its 429 before it uploads)")
 	}

@@ -104,6 +104,12 @@ func extract(b *bootstrapv3.Bootstrap) (*Config, error) {
 		c.EscapedSlashes = RejectEscapedSlashes
 	}
 	c.Proxy100Continue = hcm.GetProxy_100Continue()
+	switch hcm.GetCommonHttpProtocolOptions().GetHeadersWithUnderscoresAction() {
+	case corev3.HttpProtocolOptions_REJECT_REQUEST:
+		c.RejectUnderscores = true
+	case corev3.HttpProtocolOptions_DROP_HEADER:
+		c.DropUnderscores = true
+	}
 	if c.InternalAddresses, err = internalAddresses(hcm, hcmPath); err != nil {
 		return nil, err
 	}

@@ -63,8 +63,11 @@ type gateway struct {
 	// upgradeRefused is Envoy's downstream_rq_ws_on_non_ws_route: upgrade
 	// requests to a route refused (403) before the filter.
 	upgradeRefused lazyCounter
-	accessLog      io.Writer
-	logMu          sync.Mutex
+	// underscoreRejected is Envoy's HTTP/1 codec's
+	// requests_rejected_with_underscores_in_headers.
+	underscoreRejected lazyCounter
+	accessLog          io.Writer
+	logMu              sync.Mutex
 
 	// mu guards cur; a request takes cur and its in-flight count together
 	// (read lock), a reload swaps cur (write lock).
@@ -168,6 +171,7 @@ func newGateway(ctx context.Context, o options, log *slog.Logger) (*gateway, err
 	g.rqClass = newClassCounters(&g.counters, "http.edge.downstream_rq_")
 	g.rqRouted = lazyCounter{c: &g.counters, name: "http.edge.rq_total"}
 	g.upgradeRefused = lazyCounter{c: &g.counters, name: "http.edge.downstream_rq_ws_on_non_ws_route"}
+	g.underscoreRejected = lazyCounter{c: &g.counters, name: "http1.requests_rejected_with_underscores_in_headers"}
 	workers := o.concurrency
 	if o.check {
 		workers = 1

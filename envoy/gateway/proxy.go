@@ -58,6 +58,28 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	gen := g.acquire()
 	defer gen.release()
+	if gen.cfg.RejectUnderscores || gen.cfg.DropUnderscores {
+		for name := range r.Header {
+			if !strings.Contains(name, "_") {
+				continue
+			}
+			if gen.cfg.DropUnderscores {
+				// Envoy's HTTP/1 codec drops the header (DROP_HEADER).
+				delete(r.Header, name)
+				continue
+			}
+			// REJECT_REQUEST: Envoy's HTTP/1 codec refuses the request
+			// before any filter and closes the connection. A service
+			// that reads x_api_key as x-api-key (CGI's and WSGI's
+			// HTTP_X_API_KEY) would otherwise take a client the filter
+			// never charged.
+			x.status, x.details = http.StatusBadRequest, "http1.unexpected_underscore"
+			g.underscoreRejected.inc()
+			w.Header().Set("connection", "close")
+			http.Error(w, "Bad Request", http.StatusBadRequest)
+			return
+		}
+	}
 	if !gen.cfg.Proxy100Continue && r.Header.Get("expect") == "100-continue" {
 		// proxy_100_continue false (Envoy's default): the connection
 		// manager answers 100 Continue itself, before any filter, and
