@@ -831,3 +831,24 @@ func TestUpgradeConfigsRefused(t *testing.T) {
 		}
 	}
 }
+
+// allow_on_headers_stop_iteration: true is refused naming the field: with
+// it Envoy would give the plugin a paused request's body, and the plugin's
+// Continue (it has no body callback) would send the request on before its
+// check. false, as Envoy's default, is accepted.
+func TestAllowOnHeadersStopIterationRefused(t *testing.T) {
+	base, err := os.ReadFile(realConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	with := func(v string) string {
+		return strings.Replace(string(base), "                fail_open: true\n", "                fail_open: true\n                allow_on_headers_stop_iteration: "+v+"\n", 1)
+	}
+	if _, err := parse([]byte(with("false"))); err != nil {
+		t.Errorf("false: %v", err)
+	}
+	_, err = parse([]byte(with("true")))
+	if err == nil || !strings.Contains(err.Error(), "config.allow_on_headers_stop_iteration: must be false") {
+		t.Errorf("true: %v, want an error naming the field", err)
+	}
+}

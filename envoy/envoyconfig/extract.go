@@ -527,6 +527,16 @@ func pluginConfig(pc *wasmv3.PluginConfig, path string, clusters map[string]Clus
 		Filename: filename,
 	}
 
+	if pc.GetAllowOnHeadersStopIteration().GetValue() {
+		// The filter pauses a request on its headers until its check is
+		// answered. With this set, Envoy hands the plugin the request's
+		// body meanwhile, and a plugin without a body callback (this
+		// one) answers Continue to it, which sends the request on to
+		// the service before its check: every request with a body
+		// would reach a service whatever its decision.
+		return Wasm{}, fmt.Errorf("%s.allow_on_headers_stop_iteration: must be false: with true a request's body sends it on to the service before its check is answered", path)
+	}
+
 	// Deprecated in the API but the spelling every Envoy >= 1.33 accepts
 	// (envoy/envoy.yaml says why it uses it).
 	failOpen := pc.GetFailOpen()
