@@ -92,6 +92,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path, redirect, ok := requestPath(r, gen.cfg.EscapedSlashes)
 	if !ok {
 		x.status, x.details = http.StatusBadRequest, "path_normalization_failed"
+		replyBeforeBody(w, r)
 		http.Error(w, "Bad Request", http.StatusBadRequest)
 		return
 	}
@@ -100,6 +101,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// request is charged nothing; the one the client sends to the
 		// location is charged as that path.
 		x.status, x.details = http.StatusTemporaryRedirect, "path_normalization_failed"
+		replyBeforeBody(w, r)
 		w.Header().Set("location", path)
 		w.Header().Set("content-length", "0")
 		w.WriteHeader(http.StatusTemporaryRedirect)
@@ -140,11 +142,13 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	stop()
 	if errors.Is(err, wasmhost.ErrClosed) {
 		x.status, x.details = http.StatusServiceUnavailable, "wasm_vm_closed"
+		replyBeforeBody(w, r)
 		http.Error(w, "", http.StatusServiceUnavailable)
 		return
 	}
 	if err != nil {
 		if r.Context().Err() == nil {
+			replyBeforeBody(w, r)
 			g.streamTimeout(w, x)
 			return
 		}
@@ -155,6 +159,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case wasmhost.Replied:
 		reply, _ := s.LocalReply()
 		x.details = reply.Details
+		replyBeforeBody(w, r)
 		g.writeReply(w, x, reply.Headers, reply.Body)
 		return
 	case wasmhost.Reset:
@@ -174,6 +179,7 @@ func (g *gateway) route(w http.ResponseWriter, r *http.Request, gen *generation,
 	defer fw.done()
 	if fw.resp == nil {
 		if fw.status != 0 {
+			replyBeforeBody(w, r)
 			g.localReply(w, s, x, fw.status, fw.body, grpclocal.IsGRPC(r.Header.Get("content-type")))
 		}
 		return
@@ -387,6 +393,27 @@ func requestHeaders(r *http.Request, path string) []wasmhost.Header {
 	}
 	return append(h, wasmhost.Header{"x-forwarded-proto", "http"}, wasmhost.Header{"x-request-id", newRequestID()})
 }
+
+// replyBeforeBody readies a reply made before the request's body was read
+// to its end (by the connection manager, the filter or the router) to go
+// out at once, as Envoy sends it. Go's server otherwise first reads what
+// is left of a body under 256 KiB, or of a chunked one, to keep the
+// connection, and a denied client sending its body slowly, or waiting for
+// an answer before sending the rest, got its 429 only once its body was
+// in. In full-duplex mode it sends the reply first, then reads what is
+// left (up to 256 KiB; past that it closes the connection), so the
+// connection is still kept for a client whose body completes. (A body
+// declared longer than that is not read: the reply says connection:
+// close, and goes out at once already.)
+func replyBeforeBody(w http.ResponseWriter, r *http.Request) {
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength < maxDrainedBody {
+		http.NewResponseController(w).EnableFullDuplex()
+	}
+}
+
+// maxDrainedBody is how much of an unread body Go's server reads after a
+// reply to keep the connection (net/http's maxPostHandlerReadBytes).
+const maxDrainedBody = 256 << 10
 
 // isUpgrade reports whether a request asks to upgrade its connection as
 // Envoy sees it (Http::Utility::isUpgrade): an Upgrade header, and
