@@ -287,3 +287,21 @@ func TestDeniedSlowBodyAnsweredAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// An HTTP/1.0 request gets a 426 before the filter, as Envoy answers one
+// when accept_http_10 is off (envoy.yaml leaves it off): nothing charged,
+// nothing at a service.
+func TestHTTP10RefusedBeforeTheFilter(t *testing.T) {
+	s := startStack(t, stackConfig{plans: tinyPlans})
+	const key = "http10-client"
+	st, body := rawRequest(t, s.gateways[0].Addr, "GET /orders/1 HTTP/1.0\r\nhost: shop\r\nx-api-key: "+key+"\r\n")
+	if st != http.StatusUpgradeRequired {
+		t.Errorf("HTTP/1.0: status %d (%q), want 426", st, body)
+	}
+	if got := s.received(key); got != 0 {
+		t.Errorf("the services received %d HTTP/1.0 requests", got)
+	}
+	if tokens, err := s.tokens(key); err == nil {
+		t.Errorf("the refused request was charged: its bucket holds %v tokens", tokens)
+	}
+}

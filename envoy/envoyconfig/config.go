@@ -65,6 +65,10 @@ type Config struct {
 	// an underscore; DROP_HEADER: such headers dropped; neither: ALLOW,
 	// Envoy's default).
 	RejectUnderscores, DropUnderscores bool
+	// AcceptHTTP10 is the connection manager's
+	// http_protocol_options.accept_http_10: false (Envoy's default)
+	// answers an HTTP/1.0 request 426 before any filter.
+	AcceptHTTP10 bool
 	// Histograms is stats_config.histogram_bucket_settings, in order.
 	Histograms []HistogramBuckets
 	// Tags is stats_config.stats_tags, in order.

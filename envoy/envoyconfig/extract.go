@@ -104,6 +104,7 @@ func extract(b *bootstrapv3.Bootstrap) (*Config, error) {
 		c.EscapedSlashes = RejectEscapedSlashes
 	}
 	c.Proxy100Continue = hcm.GetProxy_100Continue()
+	c.AcceptHTTP10 = hcm.GetHttpProtocolOptions().GetAcceptHttp_10()
 	switch hcm.GetCommonHttpProtocolOptions().GetHeadersWithUnderscoresAction() {
 	case corev3.HttpProtocolOptions_REJECT_REQUEST:
 		c.RejectUnderscores = true

@@ -89,6 +89,16 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusContinue)
 		r.Header.Del("expect")
 	}
+	if r.ProtoMajor == 1 && r.ProtoMinor == 0 && !gen.cfg.AcceptHTTP10 {
+		// Envoy's connection manager without accept_http_10 answers an
+		// HTTP/1.0 request 426 before any filter: nothing is charged.
+		x.status, x.details = http.StatusUpgradeRequired, "low_version"
+		replyBeforeBody(w, r)
+		w.Header().Set("connection", "close")
+		w.Header().Set("content-length", "0")
+		w.WriteHeader(http.StatusUpgradeRequired)
+		return
+	}
 	path, redirect, ok := requestPath(r, gen.cfg.EscapedSlashes)
 	if !ok {
 		x.status, x.details = http.StatusBadRequest, "path_normalization_failed"
