@@ -852,3 +852,22 @@ func TestAllowOnHeadersStopIterationRefused(t *testing.T) {
 		t.Errorf("true: %v, want an error naming the field", err)
 	}
 }
+
+// A retry_policy, on the virtual host or a route, is refused naming the
+// field: the gateway sends a request once, where Envoy would send a
+// request the filter charged once to the service again.
+func TestRetryPolicyRefused(t *testing.T) {
+	base, err := os.ReadFile(realConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ old, new, field string }{
+		{"              domains: [\"*\"]\n", "              domains: [\"*\"]\n              retry_policy: {retry_on: 5xx, num_retries: 2}\n", "virtual_hosts[0].retry_policy"},
+		{"route: {cluster: orders}", "route: {cluster: orders, retry_policy: {retry_on: 5xx}}", "routes[0].route.retry_policy"},
+	} {
+		_, err := parse([]byte(strings.Replace(string(base), c.old, c.new, 1)))
+		if err == nil || !strings.Contains(err.Error(), c.field+": retries are not supported") {
+			t.Errorf("%s: %v, want an error naming the field", c.field, err)
+		}
+	}
+}

@@ -392,6 +392,9 @@ func extractRoutes(hcm *hcmv3.HttpConnectionManager, path string, clusters map[s
 		return nil, fmt.Errorf("%s.virtual_hosts: want exactly 1 virtual host (the gateway does not match on Host), got %d", path, len(vhosts))
 	}
 	path += ".virtual_hosts[0]"
+	if vhosts[0].GetRetryPolicy() != nil {
+		return nil, fmt.Errorf("%s.retry_policy: retries are not supported (the gateway sends a request once; Envoy would send one the filter charged once to the service again)", path)
+	}
 	var routes []Route
 	for i, r := range vhosts[0].GetRoutes() {
 		rpath := fmt.Sprintf("%s.routes[%d]", path, i)
@@ -412,6 +415,9 @@ func extractRoutes(hcm *hcmv3.HttpConnectionManager, path string, clusters map[s
 		}
 		switch action := r.GetAction().(type) {
 		case *routev3.Route_Route:
+			if action.Route.GetRetryPolicy() != nil {
+				return nil, fmt.Errorf("%s.route.retry_policy: retries are not supported (the gateway sends a request once; Envoy would send one the filter charged once to the service again)", rpath)
+			}
 			if len(action.Route.GetUpgradeConfigs()) > 0 {
 				return nil, fmt.Errorf("%s.route.upgrade_configs: upgrades are not supported (the gateway tunnels no connection; without upgrade_configs an upgrade is refused, 403, as Envoy refuses it)", rpath)
 			}
