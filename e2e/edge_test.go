@@ -250,13 +250,15 @@ func TestHeadersWithUnderscoresRefused(t *testing.T) {
 // A denied client that sends its body slowly, or waits for an answer
 // before sending the rest, gets its 429 at once, as Envoy sends it, not
 // once its body is in: the gateway does not read what is left of the body
-// before replying. (POST /orders costs 5 on a plan of 2; each request
-// sends its head and the first bytes of a longer body, then waits.)
+// before replying. It reads it after, so the connection serves the
+// client's next request. (POST /orders costs 5 on a plan of 2; each
+// request sends its head and the first bytes of a longer body, waits for
+// the 429, then sends the rest and a request without a key.)
 func TestDeniedSlowBodyAnsweredAtOnce(t *testing.T) {
 	s := startStack(t, stackConfig{plans: tinyPlans})
-	for _, c := range []struct{ name, framing, start string }{
-		{"content-length", "content-length: 20000", strings.Repeat("x", 100)},
-		{"chunked", "transfer-encoding: chunked", "5\r\nhello\r\n"},
+	for _, c := range []struct{ name, framing, start, rest string }{
+		{"content-length", "content-length: 20000", strings.Repeat("x", 100), strings.Repeat("x", 19900)},
+		{"chunked", "transfer-encoding: chunked", "5\r\nhello\r\n", "5\r\nworld\r\n0\r\n\r\n"},
 	} {
 		s.decidedRun(t, c.name, func(run int) error {
 			key := "slow-" + c.name + "-" + strconv.Itoa(run)
@@ -272,16 +274,32 @@ func TestDeniedSlowBodyAnsweredAtOnce(t *testing.T) {
 			if _, err := io.WriteString(conn, head+c.start); err != nil {
 				return err
 			}
-			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, nil)
 			if err != nil {
 				return fmt.Errorf("%s: no answer within %v with the body unfinished: %v", c.name, hangBound, err)
 			}
+			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode != http.StatusTooManyRequests {
 				return fmt.Errorf("%s: status %d, want 429", c.name, resp.StatusCode)
 			}
 			if got := s.received(key); got != 0 {
 				return fmt.Errorf("%s: the services received %d requests of the denied client", c.name, got)
+			}
+			// The rest of the body, then a request that is not one: the
+			// connection is still the client's, read past the body.
+			conn.SetDeadline(time.Now().Add(hangBound))
+			if _, err := io.WriteString(conn, c.rest+"GET /billing/1 HTTP/1.1\r\nhost: shop\r\n\r\n"); err != nil {
+				return fmt.Errorf("%s: sending the rest of the body: %v", c.name, err)
+			}
+			next, err := http.ReadResponse(br, nil)
+			if err != nil {
+				return fmt.Errorf("%s: the next request on the connection got no answer: %v", c.name, err)
+			}
+			next.Body.Close()
+			if next.StatusCode != http.StatusUnauthorized {
+				return fmt.Errorf("%s: the next request (no key): status %d, want 401", c.name, next.StatusCode)
 			}
 			return nil
 		})

@@ -33,12 +33,19 @@ type exchange struct {
 	status  int
 	cluster string
 	details string
+	// drainBody: the reply was made before the body was read, in
+	// full-duplex mode (replyBeforeBody); finishBody reads the rest,
+	// waiting for it no longer than idle (stream_idle_timeout; 0: no
+	// bound).
+	drainBody bool
+	idle      time.Duration
 }
 
 // ServeHTTP runs one request through the filter chain of the listener: the
 // wasm filter, then the router.
 func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	x := &exchange{start: time.Now()}
+	defer x.finishBody(w, r) // last, after the stream and the generation are let go of
 	g.rqTotal.inc()
 	defer func() {
 		if x.status != 0 {
@@ -58,6 +65,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	gen := g.acquire()
 	defer gen.release()
+	x.idle = gen.cfg.StreamIdleTimeout
 	if gen.cfg.RejectUnderscores || gen.cfg.DropUnderscores {
 		for name := range r.Header {
 			if !strings.Contains(name, "_") {
@@ -93,7 +101,6 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Envoy's connection manager without accept_http_10 answers an
 		// HTTP/1.0 request 426 before any filter: nothing is charged.
 		x.status, x.details = http.StatusUpgradeRequired, "low_version"
-		replyBeforeBody(w, r)
 		w.Header().Set("connection", "close")
 		w.Header().Set("content-length", "0")
 		w.WriteHeader(http.StatusUpgradeRequired)
@@ -102,7 +109,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path, redirect, ok := requestPath(r, gen.cfg.EscapedSlashes)
 	if !ok {
 		x.status, x.details = http.StatusBadRequest, "path_normalization_failed"
-		replyBeforeBody(w, r)
+		replyBeforeBody(w, r, x)
 		http.Error(w, "Bad Request", http.StatusBadRequest)
 		return
 	}
@@ -111,7 +118,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// request is charged nothing; the one the client sends to the
 		// location is charged as that path.
 		x.status, x.details = http.StatusTemporaryRedirect, "path_normalization_failed"
-		replyBeforeBody(w, r)
+		replyBeforeBody(w, r, x)
 		w.Header().Set("location", path)
 		w.Header().Set("content-length", "0")
 		w.WriteHeader(http.StatusTemporaryRedirect)
@@ -152,13 +159,14 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	stop()
 	if errors.Is(err, wasmhost.ErrClosed) {
 		x.status, x.details = http.StatusServiceUnavailable, "wasm_vm_closed"
-		replyBeforeBody(w, r)
+		replyBeforeBody(w, r, x)
 		http.Error(w, "", http.StatusServiceUnavailable)
 		return
 	}
 	if err != nil {
 		if r.Context().Err() == nil {
-			replyBeforeBody(w, r)
+			// Idle for stream_idle_timeout: the body is not waited for.
+			w.Header().Set("connection", "close")
 			g.streamTimeout(w, x)
 			return
 		}
@@ -169,7 +177,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case wasmhost.Replied:
 		reply, _ := s.LocalReply()
 		x.details = reply.Details
-		replyBeforeBody(w, r)
+		replyBeforeBody(w, r, x)
 		g.writeReply(w, x, reply.Headers, reply.Body)
 		return
 	case wasmhost.Reset:
@@ -189,7 +197,7 @@ func (g *gateway) route(w http.ResponseWriter, r *http.Request, gen *generation,
 	defer fw.done()
 	if fw.resp == nil {
 		if fw.status != 0 {
-			replyBeforeBody(w, r)
+			replyBeforeBody(w, r, x)
 			g.localReply(w, s, x, fw.status, fw.body, grpclocal.IsGRPC(r.Header.Get("content-type")))
 		}
 		return
@@ -410,14 +418,39 @@ func requestHeaders(r *http.Request, path string) []wasmhost.Header {
 // is left of a body under 256 KiB, or of a chunked one, to keep the
 // connection, and a denied client sending its body slowly, or waiting for
 // an answer before sending the rest, got its 429 only once its body was
-// in. In full-duplex mode it sends the reply first, then reads what is
-// left (up to 256 KiB; past that it closes the connection), so the
-// connection is still kept for a client whose body completes. (A body
-// declared longer than that is not read: the reply says connection:
-// close, and goes out at once already.)
-func replyBeforeBody(w http.ResponseWriter, r *http.Request) {
-	if r.Body != nil && r.Body != http.NoBody && r.ContentLength < maxDrainedBody {
-		http.NewResponseController(w).EnableFullDuplex()
+// in. In full-duplex mode the reply is written first; the handler then
+// flushes it and reads the rest of the body itself as its last act
+// (finishBody), up to 256 KiB, so the connection is kept for a client
+// whose body completes. (Left to the server, an unread body in full-duplex
+// mode makes it panic: golang/go#68560.) A body declared longer than that
+// is not read: the reply says connection: close.
+func replyBeforeBody(w http.ResponseWriter, r *http.Request, x *exchange) {
+	switch {
+	case r.Body == nil || r.Body == http.NoBody:
+	case r.ContentLength >= maxDrainedBody:
+		w.Header().Set("connection", "close")
+	default:
+		if http.NewResponseController(w).EnableFullDuplex() == nil {
+			x.drainBody = true
+		}
+	}
+}
+
+// finishBody is the handler's last act for a reply replyBeforeBody
+// readied: the reply goes out, then what is left of the body is read (Go's
+// server closes the connection past 256 KiB), with the filter's stream and
+// the configuration already let go of.
+func (x *exchange) finishBody(w http.ResponseWriter, r *http.Request) {
+	if !x.drainBody {
+		return
+	}
+	rc := http.NewResponseController(w)
+	rc.Flush()
+	if x.idle > 0 {
+		rc.SetReadDeadline(time.Now().Add(x.idle))
+	}
+	if r.Body.Close() == nil && x.idle > 0 {
+		rc.SetReadDeadline(time.Time{})
 	}
 }
 
