@@ -3,14 +3,18 @@ package e2e_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -322,4 +326,69 @@ func TestHTTP10RefusedBeforeTheFilter(t *testing.T) {
 	if tokens, err := s.tokens(key); err == nil {
 		t.Errorf("the refused request was charged: its bucket holds %v tokens", tokens)
 	}
+}
+
+// A denied client whose body never comes whole loses its connection once
+// the body has been quiet for stream_idle_timeout, as Envoy ends the
+// stream, so that the rest of the body, sent later, is never read as a
+// request of its own. envoy.yaml's stream_idle_timeout is 10 s; this
+// gateway's is 500 ms, so that the test waits it out in under a second.
+func TestUnfinishedBodyEndsTheConnection(t *testing.T) {
+	s := startStack(t, stackConfig{plans: tinyPlans})
+	const idle = 500 * time.Millisecond
+	raw, err := os.ReadFile(repoFile(t, "envoy/envoy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := strings.Replace(string(raw), "stream_idle_timeout: 10s", "stream_idle_timeout: 0.5s", 1)
+	if cfg == string(raw) {
+		t.Fatal("envoy.yaml has no stream_idle_timeout: 10s to shorten")
+	}
+	path := filepath.Join(t.TempDir(), "envoy.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	g, err := harness.StartGateway(ctx, bins, harness.GatewayConfig{
+		Config:   path,
+		Clusters: map[string]string{"orders": s.orders.Addr, "billing": s.billing.Addr, "ratelimit_sidecar": s.scAddrs[0]},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.own(g.Process)
+
+	s.decidedRun(t, "an unfinished body", func(run int) error {
+		key := "quiet-" + strconv.Itoa(run)
+		conn, err := net.DialTimeout("tcp", g.Addr, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(hangBound))
+		if _, err := io.WriteString(conn, "POST /orders/new HTTP/1.1\r\nhost: shop\r\nx-api-key: "+key+"\r\ncontent-length: 200\r\n\r\n0123456789"); err != nil {
+			return err
+		}
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return fmt.Errorf("no answer: %v", err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusTooManyRequests {
+			return fmt.Errorf("status %d, want 429", resp.StatusCode)
+		}
+		// Quiet past idle: the connection must end. hangBound (2 s) is
+		// idle and a wide margin for a loaded machine.
+		conn.SetDeadline(time.Now().Add(idle + hangBound))
+		if n, err := br.Read(make([]byte, 1)); err != io.EOF && !errors.Is(err, syscall.ECONNRESET) {
+			return fmt.Errorf("after a quiet %v past the 429: read %d bytes, %v; want the connection ended", idle, n, err)
+		}
+		if got := s.totalReceived(); got != 0 {
+			return fmt.Errorf("the services received %d requests", got)
+		}
+		return nil
+	})
 }

@@ -439,7 +439,8 @@ func replyBeforeBody(w http.ResponseWriter, r *http.Request, x *exchange) {
 // finishBody is the handler's last act for a reply replyBeforeBody
 // readied: the reply goes out, then what is left of the body is read (Go's
 // server closes the connection past 256 KiB), with the filter's stream and
-// the configuration already let go of.
+// the configuration already let go of, for no longer than
+// stream_idle_timeout.
 func (x *exchange) finishBody(w http.ResponseWriter, r *http.Request) {
 	if !x.drainBody {
 		return
@@ -449,7 +450,14 @@ func (x *exchange) finishBody(w http.ResponseWriter, r *http.Request) {
 	if x.idle > 0 {
 		rc.SetReadDeadline(time.Now().Add(x.idle))
 	}
-	if r.Body.Close() == nil && x.idle > 0 {
+	if err := r.Body.Close(); err != nil {
+		// The body did not come whole (the client went quiet for
+		// stream_idle_timeout, or away): the connection ends, as Envoy
+		// ends it, so that the rest of a body sent later is never read
+		// as a request.
+		panic(http.ErrAbortHandler)
+	}
+	if x.idle > 0 {
 		rc.SetReadDeadline(time.Time{})
 	}
 }
