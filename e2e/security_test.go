@@ -12,7 +12,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -675,25 +674,8 @@ func TestKeyNormalisationCollisions(t *testing.T) {
 // request is charged to a fresh Bearer key, so each is admitted.
 func TestServiceSeesOnlyTheChargedKey(t *testing.T) {
 	s := startStack(t, stackConfig{plans: tinyPlans})
-	var mu sync.Mutex
-	var seen []http.Header
-	svc := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		defer mu.Unlock()
-		seen = append(seen, r.Header.Clone())
-	}))
-	t.Cleanup(svc.Close)
-	svcAddr := strings.TrimPrefix(svc.URL, "http://")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	g, err := harness.StartGateway(ctx, bins, harness.GatewayConfig{
-		Config:   repoFile(t, "envoy/envoy.yaml"),
-		Clusters: map[string]string{"orders": svcAddr, "billing": svcAddr, "ratelimit_sidecar": s.scAddrs[0]},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.own(g.Process)
+	svc := startRecordingService(t, http.StatusOK)
+	g := startGatewayTo(t, s, svc.Server)
 
 	const victim, sent = "victim-key", 5 // more than the plan's 2 tokens
 	head := "GET /orders/1 HTTP/1.1\r\nhost: shop\r\nconnection: close\r\nx-api-key: \r\nx-api-key: " + victim + "\r\n"
@@ -705,8 +687,7 @@ func TestServiceSeesOnlyTheChargedKey(t *testing.T) {
 	if st, body := rawRequest(t, g.Addr, head); st != 401 {
 		t.Fatalf("an empty key, then a key, and no Bearer token: status %d (%q), want 401", st, body)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	seen := svc.requests()
 	if len(seen) != sent {
 		t.Fatalf("the service received %d requests, want %d", len(seen), sent)
 	}
