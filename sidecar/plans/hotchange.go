@@ -20,47 +20,36 @@ type HotChange struct {
 // HotChanges returns the clients whose layout differs between old and new.
 func HotChanges(old, new *Plans) []HotChange {
 	var out []HotChange
+	hotDiff(old.hot, new.hot, func(k string, from, to []string) {
+		fromPlan, _, _ := old.LookupSum([]byte(k), [sha256.Size]byte{})
+		toPlan, _, _ := new.LookupSum([]byte(k), [sha256.Size]byte{})
+		out = append(out, HotChange{Key: k, From: from, To: to, FromPlan: fromPlan, ToPlan: toPlan})
+	})
+	hotDiff(old.hotDigest, new.hotDigest, func(s [sha256.Size]byte, from, to []string) {
+		fromPlan, _, _ := old.LookupSum(nil, s)
+		toPlan, _, _ := new.LookupSum(nil, s)
+		out = append(out, HotChange{Sum: s, From: from, To: to, FromPlan: fromPlan, ToPlan: toPlan})
+	})
+	return out
+}
+
+// hotDiff calls changed with each client of old or new whose regions
+// differ between the two (nil: not hot).
+func hotDiff[K comparable](old, new map[K]*Hot, changed func(k K, from, to []string)) {
 	regions := func(h *Hot) []string {
 		if h == nil {
 			return nil
 		}
 		return h.Regions
 	}
-	byKey := func(p *Plans, k string) *Plan {
-		if pl, ok := p.clients[k]; ok {
-			return pl
-		}
-		return p.Default
-	}
-	byDigest := func(p *Plans, s [sha256.Size]byte) *Plan {
-		if pl, ok := p.byDigest[s]; ok {
-			return pl
-		}
-		return p.Default
-	}
-	seen := map[string]bool{}
-	for _, m := range []map[string]*Hot{old.hot, new.hot} {
-		for k := range m {
-			if seen[k] {
-				continue
-			}
-			seen[k] = true
-			if from, to := regions(old.hot[k]), regions(new.hot[k]); !slices.Equal(from, to) {
-				out = append(out, HotChange{Key: k, From: from, To: to, FromPlan: byKey(old, k), ToPlan: byKey(new, k)})
-			}
+	for k, h := range old {
+		if from, to := regions(h), regions(new[k]); !slices.Equal(from, to) {
+			changed(k, from, to)
 		}
 	}
-	seenSum := map[[sha256.Size]byte]bool{}
-	for _, m := range []map[[sha256.Size]byte]*Hot{old.hotDigest, new.hotDigest} {
-		for s := range m {
-			if seenSum[s] {
-				continue
-			}
-			seenSum[s] = true
-			if from, to := regions(old.hotDigest[s]), regions(new.hotDigest[s]); !slices.Equal(from, to) {
-				out = append(out, HotChange{Sum: s, From: from, To: to, FromPlan: byDigest(old, s), ToPlan: byDigest(new, s)})
-			}
+	for k, h := range new {
+		if _, both := old[k]; !both {
+			changed(k, nil, regions(h))
 		}
 	}
-	return out
 }
