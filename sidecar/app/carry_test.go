@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
+	"github.com/edgelimit/edgelimit/sidecar/server"
 )
 
 // TestHotMarkCarriesTokens: a client marked hot, and later unmarked, while
@@ -48,6 +49,9 @@ func testHotMarkCarriesTokens(t *testing.T, url string) {
 	// regions' checks would move the shares toward eu and cut us's bucket
 	// to its smaller share, and this test counts tokens, not shares.
 	slowReconcile := func(c *Config) { c.HotInterval = time.Hour }
+	// Redis is given a second, not the shipped 4 ms: the checks below count
+	// tokens, and one answered 503 on a busy machine would read as a token
+	// not there.
 	a := startSidecarWith(t, url, plain, time.Second, slog.LevelInfo, slowReconcile)
 	b := startSidecarWith(t, url, plain, time.Second, slog.LevelInfo, slowReconcile)
 
@@ -114,7 +118,7 @@ func TestHotMarkWithRedisPaused(t *testing.T) {
 		plain += fmt.Sprintf("  c%d: p\n", i)
 		hotFile += fmt.Sprintf("  c%d: {plan: p, regions: [eu, us]}\n", i)
 	}
-	s := startSidecarWith(t, srv.URL(), plain, time.Second, slog.LevelInfo, nil)
+	s := startSidecarWith(t, srv.URL(), plain, server.DefaultTimeout, slog.LevelInfo, nil)
 	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
 	}

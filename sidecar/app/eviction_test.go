@@ -9,6 +9,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
 	"github.com/edgelimit/edgelimit/internal/testkit"
+	"github.com/edgelimit/edgelimit/sidecar/server"
 )
 
 // TestEvictionPolicyWarned: a Redis with a memory limit and a policy that
@@ -30,6 +31,8 @@ func TestEvictionPolicyWarned(t *testing.T) {
 		{[]string{"--maxmemory-policy", "allkeys-lru"}, false}, // no limit: nothing is evicted
 	} {
 		srv := redisproc.StartT(t, redisproc.Options{Args: c.args})
+		// A second for Redis, not the shipped 4 ms: the check only shows
+		// the sidecar is up, which a 503 on a busy machine would not.
 		s := startSidecarLog(t, srv.URL(), contractPlans, time.Second, slog.LevelInfo)
 		if r := s.check(t, "a"); r.status != 200 {
 			t.Fatalf("%v: check: %d %q", c.args, r.status, r.body)
@@ -68,7 +71,7 @@ func TestEvictionPolicyWarnedPerMaster(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s := startSidecarLog(t, "redis+cluster://"+strings.Join(cl.Addrs, ","), contractPlans, time.Second, slog.LevelInfo)
+	s := startSidecarLog(t, "redis+cluster://"+strings.Join(cl.Addrs, ","), contractPlans, server.DefaultTimeout, slog.LevelInfo)
 	testkit.Poll(t, 10*time.Second, "a warning for each master", func() bool {
 		logs := s.logs.String()
 		for _, addr := range cl.Addrs {
