@@ -125,15 +125,23 @@ func decodeIstio(t *testing.T, d doc, tm *metav1.TypeMeta, meta *metav1.ObjectMe
 	}
 	decodeStrict(t, d.String(), toJSON(t, d.String(), d.body), &obj)
 	*tm, *meta = obj.TypeMeta, obj.ObjectMeta
-	if err := (protojson.UnmarshalOptions{}).Unmarshal(obj.Spec, spec); err != nil {
-		t.Fatalf("%s: spec: %v", d, err)
+	decodeProto(t, d.String(), "spec", obj.Spec, spec)
+}
+
+// decodeProto decodes JSON (the value of root in what) into an Istio API
+// message with protojson: an unknown field is an error, and so is a field
+// given by its proto name.
+func decodeProto(t *testing.T, what, root string, j []byte, msg proto.Message) {
+	t.Helper()
+	if err := (protojson.UnmarshalOptions{}).Unmarshal(j, msg); err != nil {
+		t.Fatalf("%s: %s: %v", what, root, err)
 	}
 	var generic any
-	if err := json.Unmarshal(obj.Spec, &generic); err != nil {
+	if err := json.Unmarshal(j, &generic); err != nil {
 		t.Fatal(err)
 	}
-	if err := jsonNames("spec", spec.ProtoReflect().Descriptor(), generic); err != nil {
-		t.Fatalf("%s: %v", d, err)
+	if err := jsonNames(root, msg.ProtoReflect().Descriptor(), generic); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 	istioextensions "istio.io/api/extensions/v1alpha1"
+	meshconfig "istio.io/api/mesh/v1alpha1"
 	istionetworking "istio.io/api/networking/v1alpha3"
 	extensionsv1alpha1 "istio.io/client-go/pkg/apis/extensions/v1alpha1"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -246,4 +247,60 @@ func TestIstio(t *testing.T) {
 	}
 
 	checkSidecar(t, sidecarSetup{pod: &pod.Spec, container: sidecar, configMaps: x.configMaps, secrets: x.secrets})
+}
+
+// TestIstioEdgeProtections: the gateway's connection manager does what
+// envoy/envoy.yaml's does against hostile clients. Istio 1.32's gateway
+// (istio/istio pilot/pkg/networking/core gateway.go and
+// listener_builder.go) already sets use_remote_address, normalize_path
+// (meshConfig.pathNormalization BASE) and proxy_100_continue (istiod's
+// ENABLE_100_CONTINUE_HEADERS, true since 1.23) and refuses HTTP/1.0
+// unless asked; the rest come from the pod's proxy.istio.io/config, a
+// ProxyConfig whose connectionSettings (Istio 1.31 and later) override the
+// mesh's on this gateway only.
+func TestIstioEdgeProtections(t *testing.T) {
+	shipped := checkShippedEdgeHCM(t)
+	x := loadIstio(t)
+	pod := &one(t, "Deployment", x.deployments).Spec.Template
+	proxy := podspec.Container(t, &pod.Spec, "istio-proxy")
+
+	text, ok := pod.Annotations["proxy.istio.io/config"]
+	if !ok {
+		t.Fatal("the gateway pod has no proxy.istio.io/config: Istio's defaults let x_api_key through, merge no slashes, keep %2F and never time an idle stream out")
+	}
+	pc := &meshconfig.ProxyConfig{}
+	decodeProto(t, "gateway.yaml: proxy.istio.io/config", "proxyConfig", toJSON(t, "proxy.istio.io/config", []byte(text)), pc)
+	cs := pc.GetConnectionSettings()
+	if got, want := cs.GetHttpHeadersWithUnderscoresAction().String(), "HEADERS_WITH_UNDERSCORES_"+shipped.underscoresAction; got != want {
+		t.Errorf("connectionSettings.httpHeadersWithUnderscoresAction %s, envoy.yaml's is %s", got, want)
+	}
+	if m := cs.GetHttpMergeSlashes(); m == nil || m.GetValue() != shipped.mergeSlashes {
+		t.Errorf("connectionSettings.httpMergeSlashes %v, envoy.yaml's merge_slashes is %v (Istio's BASE normalization merges none)", m, shipped.mergeSlashes)
+	}
+	if got := cs.GetHttpPathWithEscapedSlashesAction().String(); got != shipped.escapedSlashesAction {
+		t.Errorf("connectionSettings.httpPathWithEscapedSlashesAction %s, envoy.yaml's is %s", got, shipped.escapedSlashesAction)
+	}
+	if d := cs.GetHttpStreamIdleTimeout(); d == nil || d.AsDuration() != shipped.streamIdleTimeout {
+		t.Errorf("connectionSettings.httpStreamIdleTimeout %v, envoy.yaml's stream_idle_timeout is %v (Istio's default is none)", d, shipped.streamIdleTimeout)
+	}
+	if pc.GetProxyMetadata()["EVENT_PRECISE_TIMER"] == "" {
+		t.Errorf("proxyMetadata %v has no EVENT_PRECISE_TIMER: Envoy's timers, the callout's timeout among them, run on the kernel's coarse clock", pc.GetProxyMetadata())
+	}
+
+	// HTTP/1.0 stays refused: Istio accepts it at a gateway only with
+	// ISTIO_META_HTTP10=1 in the proxy's environment (or PILOT_HTTP10 on
+	// istiod, not part of the example).
+	for _, e := range proxy.Env {
+		if e.Name == "ISTIO_META_HTTP10" {
+			t.Errorf("istio-proxy env ISTIO_META_HTTP10 %q: envoy.yaml refuses HTTP/1.0", e.Value)
+		}
+	}
+	if _, ok := pc.GetProxyMetadata()["ISTIO_META_HTTP10"]; ok {
+		t.Error("proxyMetadata ISTIO_META_HTTP10: envoy.yaml refuses HTTP/1.0")
+	}
+	// The client is the peer of the connection, as in envoy.yaml: no
+	// x-forwarded-for hop is trusted.
+	if pc.GetGatewayTopology().GetNumTrustedProxies() != 0 {
+		t.Errorf("gatewayTopology.numTrustedProxies %d: envoy.yaml trusts no x-forwarded-for", pc.GetGatewayTopology().GetNumTrustedProxies())
+	}
 }

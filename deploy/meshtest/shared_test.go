@@ -276,3 +276,107 @@ func shippedSidecarCluster(t *testing.T) sidecarCluster {
 	t.Fatal("envoy.yaml: no ratelimit_sidecar cluster with one circuit breaker threshold")
 	return sidecarCluster{}
 }
+
+// edgeHCM is what envoy/envoy.yaml's edge listener's HTTP connection
+// manager sets against hostile clients (its comments say which attack
+// each stops). Each example carries these through its platform's own
+// API where the platform has one, and its README says where it has not.
+type edgeHCM struct {
+	useRemoteAddress     bool
+	internalAddresses    int    // internal_address_config's cidr_ranges; -1: the field is unset
+	underscoresAction    string // common_http_protocol_options.headers_with_underscores_action
+	proxy100Continue     bool
+	normalizePath        bool
+	mergeSlashes         bool
+	escapedSlashesAction string // path_with_escaped_slashes_action
+	acceptHTTP10         bool   // http_protocol_options.accept_http_10
+	streamIdleTimeout    time.Duration
+}
+
+// shippedEdgeHCM reads envoy/envoy.yaml's edge listener's connection
+// manager.
+func shippedEdgeHCM(t *testing.T) edgeHCM {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(repoRoot, "envoy", "envoy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var boot struct {
+		StaticResources struct {
+			Listeners []struct {
+				Name         string `json:"name"`
+				FilterChains []struct {
+					Filters []struct {
+						Name        string `json:"name"`
+						TypedConfig struct {
+							UseRemoteAddress      bool `json:"use_remote_address"`
+							InternalAddressConfig *struct {
+								CidrRanges []any `json:"cidr_ranges"`
+							} `json:"internal_address_config"`
+							CommonHTTPProtocolOptions struct {
+								HeadersWithUnderscoresAction string `json:"headers_with_underscores_action"`
+							} `json:"common_http_protocol_options"`
+							HTTPProtocolOptions struct {
+								AcceptHTTP10 bool `json:"accept_http_10"`
+							} `json:"http_protocol_options"`
+							Proxy100Continue             bool   `json:"proxy_100_continue"`
+							NormalizePath                bool   `json:"normalize_path"`
+							MergeSlashes                 bool   `json:"merge_slashes"`
+							PathWithEscapedSlashesAction string `json:"path_with_escaped_slashes_action"`
+							StreamIdleTimeout            string `json:"stream_idle_timeout"`
+						} `json:"typed_config"`
+					} `json:"filters"`
+				} `json:"filter_chains"`
+			} `json:"listeners"`
+		} `json:"static_resources"`
+	}
+	if err := yaml.Unmarshal(raw, &boot); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range boot.StaticResources.Listeners {
+		if l.Name != "edge" || len(l.FilterChains) != 1 || len(l.FilterChains[0].Filters) != 1 {
+			continue
+		}
+		c := l.FilterChains[0].Filters[0].TypedConfig
+		h := edgeHCM{
+			useRemoteAddress:     c.UseRemoteAddress,
+			underscoresAction:    cmp.Or(c.CommonHTTPProtocolOptions.HeadersWithUnderscoresAction, "ALLOW"),
+			proxy100Continue:     c.Proxy100Continue,
+			normalizePath:        c.NormalizePath,
+			mergeSlashes:         c.MergeSlashes,
+			escapedSlashesAction: cmp.Or(c.PathWithEscapedSlashesAction, "KEEP_UNCHANGED"),
+			acceptHTTP10:         c.HTTPProtocolOptions.AcceptHTTP10,
+			streamIdleTimeout:    5 * time.Minute, // Envoy's default
+			internalAddresses:    -1,
+		}
+		if c.InternalAddressConfig != nil {
+			h.internalAddresses = len(c.InternalAddressConfig.CidrRanges)
+		}
+		if c.StreamIdleTimeout != "" {
+			if h.streamIdleTimeout, err = time.ParseDuration(c.StreamIdleTimeout); err != nil {
+				t.Fatalf("envoy.yaml edge stream_idle_timeout: %v", err)
+			}
+		}
+		return h
+	}
+	t.Fatal("envoy.yaml: no edge listener with one connection manager")
+	return edgeHCM{}
+}
+
+// The shipped connection manager as the examples were written against it:
+// the edge protections each example carries or its README documents as a
+// gap. A change here is a change the examples and their READMEs must
+// follow.
+func checkShippedEdgeHCM(t *testing.T) edgeHCM {
+	t.Helper()
+	h := shippedEdgeHCM(t)
+	want := edgeHCM{
+		useRemoteAddress: true, internalAddresses: 0, underscoresAction: "REJECT_REQUEST",
+		proxy100Continue: true, normalizePath: true, mergeSlashes: true,
+		escapedSlashesAction: "UNESCAPE_AND_REDIRECT", acceptHTTP10: false, streamIdleTimeout: 10 * time.Second,
+	}
+	if h != want {
+		t.Errorf("envoy.yaml's edge connection manager is now %+v, the mesh examples follow %+v: update them and their READMEs", h, want)
+	}
+	return h
+}
