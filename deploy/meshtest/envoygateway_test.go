@@ -3,7 +3,9 @@ package meshtest
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"testing"
+	"time"
 
 	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -23,6 +25,8 @@ const egDir = "../mesh/envoy-gateway"
 type egExample struct {
 	extensionPolicies map[string]*egv1a1.EnvoyExtensionPolicy
 	patchPolicies     map[string]*egv1a1.EnvoyPatchPolicy
+	clientPolicies    map[string]*egv1a1.ClientTrafficPolicy
+	envoyProxies      map[string]*egv1a1.EnvoyProxy
 	gateways          map[string]*gwapiv1.Gateway
 	routes            map[string]*gwapiv1.HTTPRoute
 	deployments       map[string]*appsv1.Deployment
@@ -37,6 +41,7 @@ func loadEG(t *testing.T) *egExample {
 	t.Helper()
 	x := &egExample{
 		extensionPolicies: map[string]*egv1a1.EnvoyExtensionPolicy{}, patchPolicies: map[string]*egv1a1.EnvoyPatchPolicy{},
+		clientPolicies: map[string]*egv1a1.ClientTrafficPolicy{}, envoyProxies: map[string]*egv1a1.EnvoyProxy{},
 		gateways: map[string]*gwapiv1.Gateway{}, routes: map[string]*gwapiv1.HTTPRoute{},
 		deployments: map[string]*appsv1.Deployment{}, services: map[string]*corev1.Service{},
 		networkPolicies: map[string]*networkingv1.NetworkPolicy{}, pdbs: map[string]*policyv1.PodDisruptionBudget{},
@@ -53,6 +58,14 @@ func loadEG(t *testing.T) *egExample {
 			o := &egv1a1.EnvoyPatchPolicy{}
 			decode(t, d, o)
 			x.patchPolicies[o.Name], meta = o, o
+		case "gateway.envoyproxy.io/v1alpha1 ClientTrafficPolicy":
+			o := &egv1a1.ClientTrafficPolicy{}
+			decode(t, d, o)
+			x.clientPolicies[o.Name], meta = o, o
+		case "gateway.envoyproxy.io/v1alpha1 EnvoyProxy":
+			o := &egv1a1.EnvoyProxy{}
+			decode(t, d, o)
+			x.envoyProxies[o.Name], meta = o, o
 		case "gateway.networking.k8s.io/v1 Gateway":
 			o := &gwapiv1.Gateway{}
 			decode(t, d, o)
@@ -306,5 +319,82 @@ func checkOnlyEnvoy(t *testing.T, np *networkingv1.NetworkPolicy, sidecar *corev
 	}
 	if !opened {
 		t.Error("no NetworkPolicy rule lets the Envoy pods reach the check port")
+	}
+}
+
+// TestEnvoyGatewayEdgeProtections: the Gateway's connection manager does
+// what envoy/envoy.yaml's does against hostile clients. Envoy Gateway
+// v1.9.1 (internal/xds/translator/listener.go, internal/gatewayapi
+// listener.go and clienttrafficpolicy.go) sets use_remote_address and
+// normalize_path on every listener and refuses HTTP/1.0 unless a
+// ClientTrafficPolicy asks for it; the ClientTrafficPolicy here writes out
+// the rest, and the EnvoyProxy gives Envoy its environment.
+func TestEnvoyGatewayEdgeProtections(t *testing.T) {
+	shipped := checkShippedEdgeHCM(t)
+	x := loadEG(t)
+	gw := one(t, "Gateway", x.gateways)
+	ctp := one(t, "ClientTrafficPolicy", x.clientPolicies)
+
+	if len(ctp.Spec.TargetRefs) != 1 || ctp.Spec.TargetRef != nil {
+		t.Fatalf("ClientTrafficPolicy targetRefs %v targetRef %v: want the Gateway", ctp.Spec.TargetRefs, ctp.Spec.TargetRef)
+	}
+	if ref := ctp.Spec.TargetRefs[0]; ref.Group != gwapiv1.GroupName || ref.Kind != "Gateway" || string(ref.Name) != gw.Name || ref.SectionName != nil || ctp.Namespace != gw.Namespace {
+		t.Errorf("ClientTrafficPolicy %s/%s targets %+v, want the whole Gateway %s/%s", ctp.Namespace, ctp.Name, ref, gw.Namespace, gw.Name)
+	}
+	// envoy.yaml's enum names, in Envoy Gateway's spelling.
+	underscores := map[string]egv1a1.WithUnderscoresAction{"ALLOW": egv1a1.WithUnderscoresActionAllow,
+		"REJECT_REQUEST": egv1a1.WithUnderscoresActionRejectRequest, "DROP_HEADER": egv1a1.WithUnderscoresActionDropHeader}
+	escaped := map[string]egv1a1.PathEscapedSlashAction{"KEEP_UNCHANGED": egv1a1.KeepUnchangedAction,
+		"REJECT_REQUEST": egv1a1.RejectRequestAction, "UNESCAPE_AND_REDIRECT": egv1a1.UnescapeAndRedirect,
+		"UNESCAPE_AND_FORWARD": egv1a1.UnescapeAndForward}
+	if h := ctp.Spec.Headers; h == nil || h.WithUnderscoresAction == nil || *h.WithUnderscoresAction != underscores[shipped.underscoresAction] {
+		t.Errorf("ClientTrafficPolicy headers.withUnderscoresAction %+v, envoy.yaml's is %s", h, shipped.underscoresAction)
+	}
+	if p := ctp.Spec.Path; p == nil || p.DisableMergeSlashes == nil || *p.DisableMergeSlashes == shipped.mergeSlashes {
+		t.Errorf("ClientTrafficPolicy path.disableMergeSlashes %+v, envoy.yaml's merge_slashes is %v", p, shipped.mergeSlashes)
+	}
+	if p := ctp.Spec.Path; p == nil || p.EscapedSlashesAction == nil || *p.EscapedSlashesAction != escaped[shipped.escapedSlashesAction] {
+		t.Errorf("ClientTrafficPolicy path.escapedSlashesAction %+v, envoy.yaml's is %s", p, shipped.escapedSlashesAction)
+	}
+	var idle time.Duration
+	if to := ctp.Spec.Timeout; to != nil && to.HTTP != nil && to.HTTP.StreamIdleTimeout != nil {
+		var err error
+		if idle, err = time.ParseDuration(string(*to.HTTP.StreamIdleTimeout)); err != nil {
+			t.Fatalf("ClientTrafficPolicy timeout.http.streamIdleTimeout: %v", err)
+		}
+	}
+	if idle != shipped.streamIdleTimeout {
+		t.Errorf("ClientTrafficPolicy timeout.http.streamIdleTimeout %v, envoy.yaml's stream_idle_timeout is %v (Envoy's default is 5 min)", idle, shipped.streamIdleTimeout)
+	}
+	if h1 := ctp.Spec.HTTP1; h1 != nil && h1.HTTP10 != nil {
+		t.Error("ClientTrafficPolicy http1.http10 accepts HTTP/1.0: envoy.yaml refuses it")
+	}
+	// Set, it turns use_remote_address off (an original-IP extension or
+	// trusted hops decide the client instead).
+	if ctp.Spec.ClientIPDetection != nil {
+		t.Errorf("ClientTrafficPolicy clientIPDetection %+v: envoy.yaml takes the connection's peer for the client", ctp.Spec.ClientIPDetection)
+	}
+
+	// Envoy's environment, through the EnvoyProxy the Gateway names.
+	ref := gw.Spec.Infrastructure
+	if ref == nil || ref.ParametersRef == nil || ref.ParametersRef.Group != egv1a1.GroupName || ref.ParametersRef.Kind != "EnvoyProxy" {
+		t.Fatalf("Gateway infrastructure %+v does not name an EnvoyProxy", ref)
+	}
+	ep := x.envoyProxies[ref.ParametersRef.Name]
+	if ep == nil || ep.Namespace != gw.Namespace {
+		t.Fatalf("Gateway parametersRef %s: no EnvoyProxy of that name in %s", ref.ParametersRef.Name, gw.Namespace)
+	}
+	var c *egv1a1.KubernetesContainerSpec
+	if p := ep.Spec.Provider; p != nil && p.Kubernetes != nil && p.Kubernetes.EnvoyDeployment != nil {
+		c = p.Kubernetes.EnvoyDeployment.Container
+	}
+	if c == nil || !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "EVENT_PRECISE_TIMER" && e.Value != "" }) {
+		t.Errorf("EnvoyProxy %s: no EVENT_PRECISE_TIMER in the Envoy container's env: Envoy's timers, the callout's timeout among them, run on the kernel's coarse clock", ep.Name)
+	}
+	// Envoy Gateway v1.9.1's default image, Envoy 1.39.1, takes no client
+	// for internal with internal_address_config unset, as Envoy Gateway
+	// leaves it; Envoy 1.33 to 1.35 took every RFC 1918 address.
+	if c != nil && (c.Image != nil || c.ImageRepository != nil) {
+		t.Errorf("EnvoyProxy %s pins Envoy's image (%v, %v): the README's reading of internal addresses is for the default", ep.Name, c.Image, c.ImageRepository)
 	}
 }
