@@ -193,6 +193,27 @@ func TestEnvoyGateway(t *testing.T) {
 	if cluster.Name != name || cluster.GetLoadAssignment().GetClusterName() != name {
 		t.Errorf("cluster %q (load assignment %q), the patch and the filter name %q", cluster.Name, cluster.GetLoadAssignment().GetClusterName(), name)
 	}
+	// The callout cluster's limits are envoy.yaml's ratelimit_sidecar's,
+	// written out as there rather than left to Envoy's defaults (0 below:
+	// unset).
+	shipped := shippedSidecarCluster(t)
+	var th *clusterv3.CircuitBreakers_Thresholds
+	if ths := cluster.GetCircuitBreakers().GetThresholds(); len(ths) == 1 {
+		th = ths[0]
+	}
+	for _, c := range []struct {
+		what      string
+		got, want any
+	}{
+		{"circuit_breakers max_connections", th.GetMaxConnections().GetValue(), uint32(shipped.maxConnections)},
+		{"circuit_breakers max_pending_requests", th.GetMaxPendingRequests().GetValue(), uint32(shipped.maxPending)},
+		{"circuit_breakers max_requests", th.GetMaxRequests().GetValue(), uint32(shipped.maxRequests)},
+		{"connect_timeout", cluster.GetConnectTimeout().AsDuration(), shipped.connectTimeout},
+	} {
+		if c.got != c.want {
+			t.Errorf("cluster %s %v, envoy.yaml's ratelimit_sidecar has %v", c.what, c.got, c.want)
+		}
+	}
 	if cluster.GetType() != clusterv3.Cluster_STRICT_DNS {
 		t.Errorf("cluster type %v, want STRICT_DNS over the headless Service", cluster.GetType())
 	}
