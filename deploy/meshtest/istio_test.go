@@ -244,6 +244,17 @@ func TestIstio(t *testing.T) {
 		if !slices.Contains(vs.Spec.Gateways, gw.Name) {
 			t.Errorf("VirtualService %s is not bound to the Gateway %s", vs.Name, gw.Name)
 		}
+		// No retries, as envoy.yaml has none: the filter charges a request
+		// once. Without retries, Istio gives the route the mesh's
+		// defaultHttpRetryPolicy or its own 2 retries on connect-failure,
+		// refused-stream, unavailable and cancelled (istio/istio
+		// pilot/pkg/networking/core/route/retry/retry.go); attempts 0
+		// gives it none.
+		for i, r := range vs.Spec.Http {
+			if r.GetRetries() == nil || r.GetRetries().GetAttempts() > 0 {
+				t.Errorf("VirtualService %s http[%d] retries %v: want attempts 0, or a request charged once reaches the service up to 1 + attempts times", vs.Name, i, r.GetRetries())
+			}
+		}
 	}
 
 	checkSidecar(t, sidecarSetup{pod: &pod.Spec, container: sidecar, configMaps: x.configMaps, secrets: x.secrets})
