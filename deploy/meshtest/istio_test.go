@@ -261,9 +261,10 @@ func TestIstio(t *testing.T) {
 }
 
 // TestIstioEdgeProtections: the gateway's connection manager does what
-// envoy/envoy.yaml's does against hostile clients. Istio 1.32's gateway
+// envoy/envoy.yaml's does against hostile clients. Istio's gateway
 // (istio/istio pilot/pkg/networking/core gateway.go and
-// listener_builder.go) already sets use_remote_address, normalize_path
+// listener_builder.go, as of master on 2026-08-22, after the 1.31 branch)
+// already sets use_remote_address, normalize_path
 // (meshConfig.pathNormalization BASE) and proxy_100_continue (istiod's
 // ENABLE_100_CONTINUE_HEADERS, true since 1.23) and refuses HTTP/1.0
 // unless asked; the rest come from the pod's proxy.istio.io/config, a
