@@ -414,7 +414,8 @@ func TestEnvoyGatewayEdgeProtections(t *testing.T) {
 	}
 	// Envoy Gateway v1.9.1's default image, Envoy 1.39.1, takes no client
 	// for internal with internal_address_config unset, as Envoy Gateway
-	// leaves it; Envoy 1.33 to 1.35 took every RFC 1918 address.
+	// leaves it, as every Envoy since 1.33 does unless a runtime layer sets
+	// explicit_internal_address_config to false.
 	if c != nil && (c.Image != nil || c.ImageRepository != nil) {
 		t.Errorf("EnvoyProxy %s pins Envoy's image (%v, %v): the README's reading of internal addresses is for the default", ep.Name, c.Image, c.ImageRepository)
 	}

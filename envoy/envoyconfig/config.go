@@ -49,9 +49,10 @@ type Config struct {
 	// from one, without an x-forwarded-for of its own, keeps the x-envoy-*
 	// headers that steer the router (x-envoy-retry-on,
 	// x-envoy-max-retries, …) and gets x-envoy-internal: true; any other
-	// loses them. Unset, Envoy 1.33 to 1.35 take 10/8, 172.16/12,
-	// 192.168/16, 127.0.0.1, fd00::/8 and ::1 (DefaultInternalAddresses);
-	// 1.36 and later take none.
+	// loses them. Unset, Envoy 1.33 and later take none (its changelog
+	// for 1.33.0); 1.32 and earlier took 10/8, 172.16/12, 192.168/16,
+	// 127.0.0.1, fd00::/8 and ::1, as 1.33 to 1.35 still do with the
+	// runtime guard explicit_internal_address_config set to false.
 	InternalAddresses []netip.Prefix
 	// Proxy100Continue is the connection manager's proxy_100_continue:
 	// true passes a request's Expect: 100-continue on, so that its 100
@@ -73,16 +74,6 @@ type Config struct {
 	Histograms []HistogramBuckets
 	// Tags is stats_config.stats_tags, in order.
 	Tags []TagSpecifier
-}
-
-// DefaultInternalAddresses are the addresses Envoy 1.33 to 1.35 take for
-// internal when internal_address_config is unset
-// (Network::Utility::isInternalAddress: RFC 1918, the IPv4 loopback
-// address itself, fd00::/8 and ::1).
-var DefaultInternalAddresses = []netip.Prefix{
-	netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"),
-	netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("127.0.0.1/32"),
-	netip.MustParsePrefix("fd00::/8"), netip.MustParsePrefix("::1/128"),
 }
 
 // EscapedSlashesAction is what the connection manager does with a path

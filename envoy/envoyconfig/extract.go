@@ -139,12 +139,9 @@ func extract(b *bootstrapv3.Bootstrap) (*Config, error) {
 }
 
 // internalAddresses reads the connection manager's
-// internal_address_config: its cidr_ranges, or Envoy 1.33 to 1.35's
-// default when the field is unset.
+// internal_address_config: its cidr_ranges, none when the field is unset
+// (Envoy 1.33 and later).
 func internalAddresses(hcm *hcmv3.HttpConnectionManager, path string) ([]netip.Prefix, error) {
-	if hcm.GetInternalAddressConfig() == nil {
-		return DefaultInternalAddresses, nil
-	}
 	ranges := []netip.Prefix{}
 	for i, r := range hcm.GetInternalAddressConfig().GetCidrRanges() {
 		field := fmt.Sprintf("%s.internal_address_config.cidr_ranges[%d]", path, i)
