@@ -392,3 +392,68 @@ func TestUnfinishedBodyEndsTheConnection(t *testing.T) {
 		return nil
 	})
 }
+
+// A browser calling the API from another origin with its key in x-api-key
+// first sends a CORS preflight, OPTIONS with Origin and
+// Access-Control-Request-Method, which carries no key (Fetch): it reaches
+// the service uncharged, and a malformed key on one does not reach the
+// service. An OPTIONS without Access-Control-Request-Method is an
+// ordinary request: 401 without a key, charged with one, as a preflight
+// with a key is. (Plan tiny: 2 tokens, one back every 1000 s.)
+func TestCORSPreflightReachesTheServiceUncharged(t *testing.T) {
+	s := startStack(t, stackConfig{plans: tinyPlans})
+	svc := startRecordingService(t, http.StatusNoContent)
+	g := startGatewayTo(t, s, svc.Server)
+	preflight := "OPTIONS /orders/1 HTTP/1.1\r\nhost: api\r\nconnection: close\r\n" +
+		"origin: https://app.example\r\naccess-control-request-method: POST\r\n" +
+		"access-control-request-headers: content-type, x-api-key\r\n"
+	for _, extra := range []string{"", "x-api-key: not a key\r\n", ""} {
+		if st, body := rawRequest(t, g.Addr, preflight+extra); st != http.StatusNoContent {
+			t.Errorf("preflight with %q: %d %s, want the service's 204", extra, st, body)
+		}
+	}
+	for i, h := range svc.requests() {
+		if v := h.Values("x-api-key"); len(v) > 0 {
+			t.Errorf("preflight %d reached the service with x-api-key %q, which no bucket paid for", i, v)
+		}
+	}
+	stats, err := g.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := stats[counter("preflight")]; got != 3 {
+		t.Errorf("%s = %d, want 3", counter("preflight"), got)
+	}
+	plain := "OPTIONS /orders/1 HTTP/1.1\r\nhost: api\r\nconnection: close\r\norigin: https://app.example\r\n"
+	if st, body := rawRequest(t, g.Addr, plain); st != http.StatusUnauthorized {
+		t.Errorf("OPTIONS without Access-Control-Request-Method nor key: %d %s, want 401", st, body)
+	}
+	// With a key, either is decided: a 204 with the filter's headers (a
+	// callout that missed its 5 ms fails open, without them: sent again,
+	// up to decidedAttempts times, as another client).
+	for _, preflight := range []bool{false, true} {
+		for attempt := 1; ; attempt++ {
+			req, err := http.NewRequest(http.MethodOptions, "http://"+g.Addr+"/orders/1", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("origin", "https://app.example")
+			if preflight {
+				req.Header.Set("access-control-request-method", "POST")
+			}
+			req.Header.Set("x-api-key", fmt.Sprintf("keyed-%t-%d", preflight, attempt))
+			resp, err := s.http.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusNoContent && resp.Header.Get("ratelimit-policy") != "" {
+				break
+			}
+			if attempt == decidedAttempts {
+				t.Fatalf("OPTIONS with a key (preflight %t): %d without ratelimit-policy %d times, want it charged",
+					preflight, resp.StatusCode, attempt)
+			}
+		}
+	}
+}

@@ -903,3 +903,22 @@ func TestFilterNotDecidingFollowsOnMissingKey(t *testing.T) {
 		}
 	}
 }
+
+// TestFilterNotDecidingCountsPreflights: a CORS preflight is passed on to
+// the router uncharged and counted in edgelimit_requests{decision=
+// "preflight"}; were it left out of the requests the filter passed on, an
+// API whose browser clients send one before each call (half its requests)
+// would read as a filter deciding 50% of what reaches the router, and page.
+func TestFilterNotDecidingCountsPreflights(t *testing.T) {
+	for _, vals := range []map[string]any{{}, {"filter": map[string]any{"on_missing_key": "allow"}}} {
+		var expr string
+		for _, r := range rules(t, vals) {
+			if r.Alert == "EdgelimitFilterNotDeciding" {
+				expr = r.Expr
+			}
+		}
+		if !strings.Contains(expr, "|preflight|") {
+			t.Errorf("values %v: the preflights passed on are not among the filter's decisions:\n%s", vals, expr)
+		}
+	}
+}

@@ -60,6 +60,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"key/missing-not-enforced", r.missingKeyNotEnforced},
 		{"key/bearer", r.bearer},
 		{"key/header", r.keyHeader},
+		{"key/cors-preflight", r.corsPreflight},
 		{"hostile/headers", r.hostileHeaders},
 		{"lifecycle", r.lifecycle},
 		{"plugins/two-in-one-vm", r.twoPlugins},
@@ -1900,6 +1901,84 @@ func (r runner) keyHeader(t *testing.T) {
 	// x-api-key means nothing once another header is configured.
 	s, _ := send(h, get("key-1"))
 	reply(t, s, 401)
+}
+
+// corsPreflight: a browser calling the API from another origin with the
+// key in a header first sends a preflight, OPTIONS with Origin and
+// Access-Control-Request-Method, and never the key on it (Fetch). Without
+// a key it goes on uncharged, under every mode that checks keys, and a
+// malformed key on one does not reach the service. A request with a key
+// pays, whatever its method; an OPTIONS that lacks either header is an
+// ordinary request: 401 without a key.
+func (r runner) corsPreflight(t *testing.T) {
+	preflight := func(key string, extra ...Header) []Header {
+		return request("OPTIONS", "/orders/1", key, append([]Header{
+			{"origin", "https://app.example"},
+			{"access-control-request-method", "POST"},
+			{"access-control-request-headers", "content-type,x-api-key"},
+		}, extra...)...)
+	}
+	for _, config := range []string{"", `{"mode": "shadow"}`, `{"canary_clients": ["vip-1"]}`,
+		`{"costs": [{"method": "OPTIONS", "cost": 5}]}`} {
+		t.Run(config, func(t *testing.T) {
+			h := r.host(t, config)
+			for _, headers := range [][]Header{
+				preflight(""),
+				preflight("has space"),
+				preflight("", Header{"x-api-key", ""}, Header{"x-api-key", "key-uncharged"}),
+			} {
+				s, cont := send(h, headers)
+				if !cont {
+					t.Errorf("%q: preflight stopped", headers)
+				}
+				wentOn(t, s)
+				if _, ok := s.Callout(); ok {
+					t.Errorf("%q: callout made for a preflight", headers)
+				}
+				absent(t, s.UpstreamHeaders(), "x-api-key", "x-ratelimit-shadow")
+				absent(t, s.ResponseHeaders([]Header{{":status", "204"}}), rateLimitHeaderNames...)
+			}
+			counters(t, h, map[string]int64{limiter.MetricPreflight: 3})
+		})
+	}
+	h := r.host(t, "")
+	for _, c := range []struct {
+		name    string
+		headers []Header
+	}{
+		{"with a key", preflight("key-3")},
+		{"with a Bearer key", preflight("", Header{"authorization", "Bearer key-3"})},
+		{"no origin", request("OPTIONS", "/", "key-3", Header{"access-control-request-method", "GET"})},
+		{"no request method", request("OPTIONS", "/", "key-3", Header{"origin", "https://app.example"})},
+	} {
+		s, call := waiting(t, h, c.headers)
+		if got := header(t, call.Headers, "x-api-key"); got != "key-3" {
+			t.Errorf("%s: charged %q, want key-3", c.name, got)
+		}
+		s.RespondCallout(firstAllow, nil)
+		wentOn(t, s)
+	}
+	for _, c := range []struct {
+		name    string
+		headers []Header
+	}{
+		{"no origin", request("OPTIONS", "/", "", Header{"access-control-request-method", "GET"})},
+		{"empty origin", request("OPTIONS", "/", "", Header{"origin", ""},
+			Header{"access-control-request-method", "GET"})},
+		{"no request method", request("OPTIONS", "/", "", Header{"origin", "https://app.example"})},
+		{"empty request method", request("OPTIONS", "/", "", Header{"origin", "https://app.example"},
+			Header{"access-control-request-method", ""})},
+		{"GET", request("GET", "/", "", Header{"origin", "https://app.example"},
+			Header{"access-control-request-method", "GET"})},
+		{"lower-case method", request("options", "/", "", Header{"origin", "https://app.example"},
+			Header{"access-control-request-method", "GET"})},
+	} {
+		s, _ := send(h, c.headers)
+		if body := jsonBody(t, reply(t, s, 401)); body["error"] != "missing_api_key" {
+			t.Errorf("%s: body %v, want missing_api_key", c.name, body)
+		}
+	}
+	counters(t, h, map[string]int64{limiter.MetricPreflight: 0, limiter.MetricAllowed: 4, limiter.MetricMissingKey: 6})
 }
 
 // ---- hostile input ----

@@ -350,8 +350,33 @@ func (l *Limiter) check(s *stream) abi.Action {
 	return l.dispatch(s, now)
 }
 
+// isPreflight reports whether a request is a CORS preflight: method
+// OPTIONS, a non-empty Origin and a non-empty
+// Access-Control-Request-Method, what Envoy's CORS filter takes for one.
+// An OPTIONS that lacks either header is an ordinary request.
+func isPreflight(h abi.Host) bool {
+	if m, _ := h.GetHeader(abi.MapRequestHeaders, ":method"); m != "OPTIONS" {
+		return false
+	}
+	if v, _ := h.GetHeader(abi.MapRequestHeaders, "origin"); v == "" {
+		return false
+	}
+	v, _ := h.GetHeader(abi.MapRequestHeaders, "access-control-request-method")
+	return v != ""
+}
+
 func (l *Limiter) noKey(s *stream, ks KeyStatus) abi.Action {
 	h := l.host
+	// A browser's CORS preflight never carries the key (Fetch sends it
+	// without credentials), so asking it for one would answer every
+	// cross-origin call of a browser 401 before the call is made. It goes
+	// on uncharged, without the key header (check removed it). Asked only
+	// here, of a request without a key: the allowed path reads no more
+	// headers for it, and a request with a key pays, whatever its method.
+	if isPreflight(h) {
+		l.m.inc(h, cPreflight)
+		return abi.ActionContinue
+	}
 	c, body, details := cMissingKey, missingKeyBody, "edgelimit_missing_api_key"
 	if ks == KeyInvalid {
 		c, body, details = cInvalidKey, invalidKeyBody, "edgelimit_invalid_api_key"

@@ -300,7 +300,7 @@ func TestMetricNames(t *testing.T) {
 		"edgelimit.requests.allowed", "edgelimit.requests.denied", "edgelimit.requests.denied_cached",
 		"edgelimit.requests.shadow_allowed", "edgelimit.requests.shadow_would_deny",
 		"edgelimit.requests.missing_key", "edgelimit.requests.invalid_key", "edgelimit.requests.unknown_key",
-		"edgelimit.requests.unchecked",
+		"edgelimit.requests.unchecked", "edgelimit.requests.preflight",
 		"edgelimit.requests.failed_open.timeout", "edgelimit.requests.failed_open.unavailable",
 		"edgelimit.requests.failed_open.reset", "edgelimit.requests.failed_open.dispatch",
 		"edgelimit.requests.failed_open.status", "edgelimit.requests.failed_open.malformed",

@@ -17,6 +17,10 @@ const (
 	// know the key (403: no plan lists it and there is no default plan).
 	MetricUnknownKey = "edgelimit.requests.unknown_key"
 	MetricUnchecked  = "edgelimit.requests.unchecked"
+	// MetricPreflight counts CORS preflights (OPTIONS with Origin and
+	// Access-Control-Request-Method) passed on uncharged: a browser sends
+	// them without the key.
+	MetricPreflight = "edgelimit.requests.preflight"
 	// MetricFailedOpenPrefix + Reason.String() counts requests that failed
 	// open, by reason.
 	MetricFailedOpenPrefix = "edgelimit.requests.failed_open."
@@ -73,6 +77,7 @@ const (
 	cInvalidKey
 	cUnknownKey
 	cUnchecked
+	cPreflight
 	cFailedOpen // + Reason
 )
 
@@ -128,6 +133,8 @@ func counterName(c counter) string {
 		return MetricUnknownKey
 	case cUnchecked:
 		return MetricUnchecked
+	case cPreflight:
+		return MetricPreflight
 	case cBreakerOpened:
 		return MetricBreakerOpened
 	case cBreakerReopened:
