@@ -457,3 +457,91 @@ func TestCORSPreflightReachesTheServiceUncharged(t *testing.T) {
 		}
 	}
 }
+
+// A page of envoy.yaml's CORS origin (https://app.example.com) can call
+// the API from a browser: its preflight is answered by the CORS filter
+// before the rate limiter, and every answer, the filter's 401 and 429
+// included, carries Access-Control-Allow-Origin and exposes the
+// rate-limit fields, so the page reads a 429's Retry-After instead of a
+// network error. Another origin's preflight goes on to the service,
+// uncharged, and its answers carry no CORS header. (Plan tiny: 2 tokens,
+// one back every 1000 s.)
+func TestCORSThroughTheGateway(t *testing.T) {
+	s := startStack(t, stackConfig{plans: tinyPlans})
+	svc := startRecordingService(t, http.StatusNoContent)
+	g := startGatewayTo(t, s, svc.Server)
+	const app = "https://app.example.com"
+	send := func(method, origin string, headers ...string) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest(method, "http://"+g.Addr+"/orders/1", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("origin", origin)
+		for i := 0; i+1 < len(headers); i += 2 {
+			req.Header.Set(headers[i], headers[i+1])
+		}
+		resp, err := s.http.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	exposed := func(what string, resp *http.Response) {
+		t.Helper()
+		if got := resp.Header.Get("access-control-allow-origin"); got != app {
+			t.Errorf("%s: access-control-allow-origin %q, want %s", what, got, app)
+		}
+		if got := resp.Header.Get("access-control-expose-headers"); !strings.Contains(got, "retry-after") || !strings.Contains(got, "ratelimit-policy") {
+			t.Errorf("%s: access-control-expose-headers %q, want retry-after and the RateLimit fields", what, got)
+		}
+	}
+
+	resp := send(http.MethodOptions, app, "access-control-request-method", "POST",
+		"access-control-request-headers", "x-api-key,content-type")
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("preflight of %s: %d, want the CORS filter's 200", app, resp.StatusCode)
+	}
+	exposed("preflight", resp)
+	if got := resp.Header.Get("access-control-allow-headers"); !strings.Contains(got, "x-api-key") {
+		t.Errorf("preflight: access-control-allow-headers %q, want x-api-key among them", got)
+	}
+	if got := resp.Header.Get("access-control-allow-methods"); !strings.Contains(got, "POST") {
+		t.Errorf("preflight: access-control-allow-methods %q, want POST among them", got)
+	}
+	if n := len(svc.requests()); n != 0 {
+		t.Errorf("the preflight of an allowed origin reached the service (%d requests)", n)
+	}
+
+	resp = send(http.MethodOptions, "https://other.example", "access-control-request-method", "POST")
+	if resp.StatusCode != http.StatusNoContent || resp.Header.Get("access-control-allow-origin") != "" {
+		t.Errorf("preflight of another origin: %d, access-control-allow-origin %q; want the service's 204, none",
+			resp.StatusCode, resp.Header.Get("access-control-allow-origin"))
+	}
+
+	if resp = send(http.MethodGet, app); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("GET without a key: %d, want 401", resp.StatusCode)
+	}
+	exposed("401", resp)
+	if resp = send(http.MethodGet, "https://other.example"); resp.Header.Get("access-control-allow-origin") != "" {
+		t.Errorf("401 to another origin: access-control-allow-origin %q, want none", resp.Header.Get("access-control-allow-origin"))
+	}
+	// Spent until denied: 2 tokens, and a callout that misses its 5 ms
+	// fails open (admitted, maybe charged), so at most 2 + decidedAttempts
+	// requests before the 429.
+	for i := 1; ; i++ {
+		resp = send(http.MethodGet, app, "x-api-key", "browser")
+		exposed(fmt.Sprintf("GET %d (%d)", i, resp.StatusCode), resp)
+		if resp.StatusCode == http.StatusTooManyRequests {
+			if resp.Header.Get("retry-after") == "" {
+				t.Error("429: no retry-after")
+			}
+			break
+		}
+		if i == 2+decidedAttempts {
+			t.Fatalf("no 429 in %d requests on a plan of 2", i)
+		}
+	}
+}

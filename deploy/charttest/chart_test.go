@@ -23,6 +23,7 @@ import (
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -437,8 +438,8 @@ func checkInvariants(t *testing.T, r *rendered) {
 	statsPaths := checkStatsListener(t, boot)
 
 	// The module is mounted where the bootstrap looks for it.
-	wasmFile := dig(t, boot, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config",
-		"http_filters", 0, "typed_config", "config", "vm_config", "code", "local", "filename").(string)
+	wasmFile := dig(t, wasmFilter(t, dig(t, boot, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config")),
+		"config", "vm_config", "code", "local", "filename").(string)
 	wasmDir, file := wasmFile[:strings.LastIndex(wasmFile, "/")], wasmFile[strings.LastIndex(wasmFile, "/")+1:]
 	mount := podspec.Mount(t, envoy, "wasm")
 	if mount.MountPath != wasmDir {
@@ -643,8 +644,8 @@ func checkInvariants(t *testing.T, r *rendered) {
 // the wasm filter's configuration value.
 func filterConfig(t *testing.T, boot map[string]any) map[string]any {
 	t.Helper()
-	value := dig(t, listener(t, boot, "edge"), "filter_chains", 0, "filters", 0, "typed_config",
-		"http_filters", 0, "typed_config", "config", "configuration", "value").(string)
+	value := dig(t, wasmFilter(t, dig(t, listener(t, boot, "edge"), "filter_chains", 0, "filters", 0, "typed_config")),
+		"config", "configuration", "value").(string)
 	var cfg map[string]any
 	if err := json.Unmarshal([]byte(value), &cfg); err != nil {
 		t.Fatalf("filter configuration: %v", err)
@@ -737,7 +738,7 @@ func TestBootstrapFollowsEnvoyYAML(t *testing.T) {
 		l := runtime.DeepCopyJSON(listener(t, boot, "edge"))
 		hcm := dig(t, l, "filter_chains", 0, "filters", 0, "typed_config").(map[string]any)
 		delete(dig(t, hcm, "route_config", "virtual_hosts", 0).(map[string]any), "routes")
-		cfg := dig(t, hcm, "http_filters", 0, "typed_config", "config").(map[string]any)
+		cfg := dig(t, wasmFilter(t, hcm), "config").(map[string]any)
 		delete(dig(t, cfg, "vm_config", "code", "local").(map[string]any), "filename")
 		value := dig(t, cfg, "configuration").(map[string]any)
 		var filter any
@@ -766,7 +767,7 @@ func TestBootstrapFollowsEnvoyYAML(t *testing.T) {
 				delete(c.(map[string]any), "load_assignment")
 			}
 		}
-		cfg := dig(t, listener(t, b, "edge"), "filter_chains", 0, "filters", 0, "typed_config", "http_filters", 0, "typed_config", "config").(map[string]any)
+		cfg := dig(t, wasmFilter(t, dig(t, listener(t, b, "edge"), "filter_chains", 0, "filters", 0, "typed_config")), "config").(map[string]any)
 		delete(dig(t, cfg, "vm_config", "code", "local").(map[string]any), "filename")
 		delete(dig(t, cfg, "configuration").(map[string]any), "value")
 		return b
@@ -991,6 +992,20 @@ func bootstrap(t *testing.T, r *rendered) map[string]any {
 }
 
 // dig follows keys (strings) and indexes (ints) into generic YAML.
+// wasmFilter is the typed_config of the wasm filter among hcm's
+// http_filters (after the CORS filter, when the values render one).
+func wasmFilter(t *testing.T, hcm any) map[string]any {
+	t.Helper()
+	for _, f := range dig(t, hcm, "http_filters").([]any) {
+		tc := dig(t, f, "typed_config").(map[string]any)
+		if tc["@type"] == "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm" {
+			return tc
+		}
+	}
+	t.Fatal("bootstrap: no wasm filter in http_filters")
+	return nil
+}
+
 func dig(t *testing.T, v any, path ...any) any {
 	t.Helper()
 	for _, p := range path {
@@ -1110,5 +1125,42 @@ func TestImagesFromTheDockerfile(t *testing.T) {
 		if tags[target] == "" || image != tags[target] {
 			t.Errorf("the chart runs %s for the %s target, the Dockerfile tags it %q", image, target, tags[target])
 		}
+	}
+}
+
+// TestCORSFollowsValues: envoy.cors.allowOrigins lists the origins of the
+// CORS filter's policy, each an exact match; an empty list renders neither
+// the filter nor its policy.
+func TestCORSFollowsValues(t *testing.T) {
+	for _, c := range []struct {
+		origins []any
+		want    []any
+	}{
+		{[]any{"https://a.example", "http://localhost:3000"},
+			[]any{map[string]any{"exact": "https://a.example"}, map[string]any{"exact": "http://localhost:3000"}}},
+		{[]any{}, nil},
+	} {
+		r, err := render(t, map[string]any{"envoy": map[string]any{"cors": map[string]any{"allowOrigins": c.origins}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hcm := dig(t, listener(t, bootstrap(t, r), "edge"), "filter_chains", 0, "filters", 0, "typed_config")
+		vh := dig(t, hcm, "route_config", "virtual_hosts", 0).(map[string]any)
+		filters := dig(t, hcm, "http_filters").([]any)
+		if c.want == nil {
+			if _, ok := vh["typed_per_filter_config"]; ok || len(filters) != 2 {
+				t.Errorf("no origins: policy %v, %d filters; want no policy, the wasm filter and the router", vh["typed_per_filter_config"], len(filters))
+			}
+			continue
+		}
+		if got := dig(t, vh, "typed_per_filter_config", "envoy.filters.http.cors", "allow_origin_string_match"); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("origins %v: allow_origin_string_match %v, want %v", c.origins, got, c.want)
+		}
+		if got := dig(t, filters[0], "name"); got != "envoy.filters.http.cors" {
+			t.Errorf("origins %v: first filter %v, want the CORS filter", c.origins, got)
+		}
+	}
+	if _, err := render(t, map[string]any{"envoy": map[string]any{"cors": map[string]any{"allowOrigins": []any{"app.example.com"}}}}); err == nil {
+		t.Error("an origin without a scheme rendered")
 	}
 }

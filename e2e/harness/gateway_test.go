@@ -76,7 +76,22 @@ func TestRenderBootstrapLands(t *testing.T) {
 	if !reflect.DeepEqual(got.BucketsFor(latency), shipped.BucketsFor(latency)) {
 		t.Errorf("%s buckets %v, want envoy.yaml's %v", latency, got.BucketsFor(latency), shipped.BucketsFor(latency))
 	}
+	// So are the CORS policy's origin matchers.
+	if got.CORS == nil || shipped.CORS == nil {
+		t.Fatalf("CORS policy %v, want envoy.yaml's %v", got.CORS, shipped.CORS)
+	}
+	for _, origin := range []string{"https://app.example.com", "https://other.example"} {
+		if got.CORS.Allowed(origin) != shipped.CORS.Allowed(origin) {
+			t.Errorf("CORS policy allows %s: %t, envoy.yaml's %t", origin, got.CORS.Allowed(origin), shipped.CORS.Allowed(origin))
+		}
+	}
+	gotCORS, wantCORS := *got.CORS, *shipped.CORS
+	gotCORS.AllowOrigins, wantCORS.AllowOrigins = nil, nil
+	if !reflect.DeepEqual(gotCORS, wantCORS) {
+		t.Errorf("CORS policy %+v, want envoy.yaml's %+v", gotCORS, wantCORS)
+	}
 	got.Histograms, want.Histograms = nil, nil
+	got.CORS, want.CORS = nil, nil
 	if !reflect.DeepEqual(*got, want) {
 		t.Errorf("the rendered bootstrap reads\n%+v\nwant envoy.yaml's with the test's addresses\n%+v", *got, want)
 	}

@@ -36,6 +36,11 @@ type Config struct {
 	Listeners []Listener
 	Clusters  map[string]Cluster // by name
 	Wasm      Wasm               // the envoy.filters.http.wasm filter
+	// CORS is the policy of envoy.filters.http.cors, when that filter
+	// comes before the wasm filter and the virtual host gives it a policy
+	// (typed_per_filter_config); nil otherwise, and then nothing is done
+	// for CORS, as Envoy's filter does nothing without a policy.
+	CORS *CORSPolicy
 	// StreamIdleTimeout is the connection manager's stream_idle_timeout:
 	// how long a stream may go without activity (Envoy's default 5 min
 	// when unset; 0: none).
@@ -276,6 +281,35 @@ type Cluster struct {
 // Limits are a cluster's circuit breaker thresholds.
 type Limits struct {
 	MaxConnections, MaxPendingRequests, MaxRequests int
+}
+
+// CORSPolicy is envoy.extensions.filters.http.cors.v3.CorsPolicy as
+// Envoy's CORS filter applies it (cors_filter.cc): a preflight (OPTIONS
+// with a non-empty Origin and Access-Control-Request-Method) from an
+// allowed origin is answered 200 by the filter, before the filters after
+// it; one from another origin goes on unless ForwardNotMatchingPreflights
+// is false; every response to a request from an allowed origin, a later
+// filter's local reply included, gets Access-Control-Allow-Origin (the
+// origin), Access-Control-Allow-Credentials when AllowCredentials and
+// Access-Control-Expose-Headers when ExposeHeaders is set.
+type CORSPolicy struct {
+	AllowOrigins                 []func(string) bool // allow_origin_string_match
+	AllowMethods, AllowHeaders   string              // "*" echoes the request's
+	ExposeHeaders, MaxAge        string
+	AllowCredentials             bool
+	AllowPrivateNetworkAccess    bool
+	ForwardNotMatchingPreflights bool // Envoy's default: true
+}
+
+// Allowed reports whether origin is one of the policy's, as Envoy's
+// isOriginAllowed: a matcher that matches "*" allows every origin.
+func (p *CORSPolicy) Allowed(origin string) bool {
+	for _, m := range p.AllowOrigins {
+		if m("*") || m(origin) {
+			return true
+		}
+	}
+	return false
 }
 
 // Wasm is the proxy-wasm HTTP filter's configuration.

@@ -271,7 +271,9 @@ func TestOverride(t *testing.T) {
 var invalidCases = []struct{ name, want string }{
 	{"bad_duration", "static_resources.clusters[2].connect_timeout: invalid google.protobuf.Duration value \"250ms\""},
 	{"bad_enum", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.codec_type: unknown value \"AUTOMATIC\" of envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.CodecType (one of AUTO, HTTP1, HTTP2, HTTP3)"},
-	{"bad_type", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.@type: unknown type \"type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasmm\" (known: envoy.extensions.access_loggers.stream.v3.StderrAccessLog, envoy.extensions.access_loggers.stream.v3.StdoutAccessLog, envoy.extensions.filters.http.router.v3.Router, envoy.extensions.filters.http.wasm.v3.Wasm, envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager, google.protobuf.StringValue)"},
+	{"bad_type", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.@type: unknown type \"type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasmm\" (known: envoy.extensions.access_loggers.stream.v3.StderrAccessLog, envoy.extensions.access_loggers.stream.v3.StdoutAccessLog, envoy.extensions.filters.http.cors.v3.Cors, envoy.extensions.filters.http.cors.v3.CorsPolicy, envoy.extensions.filters.http.router.v3.Router, envoy.extensions.filters.http.wasm.v3.Wasm, envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager, google.protobuf.StringValue)"},
+	{"cors_after_wasm", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[1]: the CORS filter \"envoy.filters.http.cors\" comes after the wasm filter; the gateway runs it only before, where it answers a preflight before the rate limiter sees it"},
+	{"cors_policy_per_route", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].routes[0]: a per-route cors or typed_per_filter_config is not supported; give the policy on the virtual host"},
 	{"cluster_without_endpoints", "static_resources.clusters[1].load_assignment: cluster \"billing\" has no endpoints"},
 	{"configuration_missing", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config.configuration: missing; want a google.protobuf.StringValue holding the filter's JSON"},
 	{"duplicate_cluster", "static_resources.clusters[1].name: cluster \"orders\" is defined twice"},
@@ -868,6 +870,36 @@ func TestRetryPolicyRefused(t *testing.T) {
 		_, err := parse([]byte(strings.Replace(string(base), c.old, c.new, 1)))
 		if err == nil || !strings.Contains(err.Error(), c.field+": retries are not supported") {
 			t.Errorf("%s: %v, want an error naming the field", c.field, err)
+		}
+	}
+}
+
+// envoy.yaml runs the CORS filter before the rate limiter with a policy
+// that lets a page of its origin send the key and read the rate-limit
+// fields of every answer, a 429's Retry-After included.
+func TestRealConfigCORS(t *testing.T) {
+	c, err := Load(realConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := c.CORS
+	if p == nil {
+		t.Fatal("no CORS policy")
+	}
+	if !p.Allowed("https://app.example.com") || p.Allowed("https://evil.example") || p.Allowed("https://app.example.com.evil.example") {
+		t.Errorf("origins: want https://app.example.com alone")
+	}
+	if !p.ForwardNotMatchingPreflights {
+		t.Error("forward_not_matching_preflights: want Envoy's default, true")
+	}
+	for _, h := range []string{"x-api-key", "authorization"} {
+		if !slices.Contains(strings.Split(p.AllowHeaders, ", "), h) {
+			t.Errorf("allow_headers %q: no %s", p.AllowHeaders, h)
+		}
+	}
+	for _, h := range []string{"retry-after", "ratelimit", "ratelimit-policy", "ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"} {
+		if !slices.Contains(strings.Split(p.ExposeHeaders, ", "), h) {
+			t.Errorf("expose_headers %q: no %s", p.ExposeHeaders, h)
 		}
 	}
 }

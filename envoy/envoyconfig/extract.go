@@ -17,6 +17,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	metricsv3 "github.com/envoyproxy/go-control-plane/envoy/config/metrics/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	wasmfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -89,6 +90,9 @@ func extract(b *bootstrapv3.Bootstrap) (*Config, error) {
 	}
 	hcm, hcmPath := hcms[filterAt].hcm, hcms[filterAt].hcmPath
 	if c.Wasm, err = extractWasm(hcm, hcmPath, c.Clusters); err != nil {
+		return nil, err
+	}
+	if c.CORS, err = extractCORS(hcm, hcmPath); err != nil {
 		return nil, err
 	}
 	c.StreamIdleTimeout = defaultStreamIdleTimeout
@@ -490,6 +494,12 @@ func extractWasm(hcm *hcmv3.HttpConnectionManager, path string, clusters map[str
 		if last && !isRouter {
 			return Wasm{}, fmt.Errorf("%s: the last HTTP filter must be the router (envoy.filters.http.router), got %q", fpath, f.GetName())
 		}
+		if tc.MessageIs(&corsv3.Cors{}) {
+			if wasm != nil {
+				return Wasm{}, fmt.Errorf("%s: the CORS filter %q comes after the wasm filter; the gateway runs it only before, where it answers a preflight before the rate limiter sees it", fpath, f.GetName())
+			}
+			continue
+		}
 		if !tc.MessageIs(&wasmfilterv3.Wasm{}) {
 			continue
 		}
@@ -505,6 +515,71 @@ func extractWasm(hcm *hcmv3.HttpConnectionManager, path string, clusters map[str
 		return Wasm{}, fmt.Errorf("%s: no envoy.filters.http.wasm filter (typed_config %s)", path, "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm")
 	}
 	return pluginConfig(wasm.GetConfig(), wasmPath+".config", clusters)
+}
+
+// extractCORS reads the policy of the connection manager's CORS filter
+// (envoy.extensions.filters.http.cors.v3.Cors, which extractWasm has
+// placed before the wasm filter) from the virtual host's
+// typed_per_filter_config under the filter's name: nil without the filter
+// or without a policy. What the gateway does not do as Envoy does is an
+// error naming the field: a policy per route, the virtual host's
+// deprecated cors field, filter_enabled and shadow_enabled.
+func extractCORS(hcm *hcmv3.HttpConnectionManager, path string) (*CORSPolicy, error) {
+	name, n := "", 0
+	for i, f := range hcm.GetHttpFilters() {
+		if !f.GetTypedConfig().MessageIs(&corsv3.Cors{}) {
+			continue
+		}
+		if n++; n > 1 {
+			return nil, fmt.Errorf("%s.http_filters[%d]: a second CORS filter %q; the gateway runs at most one", path, i, f.GetName())
+		}
+		name = f.GetName()
+	}
+	vh := hcm.GetRouteConfig().GetVirtualHosts()[0]
+	vpath := path + ".route_config.virtual_hosts[0]"
+	if vh.GetCors() != nil {
+		return nil, fmt.Errorf("%s.cors: deprecated; give the policy as typed_per_filter_config[%q] (envoy.extensions.filters.http.cors.v3.CorsPolicy)", vpath, "envoy.filters.http.cors")
+	}
+	for i, r := range vh.GetRoutes() {
+		if r.GetRoute().GetCors() != nil || len(r.GetTypedPerFilterConfig()) > 0 {
+			return nil, fmt.Errorf("%s.routes[%d]: a per-route cors or typed_per_filter_config is not supported; give the policy on the virtual host", vpath, i)
+		}
+	}
+	for key := range vh.GetTypedPerFilterConfig() {
+		if key != name {
+			return nil, fmt.Errorf("%s.typed_per_filter_config[%q]: no CORS filter of that name in http_filters; only the CORS filter's policy is supported", vpath, key)
+		}
+	}
+	if name == "" {
+		return nil, nil
+	}
+	any, ok := vh.GetTypedPerFilterConfig()[name]
+	if !ok {
+		return nil, nil
+	}
+	ppath := fmt.Sprintf("%s.typed_per_filter_config[%q]", vpath, name)
+	var pol corsv3.CorsPolicy
+	if err := any.UnmarshalTo(&pol); err != nil {
+		return nil, fmt.Errorf("%s: want envoy.extensions.filters.http.cors.v3.CorsPolicy: %w", ppath, err)
+	}
+	if pol.GetFilterEnabled() != nil || pol.GetShadowEnabled() != nil {
+		return nil, fmt.Errorf("%s: filter_enabled and shadow_enabled are not supported (the policy is always enforced)", ppath)
+	}
+	out := &CORSPolicy{
+		AllowMethods: pol.GetAllowMethods(), AllowHeaders: pol.GetAllowHeaders(),
+		ExposeHeaders: pol.GetExposeHeaders(), MaxAge: pol.GetMaxAge(),
+		AllowCredentials:             pol.GetAllowCredentials().GetValue(),
+		AllowPrivateNetworkAccess:    pol.GetAllowPrivateNetworkAccess().GetValue(),
+		ForwardNotMatchingPreflights: pol.GetForwardNotMatchingPreflights() == nil || pol.GetForwardNotMatchingPreflights().GetValue(),
+	}
+	for i, m := range pol.GetAllowOriginStringMatch() {
+		match, err := stringMatcher(m, fmt.Sprintf("%s.allow_origin_string_match[%d]", ppath, i))
+		if err != nil {
+			return nil, err
+		}
+		out.AllowOrigins = append(out.AllowOrigins, match)
+	}
+	return out, nil
 }
 
 func pluginConfig(pc *wasmv3.PluginConfig, path string, clusters map[string]Cluster) (Wasm, error) {

@@ -11,6 +11,7 @@ import (
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	streamv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
+	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	wasmfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -33,6 +34,8 @@ var knownTypes = func() *protoregistry.Types {
 		&hcmv3.HttpConnectionManager{},
 		&wasmfilterv3.Wasm{},
 		&routerv3.Router{},
+		&corsv3.Cors{},
+		&corsv3.CorsPolicy{},
 		&streamv3.StdoutAccessLog{},
 		&streamv3.StderrAccessLog{},
 		&wrapperspb.StringValue{},

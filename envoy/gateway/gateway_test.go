@@ -745,3 +745,84 @@ func TestGatewayRouterCountsRoutedRequests(t *testing.T) {
 		t.Errorf("the filter decided %d, want 3 (all but the 400)", n)
 	}
 }
+
+// The CORS filter's options beyond envoy.yaml's, as Envoy's cors_filter.cc
+// applies them. The test changes the shipped policy to reach them: "*"
+// methods and headers echo the preflight's, credentials and private
+// network access are allowed, origins are a regex, and a preflight of
+// another origin is answered by the filter (forward_not_matching_preflights
+// false) without Access-Control-Allow-Origin, never reaching the rate
+// limiter or the service.
+func TestGatewayCORSPolicy(t *testing.T) {
+	filter, _ := modules(t)
+	cfg := shippedWith(t, `                  allow_origin_string_match:
+                  - exact: https://app.example.com
+                  allow_methods: GET, POST, PUT, PATCH, DELETE
+                  allow_headers: x-api-key, authorization, content-type
+`, `                  allow_origin_string_match:
+                  - safe_regex: {regex: 'https://[a-z]+\.example\.com'}
+                  allow_methods: "*"
+                  allow_headers: "*"
+                  allow_credentials: true
+                  allow_private_network_access: true
+                  forward_not_matching_preflights: false
+`)
+	orders := newService(t, "orders", 0)
+	sidecar := newSidecar(t)
+	g := start(t, "-config", cfg, "-wasm", filter,
+		"-cluster", "orders="+orders.Listener.Addr().String(),
+		"-cluster", "billing="+testkit.RefusedAddr(t),
+		"-cluster", "ratelimit_sidecar="+sidecar.Listener.Addr().String())
+	do := func(method, origin string, headers ...string) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest(method, "http://"+g.addr+"/orders/1", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("origin", origin)
+		for i := 0; i+1 < len(headers); i += 2 {
+			req.Header.Set(headers[i], headers[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	want := func(what string, resp *http.Response, headers ...string) {
+		t.Helper()
+		for i := 0; i+1 < len(headers); i += 2 {
+			if got := resp.Header.Get(headers[i]); got != headers[i+1] {
+				t.Errorf("%s: %s %q, want %q", what, headers[i], got, headers[i+1])
+			}
+		}
+	}
+	resp := do(http.MethodOptions, "https://shop.example.com", "access-control-request-method", "PATCH",
+		"access-control-request-headers", "x-api-key, x-trace", "access-control-request-private-network", "true")
+	want("preflight", resp, "access-control-allow-origin", "https://shop.example.com",
+		"access-control-allow-methods", "PATCH", "access-control-allow-headers", "x-api-key, x-trace",
+		"access-control-allow-credentials", "true", "access-control-allow-private-network", "true",
+		"access-control-max-age", "600")
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("preflight: %d, want 200", resp.StatusCode)
+	}
+	resp = do(http.MethodOptions, "https://shop.example.com.evil.example", "access-control-request-method", "GET")
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("access-control-allow-origin") != "" {
+		t.Errorf("preflight of another origin: %d with access-control-allow-origin %q, want 200 and none",
+			resp.StatusCode, resp.Header.Get("access-control-allow-origin"))
+	}
+	if n := orders.hits.Load(); n != 0 {
+		t.Errorf("%d preflights reached the service, want none", n)
+	}
+	if got := stat(t, g.admin, "wasmcustom.edgelimit.requests.preflight"); got != 0 {
+		t.Errorf("%d preflights reached the rate limiter, want none", got)
+	}
+	resp = do(http.MethodGet, "https://shop.example.com")
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("no key: %d, want 401", resp.StatusCode)
+	}
+	want("401", resp, "access-control-allow-origin", "https://shop.example.com", "access-control-allow-credentials", "true",
+		"access-control-expose-headers", "retry-after, ratelimit, ratelimit-policy, ratelimit-limit, ratelimit-remaining, ratelimit-reset")
+}

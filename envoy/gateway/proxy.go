@@ -39,6 +39,11 @@ type exchange struct {
 	// bound).
 	drainBody bool
 	idle      time.Duration
+	// cors is the CORS filter's policy when the request came from one of
+	// its origins (corsOrigin): every response written gets the headers
+	// its encodeHeaders adds.
+	cors       *envoyconfig.CORSPolicy
+	corsOrigin string
 }
 
 // ServeHTTP runs one request through the filter chain of the listener: the
@@ -140,6 +145,9 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if gen.cfg.CORS != nil && g.cors(w, r, gen.cfg.CORS, gen.cfg.Routes, path, x) {
+		return
+	}
 	worker, _ := r.Context().Value(workerKey{}).(int)
 	vm := gen.workers[worker%len(gen.workers)]
 	// The stream's context is made by its first call, and it ends
@@ -185,6 +193,57 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		panic(http.ErrAbortHandler)
 	}
 	g.route(w, r, gen, s, x)
+}
+
+// cors runs Envoy's CORS filter, which comes before the wasm filter
+// (envoyconfig checks it), on the request, as its decodeHeaders does
+// (source/extensions/filters/http/cors/cors_filter.cc): nothing for a
+// request without a route to a cluster or without Origin; the origin kept
+// for the response's headers when the policy allows it; a preflight
+// (OPTIONS with a non-empty Access-Control-Request-Method) answered 200
+// here, before the wasm filter, when the origin is allowed or
+// forward_not_matching_preflights is false. It reports whether it
+// answered.
+func (g *gateway) cors(w http.ResponseWriter, r *http.Request, p *envoyconfig.CORSPolicy, routes []envoyconfig.Route, path string, x *exchange) bool {
+	if rt, ok := matchRoute(routes, path); !ok || rt.Direct != nil {
+		return false
+	}
+	origin := r.Header.Get("origin")
+	if origin == "" {
+		return false
+	}
+	allowed := p.Allowed(origin)
+	if allowed {
+		x.cors, x.corsOrigin = p, origin
+	}
+	method := r.Header.Get("access-control-request-method")
+	if r.Method != http.MethodOptions || method == "" || (!allowed && p.ForwardNotMatchingPreflights) {
+		return false
+	}
+	h := []wasmhost.Header{{":status", "200"}}
+	if p.AllowMethods == "*" {
+		h = append(h, wasmhost.Header{"access-control-allow-methods", method})
+	} else if p.AllowMethods != "" {
+		h = append(h, wasmhost.Header{"access-control-allow-methods", p.AllowMethods})
+	}
+	if p.AllowHeaders == "*" {
+		h = append(h, wasmhost.Header{"access-control-allow-headers", r.Header.Get("access-control-request-headers")})
+	} else if p.AllowHeaders != "" {
+		h = append(h, wasmhost.Header{"access-control-allow-headers", p.AllowHeaders})
+	}
+	if p.MaxAge != "" {
+		h = append(h, wasmhost.Header{"access-control-max-age", p.MaxAge})
+	}
+	if p.AllowPrivateNetworkAccess && r.Header.Get("access-control-request-private-network") == "true" {
+		h = append(h, wasmhost.Header{"access-control-allow-private-network", "true"})
+	}
+	// Access-Control-Allow-Origin and -Credentials: writeHeaders, as the
+	// filter's encodeHeaders adds them to its own answer too (with
+	// Expose-Headers).
+	x.details = "cors_response"
+	replyBeforeBody(w, r, x)
+	g.writeHeaders(w, x, h)
+	return true
 }
 
 // route runs Envoy's router (forward) on the request as the filter let it
@@ -305,6 +364,22 @@ func (g *gateway) writeHeaders(w http.ResponseWriter, x *exchange, headers []was
 			continue
 		}
 		out.Add(h[0], h[1])
+	}
+	if x.corsOrigin != "" {
+		// The CORS filter's encodeHeaders, on every response of a request
+		// from an allowed origin, the wasm filter's and the router's local
+		// replies included: Envoy sends a decoder filter's local reply
+		// through every encoder filter (FilterManager::
+		// sendLocalReplyViaFilterChain, encodeHeaders(nullptr, …)), and
+		// the CORS filter, first in the chain, encodes last. It replaces
+		// what a service set.
+		out.Set("access-control-allow-origin", x.corsOrigin)
+		if x.cors.AllowCredentials {
+			out.Set("access-control-allow-credentials", "true")
+		}
+		if x.cors.ExposeHeaders != "" {
+			out.Set("access-control-expose-headers", x.cors.ExposeHeaders)
+		}
 	}
 	if out.Get("server") == "" {
 		out.Set("server", "envoy")
