@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,11 +56,17 @@ func (s *recordingService) requests() []http.Header {
 // services are both svc, beside the stack's first sidecar.
 func startGatewayTo(t *testing.T, s *stack, svc *httptest.Server) *harness.Gateway {
 	t.Helper()
+	return startGatewayOn(t, s, svc, repoFile(t, "envoy/envoy.yaml"))
+}
+
+// startGatewayOn is startGatewayTo on the bootstrap at config.
+func startGatewayOn(t *testing.T, s *stack, svc *httptest.Server, config string) *harness.Gateway {
+	t.Helper()
 	addr := strings.TrimPrefix(svc.URL, "http://")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	g, err := harness.StartGateway(ctx, bins, harness.GatewayConfig{
-		Config:   repoFile(t, "envoy/envoy.yaml"),
+		Config:   config,
 		Clusters: map[string]string{"orders": addr, "billing": addr, "ratelimit_sidecar": s.scAddrs[0]},
 	})
 	if err != nil {
@@ -395,15 +402,20 @@ func TestUnfinishedBodyEndsTheConnection(t *testing.T) {
 
 // A browser calling the API from another origin with its key in x-api-key
 // first sends a CORS preflight, OPTIONS with Origin and
-// Access-Control-Request-Method, which carries no key (Fetch): it reaches
-// the service uncharged, and a malformed key on one does not reach the
-// service. An OPTIONS without Access-Control-Request-Method is an
-// ordinary request: 401 without a key, charged with one, as a preflight
-// with a key is. (Plan tiny: 2 tokens, one back every 1000 s.)
+// Access-Control-Request-Method, which carries no key (Fetch). envoy.yaml's
+// CORS filter answers every preflight on a route before the rate limiter
+// (TestCORSThroughTheGateway); this test is about a proxy without one (the
+// chart with no origins renders none, and a mesh's gateway may have none),
+// so its gateway runs envoy.yaml without the CORS filter and its policy.
+// There a preflight reaches the service uncharged, and a malformed key on
+// one does not reach the service. An OPTIONS without
+// Access-Control-Request-Method is an ordinary request: 401 without a key,
+// charged with one, as a preflight with a key is. (Plan tiny: 2 tokens,
+// one back every 1000 s.)
 func TestCORSPreflightReachesTheServiceUncharged(t *testing.T) {
 	s := startStack(t, stackConfig{plans: tinyPlans})
 	svc := startRecordingService(t, http.StatusNoContent)
-	g := startGatewayTo(t, s, svc.Server)
+	g := startGatewayOn(t, s, svc.Server, withoutCORS(t))
 	preflight := "OPTIONS /orders/1 HTTP/1.1\r\nhost: api\r\nconnection: close\r\n" +
 		"origin: https://app.example\r\naccess-control-request-method: POST\r\n" +
 		"access-control-request-headers: content-type, x-api-key\r\n"
@@ -463,9 +475,10 @@ func TestCORSPreflightReachesTheServiceUncharged(t *testing.T) {
 // before the rate limiter, and every answer, the filter's 401 and 429
 // included, carries Access-Control-Allow-Origin and exposes the
 // rate-limit fields, so the page reads a 429's Retry-After instead of a
-// network error. Another origin's preflight goes on to the service,
-// uncharged, and its answers carry no CORS header. (Plan tiny: 2 tokens,
-// one back every 1000 s.)
+// network error. Another origin's preflight is answered there too,
+// without Access-Control-Allow-Origin, so that no request dressed as a
+// preflight reaches a service uncharged, and that origin's answers carry
+// no CORS header. (Plan tiny: 2 tokens, one back every 1000 s.)
 func TestCORSThroughTheGateway(t *testing.T) {
 	s := startStack(t, stackConfig{plans: tinyPlans})
 	svc := startRecordingService(t, http.StatusNoContent)
@@ -516,9 +529,12 @@ func TestCORSThroughTheGateway(t *testing.T) {
 	}
 
 	resp = send(http.MethodOptions, "https://other.example", "access-control-request-method", "POST")
-	if resp.StatusCode != http.StatusNoContent || resp.Header.Get("access-control-allow-origin") != "" {
-		t.Errorf("preflight of another origin: %d, access-control-allow-origin %q; want the service's 204, none",
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("access-control-allow-origin") != "" {
+		t.Errorf("preflight of another origin: %d, access-control-allow-origin %q; want the CORS filter's 200, none",
 			resp.StatusCode, resp.Header.Get("access-control-allow-origin"))
+	}
+	if n := len(svc.requests()); n != 0 {
+		t.Errorf("the preflight of another origin reached the service (%d requests), which no bucket paid for", n)
 	}
 
 	if resp = send(http.MethodGet, app); resp.StatusCode != http.StatusUnauthorized {
@@ -544,4 +560,35 @@ func TestCORSThroughTheGateway(t *testing.T) {
 			t.Fatalf("no 429 in %d requests on a plan of 2", i)
 		}
 	}
+}
+
+// withoutCORS writes envoy.yaml without its CORS filter and the virtual
+// host's CORS policy, and returns the file's path.
+func withoutCORS(t *testing.T) string {
+	t.Helper()
+	raw, err := os.ReadFile(repoFile(t, "envoy/envoy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := string(raw)
+	for _, cut := range []struct {
+		what string
+		re   *regexp.Regexp
+	}{
+		// From the policy's key to the next key of the virtual host.
+		{"CORS policy", regexp.MustCompile(`(?s)\n {14}typed_per_filter_config:\n {16}envoy\.filters\.http\.cors:\n.*?\n( {14}# First match wins\.)`)},
+		// The filter's three lines.
+		{"CORS filter", regexp.MustCompile(`\n {10}- name: envoy\.filters\.http\.cors\n {12}typed_config:\n {14}"@type": [^\n]*\.Cors\n`)},
+	} {
+		out := cut.re.ReplaceAllString(cfg, "\n$1")
+		if out == cfg {
+			t.Fatalf("envoy.yaml has no %s to remove", cut.what)
+		}
+		cfg = out
+	}
+	path := filepath.Join(t.TempDir(), "envoy.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

@@ -889,8 +889,8 @@ func TestRealConfigCORS(t *testing.T) {
 	if !p.Allowed("https://app.example.com") || p.Allowed("https://evil.example") || p.Allowed("https://app.example.com.evil.example") {
 		t.Errorf("origins: want https://app.example.com alone")
 	}
-	if !p.ForwardNotMatchingPreflights {
-		t.Error("forward_not_matching_preflights: want Envoy's default, true")
+	if p.ForwardNotMatchingPreflights {
+		t.Error("forward_not_matching_preflights: true, want false (no preflight passed on uncharged)")
 	}
 	for _, h := range []string{"x-api-key", "authorization"} {
 		if !slices.Contains(strings.Split(p.AllowHeaders, ", "), h) {

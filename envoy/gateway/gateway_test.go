@@ -749,10 +749,11 @@ func TestGatewayRouterCountsRoutedRequests(t *testing.T) {
 // The CORS filter's options beyond envoy.yaml's, as Envoy's cors_filter.cc
 // applies them. The test changes the shipped policy to reach them: "*"
 // methods and headers echo the preflight's, credentials and private
-// network access are allowed, origins are a regex, and a preflight of
-// another origin is answered by the filter (forward_not_matching_preflights
-// false) without Access-Control-Allow-Origin, never reaching the rate
-// limiter or the service.
+// network access are allowed, and origins are a regex; a preflight of
+// another origin is answered by the filter (envoy.yaml's
+// forward_not_matching_preflights: false) without
+// Access-Control-Allow-Origin, never reaching the rate limiter or the
+// service.
 func TestGatewayCORSPolicy(t *testing.T) {
 	filter, _ := modules(t)
 	cfg := shippedWith(t, `                  allow_origin_string_match:
@@ -765,7 +766,6 @@ func TestGatewayCORSPolicy(t *testing.T) {
                   allow_headers: "*"
                   allow_credentials: true
                   allow_private_network_access: true
-                  forward_not_matching_preflights: false
 `)
 	orders := newService(t, "orders", 0)
 	sidecar := newSidecar(t)
