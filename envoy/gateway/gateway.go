@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -13,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -564,9 +566,21 @@ func (g *gateway) adminHandler(ctx context.Context) http.Handler {
 		w.Header().Set("content-type", "text/plain")
 		io.WriteString(w, "LIVE\n")
 	})
+	// filter= keeps the statistics whose names the regular expression
+	// matches anywhere, as Envoy's /stats?filter= does (RE2 both); one
+	// that does not compile is a 400, as at Envoy.
 	mux.HandleFunc("/stats", func(w http.ResponseWriter, r *http.Request) {
+		var keep *regexp.Regexp
+		if q := r.URL.Query(); q.Has("filter") {
+			re, err := regexp.Compile(q.Get("filter"))
+			if err != nil {
+				http.Error(w, "Invalid re2 regex", http.StatusBadRequest)
+				return
+			}
+			keep = re
+		}
 		w.Header().Set("content-type", "text/plain")
-		g.writeStats(w)
+		g.writeStats(w, keep)
 	})
 	// The plugin's metrics as Envoy's /stats/prometheus writes them, tagged
 	// by the bootstrap's stats_tags; the gateway's own Envoy-style
@@ -590,8 +604,9 @@ func (g *gateway) adminHandler(ctx context.Context) http.Handler {
 }
 
 // writeStats writes Envoy-like "name: value" lines: the gateway's own
-// counters, then the plugin's wasmcustom.* metrics.
-func (g *gateway) writeStats(w io.Writer) {
+// counters, then the plugin's wasmcustom.* metrics; with keep, only those
+// whose names it matches.
+func (g *gateway) writeStats(w io.Writer, keep *regexp.Regexp) {
 	snap := g.counters.snapshot()
 	gen := g.current()
 	failed := int64(0)
@@ -607,10 +622,17 @@ func (g *gateway) writeStats(w io.Writer) {
 		names = append(names, name)
 	}
 	sort.Strings(names)
+	var all bytes.Buffer
 	for _, name := range names {
-		fmt.Fprintf(w, "%s: %d\n", name, snap[name])
+		fmt.Fprintf(&all, "%s: %d\n", name, snap[name])
 	}
-	g.stats.WriteText(w)
+	g.stats.WriteText(&all)
+	for _, line := range strings.SplitAfter(all.String(), "\n") {
+		name, _, _ := strings.Cut(line, ": ")
+		if line != "" && (keep == nil || keep.MatchString(name)) {
+			io.WriteString(w, line)
+		}
+	}
 }
 
 // counters are the gateway's own statistics, named as Envoy names them.

@@ -417,6 +417,51 @@ func TestGatewayUpstreamFailures(t *testing.T) {
 	}
 }
 
+// TestAdminStatsFilter: /stats?filter= keeps only the statistics whose
+// names the regular expression matches, as Envoy's admin does, so that
+// envoy/README.md's `curl '…:9901/stats?filter=wasmcustom'` shows the
+// filter's metrics alone under build/gateway too; a filter that is no
+// regular expression is a 400.
+func TestAdminStatsFilter(t *testing.T) {
+	filter, _ := modules(t)
+	billing := newService(t, "billing", 0)
+	g := start(t, "-config", envoyYAML, "-wasm", filter, "-concurrency", "1",
+		"-cluster", "billing="+billing.Listener.Addr().String(),
+		"-cluster", "ratelimit_sidecar="+testkit.RefusedAddr(t))
+	// One request, so that the gateway's own counters (cluster.*, http.*)
+	// exist beside the filter's.
+	testkit.Get(t, "http://"+g.addr+"/billing/1", "x-api-key", "alice")
+	_, all := testkit.Get(t, "http://"+g.admin+"/stats")
+	for _, c := range []struct {
+		filter string
+		want   func(name string) bool
+	}{
+		{"wasmcustom", func(n string) bool { return strings.Contains(n, "wasmcustom") }},
+		{`^cluster\.billing\.`, func(n string) bool { return strings.HasPrefix(n, "cluster.billing.") }},
+	} {
+		resp, body := testkit.Get(t, "http://"+g.admin+"/stats?filter="+url.QueryEscape(c.filter))
+		if resp.StatusCode != 200 {
+			t.Errorf("filter=%s: status %d: %s", c.filter, resp.StatusCode, body)
+			continue
+		}
+		var want []string
+		for _, line := range strings.SplitAfter(all, "\n") {
+			if name, _, _ := strings.Cut(line, ": "); line != "" && c.want(name) {
+				want = append(want, line)
+			}
+		}
+		if len(want) == 0 || len(want) == strings.Count(all, "\n") {
+			t.Fatalf("filter=%s: %d of the %d statistics match; the case tests nothing:\n%s", c.filter, len(want), strings.Count(all, "\n"), all)
+		}
+		if body != strings.Join(want, "") {
+			t.Errorf("filter=%s: got\n%s\nwant the %d matching lines\n%s", c.filter, body, len(want), strings.Join(want, ""))
+		}
+	}
+	if resp, body := testkit.Get(t, "http://"+g.admin+"/stats?filter=%28"); resp.StatusCode != 400 {
+		t.Errorf("filter=(: status %d, want 400: %s", resp.StatusCode, body)
+	}
+}
+
 func TestGatewayFailedVM(t *testing.T) {
 	_, probe := modules(t)
 	for _, failOpen := range []bool{false, true} {
