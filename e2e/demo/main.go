@@ -66,7 +66,12 @@ func main() {
 }
 
 func run(binDir string) (err error) {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// Ctrl-C, kill, and the terminal closing (SIGHUP, also what an ssh
+	// session that drops sends) all stop what the demo started and remove
+	// its temporary files; left to SIGHUP's default, the demo died at once
+	// and its plans file, Redis's folder and the gateway's bootstrap
+	// stayed in TMPDIR.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	root, err := harness.RepoRoot()
 	if err != nil {
