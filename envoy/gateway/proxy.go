@@ -771,7 +771,10 @@ func localAddr(r *http.Request) string {
 	return ""
 }
 
-// writeAccessLog writes Envoy's default access-log fields, when enabled.
+// writeAccessLog writes one line for the request, when enabled: start
+// time, request line, status, response code details, duration (ms), user
+// agent, x-forwarded-for and cluster (envoy/README.md, -access-log); not
+// Envoy's default format, which has more fields in another order.
 func (g *gateway) writeAccessLog(r *http.Request, x *exchange) {
 	if g.accessLog == nil {
 		return
