@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -135,14 +136,19 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	bad := func(flagName, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("-%s (%s): %s", flagName, envName(flagName), fmt.Sprintf(format, args...)))
 	}
-	if _, _, err := splitListen(*listen); err != nil {
-		bad("listen", "%v", err)
+	listenHost, listenPort, listenErr := splitListen(*listen)
+	if listenErr != nil {
+		bad("listen", "%v", listenErr)
 	}
 	if *adminListen != "" {
-		if _, _, err := splitListen(*adminListen); err != nil {
+		if host, port, err := splitListen(*adminListen); err != nil {
 			bad("admin-listen", "%v", err)
-		} else if *adminListen == *listen {
-			bad("admin-listen", "must differ from -listen, got %q for both", *adminListen)
+		} else if listenErr == nil && sameSocket(host, port, listenHost, listenPort) {
+			if *adminListen == *listen {
+				bad("admin-listen", "must differ from -listen, got %q for both", *adminListen)
+			} else {
+				bad("admin-listen", "must not take -listen's port, got %q beside -listen %q: both cannot be bound", *adminListen, *listen)
+			}
 		}
 	}
 	spec, err := redisconn.Parse(*redisURL)
@@ -211,6 +217,21 @@ func envName(flagName string) string {
 }
 
 // splitListen checks a listen address: host:port with a numeric port.
+// sameSocket reports whether two listen addresses, split, name one port
+// that only one of them can bind: the same port, not 0 (a port of the
+// system's choice), on the same host or where either is a wildcard
+// address, which holds the port on every address (`:8081` beside
+// `127.0.0.1:8081`). Host names are compared as written, not resolved.
+func sameSocket(host1, port1, host2, port2 string) bool {
+	p1, _ := strconv.ParseUint(port1, 10, 16)
+	p2, _ := strconv.ParseUint(port2, 10, 16)
+	if p1 != p2 || p1 == 0 {
+		return false
+	}
+	wildcard := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return host1 == host2 || wildcard(host1) || wildcard(host2)
+}
+
 func splitListen(addr string) (string, string, error) {
 	host, port, err := splitHostPort(addr)
 	if err != nil {

@@ -59,6 +59,23 @@ func TestParseOptions(t *testing.T) {
 					t.Errorf("admin %q, password set %v, redacted %q", o.cfg.AdminListen, o.cfg.Redis.HasPassword(), o.cfg.Redis.Redacted)
 				}
 			}},
+		// Ports of the system's choice, and one port on two loopback
+		// addresses, can all be bound.
+		{"listeners that can both be bound", []string{"-plans", "p", "-listen", "127.0.0.1:0", "-admin-listen", ":0"}, nil, func(t *testing.T, o *options) {
+			if o.cfg.Listen != "127.0.0.1:0" || o.cfg.AdminListen != ":0" {
+				t.Errorf("listen %q, admin %q", o.cfg.Listen, o.cfg.AdminListen)
+			}
+		}},
+		{"one address, ports of the system's choice", []string{"-plans", "p", "-listen", "127.0.0.1:0", "-admin-listen", "127.0.0.1:0"}, nil, func(t *testing.T, o *options) {
+			if o.cfg.Listen != "127.0.0.1:0" || o.cfg.AdminListen != "127.0.0.1:0" {
+				t.Errorf("listen %q, admin %q", o.cfg.Listen, o.cfg.AdminListen)
+			}
+		}},
+		{"one port on two addresses", []string{"-plans", "p", "-listen", "127.0.0.1:8081", "-admin-listen", "127.0.0.2:8081"}, nil, func(t *testing.T, o *options) {
+			if o.cfg.AdminListen != "127.0.0.2:8081" {
+				t.Errorf("admin %q", o.cfg.AdminListen)
+			}
+		}},
 		{"no admin listener by default", []string{"-plans", "p"}, nil, func(t *testing.T, o *options) {
 			if o.cfg.AdminListen != "" || o.cfg.Redis.HasPassword() {
 				t.Errorf("admin %q, password set %v", o.cfg.AdminListen, o.cfg.Redis.HasPassword())
@@ -99,6 +116,11 @@ func TestParseOptionsErrors(t *testing.T) {
 		{[]string{"-plans", "p", "-listen", "127.0.0.1:70000"}, nil, `-listen (SIDECAR_LISTEN): must be host:port, got "127.0.0.1:70000"`},
 		{[]string{"-plans", "p", "-admin-listen", "8082"}, nil, `-admin-listen (SIDECAR_ADMIN_LISTEN): must be host:port, got "8082"`},
 		{[]string{"-plans", "p", "-admin-listen", "127.0.0.1:8081"}, nil, `-admin-listen (SIDECAR_ADMIN_LISTEN): must differ from -listen, got "127.0.0.1:8081" for both`},
+		// A wildcard address holds the port on every address: neither
+		// of these pairs can both be bound, and the sidecar would stop at
+		// start on the second.
+		{[]string{"-plans", "p", "-admin-listen", ":8081"}, nil, `-admin-listen (SIDECAR_ADMIN_LISTEN): must not take -listen's port, got ":8081" beside -listen "127.0.0.1:8081": both cannot be bound`},
+		{[]string{"-plans", "p", "-listen", "0.0.0.0:9000", "-admin-listen", "[::1]:9000"}, nil, `-admin-listen (SIDECAR_ADMIN_LISTEN): must not take -listen's port, got "[::1]:9000" beside -listen "0.0.0.0:9000": both cannot be bound`},
 		{nil, map[string]string{"SIDECAR_PLANS": "p", "SIDECAR_ADMIN_LISTEN": ":99999"}, `-admin-listen (SIDECAR_ADMIN_LISTEN): must be host:port, got ":99999"`},
 		{[]string{"-plans", "p", "-redis", "redis://:hunter2@h:1", "-redis-password", "other"}, nil, `-redis-password (SIDECAR_REDIS_PASSWORD): the -redis URL has a password already; give it in one place`},
 		{[]string{"-plans", "p", "-redis", "http://h:1"}, nil, `-redis (SIDECAR_REDIS): http://h:1: scheme "http" is not one of redis, rediss, unix, redis+cluster, rediss+cluster, redis+sentinel, rediss+sentinel`},
