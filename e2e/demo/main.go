@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -60,6 +61,12 @@ func main() {
 	bin := flag.String("bin", "build", "directory with filter.wasm, sidecar and gateway (built there if missing)")
 	flag.Parse()
 	if err := run(*bin); err != nil {
+		if errors.Is(err, context.Canceled) {
+			// Stopped by a signal: what it started is stopped, its files
+			// removed, and there is no error to report.
+			fmt.Fprintln(os.Stderr, "demo: stopped")
+			os.Exit(130)
+		}
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -181,7 +188,7 @@ func run(binDir string) (err error) {
 		fmt.Printf("\nThe filter's decisions: %d allowed by the sidecar, %d denied by it, %d denied from the filter's deny cache (no callout), %d failed open.\n",
 			c("allowed"), c("denied"), c("denied_cached"), failedOpen)
 		if failedOpen > 0 {
-			fmt.Println("A request fails open when the sidecar does not answer within timeout_ms (5 ms): it goes on unlimited and is counted by reason below.")
+			fmt.Println("A request fails open when the sidecar cannot decide it within timeout_ms (5 ms): no answer in time (timeout), or a 503 because Redis did not answer within the sidecar's own deadline (unavailable). It goes on unlimited and is counted by reason below.")
 		}
 		fmt.Println("\nGateway counters (admin /stats):")
 		names := make([]string, 0, len(stats))

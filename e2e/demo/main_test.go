@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -94,12 +95,19 @@ func TestStoppedDemoLeavesNothing(t *testing.T) {
 				<-done
 				t.Fatalf("the demo had not begun its burst within 2 min\nstdout:\n%s\nstderr:\n%s", printed.String(), stderr.String())
 			}
+			var exit error
 			select {
-			case <-done:
+			case exit = <-done:
 			case <-time.After(30 * time.Second):
 				cmd.Process.Kill()
 				<-done
 				t.Fatalf("the demo had not exited 30 s after %v\nstdout:\n%s\nstderr:\n%s", sig, printed.String(), stderr.String())
+			}
+			// Stopped, not failed: exit status 130, as a shell reports
+			// Ctrl-C, and no error.
+			var ee *exec.ExitError
+			if !errors.As(exit, &ee) || ee.ExitCode() != 130 || strings.TrimSpace(stderr.String()) != "demo: stopped" {
+				t.Errorf("after %v: exit %v, stderr %q; want exit status 130 and \"demo: stopped\"", sig, exit, stderr.String())
 			}
 			var left []string
 			filepath.WalkDir(tmp, func(path string, d os.DirEntry, err error) error {
