@@ -620,10 +620,10 @@ func (s *stack) phase(t *testing.T, tl *timeline, d time.Duration) scrape {
 
 // late are the series that count decisions made too late: callouts past
 // the filter's 5 ms, checks the sidecar read too late or whose Redis
-// round trip passed its timeout, and the requests of a breaker that five
-// of those in a row opened. On a healthy production node they are rare;
-// on a shared 2-core test machine a burst of other work makes them, and a
-// few in a burst of 200 are past the alerts' 1%.
+// round trip passed its timeout, and the requests of a breaker that
+// breaker.failures of those in a row opened. On a healthy production node
+// they are rare; on a shared 2-core test machine a burst of other work
+// makes them, and a few in a burst of 200 are past the alerts' 1%.
 var late = []struct{ name, label, value string }{
 	{"edgelimit_requests", "reason", "timeout"},
 	{"edgelimit_requests", "reason", "circuit_open"},

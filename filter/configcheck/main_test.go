@@ -22,7 +22,7 @@ func TestCheck(t *testing.T) {
 	}{
 		{good, good + ": ok: mode=shadow sidecar_cluster=ratelimit_sidecar sidecar_authority=ratelimit-sidecar " +
 			"timeout_ms=10 api_key_header=x-api-key on_missing_key=reject canary_clients=0 costs=0 region= " +
-			"breaker_failures=5 breaker_open_ms=100-5000 warm_connections=16 on_failure=open", true},
+			"breaker_failures=20 breaker_open_ms=100-5000 warm_connections=16 on_failure=open", true},
 		{bad, bad + ": invalid: timeout_ms: must be > 0, got -3", false},
 		{filepath.Join(dir, "missing.json"), filepath.Join(dir, "missing.json") + ": open " + filepath.Join(dir, "missing.json") + ": no such file or directory", false},
 	} {

@@ -451,11 +451,11 @@ func (r runner) breakerDisabled(t *testing.T) {
 	counters(t, h, map[string]int64{limiter.MetricFailedOpenPrefix + "timeout": 20})
 }
 
-// breakerDefault: without a breaker field, 5 failures in a row open it for
-// 100 ms.
+// breakerDefault: without a breaker field, 20 failures in a row open it
+// for 100 ms.
 func (r runner) breakerDefault(t *testing.T) {
 	h := r.host(t, "")
-	for range 4 {
+	for range limiter.DefaultBreakerFailures - 1 {
 		failing(t, h, "key-1", timeoutAnswer)
 	}
 	transitions(t, h, 0, 0, 0)

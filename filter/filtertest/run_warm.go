@@ -79,7 +79,7 @@ func (r runner) warmConnections(t *testing.T) {
 
 	// Answers that would each be a failure for a check (timeouts, then
 	// resets): none fails a request open, counts, or opens the breaker
-	// (5 failures by default); the rounds come every second.
+	// (20 failures by default); the rounds come every second.
 	h.RespondRootCallouts(timeoutAnswer)
 	tick(t, h, time.Second, "after a round of timeouts")
 	warmDefault(n)

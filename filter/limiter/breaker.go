@@ -49,7 +49,7 @@ type BreakerConfig struct {
 
 // Defaults and limits of the breaker's configuration.
 const (
-	DefaultBreakerFailures  = 5
+	DefaultBreakerFailures  = 20
 	DefaultBreakerMinOpenMs = 100
 	DefaultBreakerMaxOpenMs = 5000
 	MaxBreakerFailures      = 10000

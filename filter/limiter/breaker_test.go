@@ -1,9 +1,11 @@
 package limiter
 
 import (
+	"math/rand/v2"
 	"slices"
 	"testing"
 
+	"github.com/edgelimit/edgelimit/envoy/envoyconfig"
 	"github.com/edgelimit/edgelimit/filter/abi"
 )
 
@@ -505,5 +507,62 @@ func TestBreakerPanicResumes(t *testing.T) {
 	}
 	if n := h.counter(MetricFailedOpenPrefix + "internal"); n != 1 {
 		t.Errorf("failed_open.internal = %d", n)
+	}
+}
+
+// A brownout is not an outage: a sidecar that answers one check in two in
+// time (its Redis slow, or one slow master among several) and 503s the
+// other at its deadline is partly up, and every check it answers is
+// limited. With envoy/envoy.yaml's filter configuration (the default
+// breaker), 2,000 such checks, each sent 1 ms after the one before came
+// back (so that every failure is a wave of its own, the case in which the
+// most of them count), leave the breaker closed; the failures are a
+// fixed-seed coin, whose longest run here is 11. A run of the old
+// default's 5 comes every 62 checks on average (2^6 − 2), and that breaker
+// opened at the fifth check, then reopened on each probe the coin failed,
+// doubling its interval: the limit off most of the time. A run of 20 comes
+// every 2^21 − 2 checks, 2.3 hours at 250 waves a second. The sidecar then
+// stops answering: the breaker.failures-th wave of failures after its last
+// answer opens the breaker.
+func TestBreakerStaysClosedThroughABrownout(t *testing.T) {
+	shipped, err := envoyconfig.Load("../../envoy/envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Parse([]byte(shipped.Wasm.Configuration))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newSharedHost()
+	b := newBreaker(cfg)
+	rng := rand.New(rand.NewPCG(1, 2))
+	now, run, longest := anchor, 0, 0
+	for i := range 2000 {
+		sent := now + ms
+		failed := rng.IntN(2) == 0
+		if failed {
+			now = sent + 4*ms // the sidecar's 503 at its 4 ms deadline
+			run++
+			longest = max(longest, run)
+		} else {
+			now = sent + ms
+			run = 0
+		}
+		if _, ev := b.record(h, failed, false, false, sent, now); ev != evNone {
+			t.Fatalf("check %d of the brownout (a run of %d failures): event %d, want none: the breaker opened on a sidecar answering half its checks", i, run, ev)
+		}
+	}
+	t.Logf("longest run of failures: %d", longest)
+	// The last check it answers, then none.
+	now += 2 * ms
+	b.record(h, false, false, false, now-ms, now)
+	n := int(cfg.Breaker.Failures)
+	for i := range n {
+		sent := now + ms
+		now = sent + 5*ms
+		_, ev := b.record(h, true, false, true, sent, now)
+		if i == n-1 && ev != evOpened || i < n-1 && ev != evNone {
+			t.Fatalf("failure %d of the outage: event %d", i+1, ev)
+		}
 	}
 }

@@ -71,7 +71,7 @@ type Config struct {
 	Costs []CostRule
 	// Region is sent to the sidecar as x-ratelimit-region when not empty.
 	Region string
-	// Breaker is the circuit breaker on the callout. Defaults to 5 failures,
+	// Breaker is the circuit breaker on the callout. Defaults to 20 failures,
 	// 100 ms to 5000 ms open.
 	Breaker BreakerConfig
 	// OnFailure is what happens to an enforced request the sidecar cannot

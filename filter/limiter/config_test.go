@@ -40,7 +40,7 @@ func TestParseDefaults(t *testing.T) {
 	if d.SidecarCluster != "ratelimit_sidecar" || d.SidecarAuthority != "ratelimit-sidecar" || d.TimeoutMs != 5 ||
 		d.APIKeyHeader != "x-api-key" || d.Mode != limiter.ModeEnforce || !d.RejectMissingKey ||
 		len(d.Costs) != 0 || len(d.CanaryClients) != 0 || d.Region != "" ||
-		d.Breaker != (limiter.BreakerConfig{Failures: 5, MinOpenMs: 100, MaxOpenMs: 5000}) || d.OnFailure != limiter.FailOpen ||
+		d.Breaker != (limiter.BreakerConfig{Failures: 20, MinOpenMs: 100, MaxOpenMs: 5000}) || d.OnFailure != limiter.FailOpen ||
 		d.WarmConnections != 16 {
 		t.Errorf("defaults differ from the documented ones: %+v", d)
 	}
@@ -127,13 +127,13 @@ func TestParseBreaker(t *testing.T) {
 	}{
 		{filtertest.ValidConfig("breaker-off.json"), limiter.BreakerConfig{Failures: 0, MinOpenMs: 100, MaxOpenMs: 5000}},
 		// An omitted max_open_ms is raised to min_open_ms.
-		{filtertest.ValidConfig("breaker-min-only.json"), limiter.BreakerConfig{Failures: 5, MinOpenMs: 10000, MaxOpenMs: 10000}},
-		{`{"breaker": {}}`, limiter.BreakerConfig{Failures: 5, MinOpenMs: 100, MaxOpenMs: 5000}},
+		{filtertest.ValidConfig("breaker-min-only.json"), limiter.BreakerConfig{Failures: 20, MinOpenMs: 10000, MaxOpenMs: 10000}},
+		{`{"breaker": {}}`, limiter.BreakerConfig{Failures: 20, MinOpenMs: 100, MaxOpenMs: 5000}},
 		{`{"breaker": {"failures": 1}}`, limiter.BreakerConfig{Failures: 1, MinOpenMs: 100, MaxOpenMs: 5000}},
-		{`{"breaker": {"max_open_ms": 100}}`, limiter.BreakerConfig{Failures: 5, MinOpenMs: 100, MaxOpenMs: 100}},
+		{`{"breaker": {"max_open_ms": 100}}`, limiter.BreakerConfig{Failures: 20, MinOpenMs: 100, MaxOpenMs: 100}},
 		{`{"breaker": {"failures": 10000, "min_open_ms": 60000, "max_open_ms": 60000}}`,
 			limiter.BreakerConfig{Failures: 10000, MinOpenMs: 60000, MaxOpenMs: 60000}},
-		{`{"breaker": {"max_open_ms": 300, "min_open_ms": 1}}`, limiter.BreakerConfig{Failures: 5, MinOpenMs: 1, MaxOpenMs: 300}},
+		{`{"breaker": {"max_open_ms": 300, "min_open_ms": 1}}`, limiter.BreakerConfig{Failures: 20, MinOpenMs: 1, MaxOpenMs: 300}},
 	} {
 		cfg, err := limiter.Parse([]byte(c.config))
 		if err != nil {
