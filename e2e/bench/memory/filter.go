@@ -10,6 +10,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/envoy/wasmhost"
 	"github.com/edgelimit/edgelimit/filter/filtertest"
+	"github.com/edgelimit/edgelimit/filter/limiter"
 )
 
 // filterTimeoutMs is the filter's callout timeout in the soak: the
@@ -37,10 +38,10 @@ var scenarios = []string{
 }
 
 // Every outageEvery requests, the sidecar answers the next outageLength
-// 503s in a row ("outage"): enough failures to open the filter's circuit
-// breaker, whose requests then fail open without a callout until it
-// probes again.
-const outageEvery, outageLength = 5000, 12
+// 503s in a row ("outage"): the failures that open the filter's circuit
+// breaker by default, and as many again, whose requests then fail open
+// without a callout until it probes again.
+const outageEvery, outageLength = 5000, 2 * limiter.DefaultBreakerFailures
 
 // filterSample is the module's linear memory after a number of requests.
 type filterSample struct {

@@ -27,15 +27,16 @@ func filterWasm(t *testing.T) string {
 }
 
 // The filter's wasm memory stops growing once it has warmed up: after the
-// first 80,000 requests, the next 30,000 (every path through the filter,
+// first 120,000 requests, the next 30,000 (every path through the filter,
 // in the scenarios' mix, with an outage that opens the circuit breaker
 // every 5,000) add nothing to its linear memory. Under the race
 // detector, which slows the host's side of each request several times, the
 // next 10,000. The warm-up is past where this module's memory was measured
-// to reach its plateau (`go run ./e2e/bench/memory filter -requests 300000
-// -every 20000 -gogc 10`, after `-every 10000` up to 120,000: 3.75 MiB up
-// to 10,000 requests, 4.5 MiB from 20,000, 5 MiB from 70,000 on,
-// unchanged through 300,000): the filter keeps what it reuses (streams,
+// to reach its plateau (`go run ./e2e/bench/memory filter -requests 400000
+// -every 10000 -gogc 10`: 3.75 MiB up to 10,000 requests, 4.5 MiB from
+// 20,000, 5 MiB from 100,000 on, unchanged through 400,000; with outages
+// of 12 requests, before the breaker's default went from 5 failures to 20,
+// 5 MiB from 70,000): the filter keeps what it reuses (streams,
 // scratch buffers sized by the largest message seen) and the heap settles
 // at their high-water mark. How soon depends on how little the module
 // allocates on the paths that may (the failures, new clients): it reached
@@ -55,7 +56,7 @@ func filterWasm(t *testing.T) string {
 // 30,000 (50 bytes over 10,000). With the default GOGC, `go run ./e2e/bench/memory filter` runs a
 // million requests.
 func TestFilterMemoryFlat(t *testing.T) {
-	const warmUp = 80000
+	const warmUp = 120000
 	requests := warmUp + 30000
 	if testkit.Race {
 		requests = warmUp + 10000

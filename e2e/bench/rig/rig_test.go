@@ -159,7 +159,16 @@ func withoutEdits(t *testing.T, b []byte) map[string]any {
 	static := at(doc, "static_resources")
 	hcm := at(static, "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config")
 	at(hcm, "route_config", "virtual_hosts", 0)["routes"] = nil
-	at(hcm, "http_filters", 0, "typed_config", "config", "configuration")["value"] = nil
+	wasm := -1
+	for i, f := range at(hcm)["http_filters"].([]any) {
+		if f.(map[string]any)["name"] == "envoy.filters.http.wasm" {
+			wasm = i
+		}
+	}
+	if wasm < 0 {
+		t.Fatal("no envoy.filters.http.wasm among the bootstrap's http_filters")
+	}
+	at(hcm, "http_filters", wasm, "typed_config", "config", "configuration")["value"] = nil
 	static["clusters"] = nil
 	return doc
 }
