@@ -56,6 +56,7 @@ const usageTail = `
   redis+cluster://[user:password@]host1:port1,host2:port2,...   (cluster seeds)
   redis+sentinel://[user:password@]s1:port1,s2:port2,.../mastername[/db]
     sentinel credentials: ?sentinel_username=...&sentinel_password=...
+  IPv6 literals in brackets, lists included: redis+cluster://[fd00::10]:6379,[fd00::11]:6379
   go-redis URL options may follow (?dial_timeout=1s&pool_size=20...); the
   defaults are dial/read/write timeouts of 1s.
 

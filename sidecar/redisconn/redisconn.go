@@ -83,7 +83,8 @@ type Spec struct {
 // Parse validates rawURL. Errors name the part at fault and quote it, with
 // any password removed.
 func Parse(rawURL string) (*Spec, error) {
-	u, err := url.Parse(rawURL)
+	withoutHosts, hostList, isList := cutHostList(rawURL)
+	u, err := url.Parse(withoutHosts)
 	if err != nil {
 		// url.Error quotes the whole URL, password included: say less.
 		return nil, fmt.Errorf("not a URL: %v", unwrapURLError(err))
@@ -94,6 +95,9 @@ func Parse(rawURL string) (*Spec, error) {
 		// "redis:password@host" as scheme redis with no host. Redacting
 		// knows no password in an opaque rest: show none of it.
 		return nil, fmt.Errorf("must be scheme://..., got %q followed by something other than // (not shown: it may hold a password)", u.Scheme+":")
+	}
+	if isList {
+		u.Host = hostList
 	}
 	s := &Spec{Redacted: redact(u)}
 	fail := func(format string, args ...any) (*Spec, error) {
@@ -345,6 +349,31 @@ func checkOptions(db, pool, minIdle, maxIdle, maxActive int, dial time.Duration,
 	return nil
 }
 
+// hostListPlaceholder stands for a cluster or sentinel URL's host list while
+// url.Parse reads the rest of the URL.
+const hostListPlaceholder = "host-list.invalid"
+
+// cutHostList takes the host list out of a cluster or sentinel URL
+// (scheme with a "+"), putting a placeholder in its place, and returns the
+// URL so changed and the list. url.Parse reads an authority as one host,
+// and refuses "[::1]:7000,[::1]:7001": a host that opens with a bracket must
+// be one IPv6 literal. Each address of the list is checked on its own by
+// splitAddrs. The authority ends where url.Parse ends it, at the first "/",
+// "?" or "#"; the userinfo, if any, at its last "@".
+func cutHostList(rawURL string) (rest, hostList string, ok bool) {
+	scheme, after, found := strings.Cut(rawURL, "://")
+	if !found || !strings.Contains(scheme, "+") {
+		return rawURL, "", false
+	}
+	end := strings.IndexAny(after, "/?#")
+	if end < 0 {
+		end = len(after)
+	}
+	authority := after[:end]
+	at := strings.LastIndex(authority, "@") + 1
+	return scheme + "://" + authority[:at] + hostListPlaceholder + after[end:], authority[at:], true
+}
+
 // splitAddrs splits "h1:p1,h2:p2" and checks each address.
 func splitAddrs(hostList string) ([]string, error) {
 	if hostList == "" {
@@ -364,6 +393,11 @@ func checkAddr(a string) error {
 	host, port, err := net.SplitHostPort(a)
 	if err != nil || host == "" {
 		return fmt.Errorf("address %q must be host:port", a)
+	}
+	// url.Parse's rules for one host: a bracketed host is an IPv6 literal,
+	// and no character a URL's host cannot hold.
+	if _, err := url.Parse("redis://" + a); err != nil {
+		return fmt.Errorf("address %q: %v", a, unwrapURLError(err))
 	}
 	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
 		return fmt.Errorf("address %q: port must be 1 to 65535", a)

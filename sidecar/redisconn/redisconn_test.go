@@ -24,6 +24,11 @@ func TestParse(t *testing.T) {
 		{"rediss+cluster://u:pw@h1:7000,h2:7001?dial_timeout=2s", Cluster, []string{"h1:7000", "h2:7001"}, "rediss+cluster://u:xxxxx@h1:7000,h2:7001?dial_timeout=2s"},
 		{"redis+sentinel://s1:26379,s2:26379/mymaster/3?sentinel_password=spw", Sentinel, []string{"s1:26379", "s2:26379"}, "redis+sentinel://s1:26379,s2:26379/mymaster/3?sentinel_password=xxxxx"},
 		{"rediss+sentinel://u:pw@s1:26379/mymaster", Sentinel, []string{"s1:26379"}, "rediss+sentinel://u:xxxxx@s1:26379/mymaster"},
+		// IPv6 literals: url.Parse alone refuses a host list that holds one.
+		{"redis://[::1]:6379", Standalone, []string{"[::1]:6379"}, "redis://[::1]:6379"},
+		{"redis+cluster://u:pw@[::1]:7000,[fd00::2]:7001,h3:7002", Cluster, []string{"[::1]:7000", "[fd00::2]:7001", "h3:7002"}, "redis+cluster://u:xxxxx@[::1]:7000,[fd00::2]:7001,h3:7002"},
+		{"rediss+cluster://[::1]:7000?dial_timeout=2s", Cluster, []string{"[::1]:7000"}, "rediss+cluster://[::1]:7000?dial_timeout=2s"},
+		{"redis+sentinel://[::1]:26379,[::1]:26380/mymaster/2?sentinel_password=spw", Sentinel, []string{"[::1]:26379", "[::1]:26380"}, "redis+sentinel://[::1]:26379,[::1]:26380/mymaster/2?sentinel_password=xxxxx"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.url, func(t *testing.T) {
@@ -53,6 +58,13 @@ func TestParseDetails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	v6, err := Parse("redis+cluster://[::1]:7000,[fd00::2]:7001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(v6.cluster.Addrs, ","); got != "[::1]:7000,[fd00::2]:7001" {
+		t.Fatalf("cluster seeds = %s, want [::1]:7000,[fd00::2]:7001", got)
+	}
 	co := c.cluster
 	if strings.Join(co.Addrs, ",") != "h1:7000,h2:7001,h3:7002" || co.Username != "app" || co.Password != "pw" ||
 		co.ReadTimeout != 5*time.Second || co.TLSConfig == nil || co.TLSConfig.ServerName != "" {
@@ -68,7 +80,10 @@ func TestParseErrors(t *testing.T) {
 		{"redis://h:1/x", `redis://h:1/x: redis: invalid database number: "x"`},
 		{"redis://h:1?bogus=1", `redis://h:1?bogus=1: redis: unexpected option: bogus`},
 		{"redis://u:secret@h:1?dial_timeout=abc", `redis://u:xxxxx@h:1?dial_timeout=abc: redis: invalid dial_timeout duration: time: invalid duration "abc"`},
-		{"redis+cluster://h1:7000,h2", `not a URL: invalid port ":7000,h2" after host`},
+		{"redis+cluster://h1:7000,h2", `redis+cluster://h1:7000,h2: address "h2" must be host:port`},
+		{"redis+cluster://u:secret@[::1]:7000,[::1:7001", `redis+cluster://u:xxxxx@[::1]:7000,[::1:7001: address "[::1:7001" must be host:port`},
+		{"redis+sentinel://u:secret@[::1]:1,[zz]:2/m", `redis+sentinel://u:xxxxx@[::1]:1,[zz]:2/m: address "[zz]:2": invalid host: ParseAddr("zz"): unable to parse IP`},
+		{"redis+cluster://h 1:7000", `redis+cluster://h%201:7000: address "h 1:7000": invalid character " " in host name`},
 		{"redis+cluster://h1:7000,:7001", `redis+cluster://h1:7000,:7001: address ":7001" must be host:port`},
 		{"redis+cluster://h1:1/3", `redis+cluster://h1:1/3: a cluster URL has no path (Redis Cluster has only database 0), got "/3"`},
 		{"redis+cluster://h1:1?addr=h2:2", `redis+cluster://h1:1?addr=h2:2: put every cluster address in the host list, not in addr= options`},
