@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -222,15 +223,28 @@ func envName(flagName string) string {
 // that only one of them can bind: the same port, not 0 (a port of the
 // system's choice), on the same host or where either is a wildcard
 // address, which holds the port on every address (`:8081` beside
-// `127.0.0.1:8081`). Host names are compared as written, not resolved.
+// `127.0.0.1:8081`). IP literals are compared as addresses: `[::1]` is
+// `[0:0:0:0:0:0:0:1]`, `[::ffff:127.0.0.1]` is `127.0.0.1` (Go binds an
+// IPv4-mapped address as the IPv4 one), and `[0::]` is a wildcard. Host
+// names are compared as written, not resolved.
 func sameSocket(host1, port1, host2, port2 string) bool {
 	p1, _ := strconv.ParseUint(port1, 10, 16)
 	p2, _ := strconv.ParseUint(port2, 10, 16)
 	if p1 != p2 || p1 == 0 {
 		return false
 	}
-	wildcard := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
-	return host1 == host2 || wildcard(host1) || wildcard(host2)
+	a1, err1 := netip.ParseAddr(host1)
+	a2, err2 := netip.ParseAddr(host2)
+	wildcard := func(h string, a netip.Addr, err error) bool {
+		return h == "" || err == nil && a.Unmap().IsUnspecified()
+	}
+	if wildcard(host1, a1, err1) || wildcard(host2, a2, err2) {
+		return true
+	}
+	if err1 == nil && err2 == nil {
+		return a1.Unmap() == a2.Unmap()
+	}
+	return host1 == host2
 }
 
 func splitListen(addr string) (string, string, error) {

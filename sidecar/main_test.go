@@ -76,6 +76,12 @@ func TestParseOptions(t *testing.T) {
 				t.Errorf("admin %q", o.cfg.AdminListen)
 			}
 		}},
+		// IPv4 and IPv6 loopbacks are two sockets, both bindable on one port.
+		{"one port on the IPv4 and IPv6 loopbacks", []string{"-plans", "p", "-listen", "[::1]:8081", "-admin-listen", "127.0.0.1:8081"}, nil, func(t *testing.T, o *options) {
+			if o.cfg.Listen != "[::1]:8081" || o.cfg.AdminListen != "127.0.0.1:8081" {
+				t.Errorf("listen %q, admin %q", o.cfg.Listen, o.cfg.AdminListen)
+			}
+		}},
 		{"no admin listener by default", []string{"-plans", "p"}, nil, func(t *testing.T, o *options) {
 			if o.cfg.AdminListen != "" || o.cfg.Redis.HasPassword() {
 				t.Errorf("admin %q, password set %v", o.cfg.AdminListen, o.cfg.Redis.HasPassword())
@@ -121,6 +127,13 @@ func TestParseOptionsErrors(t *testing.T) {
 		// start on the second.
 		{[]string{"-plans", "p", "-admin-listen", ":8081"}, nil, `-admin-listen (SIDECAR_ADMIN_LISTEN): must not take -listen's port, got ":8081" beside -listen "127.0.0.1:8081": both cannot be bound`},
 		{[]string{"-plans", "p", "-listen", "0.0.0.0:9000", "-admin-listen", "[::1]:9000"}, nil, `-admin-listen (SIDECAR_ADMIN_LISTEN): must not take -listen's port, got "[::1]:9000" beside -listen "0.0.0.0:9000": both cannot be bound`},
+		// One IP address written two ways is one socket; so is an
+		// IPv4-mapped IPv6 address and its IPv4 address, which Go binds as
+		// the IPv4 one; [0::] is the IPv6 wildcard.
+		{[]string{"-plans", "p", "-listen", "[::1]:9000", "-admin-listen", "[0:0:0:0:0:0:0:1]:9000"}, nil, `-admin-listen (SIDECAR_ADMIN_LISTEN): must not take -listen's port, got "[0:0:0:0:0:0:0:1]:9000" beside -listen "[::1]:9000": both cannot be bound`},
+		{[]string{"-plans", "p", "-listen", "127.0.0.1:9000", "-admin-listen", "[::ffff:127.0.0.1]:9000"}, nil, `-admin-listen (SIDECAR_ADMIN_LISTEN): must not take -listen's port, got "[::ffff:127.0.0.1]:9000" beside -listen "127.0.0.1:9000": both cannot be bound`},
+		{nil, map[string]string{"SIDECAR_PLANS": "p", "SIDECAR_LISTEN": "[::1]:9000", "SIDECAR_ADMIN_LISTEN": "[0::]:9000"}, `-admin-listen (SIDECAR_ADMIN_LISTEN): must not take -listen's port, got "[0::]:9000" beside -listen "[::1]:9000": both cannot be bound`},
+		{[]string{"-plans", "p", "-listen", "[::]:9000", "-admin-listen", "0.0.0.0:9000"}, nil, `-admin-listen (SIDECAR_ADMIN_LISTEN): must not take -listen's port, got "0.0.0.0:9000" beside -listen "[::]:9000": both cannot be bound`},
 		{nil, map[string]string{"SIDECAR_PLANS": "p", "SIDECAR_ADMIN_LISTEN": ":99999"}, `-admin-listen (SIDECAR_ADMIN_LISTEN): must be host:port, got ":99999"`},
 		{[]string{"-plans", "p", "-redis", "redis://:hunter2@h:1", "-redis-password", "other"}, nil, `-redis-password (SIDECAR_REDIS_PASSWORD): the -redis URL has a password already; give it in one place`},
 		{[]string{"-plans", "p", "-redis", "http://h:1"}, nil, `-redis (SIDECAR_REDIS): http://h:1: scheme "http" is not one of redis, rediss, unix, redis+cluster, rediss+cluster, redis+sentinel, rediss+sentinel`},
