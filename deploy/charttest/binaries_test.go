@@ -44,6 +44,7 @@ func TestRenderedPodOnTheBinaries(t *testing.T) {
 		vals map[string]any
 	}{
 		{"defaults", nil},
+		{"dual stack", values("envoy.ipFamily", "DualStack")},
 		{"operator values", values(
 			"filter.on_failure", "local", "filter.region", "eu-west-1", "filter.mode", "shadow",
 			"filter.canary_clients", []any{rawKeys[0]},

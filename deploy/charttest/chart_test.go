@@ -350,6 +350,7 @@ func TestChartRefuses(t *testing.T) {
 		{"hmac-sha256 digests without a key salt", values("plans.clients", map[string]any{"hmac-sha256:" + strings.TrimPrefix(digest("k"), "sha256:"): "pro"}),
 			"plans.clients: no key salt is set, so the sidecar matches sha256: digests"},
 		{"wasm source", values("wasm.source", "http"), "at '/wasm/source': value must be one of 'initContainer', 'imageVolume'"},
+		{"IP family", values("envoy.ipFamily", "IPv6"), "at '/envoy/ipFamily': value must be one of 'IPv4', 'DualStack'"},
 		{"no Redis", values("redis.url", ""), "redis.url is required"},
 		// values.schema.json, which Helm checks before rendering: each a
 		// value the pods would refuse at start (Envoy stops on the filter's
@@ -924,6 +925,48 @@ func TestSecretsChangeRollsPods(t *testing.T) {
 	}
 	if template("secrets.keySalt", "old-salt", "secrets.redisPassword", "old-password", "plans.default_plan", "pro") != base {
 		t.Error("the pod template changed with the plans alone, which the sidecar reloads in place")
+	}
+}
+
+// TestListenersFollowIPFamily: Envoy's pod-facing listeners bind 0.0.0.0
+// by default (an IPv4 socket, envoy.yaml's), and "::" with ipv4_compat
+// (IPv6 and IPv4 clients on one socket) with envoy.ipFamily DualStack, so
+// that the Service and the kubelet's probes reach Envoy on an IPv6-only
+// cluster. Envoy's admin and the callout cluster stay on 127.0.0.1, which
+// every pod's loopback has.
+func TestListenersFollowIPFamily(t *testing.T) {
+	for _, tt := range []struct {
+		family string
+		want   map[string]any
+	}{
+		{"", map[string]any{"address": "0.0.0.0"}},
+		{"IPv4", map[string]any{"address": "0.0.0.0"}},
+		{"DualStack", map[string]any{"address": "::", "ipv4_compat": true}},
+	} {
+		var vals map[string]any
+		if tt.family != "" {
+			vals = values("envoy.ipFamily", tt.family)
+		}
+		r, err := render(t, vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		boot := bootstrap(t, r)
+		for _, l := range []struct {
+			name string
+			port int
+		}{{"edge", 10000}, {"stats", 9902}} {
+			want := maps.Clone(tt.want)
+			want["port_value"] = l.port
+			got := dig(t, listener(t, boot, l.name), "address", "socket_address")
+			// As printed: YAML's numbers decode as int64 or float64.
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("ipFamily %q: listener %s socket_address = %v, want %v", tt.family, l.name, got, want)
+			}
+		}
+		if got := dig(t, boot, "admin", "address", "socket_address", "address"); got != "127.0.0.1" {
+			t.Errorf("ipFamily %q: admin address %v, want 127.0.0.1", tt.family, got)
+		}
 	}
 }
 
