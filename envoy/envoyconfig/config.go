@@ -27,10 +27,12 @@ import (
 
 // Config is the part of an Envoy bootstrap the gateway serves.
 type Config struct {
-	Listener     string  // "host:port" of the listener the wasm filter runs on
-	ListenerName string  // its name
-	Admin        string  // "host:port" of the admin interface; "" when the bootstrap has none
-	Routes       []Route // the filter's listener's routes; first match wins
+	Listener string // "host:port" of the listener the wasm filter runs on
+	// ListenerIPv4Compat is its socket_address's ipv4_compat (ListenNetwork).
+	ListenerIPv4Compat bool
+	ListenerName       string  // its name
+	Admin              string  // "host:port" of the admin interface; "" when the bootstrap has none
+	Routes             []Route // the filter's listener's routes; first match wins
 	// Listeners are the other listeners, in the file's order: HTTP
 	// connection managers whose only HTTP filter is the router.
 	Listeners []Listener
@@ -263,6 +265,7 @@ type DirectResponse struct {
 type Listener struct {
 	Name       string
 	Address    string // "host:port"
+	IPv4Compat bool   // its socket_address's ipv4_compat (ListenNetwork)
 	StatPrefix string // the connection manager's stat_prefix
 	Routes     []Route
 }
@@ -456,4 +459,27 @@ func checkHostPort(addr string, listening bool) error {
 		return fmt.Errorf("port 0: want a number from 1 to 65535")
 	}
 	return nil
+}
+
+// ListenNetwork is the network net.Listen binds addr on as Envoy binds a
+// listener's socket_address: an IPv4 address, an IPv4 socket only
+// ("tcp4": 0.0.0.0 takes no IPv6 client, where Go's "tcp" would take both);
+// an IPv6 address, an IPv6 socket only ("tcp6", IPV6_V6ONLY), or with
+// ipv4_compat one that takes IPv4 clients too ("tcp"); anything else
+// (an empty host), "tcp".
+func ListenNetwork(addr string, ipv4Compat bool) string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "tcp"
+	}
+	ip, err := netip.ParseAddr(host)
+	switch {
+	case err != nil:
+		return "tcp"
+	case ip.Is4():
+		return "tcp4"
+	case ipv4Compat:
+		return "tcp"
+	}
+	return "tcp6"
 }

@@ -81,12 +81,14 @@ func extract(b *bootstrapv3.Bootstrap) (*Config, error) {
 		}
 		if i == filterAt {
 			c.Listener, c.ListenerName, c.Routes = addr, h.listener.GetName(), routes
+			c.ListenerIPv4Compat = h.listener.GetAddress().GetSocketAddress().GetIpv4Compat()
 			continue
 		}
 		if err := routerOnly(h); err != nil {
 			return nil, err
 		}
-		c.Listeners = append(c.Listeners, Listener{Name: h.listener.GetName(), Address: addr, StatPrefix: h.hcm.GetStatPrefix(), Routes: routes})
+		c.Listeners = append(c.Listeners, Listener{Name: h.listener.GetName(), Address: addr,
+			IPv4Compat: h.listener.GetAddress().GetSocketAddress().GetIpv4Compat(), StatPrefix: h.hcm.GetStatPrefix(), Routes: routes})
 	}
 	hcm, hcmPath := hcms[filterAt].hcm, hcms[filterAt].hcmPath
 	if c.Wasm, err = extractWasm(hcm, hcmPath, c.Clusters); err != nil {

@@ -42,7 +42,10 @@ type gateway struct {
 	log      *slog.Logger
 	poll     wasmhost.PollMode
 	listener string // the listener address as configured at start
-	admin    string // the admin address as configured at start
+	// listenerNetwork is what listener is bound on, as Envoy binds it
+	// (envoyconfig.ListenNetwork: 0.0.0.0 an IPv4 socket only).
+	listenerNetwork string
+	admin           string // the admin address as configured at start
 	// adminLn is the admin listener, bound before the first generation
 	// is built: clusters that reach the admin are pointed at adminAddr,
 	// the address it is bound to (a port 0 picked).
@@ -139,7 +142,8 @@ func newGateway(ctx context.Context, o options, log *slog.Logger) (*gateway, err
 	// Envoy: every generation's VMs get these same two, so counters and
 	// the filter's deny cache and breaker state outlive a reload.
 	g := &gateway{o: o, log: log, poll: poll, listener: cfg.Listener, admin: admin,
-		stats: wasmhost.NewStats(), shared: wasmhost.NewSharedData(), old: map[*generation]bool{}}
+		listenerNetwork: envoyconfig.ListenNetwork(cfg.Listener, cfg.ListenerIPv4Compat),
+		stats:           wasmhost.NewStats(), shared: wasmhost.NewSharedData(), old: map[*generation]bool{}}
 	if o.check {
 		cfg.Admin = admin
 	} else {
@@ -480,14 +484,14 @@ type addrs struct {
 func (g *gateway) serve(ctx context.Context, ready chan<- addrs) error {
 	defer g.close()
 	adminLn := g.adminLn
-	ln, err := net.Listen("tcp", g.listener)
+	ln, err := net.Listen(g.listenerNetwork, g.listener)
 	if err != nil {
 		adminLn.Close()
 		return fmt.Errorf("listener: %w", err)
 	}
 	var others []net.Listener
 	for _, l := range g.others {
-		oln, err := net.Listen("tcp", l.addr)
+		oln, err := net.Listen(l.network, l.addr)
 		if err != nil {
 			ln.Close()
 			adminLn.Close()

@@ -871,3 +871,49 @@ func TestGatewayCORSPolicy(t *testing.T) {
 	want("401", resp, "access-control-allow-origin", "https://shop.example.com", "access-control-allow-credentials", "true",
 		"access-control-expose-headers", "retry-after, ratelimit, ratelimit-policy, ratelimit-limit, ratelimit-remaining, ratelimit-reset")
 }
+
+// TestGatewayBindsListenersAsEnvoy: a listener's socket_address is bound
+// as Envoy binds it. envoy.yaml's 0.0.0.0 is an IPv4 socket, which an
+// IPv6 client cannot reach (Go's "tcp" would bind it dual-stack and hide
+// that the listener is unreachable on an IPv6-only network); "::" is an
+// IPv6 socket only; "::" with ipv4_compat takes both.
+func TestGatewayBindsListenersAsEnvoy(t *testing.T) {
+	if l, err := net.Listen("tcp6", "[::1]:0"); err != nil {
+		t.Skipf("no IPv6 loopback on this machine: %v", err)
+	} else {
+		l.Close()
+	}
+	filter, _ := modules(t)
+	for _, tt := range []struct {
+		address string
+		v4, v6  bool // reachable from 127.0.0.1, from ::1
+	}{
+		{"0.0.0.0", true, false},
+		{`"::", ipv4_compat: true`, true, true},
+		{`"::"`, false, true},
+	} {
+		t.Run(tt.address, func(t *testing.T) {
+			// Port 0: a free port of the system's choice for the edge
+			// listener, which the test reaches on both loopbacks.
+			cfg := shippedWith(t, "socket_address: {address: 0.0.0.0, port_value: 10000}", "socket_address: {address: "+tt.address+", port_value: 0}")
+			r := startArgs(t, "-config", cfg, "-wasm", filter, "-concurrency", "1",
+				"-listener", "stats=127.0.0.1:0", "-admin", "127.0.0.1:0")
+			_, port, err := net.SplitHostPort(r.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range []struct {
+				host string
+				want bool
+			}{{"127.0.0.1", tt.v4}, {"::1", tt.v6}} {
+				conn, err := net.DialTimeout("tcp", net.JoinHostPort(c.host, port), 5*time.Second)
+				if err == nil {
+					conn.Close()
+				}
+				if (err == nil) != c.want {
+					t.Errorf("listener on %s (bound %s): connect from %s: %v, want reachable %v", tt.address, r.addr, c.host, err, c.want)
+				}
+			}
+		})
+	}
+}

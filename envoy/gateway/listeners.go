@@ -21,6 +21,8 @@ type routerListener struct {
 	g    *gateway
 	name string
 	addr string // as configured at start; bound once
+	// network is what addr is bound on (envoyconfig.ListenNetwork).
+	network string
 	// http.<stat_prefix>.downstream_rq_total and _<class>xx; rq_total,
 	// the router's, which has every request here (no filter before it).
 	rqTotal  lazyCounter
@@ -30,7 +32,7 @@ type routerListener struct {
 
 func newRouterListener(g *gateway, l envoyconfig.Listener) *routerListener {
 	prefix := "http." + l.StatPrefix + ".downstream_rq_"
-	return &routerListener{g: g, name: l.Name, addr: l.Address,
+	return &routerListener{g: g, name: l.Name, addr: l.Address, network: envoyconfig.ListenNetwork(l.Address, l.IPv4Compat),
 		rqTotal:  lazyCounter{c: &g.counters, name: prefix + "total"},
 		rqClass:  newClassCounters(&g.counters, prefix),
 		rqRouted: lazyCounter{c: &g.counters, name: "http." + l.StatPrefix + ".rq_total"}}
