@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -120,14 +121,82 @@ func (g *gateway) forward(r *http.Request, gen *generation, routes []envoyconfig
 	u.stats.total.inc()
 	ctx, cancel := context.WithTimeout(r.Context(), routeTimeout)
 	f := forwarded{start: time.Now(), cancel: cancel}
+	idle := newIdleTimer(ctx, gen.cfg.StreamIdleTimeout)
+	if idle != nil {
+		ctx, f.cancel = idle.ctx, func() { idle.stop(); cancel() }
+		if r.Body != nil && r.Body != http.NoBody {
+			rr := *r
+			rr.Body = idleBody{r.Body, idle}
+			r = &rr
+		}
+	}
 	resp, err := u.roundTrip(ctx, r, headers)
 	if err != nil {
+		if idle.fired() && r.Context().Err() == nil {
+			// Envoy's connection manager, before any response began: 408
+			// "stream timeout", through the filters' encoder path.
+			x.details = "stream_idle_timeout"
+			f.status, f.body = http.StatusRequestTimeout, "stream timeout"
+			return f
+		}
 		f.status, f.body = g.upstreamFailure(r, u, x, err)
 		return f
 	}
 	u.stats.class.inc(resp.StatusCode)
+	if idle != nil {
+		idle.touch()
+		resp.Body = idleBody{resp.Body, idle}
+	}
 	f.resp = resp
 	return f
+}
+
+// errStreamIdle ends an upstream exchange idle for stream_idle_timeout.
+var errStreamIdle = errors.New("stream_idle_timeout")
+
+// idleTimer is Envoy's stream_idle_timeout on the router's part of a
+// stream: the exchange with the service is ended (ctx cancelled) once
+// neither the request's body nor the response has moved for d. Envoy's
+// timer runs from the request to the end of the response, reset by every
+// headers and data frame either way, so a service silent for longer gets
+// the client a 408 (the response not begun) or a reset (begun), before the
+// route's 15 s timeout.
+type idleTimer struct {
+	ctx context.Context
+	d   time.Duration
+	t   *time.Timer
+}
+
+// newIdleTimer starts an idleTimer on parent, nil for d 0 (disabled, as
+// in Envoy).
+func newIdleTimer(parent context.Context, d time.Duration) *idleTimer {
+	if d <= 0 {
+		return nil
+	}
+	ctx, cancel := context.WithCancelCause(parent)
+	return &idleTimer{ctx: ctx, d: d, t: time.AfterFunc(d, func() { cancel(errStreamIdle) })}
+}
+
+func (i *idleTimer) touch() { i.t.Reset(i.d) }
+func (i *idleTimer) stop()  { i.t.Stop() }
+
+// fired reports whether the timer ended the exchange.
+func (i *idleTimer) fired() bool {
+	return i != nil && errors.Is(context.Cause(i.ctx), errStreamIdle)
+}
+
+// idleBody is a body whose every read resets the stream's idle timer.
+type idleBody struct {
+	io.ReadCloser
+	idle *idleTimer
+}
+
+func (b idleBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.idle.touch()
+	}
+	return n, err
 }
 
 // matchRoute is the first route that matches path, as Envoy picks it.
