@@ -343,18 +343,7 @@ func TestHTTP10RefusedBeforeTheFilter(t *testing.T) {
 func TestUnfinishedBodyEndsTheConnection(t *testing.T) {
 	s := startStack(t, stackConfig{plans: tinyPlans})
 	const idle = 500 * time.Millisecond
-	raw, err := os.ReadFile(repoFile(t, "envoy/envoy.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := strings.Replace(string(raw), "stream_idle_timeout: 10s", "stream_idle_timeout: 0.5s", 1)
-	if cfg == string(raw) {
-		t.Fatal("envoy.yaml has no stream_idle_timeout: 10s to shorten")
-	}
-	path := filepath.Join(t.TempDir(), "envoy.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := shortIdleConfig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	g, err := harness.StartGateway(ctx, bins, harness.GatewayConfig{
@@ -562,33 +551,49 @@ func TestCORSThroughTheGateway(t *testing.T) {
 	}
 }
 
-// withoutCORS writes envoy.yaml without its CORS filter and the virtual
-// host's CORS policy, and returns the file's path.
-func withoutCORS(t *testing.T) string {
+// shippedConfigWith writes envoy.yaml as edit changes it into the test's
+// temporary directory and returns the file's path; an edit that changes
+// nothing fails the test, naming what it was to change.
+func shippedConfigWith(t *testing.T, what string, edit func(string) string) string {
 	t.Helper()
 	raw, err := os.ReadFile(repoFile(t, "envoy/envoy.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := string(raw)
-	for _, cut := range []struct {
-		what string
-		re   *regexp.Regexp
-	}{
-		// From the policy's key to the next key of the virtual host.
-		{"CORS policy", regexp.MustCompile(`(?s)\n {14}typed_per_filter_config:\n {16}envoy\.filters\.http\.cors:\n.*?\n( {14}# First match wins\.)`)},
-		// The filter's three lines.
-		{"CORS filter", regexp.MustCompile(`\n {10}- name: envoy\.filters\.http\.cors\n {12}typed_config:\n {14}"@type": [^\n]*\.Cors\n`)},
-	} {
-		out := cut.re.ReplaceAllString(cfg, "\n$1")
-		if out == cfg {
-			t.Fatalf("envoy.yaml has no %s to remove", cut.what)
-		}
-		cfg = out
+	cfg := edit(string(raw))
+	if cfg == string(raw) {
+		t.Fatalf("envoy.yaml has no %s to change", what)
 	}
 	path := filepath.Join(t.TempDir(), "envoy.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// shortIdleConfig is envoy.yaml with a stream_idle_timeout of 0.5 s, not
+// 10 s, for tests that wait it out.
+func shortIdleConfig(t *testing.T) string {
+	t.Helper()
+	return shippedConfigWith(t, "stream_idle_timeout: 10s", func(cfg string) string {
+		return strings.Replace(cfg, "stream_idle_timeout: 10s", "stream_idle_timeout: 0.5s", 1)
+	})
+}
+
+// withoutCORS is envoy.yaml without its CORS filter and the virtual host's
+// CORS policy.
+func withoutCORS(t *testing.T) string {
+	t.Helper()
+	cut := func(cfg, what string, re *regexp.Regexp, with string) string {
+		if !re.MatchString(cfg) {
+			t.Fatalf("envoy.yaml has no %s to remove", what)
+		}
+		return re.ReplaceAllString(cfg, with)
+	}
+	return shippedConfigWith(t, "CORS filter", func(cfg string) string {
+		// From the policy's key to the next key of the virtual host.
+		cfg = cut(cfg, "CORS policy", regexp.MustCompile(`(?s)\n {14}typed_per_filter_config:\n {16}envoy\.filters\.http\.cors:\n.*?\n( {14}# First match wins\.)`), "\n$1")
+		// The filter's three lines.
+		return cut(cfg, "CORS filter", regexp.MustCompile(`\n {10}- name: envoy\.filters\.http\.cors\n {12}typed_config:\n {14}"@type": [^\n]*\.Cors\n`), "\n")
+	})
 }

@@ -560,39 +560,6 @@ func (r runner) allowed(t *testing.T) {
 			t.Errorf("response header %s = %q, want %q", want[0], got, want[1])
 		}
 	}
-
-	// A 429 the service made itself (its safety limit) after the edge
-	// admitted the request: its Retry-After and its legacy trio stay as
-	// it sent them, and the edge adds only its named draft items, never a
-	// trio whose tokens left would read as the limit that refused.
-	for _, own := range [][]Header{
-		{{"ratelimit-limit", "2000"}, {"ratelimit-remaining", "0"}, {"ratelimit-reset", "9"}},
-		nil,
-	} {
-		s, _ = waiting(t, h, get("key-1"))
-		s.RespondCallout(SidecarAnswer("pro", 200, 100, 200, 1), nil)
-		wentOn(t, s)
-		resp = s.ResponseHeaders(append([]Header{{":status", "429"}, {"retry-after", "9"}}, own...))
-		want := [][]string{
-			{"ratelimit-policy", `"pro";q=200;w=2;edgelimit-rate="100"`},
-			{"ratelimit", `"pro";r=199;t=1`},
-			{"retry-after", "9"},
-			{"ratelimit-limit"}, {"ratelimit-remaining"}, {"ratelimit-reset"},
-		}
-		for _, o := range own {
-			for i := range want {
-				if want[i][0] == o[0] {
-					want[i] = append(want[i], o[1])
-				}
-			}
-		}
-		for _, w := range want {
-			if got := values(resp, w[0]); !slices.Equal(got, w[1:]) {
-				t.Errorf("service's 429 (own trio: %t): response header %s = %q, want %q", own != nil, w[0], got, w[1:])
-			}
-		}
-		s.Done()
-	}
 }
 
 func (r runner) denied(t *testing.T) {

@@ -862,11 +862,7 @@ func (l *Limiter) failOpen(s *stream, r Reason, detail string, now int64) (answe
 // same structured-field list): the draft lets an intermediary that enforces
 // its own policy add it, never remove the service's. The legacy trio has
 // room for one policy only; it is replaced by the edge's, which is the one
-// enforced here. On a 429 the service made itself (its safety limit) the
-// trio is left as the service sent it, and none is added: it names no
-// policy, and on a 429 a client reads it as the limit that refused, which
-// the edge's was not (its tokens left and its reset beside the service's
-// Retry-After would say "retry now").
+// enforced here.
 func (l *Limiter) OnResponseHeaders(id uint32, _ int, _ bool) abi.Action {
 	s := l.streams.get(id)
 	if s == nil || !s.limited {
@@ -882,13 +878,9 @@ func (l *Limiter) OnResponseHeaders(id uint32, _ int, _ bool) abi.Action {
 	}()
 	l.text.reset()
 	l.headers = appendRateLimitHeaders(l.headers[:0], &l.text, &s.quota, &l.policies)
-	st, _ := l.host.GetHeader(abi.MapResponseHeaders, ":status")
-	refused := st == "429"
 	for i, hd := range l.headers {
 		if i < 2 { // ratelimit-policy, ratelimit
 			l.host.AddHeader(abi.MapResponseHeaders, hd[0], hd[1])
-		} else if refused {
-			break
 		} else {
 			l.host.ReplaceHeader(abi.MapResponseHeaders, hd[0], hd[1])
 		}
