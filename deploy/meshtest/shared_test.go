@@ -231,6 +231,19 @@ func selects(sel, labels map[string]string) bool {
 	return true
 }
 
+// decodeEnvoyYAML decodes envoy/envoy.yaml into v, which names the fields
+// a test reads.
+func decodeEnvoyYAML(t *testing.T, v any) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(repoRoot, "envoy", "envoy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, v); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // sidecarCluster is what envoy/envoy.yaml sets on the callout's cluster.
 type sidecarCluster struct {
 	maxConnections, maxPending, maxRequests int
@@ -240,10 +253,6 @@ type sidecarCluster struct {
 // shippedSidecarCluster reads envoy/envoy.yaml's ratelimit_sidecar cluster.
 func shippedSidecarCluster(t *testing.T) sidecarCluster {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(repoRoot, "envoy", "envoy.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var boot struct {
 		StaticResources struct {
 			Clusters []struct {
@@ -259,9 +268,7 @@ func shippedSidecarCluster(t *testing.T) sidecarCluster {
 			} `json:"clusters"`
 		} `json:"static_resources"`
 	}
-	if err := yaml.Unmarshal(raw, &boot); err != nil {
-		t.Fatal(err)
-	}
+	decodeEnvoyYAML(t, &boot)
 	for _, c := range boot.StaticResources.Clusters {
 		if c.Name != "ratelimit_sidecar" || len(c.CircuitBreakers.Thresholds) != 1 {
 			continue
@@ -297,10 +304,6 @@ type edgeHCM struct {
 // manager.
 func shippedEdgeHCM(t *testing.T) edgeHCM {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(repoRoot, "envoy", "envoy.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var boot struct {
 		StaticResources struct {
 			Listeners []struct {
@@ -330,9 +333,7 @@ func shippedEdgeHCM(t *testing.T) edgeHCM {
 			} `json:"listeners"`
 		} `json:"static_resources"`
 	}
-	if err := yaml.Unmarshal(raw, &boot); err != nil {
-		t.Fatal(err)
-	}
+	decodeEnvoyYAML(t, &boot)
 	for _, l := range boot.StaticResources.Listeners {
 		if l.Name != "edge" || len(l.FilterChains) != 1 || len(l.FilterChains[0].Filters) != 1 {
 			continue
@@ -353,6 +354,7 @@ func shippedEdgeHCM(t *testing.T) edgeHCM {
 			h.internalAddresses = len(c.InternalAddressConfig.CidrRanges)
 		}
 		if c.StreamIdleTimeout != "" {
+			var err error
 			if h.streamIdleTimeout, err = time.ParseDuration(c.StreamIdleTimeout); err != nil {
 				t.Fatalf("envoy.yaml edge stream_idle_timeout: %v", err)
 			}
