@@ -819,17 +819,30 @@ func TestInternalAddresses(t *testing.T) {
 // naming the field: the gateway tunnels no connection, and refuses every
 // upgrade as Envoy does without them.
 func TestUpgradeConfigsRefused(t *testing.T) {
+	wantRefused(t, "upgrades are not supported", []edit{
+		{"          codec_type: AUTO\n", "          codec_type: AUTO\n          upgrade_configs: [{upgrade_type: websocket}]\n", "upgrade_configs"},
+		{"route: {cluster: orders}", "route: {cluster: orders, upgrade_configs: [{upgrade_type: websocket}]}", "routes[0].route.upgrade_configs"},
+	})
+}
+
+// edit is a change to envoy.yaml that parse refuses, naming field.
+type edit struct{ old, new, field string }
+
+// wantRefused parses envoy.yaml with each edit made and wants an error
+// naming the edit's field, followed by why.
+func wantRefused(t *testing.T, why string, edits []edit) {
+	t.Helper()
 	base, err := os.ReadFile(realConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct{ old, new, field string }{
-		{"          codec_type: AUTO\n", "          codec_type: AUTO\n          upgrade_configs: [{upgrade_type: websocket}]\n", "upgrade_configs"},
-		{"route: {cluster: orders}", "route: {cluster: orders, upgrade_configs: [{upgrade_type: websocket}]}", "routes[0].route.upgrade_configs"},
-	} {
-		_, err := parse([]byte(strings.Replace(string(base), c.old, c.new, 1)))
-		if err == nil || !strings.Contains(err.Error(), c.field+": upgrades are not supported") {
-			t.Errorf("%s: %v, want an error naming the field", c.field, err)
+	for _, e := range edits {
+		if !strings.Contains(string(base), e.old) {
+			t.Fatalf("envoy.yaml has no %q to change", e.old)
+		}
+		_, err := parse([]byte(strings.Replace(string(base), e.old, e.new, 1)))
+		if err == nil || !strings.Contains(err.Error(), e.field+": "+why) {
+			t.Errorf("%s: %v, want an error naming the field", e.field, err)
 		}
 	}
 }
@@ -859,19 +872,10 @@ func TestAllowOnHeadersStopIterationRefused(t *testing.T) {
 // field: the gateway sends a request once, where Envoy would send a
 // request the filter charged once to the service again.
 func TestRetryPolicyRefused(t *testing.T) {
-	base, err := os.ReadFile(realConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []struct{ old, new, field string }{
+	wantRefused(t, "retries are not supported", []edit{
 		{"              domains: [\"*\"]\n", "              domains: [\"*\"]\n              retry_policy: {retry_on: 5xx, num_retries: 2}\n", "virtual_hosts[0].retry_policy"},
 		{"route: {cluster: orders}", "route: {cluster: orders, retry_policy: {retry_on: 5xx}}", "routes[0].route.retry_policy"},
-	} {
-		_, err := parse([]byte(strings.Replace(string(base), c.old, c.new, 1)))
-		if err == nil || !strings.Contains(err.Error(), c.field+": retries are not supported") {
-			t.Errorf("%s: %v, want an error naming the field", c.field, err)
-		}
-	}
+	})
 }
 
 // envoy.yaml runs the CORS filter before the rate limiter with a policy

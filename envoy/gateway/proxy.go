@@ -205,11 +205,11 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // forward_not_matching_preflights is false. It reports whether it
 // answered.
 func (g *gateway) cors(w http.ResponseWriter, r *http.Request, p *envoyconfig.CORSPolicy, routes []envoyconfig.Route, path string, x *exchange) bool {
-	if rt, ok := matchRoute(routes, path); !ok || rt.Direct != nil {
-		return false
-	}
 	origin := r.Header.Get("origin")
 	if origin == "" {
+		return false
+	}
+	if rt, ok := matchRoute(routes, path); !ok || rt.Direct != nil {
 		return false
 	}
 	allowed := p.Allowed(origin)
