@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/edgelimit/edgelimit/deploy/podspec"
@@ -386,6 +387,28 @@ func TestEnvoyGatewayEdgeProtections(t *testing.T) {
 	}
 	if idle != shipped.streamIdleTimeout {
 		t.Errorf("ClientTrafficPolicy timeout.http.streamIdleTimeout %v, envoy.yaml's stream_idle_timeout is %v (Envoy's default is 5 min)", idle, shipped.streamIdleTimeout)
+	}
+	// Written out, as Envoy Gateway's defaults (100, 64 KiB, 1 MiB) are
+	// the same today: a change of its defaults does not change this edge.
+	if h2 := ctp.Spec.HTTP2; h2 == nil || h2.MaxConcurrentStreams == nil || *h2.MaxConcurrentStreams != shipped.h2MaxConcurrentStreams {
+		t.Errorf("ClientTrafficPolicy http2.maxConcurrentStreams %+v, envoy.yaml's max_concurrent_streams is %d", h2, shipped.h2MaxConcurrentStreams)
+	}
+	for _, f := range []struct {
+		name      string
+		q         func(*egv1a1.HTTP2Settings) *resource.Quantity
+		want      uint32
+		envoyName string
+	}{
+		{"initialStreamWindowSize", func(h *egv1a1.HTTP2Settings) *resource.Quantity { return h.InitialStreamWindowSize }, shipped.h2StreamWindow, "initial_stream_window_size"},
+		{"initialConnectionWindowSize", func(h *egv1a1.HTTP2Settings) *resource.Quantity { return h.InitialConnectionWindowSize }, shipped.h2ConnectionWindow, "initial_connection_window_size"},
+	} {
+		var got int64
+		if h2 := ctp.Spec.HTTP2; h2 != nil && f.q(h2) != nil {
+			got = f.q(h2).Value()
+		}
+		if got != int64(f.want) {
+			t.Errorf("ClientTrafficPolicy http2.%s %d bytes, envoy.yaml's %s is %d", f.name, got, f.envoyName, f.want)
+		}
 	}
 	if h1 := ctp.Spec.HTTP1; h1 != nil && h1.HTTP10 != nil {
 		t.Error("ClientTrafficPolicy http1.http10 accepts HTTP/1.0: envoy.yaml refuses it")

@@ -295,6 +295,24 @@ func TestIstioEdgeProtections(t *testing.T) {
 	if d := cs.GetHttpStreamIdleTimeout(); d == nil || d.AsDuration() != shipped.streamIdleTimeout {
 		t.Errorf("connectionSettings.httpStreamIdleTimeout %v, envoy.yaml's stream_idle_timeout is %v (Istio's default is none)", d, shipped.streamIdleTimeout)
 	}
+	// Istio sets no http2_protocol_options on a gateway: without these,
+	// Envoy's defaults let one connection hold 1024 streams (2^31-1
+	// before Envoy 1.36), each a callout, as many as the sidecar cluster
+	// takes at once.
+	for _, f := range []struct {
+		name      string
+		got       int32
+		want      uint32
+		envoyName string
+	}{
+		{"httpMaxConcurrentStreams", cs.GetHttpMaxConcurrentStreams().GetValue(), shipped.h2MaxConcurrentStreams, "max_concurrent_streams"},
+		{"http2InitialStreamWindowSize", cs.GetHttp2InitialStreamWindowSize().GetValue(), shipped.h2StreamWindow, "initial_stream_window_size"},
+		{"http2InitialConnectionWindowSize", cs.GetHttp2InitialConnectionWindowSize().GetValue(), shipped.h2ConnectionWindow, "initial_connection_window_size"},
+	} {
+		if f.got < 0 || uint32(f.got) != f.want {
+			t.Errorf("connectionSettings.%s %d, envoy.yaml's %s is %d", f.name, f.got, f.envoyName, f.want)
+		}
+	}
 	if pc.GetProxyMetadata()["EVENT_PRECISE_TIMER"] == "" {
 		t.Errorf("proxyMetadata %v has no EVENT_PRECISE_TIMER: Envoy's timers, the callout's timeout among them, run on the kernel's coarse clock", pc.GetProxyMetadata())
 	}

@@ -298,6 +298,9 @@ type edgeHCM struct {
 	escapedSlashesAction string // path_with_escaped_slashes_action
 	acceptHTTP10         bool   // http_protocol_options.accept_http_10
 	streamIdleTimeout    time.Duration
+	// http2_protocol_options, 0 when unset (Envoy's default then differs
+	// by release).
+	h2MaxConcurrentStreams, h2StreamWindow, h2ConnectionWindow uint32
 }
 
 // shippedEdgeHCM reads envoy/envoy.yaml's edge listener's connection
@@ -327,6 +330,11 @@ func shippedEdgeHCM(t *testing.T) edgeHCM {
 							MergeSlashes                 bool   `json:"merge_slashes"`
 							PathWithEscapedSlashesAction string `json:"path_with_escaped_slashes_action"`
 							StreamIdleTimeout            string `json:"stream_idle_timeout"`
+							HTTP2ProtocolOptions         struct {
+								MaxConcurrentStreams        uint32 `json:"max_concurrent_streams"`
+								InitialStreamWindowSize     uint32 `json:"initial_stream_window_size"`
+								InitialConnectionWindowSize uint32 `json:"initial_connection_window_size"`
+							} `json:"http2_protocol_options"`
 						} `json:"typed_config"`
 					} `json:"filters"`
 				} `json:"filter_chains"`
@@ -340,15 +348,18 @@ func shippedEdgeHCM(t *testing.T) edgeHCM {
 		}
 		c := l.FilterChains[0].Filters[0].TypedConfig
 		h := edgeHCM{
-			useRemoteAddress:     c.UseRemoteAddress,
-			underscoresAction:    cmp.Or(c.CommonHTTPProtocolOptions.HeadersWithUnderscoresAction, "ALLOW"),
-			proxy100Continue:     c.Proxy100Continue,
-			normalizePath:        c.NormalizePath,
-			mergeSlashes:         c.MergeSlashes,
-			escapedSlashesAction: cmp.Or(c.PathWithEscapedSlashesAction, "KEEP_UNCHANGED"),
-			acceptHTTP10:         c.HTTPProtocolOptions.AcceptHTTP10,
-			streamIdleTimeout:    5 * time.Minute, // Envoy's default
-			internalAddresses:    -1,
+			useRemoteAddress:       c.UseRemoteAddress,
+			underscoresAction:      cmp.Or(c.CommonHTTPProtocolOptions.HeadersWithUnderscoresAction, "ALLOW"),
+			proxy100Continue:       c.Proxy100Continue,
+			normalizePath:          c.NormalizePath,
+			mergeSlashes:           c.MergeSlashes,
+			escapedSlashesAction:   cmp.Or(c.PathWithEscapedSlashesAction, "KEEP_UNCHANGED"),
+			acceptHTTP10:           c.HTTPProtocolOptions.AcceptHTTP10,
+			streamIdleTimeout:      5 * time.Minute, // Envoy's default
+			internalAddresses:      -1,
+			h2MaxConcurrentStreams: c.HTTP2ProtocolOptions.MaxConcurrentStreams,
+			h2StreamWindow:         c.HTTP2ProtocolOptions.InitialStreamWindowSize,
+			h2ConnectionWindow:     c.HTTP2ProtocolOptions.InitialConnectionWindowSize,
 		}
 		if c.InternalAddressConfig != nil {
 			h.internalAddresses = len(c.InternalAddressConfig.CidrRanges)
@@ -376,6 +387,7 @@ func checkShippedEdgeHCM(t *testing.T) edgeHCM {
 		useRemoteAddress: true, internalAddresses: 0, underscoresAction: "REJECT_REQUEST",
 		proxy100Continue: true, normalizePath: true, mergeSlashes: true,
 		escapedSlashesAction: "UNESCAPE_AND_REDIRECT", acceptHTTP10: false, streamIdleTimeout: 10 * time.Second,
+		h2MaxConcurrentStreams: 100, h2StreamWindow: 64 << 10, h2ConnectionWindow: 1 << 20,
 	}
 	if h != want {
 		t.Errorf("envoy.yaml's edge connection manager is now %+v, the mesh examples follow %+v: update them and their READMEs", h, want)

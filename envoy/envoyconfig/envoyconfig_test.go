@@ -49,6 +49,16 @@ func TestLoadRealConfig(t *testing.T) {
 	if c.InternalAddresses == nil || len(c.InternalAddresses) > 0 {
 		t.Errorf("InternalAddresses = %v, want none (no client may steer the router with x-envoy-* headers)", c.InternalAddresses)
 	}
+	// Envoy's edge guidance. Each stream is a callout sent as its headers
+	// arrive: unset, one connection may hold 1024 streams (2^31-1 before
+	// Envoy 1.36), as many checks at one instant as ratelimit_sidecar's
+	// max_requests, past which every client's callouts fail open.
+	if want := (HTTP2Limits{MaxConcurrentStreams: 100, StreamWindow: 64 << 10, ConnectionWindow: 1 << 20}); c.HTTP2 != want {
+		t.Errorf("HTTP2 = %+v, want %+v (Envoy's edge guidance: a connection's checks in flight at most a tenth of the sidecar cluster's max_requests, its buffers bounded)", c.HTTP2, want)
+	}
+	if sc := c.Clusters["ratelimit_sidecar"]; int(c.HTTP2.MaxConcurrentStreams)*10 > sc.Limits.MaxRequests {
+		t.Errorf("max_concurrent_streams %d is more than a tenth of ratelimit_sidecar's max_requests %d: a few connections' bursts fill it", c.HTTP2.MaxConcurrentStreams, sc.Limits.MaxRequests)
+	}
 	wantRoutes := []Route{{Prefix: "/orders", Cluster: "orders"}, {Prefix: "/billing", Cluster: "billing"}}
 	if !reflect.DeepEqual(c.Routes, wantRoutes) {
 		t.Errorf("Routes = %+v, want %+v", c.Routes, wantRoutes)
@@ -287,6 +297,7 @@ var invalidCases = []struct{ name, want string }{
 	{"filter_config_unknown_sidecar", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config.configuration.value: sidecar_cluster: cluster \"ratelimit\" is not defined in static_resources.clusters"},
 	{"missing_cluster", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].routes[1].route.cluster: cluster \"shipping\" is not defined in static_resources.clusters"},
 	{"missing_type", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[1].typed_config.@type: missing \"@type\""},
+	{"h2_window_too_small", "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http2_protocol_options.initial_stream_window_size: value must be inside range [65535, 2147483647]"},
 	{"negative_port", "admin.address.socket_address.port_value: invalid value for uint32 field portValue: -1"},
 	{"negative_timeout", "static_resources.clusters[2].connect_timeout: value must be greater than 0s"},
 	{"no_listener", "static_resources.listeners: no listener has an envoy.filters.network.http_connection_manager filter"},
