@@ -52,6 +52,9 @@ func (l *routerListener) routes(gen *generation) []envoyconfig.Route {
 
 func (l *routerListener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g := l.g
+	if r.ProtoMajor == 2 && refuseHTTP2(w, r, g.log) {
+		return
+	}
 	x := &exchange{start: time.Now()}
 	l.rqTotal.inc()
 	l.rqRouted.inc()

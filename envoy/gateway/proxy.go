@@ -49,6 +49,9 @@ type exchange struct {
 // ServeHTTP runs one request through the filter chain of the listener: the
 // wasm filter, then the router.
 func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 2 && refuseHTTP2(w, r, g.log) {
+		return
+	}
 	x := &exchange{start: time.Now()}
 	defer x.finishBody(w, r) // last, after the stream and the generation are let go of
 	g.rqTotal.inc()
