@@ -79,9 +79,9 @@ type Config struct {
 	AcceptHTTP10 bool
 	// HTTP2 is the connection manager's http2_protocol_options: the
 	// limits Envoy puts on an HTTP/2 client. build/gateway serves
-	// HTTP/1.1 only and refuses HTTP/2 (README.md, "HTTP/2 clients"), so
-	// it reads them for the tests that hold envoy.yaml to Envoy's edge
-	// guidance.
+	// HTTP/1.1 only and refuses HTTP/2 (envoy/README.md, "HTTP/2
+	// clients"): they are read for the tests that hold envoy.yaml to
+	// Envoy's edge guidance.
 	HTTP2 HTTP2Limits
 	// Histograms is stats_config.histogram_bucket_settings, in order.
 	Histograms []HistogramBuckets
