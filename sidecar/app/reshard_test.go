@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -111,6 +112,31 @@ func scriptCalls(t *testing.T, addr string) (ran, refused int64) {
 	return ran, refused
 }
 
+// expiredKeys is how many keys the nodes have expired, together (INFO
+// stats, expired_keys).
+func expiredKeys(t *testing.T, nodes map[string]*redis.Client) int64 {
+	t.Helper()
+	var n int64
+	for addr, c := range nodes {
+		info, err := c.Info(context.Background(), "stats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, ok := "", false
+		for line := range strings.SplitSeq(info, "\r\n") {
+			if v, ok = strings.CutPrefix(line, "expired_keys:"); ok {
+				break
+			}
+		}
+		k, err := strconv.ParseInt(v, 10, 64)
+		if !ok || err != nil {
+			t.Fatalf("INFO stats of %s: no expired_keys (%q, %v)", addr, v, err)
+		}
+		n += k
+	}
+	return n
+}
+
 // TestClusterReshard moves the slot of a busy client's bucket from one
 // master of a 3-master cluster to another, the way an operator scales a
 // cluster (CLUSTER SETSLOT IMPORTING and MIGRATING, MIGRATE of the slot's
@@ -208,11 +234,16 @@ func TestClusterReshard(t *testing.T) {
 	// A field of the test's own in the bucket, which the script neither
 	// reads nor writes (it keeps tokens and ts): found on the target after
 	// the move, it shows that the bucket the load spent from is the one
-	// that moved, not one started afresh there.
+	// that moved, not one started afresh there. The bucket's only other way
+	// to lose it is to expire, which it does once no check has been
+	// admitted for long enough to fill it (capacity/rate + 1 s): full, as a
+	// fresh one starts. Its keys being the only ones here with an expiry,
+	// the masters' expired_keys tell.
 	const marker = "reshard-marker"
 	if err := src.HSet(ctx, bucket, marker, source).Err(); err != nil {
 		t.Fatal(err)
 	}
+	expired0 := expiredKeys(t, nodes)
 
 	// The window is counted from one Redis TIME reading to the next, the
 	// clock the bucket refills by, with every check of the load inside it.
@@ -320,8 +351,13 @@ func TestClusterReshard(t *testing.T) {
 	if n, err := src.ClusterCountKeysInSlot(ctx, slot).Result(); err != nil || n != 0 {
 		t.Errorf("slot %d on the old master %s: %d keys, err %v; want none", slot, source, n, err)
 	}
-	if got, err := dst.HGet(ctx, bucket, marker).Result(); err != nil || got != source {
-		t.Errorf("bucket %s on the new master %s: field %s = %q, err %v; want %q, the bucket moved from %s",
+	got, err := dst.HGet(ctx, bucket, marker).Result()
+	switch expired := expiredKeys(t, nodes) - expired0; {
+	case err == nil && got == source:
+	case expired > 0:
+		t.Logf("bucket %s expired full during the test (%d keys expired): its field %s is gone, as it may be", bucket, expired, marker)
+	default:
+		t.Errorf("bucket %s on the new master %s: field %s = %q, err %v, no key expired; want %q, the bucket moved from %s",
 			bucket, target, marker, got, err, source, source)
 	}
 	if owner := slotOwners(t, ctl)[slot]; owner != target {
@@ -342,9 +378,12 @@ func TestClusterReshard(t *testing.T) {
 	// while the move's MIGRATEs, each holding the source until the target
 	// has answered, keep both busy. On a 2-core machine loaded by other
 	// tests 0.3% to 6% of the checks failed under the race detector, and
-	// with three more busy processes beside it 8% to 28% with the shipped
-	// 4 ms, a third to nine tenths of those sent during the move; the
-	// limit held in every run.
+	// with three more busy processes beside it 8% to 76% with the shipped
+	// 4 ms, most of those sent during the move; the limit held in every
+	// run. At that load a move of a second or more could fail every check
+	// sent while the bucket was redirected (2 runs of 12), each failed one
+	// costing go-redis its connection: the sources were dialed hundreds of
+	// times a move.
 	if allowedRedirected == 0 {
 		t.Errorf("of the checks sent while the bucket was redirected (%v), none was admitted; %d failed during the move",
 			askEnd.Sub(bucketMoved).Round(time.Millisecond), failedMove)
