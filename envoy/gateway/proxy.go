@@ -33,12 +33,6 @@ type exchange struct {
 	status  int
 	cluster string
 	details string
-	// drainBody: the reply was made before the body was read, in
-	// full-duplex mode (replyBeforeBody); finishBody reads the rest,
-	// waiting for it no longer than idle (stream_idle_timeout; 0: no
-	// bound).
-	drainBody bool
-	idle      time.Duration
 	// cors is the CORS filter's policy when the request came from one of
 	// its origins (corsOrigin): every response written gets the headers
 	// its encodeHeaders adds.
@@ -53,7 +47,6 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	x := &exchange{start: time.Now()}
-	defer x.finishBody(w, r) // last, after the stream and the generation are let go of
 	g.rqTotal.inc()
 	defer func() {
 		if x.status != 0 {
@@ -73,7 +66,6 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	gen := g.acquire()
 	defer gen.release()
-	x.idle = gen.cfg.StreamIdleTimeout
 	if gen.cfg.RejectUnderscores || gen.cfg.DropUnderscores {
 		for name := range r.Header {
 			if !strings.Contains(name, "_") {
@@ -117,7 +109,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path, redirect, ok := requestPath(r, gen.cfg.EscapedSlashes)
 	if !ok {
 		x.status, x.details = http.StatusBadRequest, "path_normalization_failed"
-		replyBeforeBody(w, r, x)
+		replyBeforeBody(w, r)
 		http.Error(w, "Bad Request", http.StatusBadRequest)
 		return
 	}
@@ -126,7 +118,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// request is charged nothing; the one the client sends to the
 		// location is charged as that path.
 		x.status, x.details = http.StatusTemporaryRedirect, "path_normalization_failed"
-		replyBeforeBody(w, r, x)
+		replyBeforeBody(w, r)
 		w.Header().Set("location", path)
 		w.Header().Set("content-length", "0")
 		w.WriteHeader(http.StatusTemporaryRedirect)
@@ -170,7 +162,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	stop()
 	if errors.Is(err, wasmhost.ErrClosed) {
 		x.status, x.details = http.StatusServiceUnavailable, "wasm_vm_closed"
-		replyBeforeBody(w, r, x)
+		replyBeforeBody(w, r)
 		http.Error(w, "", http.StatusServiceUnavailable)
 		return
 	}
@@ -188,7 +180,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case wasmhost.Replied:
 		reply, _ := s.LocalReply()
 		x.details = reply.Details
-		replyBeforeBody(w, r, x)
+		replyBeforeBody(w, r)
 		g.writeReply(w, x, reply.Headers, reply.Body)
 		return
 	case wasmhost.Reset:
@@ -244,7 +236,7 @@ func (g *gateway) cors(w http.ResponseWriter, r *http.Request, p *envoyconfig.CO
 	// filter's encodeHeaders adds them to its own answer too (with
 	// Expose-Headers).
 	x.details = "cors_response"
-	replyBeforeBody(w, r, x)
+	replyBeforeBody(w, r)
 	g.writeHeaders(w, x, h)
 	return true
 }
@@ -259,7 +251,7 @@ func (g *gateway) route(w http.ResponseWriter, r *http.Request, gen *generation,
 	defer fw.done()
 	if fw.resp == nil {
 		if fw.status != 0 {
-			replyBeforeBody(w, r, x)
+			replyBeforeBody(w, r)
 			g.localReply(w, s, x, fw.status, fw.body, grpclocal.IsGRPC(r.Header.Get("content-type")))
 		}
 		return
@@ -491,57 +483,68 @@ func requestHeaders(r *http.Request, path string) []wasmhost.Header {
 }
 
 // replyBeforeBody readies a reply made before the request's body was read
-// to its end (by the connection manager, the filter or the router) to go
-// out at once, as Envoy sends it. Go's server otherwise first reads what
-// is left of a body under 256 KiB, or of a chunked one, to keep the
-// connection, and a denied client sending its body slowly, or waiting for
-// an answer before sending the rest, got its 429 only once its body was
-// in. In full-duplex mode the reply is written first; the handler then
-// flushes it and reads the rest of the body itself as its last act
-// (finishBody), up to 256 KiB, so the connection is kept for a client
-// whose body completes. (Left to the server, an unread body in full-duplex
-// mode makes it panic: golang/go#68560.) A body declared longer than that
-// is not read: the reply says connection: close.
-func replyBeforeBody(w http.ResponseWriter, r *http.Request, x *exchange) {
+// (by the connection manager, the filter or the router) to go out at once,
+// keeping or closing the connection as Envoy does. Envoy's HTTP/1 codec
+// reads a body while the filters hold its request; a reply sent before the
+// body came whole says connection: close and ends the connection
+// (ConnectionManagerImpl, "response before request complete"), one sent
+// after keeps it. So the gateway reads what has come of the body, as far
+// as it has come (bodyArrived), and says connection: close when that is
+// not all of it. Left to Go's server, a reply waited for the rest of a
+// body under 256 KiB, or of a chunked one, before it went out: a denied
+// client sending its body slowly, or waiting for an answer before sending
+// the rest, got its 429 only once its body was in. A body declared longer
+// than 256 KiB is not read at all: connection: close.
+func replyBeforeBody(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Body == nil || r.Body == http.NoBody:
-	case r.ContentLength >= maxDrainedBody:
+	case r.ContentLength >= maxDrainedBody || !bodyArrived(w, r):
 		w.Header().Set("connection", "close")
-	default:
-		if http.NewResponseController(w).EnableFullDuplex() == nil {
-			x.drainBody = true
-		}
 	}
 }
 
-// finishBody is the handler's last act for a reply replyBeforeBody
-// readied: the reply goes out, then what is left of the body is read (Go's
-// server closes the connection past 256 KiB), with the filter's stream and
-// the configuration already let go of, for no longer than
-// stream_idle_timeout.
-func (x *exchange) finishBody(w http.ResponseWriter, r *http.Request) {
-	if !x.drainBody {
-		return
+// bodyArrived reads and drops the rest of r's body and reports whether it
+// came whole within bodyArrivalWait: what is already in the socket is read
+// at once. A client still waiting for a 100 Continue has sent none of it,
+// and reading would ask it for the body: not read. The read runs without a
+// deadline, so that a body read to its end leaves the connection as it
+// was (the server's read that follows a body's end, to see the client
+// leave, would stop at a deadline left set and end the connection); a
+// read still waiting when bodyArrivalWait is up is stopped by one, which
+// leaves the connection unusable to Go's server, as it is then ended.
+func bodyArrived(w http.ResponseWriter, r *http.Request) bool {
+	if strings.EqualFold(r.Header.Get("expect"), "100-continue") {
+		return false
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := io.CopyN(io.Discard, r.Body, maxDrainedBody)
+		done <- err
+	}()
+	t := time.NewTimer(bodyArrivalWait)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err == io.EOF
+	case <-t.C:
 	}
 	rc := http.NewResponseController(w)
-	rc.Flush()
-	if x.idle > 0 {
-		rc.SetReadDeadline(time.Now().Add(x.idle))
+	if rc.SetReadDeadline(time.Unix(1, 0)) != nil {
+		// Not a connection Go's server made: nothing stops the read.
+		return false
 	}
-	if err := r.Body.Close(); err != nil {
-		// The body did not come whole (the client went quiet for
-		// stream_idle_timeout, or away): the connection ends, as Envoy
-		// ends it, so that the rest of a body sent later is never read
-		// as a request.
-		panic(http.ErrAbortHandler)
-	}
-	if x.idle > 0 {
-		rc.SetReadDeadline(time.Time{})
-	}
+	<-done
+	return false
 }
 
-// maxDrainedBody is how much of an unread body Go's server reads after a
-// reply to keep the connection (net/http's maxPostHandlerReadBytes).
+// bodyArrivalWait is how long bodyArrived waits for the rest of a body: a
+// client still sending it gets its reply this much later at most, with
+// connection: close.
+const bodyArrivalWait = 5 * time.Millisecond
+
+// maxDrainedBody is the most of a body read to keep the connection after a
+// reply made before it (net/http's maxPostHandlerReadBytes, the most Go's
+// server reads for the same purpose).
 const maxDrainedBody = 256 << 10
 
 // isUpgrade reports whether a request asks to upgrade its connection as
