@@ -836,6 +836,16 @@ func TestUpgradeConfigsRefused(t *testing.T) {
 	})
 }
 
+// A route's timeout or idle_timeout is refused naming the field: the
+// gateway applies Envoy's defaults to every route, and a streaming route's
+// timeout: 0s, taken and ignored, would still have its streams cut at 15 s.
+func TestRouteTimeoutsRefused(t *testing.T) {
+	wantRefused(t, "per-route timeouts are not supported", []edit{
+		{"route: {cluster: orders}", "route: {cluster: orders, timeout: 0s}", "routes[0].route.timeout"},
+		{"route: {cluster: billing}", "route: {cluster: billing, idle_timeout: 3600s}", "routes[1].route.idle_timeout"},
+	})
+}
+
 // edit is a change to envoy.yaml that parse refuses, naming field.
 type edit struct{ old, new, field string }
 

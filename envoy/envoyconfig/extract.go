@@ -427,6 +427,17 @@ func extractRoutes(hcm *hcmv3.HttpConnectionManager, path string, clusters map[s
 			if len(action.Route.GetUpgradeConfigs()) > 0 {
 				return nil, fmt.Errorf("%s.route.upgrade_configs: upgrades are not supported (the gateway tunnels no connection; without upgrade_configs an upgrade is refused, 403, as Envoy refuses it)", rpath)
 			}
+			// The gateway keeps Envoy's defaults for every route: the
+			// route timeout of 15 s to the end of the response and the
+			// connection manager's stream_idle_timeout. Taken and
+			// ignored, a streaming route's timeout: 0s would pass -check
+			// and its streams still be cut at 15 s.
+			if action.Route.GetTimeout() != nil {
+				return nil, fmt.Errorf("%s.route.timeout: per-route timeouts are not supported (the gateway gives every route Envoy's default, 15 s to the end of its response)", rpath)
+			}
+			if action.Route.GetIdleTimeout() != nil {
+				return nil, fmt.Errorf("%s.route.idle_timeout: per-route timeouts are not supported (the gateway applies the connection manager's stream_idle_timeout to every route)", rpath)
+			}
 			cluster := action.Route.GetCluster()
 			if cluster == "" {
 				return nil, fmt.Errorf("%s.route: want a cluster name (weighted_clusters and cluster_header are not supported)", rpath)
