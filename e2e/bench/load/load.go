@@ -291,17 +291,22 @@ func Get(c *Client, target, path, key string) int {
 
 // send makes one request and reads its answer to the end; 0 on failure.
 func send(c *Client, target, method, path, key string) int {
-	status, _ := sendDecided(c, target, method, path, key)
+	status, _ := sendDecided(c, target, method, path, key, false)
 	return status
 }
 
 // sendDecided is send, and tells whether the answer carried the limiter's
-// RateLimit header (the field it adds to every answer it decided).
-func sendDecided(c *Client, target, method, path, key string) (status int, decided bool) {
+// RateLimit header (the field it adds to every answer it decided). With
+// closeConn the request says connection: close, and its connection is
+// closed after the answer.
+func sendDecided(c *Client, target, method, path, key string, closeConn bool) (status int, decided bool) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod(method)
+	if closeConn {
+		req.SetConnectionClose()
+	}
 	req.SetRequestURI("http://" + target + path)
 	if key != "" {
 		req.Header.Set("x-api-key", key)
@@ -412,6 +417,11 @@ type Burst struct {
 	// connection of its own); a request due while it is reached is
 	// counted Dropped, not sent. 0 is DefaultMaxInFlight.
 	MaxInFlight int
+	// NewConnections sends each request on a connection of its own,
+	// closed after its answer (connection: close), as an SDK that opens
+	// a connection per request does; false reuses keep-alive
+	// connections.
+	NewConnections bool
 }
 
 // BurstResult counts what the client saw.
@@ -519,7 +529,7 @@ func RunBurst(ctx context.Context, b Burst) (BurstResult, error) {
 				defer wg.Done()
 				defer func() { <-slots }()
 				sent := time.Now()
-				status, decided := sendDecided(client, target, methods[m], b.Path, b.Client)
+				status, decided := sendDecided(client, target, methods[m], b.Path, b.Client, b.NewConnections)
 				switch status {
 				case http.StatusOK:
 					ok.Add(1)

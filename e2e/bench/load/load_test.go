@@ -159,6 +159,40 @@ func TestRunBurstCountsByMethod(t *testing.T) {
 	}
 }
 
+// NewConnections sends each request on a connection of its own, which
+// says connection: close; without it none says so (how many keep-alive
+// connections the requests share depends on how fast each is answered).
+func TestRunBurstNewConnections(t *testing.T) {
+	for _, fresh := range []bool{true, false} {
+		var mu sync.Mutex
+		conns, closing := map[string]bool{}, 0
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			defer mu.Unlock()
+			conns[r.RemoteAddr] = true
+			if r.Close {
+				closing++
+			}
+		}))
+		res, err := RunBurst(context.Background(), Burst{Targets: []string{strings.TrimPrefix(srv.URL, "http://")}, Client: "a", Path: "/",
+			Rate: 50, Window: 100 * time.Millisecond, NewConnections: fresh})
+		srv.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		want := 0
+		if fresh {
+			want = int(res.Sent)
+		}
+		if res.Sent != 5 || closing != want || fresh && len(conns) != want {
+			t.Errorf("new connections %t: %d requests on %d connections, %d with connection: close; want 5, %d with it, each on its own when new",
+				fresh, res.Sent, len(conns), closing, want)
+		}
+		mu.Unlock()
+	}
+}
+
 func TestRunRejectsBadStreams(t *testing.T) {
 	tests := []struct {
 		s    []Stream
