@@ -109,7 +109,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path, redirect, ok := requestPath(r, gen.cfg.EscapedSlashes)
 	if !ok {
 		x.status, x.details = http.StatusBadRequest, "path_normalization_failed"
-		replyBeforeBody(w, r)
+		replyInHeaders(w, r)
 		http.Error(w, "Bad Request", http.StatusBadRequest)
 		return
 	}
@@ -118,7 +118,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// request is charged nothing; the one the client sends to the
 		// location is charged as that path.
 		x.status, x.details = http.StatusTemporaryRedirect, "path_normalization_failed"
-		replyBeforeBody(w, r)
+		replyInHeaders(w, r)
 		w.Header().Set("location", path)
 		w.Header().Set("content-length", "0")
 		w.WriteHeader(http.StatusTemporaryRedirect)
@@ -180,7 +180,11 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case wasmhost.Replied:
 		reply, _ := s.LocalReply()
 		x.details = reply.Details
-		replyBeforeBody(w, r)
+		if reply.InRequestHeaders {
+			replyInHeaders(w, r)
+		} else {
+			replyBeforeBody(w, r)
+		}
 		g.writeReply(w, x, reply.Headers, reply.Body)
 		return
 	case wasmhost.Reset:
@@ -236,7 +240,7 @@ func (g *gateway) cors(w http.ResponseWriter, r *http.Request, p *envoyconfig.CO
 	// filter's encodeHeaders adds them to its own answer too (with
 	// Expose-Headers).
 	x.details = "cors_response"
-	replyBeforeBody(w, r)
+	replyInHeaders(w, r)
 	g.writeHeaders(w, x, h)
 	return true
 }
@@ -482,10 +486,11 @@ func requestHeaders(r *http.Request, path string) []wasmhost.Header {
 	return append(h, wasmhost.Header{"x-forwarded-proto", "http"}, wasmhost.Header{"x-request-id", newRequestID()})
 }
 
-// replyBeforeBody readies a reply made before the request's body was read
-// (by the connection manager, the filter or the router) to go out at once,
-// keeping or closing the connection as Envoy does. Envoy's HTTP/1 codec
-// reads a body while the filters hold its request; a reply sent before the
+// replyBeforeBody readies a reply made while the request was held, before
+// its body was read (the filter's answer after its callout, the router's
+// own answers), to go out at once, keeping or closing the connection as
+// Envoy does. Envoy's HTTP/1 codec reads a body while the filters hold its
+// request; a reply sent before the
 // body came whole says connection: close and ends the connection
 // (ConnectionManagerImpl, "response before request complete"), one sent
 // after keeps it. So the gateway reads what has come of the body, as far
@@ -499,6 +504,18 @@ func replyBeforeBody(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Body == nil || r.Body == http.NoBody:
 	case r.ContentLength >= maxDrainedBody || !bodyArrived(w, r):
+		w.Header().Set("connection", "close")
+	}
+}
+
+// replyInHeaders readies a reply made as the request's headers are
+// decoded (by the connection manager before the filters, or by the filter
+// within its proxy_on_request_headers) to go out at once, as Envoy sends
+// it: its HTTP/1 codec hands the headers on before it parses any body that
+// came with them, so such a reply to a request with a body is one made
+// before the request was complete, and ends the connection.
+func replyInHeaders(w http.ResponseWriter, r *http.Request) {
+	if r.Body != nil && r.Body != http.NoBody {
 		w.Header().Set("connection", "close")
 	}
 }

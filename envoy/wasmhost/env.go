@@ -100,6 +100,8 @@ func envFunctions() []hostFunc {
 					Headers:    vm.text.pairs(hdrs, 0),
 					Details:    replaceSpaces(details),
 					GRPCStatus: int32(u32(s[7])),
+
+					InRequestHeaders: st.inReqHeaders,
 				}
 				vm.defer_(func() { st.sendLocalReply(reply) })
 			}

@@ -57,6 +57,10 @@ type LocalReply struct {
 	Body       []byte
 	Details    string // response code details, e.g. "wasm_fail_stream"
 	GRPCStatus int32  // -1: none
+	// InRequestHeaders: the plugin made the reply within its
+	// proxy_on_request_headers, where Envoy's HTTP/1 codec has not yet
+	// parsed any body that came with the headers.
+	InRequestHeaders bool
 }
 
 // Stream is one HTTP stream through the plugin, a filter instance in
@@ -70,17 +74,18 @@ type Stream struct {
 	info   StreamInfo
 
 	// Touched only by the VM's tasks.
-	reqHeaders  []Header
-	respHeaders []Header
-	reqActive   bool // the plugin may read and change the request headers
-	respActive  bool
-	logPhase    bool
-	logRequest  []Header
-	logResponse []Header
-	inResponse  bool
-	failReplied bool
-	respCode    int
-	done        bool
+	reqHeaders   []Header
+	respHeaders  []Header
+	reqActive    bool // the plugin may read and change the request headers
+	inReqHeaders bool // within the plugin's proxy_on_request_headers
+	respActive   bool
+	logPhase     bool
+	logRequest   []Header
+	logResponse  []Header
+	inResponse   bool
+	failReplied  bool
+	respCode     int
+	done         bool
 	// grpc: the request is gRPC (grpclocal.IsGRPC of its content-type as
 	// it arrived, with a :path), so its local replies are trailers-only
 	// gRPC responses, as Envoy's connection manager decides once the
@@ -353,7 +358,9 @@ func (s *Stream) requestHeaders(headers []Header, eos bool) State {
 	}
 	s.create()
 	s.reqActive = true
+	s.inReqHeaders = true
 	r, ok := vm.call(s.c, onRequestHeaders, uint64(s.c.id), uint64(len(s.reqHeaders)), b2u(eos))
+	s.inReqHeaders = false
 	stopped := vm.stopIter
 	vm.stopIter = false
 	switch {
