@@ -490,16 +490,15 @@ func requestHeaders(r *http.Request, path string) []wasmhost.Header {
 // its body was read (the filter's answer after its callout, the router's
 // own answers), to go out at once, keeping or closing the connection as
 // Envoy does. Envoy's HTTP/1 codec reads a body while the filters hold its
-// request; a reply sent before the
-// body came whole says connection: close and ends the connection
-// (ConnectionManagerImpl, "response before request complete"), one sent
-// after keeps it. So the gateway reads what has come of the body, as far
-// as it has come (bodyArrived), and says connection: close when that is
-// not all of it. Left to Go's server, a reply waited for the rest of a
-// body under 256 KiB, or of a chunked one, before it went out: a denied
-// client sending its body slowly, or waiting for an answer before sending
-// the rest, got its 429 only once its body was in. A body declared longer
-// than 256 KiB is not read at all: connection: close.
+// request; a reply sent before the body came whole says connection: close
+// and ends the connection (ConnectionManagerImpl, "response before request
+// complete"), one sent after keeps it. So the gateway reads what has come
+// of the body, as far as it has come (bodyArrived), and says connection:
+// close when that is not all of it. Left to Go's server, a reply waited for
+// the rest of a body under 256 KiB, or of a chunked one, before it went
+// out: a denied client sending its body slowly, or waiting for an answer
+// before sending the rest, got its 429 only once its body was in. A body
+// declared longer than 256 KiB is not read at all: connection: close.
 func replyBeforeBody(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Body == nil || r.Body == http.NoBody:
