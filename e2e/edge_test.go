@@ -320,21 +320,19 @@ func TestDeniedSlowBodyAnsweredAtOnce(t *testing.T) {
 	}
 }
 
-// One keep-alive connection carries the requests of many clients, as a
-// load balancer in front of the edge sends them: each is decided and
-// charged for its own key, and nothing of one request's answer (a key, a
-// decision, a 429's Retry-After or problem body) is in the next one's.
-// The filter's answers keep the connection, a denial of a request whose
-// body came with it included; one the filter makes within its
-// request-headers call (a 401) to a request with a body ends it, as
-// Envoy's HTTP/1 codec hands the filters the headers before it parses the
-// body, so that the request is not complete. Sent one at a time, then
-// pipelined (all
-// written before any answer is read): answered in order, as Envoy's
-// HTTP/1 codec serves one request of a connection at a time. Plan tiny:
-// 2 tokens, one back every 1000 s, so each answer below is exact; POST
-// /orders costs 5, more than the plan holds (a 429 without
-// Retry-After).
+// One keep-alive connection carries the requests of many clients, as a load
+// balancer in front of the edge sends them: each is decided and charged for
+// its own key, and nothing of one request's answer (a key, a decision, a
+// 429's Retry-After or problem body) is in the next one's. The filter's
+// answers keep the connection, a denial of a request whose body came with
+// it included; one the filter makes within its request-headers call (a 401)
+// to a request with a body ends it, as Envoy's HTTP/1 codec hands the
+// filters the headers before it parses the body, so that the request is not
+// complete. Sent one at a time, then pipelined (all written before any
+// answer is read): answered in order, as Envoy's HTTP/1 codec serves one
+// request of a connection at a time. Plan tiny: 2 tokens, one back every
+// 1000 s, so each answer below is exact; POST /orders costs 5, more than
+// the plan holds (a 429 without Retry-After).
 func TestOneConnectionManyClients(t *testing.T) {
 	s := startStack(t, stackConfig{plans: tinyPlans})
 	type exchange struct {
