@@ -107,6 +107,9 @@ type Decider struct {
 	// detached holds a place for each pipeline to a failing master that no
 	// loop waits for (detach).
 	detached chan struct{}
+	// lingering holds a place for each pipeline to a cluster master that
+	// may read its replies after its checks' deadline (runMaster).
+	lingering chan struct{}
 
 	// refused is the latest error reply Redis gave a check that took
 	// tokens, until a check is admitted (noteCharge); Ready reports it.
@@ -161,8 +164,9 @@ func New(client redis.UniversalClient, opt Options) *Decider {
 		opt:    opt,
 		queue:  make(chan *call, opt.Queue),
 
-		detached: make(chan struct{}, opt.Pipelines),
-		quit:     make(chan struct{}),
+		detached:  make(chan struct{}, opt.Pipelines),
+		lingering: make(chan struct{}, opt.Pipelines),
+		quit:      make(chan struct{}),
 	}
 	d.calls.New = func() any {
 		c := &call{done: make(chan struct{}, 1)}
@@ -408,17 +412,61 @@ func (d *Decider) run(batch []*call) {
 				defer cancel()
 				d.runGroup(ctx, masters[i], g)
 			}()
+		case masters == nil:
+			d.runGroup(ctx, nil, g)
 		case i == len(groups)-1:
-			d.runGroup(ctx, masterOf(masters, i), g)
+			d.runMaster(ctx, last, masters[i], g)
 		default:
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				d.runGroup(ctx, masterOf(masters, i), g)
+				d.runMaster(ctx, last, masters[i], g)
 			}()
 		}
 	}
 	wg.Wait()
+}
+
+// runMaster runs one cluster master's pipeline and returns when it is done
+// or at last, the latest deadline of its calls, whichever is first. A
+// pipeline ended at its calls' deadline costs go-redis its connection (the
+// replies still to come leave it out of step), and the next pipeline to
+// that master dials on its checks' way: go-redis keeps no idle connection
+// ready in its pipeline pool, and a new one's handshake (HELLO, CLIENT
+// SETINFO) takes round trips of its own within the checks' deadline. On a
+// loaded machine one late reply so became a run of failed checks, each
+// costing another connection (hundreds a second while a slot moved). So a
+// pipeline reads its replies until ExecTimeout instead, while one of
+// Options.Pipelines places for such pipelines is free; the loop still
+// returns at last, its calls answered 503 by their timers, and the master
+// is noted failing until the replies come. With no place free it ends at
+// last, as before.
+func (d *Decider) runMaster(ctx context.Context, last time.Time, master *redis.Client, g []*call) {
+	select {
+	case d.lingering <- struct{}{}:
+	default:
+		d.runGroup(ctx, master, g)
+		return
+	}
+	done := make(chan struct{})
+	d.wg.Add(1) // from a loop, which Close waits for: the count is not 0
+	go func() {
+		defer d.wg.Done()
+		defer func() { <-d.lingering }()
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), d.opt.ExecTimeout)
+		defer cancel()
+		d.runGroup(ctx, master, g)
+	}()
+	t := time.NewTimer(time.Until(last))
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		// Late: as a timeout would, this keeps the loops from waiting for
+		// the master's next pipelines until it has answered (runGroup).
+		d.failed.Store(master, time.Now())
+	}
 }
 
 func masterOf(masters []*redis.Client, i int) *redis.Client {
@@ -434,10 +482,12 @@ func masterOf(masters []*redis.Client, i int) *redis.Client {
 const failingFor = time.Second
 
 // detach takes one of the Options.Pipelines places for a pipeline no loop
-// waits for, if one is free: with the loops' own, at most twice
-// Options.Pipelines pipelines are in flight, which the connection pool the
-// sidecar sizes for them (Pipelines + 4 per master) holds without dialing
-// on a decision's way.
+// waits for, if one is free: with the loops' own and those reading late
+// replies (runMaster), at most three times Options.Pipelines pipelines are
+// in flight to a master. go-redis runs a pipeline on a connection of its
+// pipeline pool (10 per node, none kept idle) and, that one full, of the
+// main pool, which the sidecar sizes for the rest (3 × Pipelines + 4 per
+// node).
 func (d *Decider) detach() bool {
 	select {
 	case d.detached <- struct{}{}:
@@ -491,19 +541,30 @@ func (d *Decider) runGroup(ctx context.Context, master *redis.Client, live []*ca
 	// NOSCRIPT: Redis lost the script (restart, failover to a node that never
 	// saw it, SCRIPT FLUSH). Send those calls again as EVAL with the source,
 	// which also puts the script back in Redis's cache for the next EVALSHA.
+	// Only calls still within their deadline: one past it has answered 503,
+	// and its tokens must not be taken now (runMaster reads replies late).
 	var retry []*call
 	var retryIdx []int
+	noScript := ""
+	now := time.Now()
 	for i, cmd := range cmds {
 		if err := cmd.Err(); err != nil && lua.IsNoScript(err) {
-			retry = append(retry, live[i])
-			retryIdx = append(retryIdx, i)
+			if noScript == "" {
+				noScript = live[i].key
+			}
+			if now.Before(live[i].deadline) {
+				retry = append(retry, live[i])
+				retryIdx = append(retryIdx, i)
+			}
 		}
 	}
-	if len(retry) > 0 {
+	if noScript != "" {
 		if d.opt.OnNoScript != nil {
 			d.opt.OnNoScript()
 		}
-		d.healScript(retry[0].key)
+		d.healScript(noScript)
+	}
+	if len(retry) > 0 {
 		again := d.exec(ctx, retry, true)
 		for j, i := range retryIdx {
 			cmds[i] = again[j]

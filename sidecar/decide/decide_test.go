@@ -716,3 +716,82 @@ func TestClusterStoppedMasterHoldsOnlyItsOwn(t *testing.T) {
 	}
 	t.Logf("healthy master's check answered in %v (the first check held the loop for 1 s of it)", h.took)
 }
+
+// TestClusterLateReplyKeepsConnection: a cluster master that answers only
+// after its checks' deadline (stopped for longer than it) keeps the
+// connection the pipeline went out on: the late replies are read when they
+// come, and the next check goes out on it rather than on a new dial.
+// go-redis gives up a connection whose pipeline ends at a deadline, and on
+// a loaded machine each late reply so cost a dial on a later check's way.
+func TestClusterLateReplyKeepsConnection(t *testing.T) {
+	cl := redisproc.StartClusterT(t, 3, 0)
+	// As the sidecar's client (redisconn): a call ends at its context's
+	// deadline, a redirection is followed at once. No idle minimum, so that
+	// every connection the master is sent is one a pipeline asked for.
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, ContextTimeoutEnabled: true, MinRetryBackoff: -1})
+	t.Cleanup(func() { c.Close() })
+	d := newDecider(t, c, Options{Pipelines: 1})
+	ctx := context.Background()
+	const key = "rl:{late}"
+	master, err := c.MasterForKey(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The script is there before the first check: a NOSCRIPT would send
+	// healScript's EVAL, which may dial the master in the background while
+	// the dials are counted.
+	if err := master.ScriptLoad(ctx, lua.Source).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := d.Decide(far(), key, slow, 1); err != nil || !r.Allowed {
+		t.Fatalf("first check: %+v, %v", r, err)
+	}
+	node := cl.Node(master.Options().Addr)
+	ctl := node.Client(t) // the test's own connection, made before counting
+	received := func() int64 {
+		t.Helper()
+		info, err := ctl.Info(ctx, "stats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.SplitSeq(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "total_connections_received:"); ok {
+				var n int64
+				if _, err := fmt.Sscan(v, &n); err == nil {
+					return n
+				}
+			}
+		}
+		t.Fatalf("INFO stats without total_connections_received:\n%s", info)
+		return 0
+	}
+	before := received()
+
+	if err := node.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Resume() })
+	// Stopped, the master answers nothing: the check fails at its deadline.
+	if r, err := d.Decide(time.Now().Add(50*time.Millisecond), key, slow, 1); err == nil {
+		t.Fatalf("check on the stopped master: %+v, want an error", r)
+	}
+	if err := node.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	// Running again, the master answers the late check; its connection,
+	// if kept, is back in the pool once none is in use (go-redis may keep
+	// the pipelines' connections in a pool of their own).
+	testkit.Poll(t, 10*time.Second, "no connection to the master in use", func() bool {
+		s := master.PoolStats()
+		if p := s.PipelineStats; p != nil && p.IdleConns != p.TotalConns {
+			return false
+		}
+		return s.IdleConns == s.TotalConns
+	})
+	if _, err := d.Decide(far(), key, slow, 1); err != nil {
+		t.Fatalf("check after the master resumed: %v", err)
+	}
+	if n := received() - before; n != 0 {
+		t.Errorf("the master was dialed %d times after a late reply, want 0: the connection was given up", n)
+	}
+}
