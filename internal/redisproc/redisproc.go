@@ -557,6 +557,22 @@ func clusterEnabled(args []string) bool {
 	return false
 }
 
+// InfoStat returns the integer field of c's INFO stats (expired_keys,
+// total_connections_received, ...), and fails t if there is none.
+func InfoStat(t testing.TB, c *redis.Client, field string) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "stats").Result()
+	if err != nil {
+		t.Fatalf("INFO stats of %s: %v", c.Options().Addr, err)
+	}
+	v := infoField(info, field)
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		t.Fatalf("INFO stats of %s: %s = %q: %v", c.Options().Addr, field, v, err)
+	}
+	return n
+}
+
 // infoField returns the value of "name:value" in an INFO or CLUSTER INFO reply.
 func infoField(info, name string) string {
 	for line := range strings.SplitSeq(info, "\n") {

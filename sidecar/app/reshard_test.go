@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -112,34 +111,13 @@ func scriptCalls(t *testing.T, addr string) (ran, refused int64) {
 	return ran, refused
 }
 
-// infoStat is the field of node's INFO stats (expired_keys,
-// total_connections_received).
-func infoStat(t *testing.T, addr string, node *redis.Client, field string) int64 {
-	t.Helper()
-	info, err := node.Info(context.Background(), "stats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, ok := "", false
-	for line := range strings.SplitSeq(info, "\r\n") {
-		if v, ok = strings.CutPrefix(line, field+":"); ok {
-			break
-		}
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if !ok || err != nil {
-		t.Fatalf("INFO stats of %s: no %s (%q, %v)", addr, field, v, err)
-	}
-	return n
-}
-
 // expiredKeys is how many keys the nodes have expired, together (INFO
 // stats, expired_keys).
 func expiredKeys(t *testing.T, nodes map[string]*redis.Client) int64 {
 	t.Helper()
 	var n int64
-	for addr, c := range nodes {
-		n += infoStat(t, addr, c, "expired_keys")
+	for _, c := range nodes {
+		n += redisproc.InfoStat(t, c, "expired_keys")
 	}
 	return n
 }
@@ -263,7 +241,7 @@ func TestClusterReshard(t *testing.T) {
 	_, srcRefusedBefore := scriptCalls(t, source)
 	// The connections the source accepts during the move are the
 	// sidecar's: this test's own to it is open already.
-	dialed0 := infoStat(t, source, src, "total_connections_received")
+	dialed0 := redisproc.InfoStat(t, src, "total_connections_received")
 	must := func(what string, err error) {
 		t.Helper()
 		if err != nil {
@@ -298,7 +276,7 @@ func TestClusterReshard(t *testing.T) {
 		must("SETSLOT NODE on "+m, nodes[m].Do(ctx, "cluster", "setslot", slot, "node", ids[target]).Err())
 	}
 	moveEnd := time.Now()
-	dialed := infoStat(t, source, src, "total_connections_received") - dialed0
+	dialed := redisproc.InfoStat(t, src, "total_connections_received") - dialed0
 	// The decisions after the move: by one periodic re-read of the slot map
 	// (redisconn.DefaultClusterReload) after it, and the quarter second a
 	// loaded machine may take to make it, the sidecar knows the new owner,

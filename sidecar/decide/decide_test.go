@@ -748,24 +748,7 @@ func TestClusterLateReplyKeepsConnection(t *testing.T) {
 	}
 	node := cl.Node(master.Options().Addr)
 	ctl := node.Client(t) // the test's own connection, made before counting
-	received := func() int64 {
-		t.Helper()
-		info, err := ctl.Info(ctx, "stats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for line := range strings.SplitSeq(info, "\r\n") {
-			if v, ok := strings.CutPrefix(line, "total_connections_received:"); ok {
-				var n int64
-				if _, err := fmt.Sscan(v, &n); err == nil {
-					return n
-				}
-			}
-		}
-		t.Fatalf("INFO stats without total_connections_received:\n%s", info)
-		return 0
-	}
-	before := received()
+	before := redisproc.InfoStat(t, ctl, "total_connections_received")
 
 	if err := node.Pause(); err != nil {
 		t.Fatal(err)
@@ -791,7 +774,7 @@ func TestClusterLateReplyKeepsConnection(t *testing.T) {
 	if _, err := d.Decide(far(), key, slow, 1); err != nil {
 		t.Fatalf("check after the master resumed: %v", err)
 	}
-	if n := received() - before; n != 0 {
+	if n := redisproc.InfoStat(t, ctl, "total_connections_received") - before; n != 0 {
 		t.Errorf("the master was dialed %d times after a late reply, want 0: the connection was given up", n)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,26 +18,6 @@ import (
 	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/lua"
 )
-
-// connectionsReceived is the number of connections srv has accepted.
-func connectionsReceived(t *testing.T, c *redis.Client) int64 {
-	t.Helper()
-	info, err := c.Info(context.Background(), "stats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.SplitSeq(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "total_connections_received:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatal("no total_connections_received in INFO")
-	return 0
-}
 
 // TestDirectLateReplyKeepsConnection: a call whose deadline passes while
 // Redis holds its script gets ErrTimeout at the deadline; the reply that
@@ -53,7 +32,7 @@ func TestDirectLateReplyKeepsConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-batches
-	conns := connectionsReceived(t, ctl)
+	conns := redisproc.InfoStat(t, ctl, "total_connections_received")
 
 	if err := ctl.Do(bg, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
 		t.Fatal(err)
@@ -77,7 +56,7 @@ func TestDirectLateReplyKeepsConnection(t *testing.T) {
 		t.Errorf("tokens after the late call and this one = %v, want 3", r.Tokens)
 	}
 	// ctl's own INFO connection is one; nothing else connected.
-	if got := connectionsReceived(t, ctl); got != conns {
+	if got := redisproc.InfoStat(t, ctl, "total_connections_received"); got != conns {
 		t.Errorf("connections received went from %d to %d: the late reply cost the connection", conns, got)
 	}
 }
