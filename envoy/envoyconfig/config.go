@@ -77,31 +77,10 @@ type Config struct {
 	// http_protocol_options.accept_http_10: false (Envoy's default)
 	// answers an HTTP/1.0 request 426 before any filter.
 	AcceptHTTP10 bool
-	// HTTP2 is the connection manager's http2_protocol_options: the
-	// limits Envoy puts on an HTTP/2 client. build/gateway serves
-	// HTTP/1.1 only and refuses HTTP/2 (envoy/README.md, "HTTP/2
-	// clients"): they are read for the tests that hold envoy.yaml to
-	// Envoy's edge guidance.
-	HTTP2 HTTP2Limits
 	// Histograms is stats_config.histogram_bucket_settings, in order.
 	Histograms []HistogramBuckets
 	// Tags is stats_config.stats_tags, in order.
 	Tags []TagSpecifier
-}
-
-// HTTP2Limits are the limits of http2_protocol_options, each 0 when unset:
-// then Envoy's default, which differs by release (max_concurrent_streams
-// 2^31-1 before 1.36, 1024 from it; each window 256 MiB before 1.36, 16
-// MiB per stream and 24 MiB per connection from it).
-type HTTP2Limits struct {
-	// MaxConcurrentStreams is the streams a client may have open at once
-	// on one connection (max_concurrent_streams).
-	MaxConcurrentStreams uint32
-	// StreamWindow and ConnectionWindow are the initial flow-control
-	// windows, in bytes (initial_stream_window_size,
-	// initial_connection_window_size): what a client may send before
-	// Envoy has read it, per stream and per connection.
-	StreamWindow, ConnectionWindow uint32
 }
 
 // EscapedSlashesAction is what the connection manager does with a path

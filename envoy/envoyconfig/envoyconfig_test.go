@@ -14,6 +14,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/filter/limiter"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -52,12 +53,17 @@ func TestLoadRealConfig(t *testing.T) {
 	// Envoy's edge guidance. Each stream is a callout sent as its headers
 	// arrive: unset, one connection may hold 1024 streams (2^31-1 before
 	// Envoy 1.36), as many checks at one instant as ratelimit_sidecar's
-	// max_requests, past which every client's callouts fail open.
-	if want := (HTTP2Limits{MaxConcurrentStreams: 100, StreamWindow: 64 << 10, ConnectionWindow: 1 << 20}); c.HTTP2 != want {
-		t.Errorf("HTTP2 = %+v, want %+v (Envoy's edge guidance: a connection's checks in flight at most a tenth of the sidecar cluster's max_requests, its buffers bounded)", c.HTTP2, want)
+	// max_requests, past which every client's callouts fail open. The
+	// gateway serves HTTP/1.1 only, so Config has no use for these: they
+	// are read from the decoded bootstrap.
+	type h2Limits struct{ maxConcurrentStreams, streamWindow, connectionWindow uint32 }
+	h2 := edgeHCM(t).GetHttp2ProtocolOptions()
+	got := h2Limits{h2.GetMaxConcurrentStreams().GetValue(), h2.GetInitialStreamWindowSize().GetValue(), h2.GetInitialConnectionWindowSize().GetValue()}
+	if want := (h2Limits{100, 64 << 10, 1 << 20}); got != want {
+		t.Errorf("http2_protocol_options = %+v, want %+v (Envoy's edge guidance: a connection's checks in flight at most a tenth of the sidecar cluster's max_requests, its buffers bounded)", got, want)
 	}
-	if sc := c.Clusters["ratelimit_sidecar"]; int(c.HTTP2.MaxConcurrentStreams)*10 > sc.Limits.MaxRequests {
-		t.Errorf("max_concurrent_streams %d is more than a tenth of ratelimit_sidecar's max_requests %d: a few connections' bursts fill it", c.HTTP2.MaxConcurrentStreams, sc.Limits.MaxRequests)
+	if sc := c.Clusters["ratelimit_sidecar"]; int(got.maxConcurrentStreams)*10 > sc.Limits.MaxRequests {
+		t.Errorf("max_concurrent_streams %d is more than a tenth of ratelimit_sidecar's max_requests %d: a few connections' bursts fill it", got.maxConcurrentStreams, sc.Limits.MaxRequests)
 	}
 	wantRoutes := []Route{{Prefix: "/orders", Cluster: "orders"}, {Prefix: "/billing", Cluster: "billing"}}
 	if !reflect.DeepEqual(c.Routes, wantRoutes) {
@@ -927,4 +933,27 @@ func TestRealConfigCORS(t *testing.T) {
 			t.Errorf("expose_headers %q: no %s", p.ExposeHeaders, h)
 		}
 	}
+}
+
+// edgeHCM is the connection manager of envoy.yaml's edge listener, the
+// one the wasm filter is in, as decoded.
+func edgeHCM(t *testing.T) *hcmv3.HttpConnectionManager {
+	t.Helper()
+	raw, err := os.ReadFile(realConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := decode(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hcms, err := findHCMs(b.GetStaticResources().GetListeners())
+	if err != nil {
+		t.Fatal(err)
+	}
+	i, err := wasmListener(hcms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hcms[i].hcm
 }

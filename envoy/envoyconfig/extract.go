@@ -111,9 +111,6 @@ func extract(b *bootstrapv3.Bootstrap) (*Config, error) {
 	}
 	c.Proxy100Continue = hcm.GetProxy_100Continue()
 	c.AcceptHTTP10 = hcm.GetHttpProtocolOptions().GetAcceptHttp_10()
-	h2 := hcm.GetHttp2ProtocolOptions()
-	c.HTTP2 = HTTP2Limits{MaxConcurrentStreams: h2.GetMaxConcurrentStreams().GetValue(),
-		StreamWindow: h2.GetInitialStreamWindowSize().GetValue(), ConnectionWindow: h2.GetInitialConnectionWindowSize().GetValue()}
 	switch hcm.GetCommonHttpProtocolOptions().GetHeadersWithUnderscoresAction() {
 	case corev3.HttpProtocolOptions_REJECT_REQUEST:
 		c.RejectUnderscores = true
