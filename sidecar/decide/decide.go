@@ -415,12 +415,12 @@ func (d *Decider) run(batch []*call) {
 		case masters == nil:
 			d.runGroup(ctx, nil, g)
 		case i == len(groups)-1:
-			d.runMaster(ctx, last, masters[i], g)
+			d.runMaster(ctx, masters[i], g)
 		default:
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				d.runMaster(ctx, last, masters[i], g)
+				d.runMaster(ctx, masters[i], g)
 			}()
 		}
 	}
@@ -428,7 +428,7 @@ func (d *Decider) run(batch []*call) {
 }
 
 // runMaster runs one cluster master's pipeline and returns when it is done
-// or at last, the latest deadline of its calls, whichever is first. A
+// or at ctx's deadline, the latest of its calls', whichever is first. A
 // pipeline ended at its calls' deadline costs go-redis its connection (the
 // replies still to come leave it out of step), and the next pipeline to
 // that master dials on its checks' way: go-redis keeps no idle connection
@@ -438,10 +438,10 @@ func (d *Decider) run(batch []*call) {
 // costing another connection (hundreds a second while a slot moved). So a
 // pipeline reads its replies until ExecTimeout instead, while one of
 // Options.Pipelines places for such pipelines is free; the loop still
-// returns at last, its calls answered 503 by their timers, and the master
-// is noted failing until the replies come. With no place free it ends at
-// last, as before.
-func (d *Decider) runMaster(ctx context.Context, last time.Time, master *redis.Client, g []*call) {
+// returns at that deadline, its calls answered 503 by their timers, and the
+// master is noted failing until the replies come. With no place free it
+// ends at the deadline, as before.
+func (d *Decider) runMaster(ctx context.Context, master *redis.Client, g []*call) {
 	select {
 	case d.lingering <- struct{}{}:
 	default:
@@ -458,6 +458,7 @@ func (d *Decider) runMaster(ctx context.Context, last time.Time, master *redis.C
 		defer cancel()
 		d.runGroup(ctx, master, g)
 	}()
+	last, _ := ctx.Deadline()
 	t := time.NewTimer(time.Until(last))
 	defer t.Stop()
 	select {
@@ -467,13 +468,6 @@ func (d *Decider) runMaster(ctx context.Context, last time.Time, master *redis.C
 		// the master's next pipelines until it has answered (runGroup).
 		d.failed.Store(master, time.Now())
 	}
-}
-
-func masterOf(masters []*redis.Client, i int) *redis.Client {
-	if masters == nil {
-		return nil
-	}
-	return masters[i]
 }
 
 // failingFor is how long after a call to a cluster master fails otherwise
