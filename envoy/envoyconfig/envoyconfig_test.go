@@ -923,12 +923,14 @@ func TestRealConfigCORS(t *testing.T) {
 	if p.ForwardNotMatchingPreflights {
 		t.Error("forward_not_matching_preflights: true, want false (no preflight passed on uncharged)")
 	}
-	for _, h := range []string{"x-api-key", "authorization"} {
+	// The key, and what a browser's gRPC-Web client sends.
+	for _, h := range []string{"x-api-key", "authorization", "content-type", "x-grpc-web", "x-user-agent", "grpc-timeout"} {
 		if !slices.Contains(strings.Split(p.AllowHeaders, ", "), h) {
 			t.Errorf("allow_headers %q: no %s", p.AllowHeaders, h)
 		}
 	}
-	for _, h := range []string{"retry-after", "ratelimit", "ratelimit-policy", "ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"} {
+	for _, h := range []string{"retry-after", "ratelimit", "ratelimit-policy", "ratelimit-limit", "ratelimit-remaining", "ratelimit-reset",
+		"grpc-status", "grpc-message", "grpc-retry-pushback-ms"} {
 		if !slices.Contains(strings.Split(p.ExposeHeaders, ", "), h) {
 			t.Errorf("expose_headers %q: no %s", p.ExposeHeaders, h)
 		}

@@ -804,7 +804,7 @@ func TestGatewayCORSPolicy(t *testing.T) {
 	cfg := shippedWith(t, `                  allow_origin_string_match:
                   - exact: https://app.example.com
                   allow_methods: GET, POST, PUT, PATCH, DELETE
-                  allow_headers: x-api-key, authorization, content-type
+                  allow_headers: x-api-key, authorization, content-type, x-grpc-web, x-user-agent, grpc-timeout
 `, `                  allow_origin_string_match:
                   - safe_regex: {regex: 'https://[a-z]+\.example\.com'}
                   allow_methods: "*"
@@ -869,7 +869,7 @@ func TestGatewayCORSPolicy(t *testing.T) {
 		t.Errorf("no key: %d, want 401", resp.StatusCode)
 	}
 	want("401", resp, "access-control-allow-origin", "https://shop.example.com", "access-control-allow-credentials", "true",
-		"access-control-expose-headers", "retry-after, ratelimit, ratelimit-policy, ratelimit-limit, ratelimit-remaining, ratelimit-reset")
+		"access-control-expose-headers", "retry-after, ratelimit, ratelimit-policy, ratelimit-limit, ratelimit-remaining, ratelimit-reset, grpc-status, grpc-message, grpc-retry-pushback-ms")
 }
 
 // TestGatewayBindsListenersAsEnvoy: a listener's socket_address is bound

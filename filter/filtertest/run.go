@@ -52,6 +52,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"deny-cache/evictions", r.denyCacheEvictions},
 		{"costs", r.costs},
 		{"grpc/replies", r.grpcReplies},
+		{"grpc/web-replies", r.grpcWebReplies},
 		{"mode/off", r.modeOff},
 		{"mode/shadow", r.modeShadow},
 		{"mode/canary", r.canary},

@@ -2,6 +2,7 @@ package filtertest
 
 import (
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -123,11 +124,119 @@ func (r runner) grpcReplies(t *testing.T) {
 	}
 	s.Done()
 
-	// gRPC-Web is not gRPC to Envoy (its grpc_web filter's): an HTTP 429,
-	// as for any other request, without the pushback.
+	// A gRPC-Web call is the next row's (grpcWebReplies): no pushback
+	// header, no grpc-status header.
 	s, _ = waiting(t, h, grpcCall("/orders.v1.Orders/Get", "key-4", "application/grpc-web"))
 	s.RespondCallout(SidecarAnswer("gold", 100, 1, 0.25, 1), nil)
-	rep = denial(t, s, `"gold";q=100;w=100;edgelimit-rate="1"`, `"gold";r=0;t=1`, "100", "1")
+	rep = reply(t, s, 200)
 	absent(t, rep.Headers, limiter.PushbackHeader, "grpc-status")
 	s.Done()
+}
+
+// grpcWebCall is a gRPC-Web call as a browser's client sends it: POST to
+// /package.Service/Method with a gRPC-Web content-type and x-grpc-web, the
+// key in its metadata, a header.
+func grpcWebCall(path, key, contentType string, extra ...Header) []Header {
+	return request("POST", path, key, append([]Header{{"content-type", contentType}, {"x-grpc-web", "1"}}, extra...)...)
+}
+
+// grpcWebReply requires what a gRPC-Web client gets for a reply the filter
+// made itself: a 200 of the request's content-type whose body is one
+// trailer frame (base64 for -text) with grpc-status code, and no
+// grpc-status among the headers, which grpc-web's JavaScript client would
+// report a second time. It returns the reply and the trailers, with
+// grpc-message decoded.
+func grpcWebReply(t *testing.T, s Stream, contentType, code string) (Reply, map[string]string) {
+	t.Helper()
+	r := reply(t, s, 200)
+	if ct := header(t, r.Headers, "content-type"); ct != contentType {
+		t.Errorf("gRPC-Web reply: content-type %q, want the request's %q", ct, contentType)
+	}
+	absent(t, r.Headers, "grpc-status", "grpc-message", limiter.PushbackHeader)
+	tr, err := ParseGRPCWebTrailers(contentType, r.Body)
+	if err != nil {
+		t.Errorf("gRPC-Web reply body %q: %v", r.Body, err)
+		return r, map[string]string{}
+	}
+	if got := tr["grpc-status"]; got != code {
+		t.Errorf("gRPC-Web reply: grpc-status %q, want %s", got, code)
+	}
+	return r, tr
+}
+
+// grpcWebReplies: a gRPC-Web call (a browser's: grpc-web's JavaScript
+// client, Connect's gRPC-Web transport) the filter answers itself gets
+// gRPC-Web's answer. Envoy takes no such request for gRPC, so its plain
+// 429 would reach the client as an HTTP error, which Connect maps to
+// UNAVAILABLE, the status retry logic retries at once, with the wait in
+// headers a browser hides unless CORS exposes them. The filter answers a 200 of the request's
+// content-type whose body is a trailer frame: the status, the problem as
+// grpc-message and, for a 429, the wait as grpc-retry-pushback-ms; the
+// rate-limit headers and Retry-After stay headers. For each gRPC-Web
+// content-type: the sidecar's 429, the deny cache's, one that can never
+// succeed, no key, and a key no plan lists.
+func (r runner) grpcWebReplies(t *testing.T) {
+	h := r.host(t, `{"costs": [{"path_prefix": "/orders.v1.Orders/Huge", "cost": 500}]}`)
+	for i, ct := range []string{"application/grpc-web", "application/grpc-web+proto", "application/grpc-web-text", "application/grpc-web-text+proto"} {
+		key := "web-" + strconv.Itoa(i)
+		// The sidecar's 429: 0.25 tokens at 1/s, cost 1 back in 0.75 s.
+		s, _ := waiting(t, h, grpcWebCall("/orders.v1.Orders/Get", key, ct))
+		s.RespondCallout(SidecarAnswer("gold", 100, 1, 0.25, 1), nil)
+		rep, tr := grpcWebReply(t, s, ct, "8")
+		for name, want := range map[string]string{
+			"retry-after":         "1",
+			"ratelimit-policy":    `"gold";q=100;w=100;edgelimit-rate="1"`,
+			"ratelimit":           `"gold";r=0;t=1`,
+			"ratelimit-limit":     "100",
+			"ratelimit-remaining": "0",
+			"ratelimit-reset":     "100",
+		} {
+			if got := header(t, rep.Headers, name); got != want {
+				t.Errorf("%s 429: %s %q, want %q", ct, name, got, want)
+			}
+		}
+		if got := tr[limiter.PushbackHeader]; got != "1000" {
+			t.Errorf("%s 429: trailer %s %q, want 1000", ct, limiter.PushbackHeader, got)
+		}
+		if msg := tr["grpc-message"]; !strings.Contains(msg, `"status":429`) || !strings.Contains(msg, `"error":"rate_limited"`) {
+			t.Errorf("%s 429: grpc-message %q, want the problem body", ct, msg)
+		}
+		s.Done()
+
+		// The deny cache's answer to the next call is the same.
+		s, _ = send(h, grpcWebCall("/orders.v1.Orders/Get", key, ct))
+		if _, tr = grpcWebReply(t, s, ct, "8"); tr[limiter.PushbackHeader] != "1000" {
+			t.Errorf("%s cached 429: trailer %s %q, want 1000", ct, limiter.PushbackHeader, tr[limiter.PushbackHeader])
+		}
+		s.Done()
+
+		// A cost above the capacity: pushback -1, no retry-after.
+		s, _ = waiting(t, h, grpcWebCall("/orders.v1.Orders/Huge", "huge-"+strconv.Itoa(i), ct))
+		s.RespondCallout(SidecarAnswer("pro", 200, 100, 200, 500), nil)
+		rep, tr = grpcWebReply(t, s, ct, "8")
+		if got := tr[limiter.PushbackHeader]; got != "-1" {
+			t.Errorf("%s never: trailer %s %q, want -1", ct, limiter.PushbackHeader, got)
+		}
+		absent(t, rep.Headers, "retry-after")
+		s.Done()
+
+		// No key: UNAUTHENTICATED; a key no plan lists: PERMISSION_DENIED.
+		// Neither has a wait to push back with.
+		s, _ = send(h, grpcWebCall("/orders.v1.Orders/Get", "", ct))
+		rep, tr = grpcWebReply(t, s, ct, "16")
+		if !strings.Contains(tr["grpc-message"], "missing_api_key") || header(t, rep.Headers, "www-authenticate") != "Bearer" {
+			t.Errorf("%s no key: grpc-message %q, headers %q", ct, tr["grpc-message"], rep.Headers)
+		}
+		if _, ok := tr[limiter.PushbackHeader]; ok {
+			t.Errorf("%s no key: trailer %s, want none", ct, limiter.PushbackHeader)
+		}
+		s.Done()
+		s, _ = waiting(t, h, grpcWebCall("/orders.v1.Orders/Get", "stranger-"+strconv.Itoa(i), ct))
+		s.RespondCallout([]Header{{":status", "403"}}, nil)
+		if _, tr = grpcWebReply(t, s, ct, "7"); !strings.Contains(tr["grpc-message"], "unknown_api_key") {
+			t.Errorf("%s unknown key: grpc-message %q", ct, tr["grpc-message"])
+		}
+		s.Done()
+	}
+	counters(t, h, map[string]int64{limiter.MetricDenied: 8, limiter.MetricDeniedCached: 4, limiter.MetricMissingKey: 4, limiter.MetricUnknownKey: 4})
 }

@@ -394,9 +394,10 @@ func (l *Limiter) noKey(s *stream, ks KeyStatus) abi.Action {
 		h.ReplaceHeader(abi.MapRequestHeaders, ShadowHeader, "deny")
 		return abi.ActionContinue
 	}
-	h.SendLocalResponse(401, details, []byte(body), append(l.headers[:0],
-		[2]string{"content-type", ProblemContentType},
-		[2]string{"www-authenticate", "Bearer"}), grpclocal.Unauthenticated)
+	l.text.reset()
+	l.send(401, details, []byte(body), append(l.headers[:0],
+		[2]string{"www-authenticate", "Bearer"},
+		[2]string{"content-type", ProblemContentType}), grpclocal.Unauthenticated, l.requestType(), "")
 	s.settled = true
 	return abi.ActionPause
 }
@@ -651,8 +652,10 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, bodySize,
 	case UnknownKey:
 		if s.enforce {
 			l.m.inc(h, cUnknownKey)
-			h.SendLocalResponse(403, "edgelimit_unknown_api_key", []byte(unknownKeyBody),
-				append(l.headers[:0], [2]string{"content-type", ProblemContentType}), grpclocal.PermissionDenied)
+			l.text.reset()
+			l.send(403, "edgelimit_unknown_api_key", []byte(unknownKeyBody),
+				append(l.headers[:0], [2]string{"content-type", ProblemContentType}), grpclocal.PermissionDenied,
+				l.requestType(), "")
 			s.settled = true
 			return
 		}
@@ -795,7 +798,8 @@ func (l *Limiter) resume(s *stream) {
 // a trailers-only 200 instead (package grpclocal): its grpc-status is
 // RESOURCE_EXHAUSTED, which gRPC clients do not retry unless told to, not
 // the UNAVAILABLE Envoy maps a 429 to, which they retry at once; and
-// grpc-retry-pushback-ms carries the wait to gRPC's retries (gRFC A6).
+// grpc-retry-pushback-ms carries the wait to gRPC's retries (gRFC A6). A
+// gRPC-Web request gets the same status and wait in its own form (send).
 func (l *Limiter) deny(s *stream, q *quota, retry int64, details string) {
 	t := &l.text
 	t.reset()
@@ -803,15 +807,48 @@ func (l *Limiter) deny(s *stream, q *quota, retry int64, details string) {
 	if retry > 0 {
 		headers = append(headers, [2]string{"retry-after", t.int(retry)})
 	}
-	if l.grpcRequest() {
-		headers = append(headers, [2]string{PushbackHeader, pushback(t, retry)})
+	ct := l.requestType()
+	var wait string
+	if grpclocal.IsGRPC(ct) || grpclocal.IsGRPCWeb(ct) {
+		wait = pushback(t, retry)
+	}
+	if grpclocal.IsGRPC(ct) {
+		headers = append(headers, [2]string{PushbackHeader, wait})
 	}
 	headers = append(headers, [2]string{"content-type", ProblemContentType})
 	l.headers = headers
 	m := len(t.b)
 	t.b = appendQuotaProblem(t.b, q, s.cost, retry)
-	l.host.SendLocalResponse(429, details, t.b[m:], headers, grpclocal.ResourceExhausted)
+	l.send(429, details, t.b[m:], headers, grpclocal.ResourceExhausted, ct, wait)
 	s.settled = true
+}
+
+// send answers the request itself: status, headers (content-type last),
+// the problem body, and grpcStatus, which Envoy gives a gRPC request its
+// trailers-only reply with (package grpclocal). A gRPC-Web request (ct,
+// its content-type) is not gRPC to Envoy, and a browser's gRPC-Web client
+// reads a call's status from the response body, not from the HTTP status:
+// it gets a 200 of its own content-type whose body is a trailer frame
+// holding grpc-status, grpc-message (the problem) and, for a 429,
+// grpc-retry-pushback-ms (wait); the other headers stay. Bodiless, as a
+// trailers-only reply would be, Envoy would drop its content-type
+// (Http::Utility::prepareLocalReply), which a client checks first.
+// Appends to l.text, whose earlier strings headers may view.
+func (l *Limiter) send(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32, ct, wait string) {
+	if !grpclocal.IsGRPCWeb(ct) {
+		l.host.SendLocalResponse(status, details, body, headers, grpcStatus)
+		return
+	}
+	headers[len(headers)-1] = [2]string{"content-type", ct}
+	t := &l.text
+	m := len(t.b)
+	text := grpclocal.IsGRPCWebText(ct)
+	if wait != "" {
+		t.b = grpclocal.AppendWebTrailers(t.b, int(grpcStatus), body, text, PushbackHeader, wait)
+	} else {
+		t.b = grpclocal.AppendWebTrailers(t.b, int(grpcStatus), body, text)
+	}
+	l.host.SendLocalResponse(200, details, t.b[m:], headers, grpcStatus)
 }
 
 // PushbackHeader is gRPC's server pushback (gRFC A6, client retries): a
@@ -834,13 +871,13 @@ func pushback(t *text, retry int64) string {
 	return t.int(min(retry, maxPushbackMs/1000) * 1000)
 }
 
-// grpcRequest reports whether the stream's request is gRPC, as Envoy tells
-// one (grpclocal.IsGRPC of its content-type), which Envoy answers gRPC's
-// way. Read only when the filter answers a request itself: the request
-// headers are there until the request goes on.
-func (l *Limiter) grpcRequest() bool {
+// requestType is the request's content-type, which tells a gRPC or
+// gRPC-Web request (package grpclocal), as Envoy tells one. Read only when
+// the filter answers a request itself: the request headers are there
+// until the request goes on.
+func (l *Limiter) requestType() string {
 	ct, _ := l.host.GetHeader(abi.MapRequestHeaders, "content-type")
-	return grpclocal.IsGRPC(ct)
+	return ct
 }
 
 // failOpen lets the request through unlimited and says why: a counter per

@@ -23,6 +23,9 @@
 //     (Http::Utility::prepareLocalReply). The response ends with its
 //     headers (encodeLocalReply: "Trailers only response"). Every other
 //     header the plugin gave stays.
+//
+// A gRPC-Web request (web.go) is none of these to Envoy: the filter
+// answers it in gRPC-Web's own form, a 200 whose body is a trailer frame.
 package grpclocal
 
 import "strconv"
@@ -125,14 +128,18 @@ func Reply(headers [][2]string, body []byte, grpcStatus int32) [][2]string {
 // (PercentEncoding::encode): every byte below a space or from "~" up, and
 // "%", as %XX in upper-case hex; the rest as it is.
 func PercentEncode(b []byte) string {
+	return string(AppendPercentEncoded(make([]byte, 0, len(b)), b))
+}
+
+// AppendPercentEncoded appends b to dst as PercentEncode writes it.
+func AppendPercentEncoded(dst, b []byte) []byte {
 	const hex = "0123456789ABCDEF"
-	out := make([]byte, 0, len(b))
 	for _, c := range b {
 		if c < ' ' || c >= '~' || c == '%' {
-			out = append(out, '%', hex[c>>4], hex[c&0xf])
+			dst = append(dst, '%', hex[c>>4], hex[c&0xf])
 			continue
 		}
-		out = append(out, c)
+		dst = append(dst, c)
 	}
-	return string(out)
+	return dst
 }

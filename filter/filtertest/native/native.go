@@ -510,6 +510,13 @@ func (v *vm) SendLocalResponse(status uint32, details string, body []byte, heade
 		// What Envoy sends a gRPC request instead: a trailers-only 200.
 		all := grpclocal.Reply(append([]filtertest.Header{{":status", strconv.Itoa(r.Status)}}, r.Headers...), r.Body, grpcStatus)
 		r.Status, r.Headers, r.Body = 200, all[1:], nil
+	} else if len(r.Body) == 0 {
+		// Envoy sends a bodiless reply without content-type and
+		// content-length, whatever the plugin gave
+		// (Http::Utility::prepareLocalReply).
+		r.Headers = slices.DeleteFunc(r.Headers, func(h filtertest.Header) bool {
+			return h[0] == "content-type" || h[0] == "content-length"
+		})
 	}
 	s.deferredReply = r
 	v.touched = append(v.touched, s)
