@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -524,7 +525,10 @@ func TestCORSPreflightReachesTheServiceUncharged(t *testing.T) {
 // network error. Another origin's preflight is answered there too,
 // without Access-Control-Allow-Origin, so that no request dressed as a
 // preflight reaches a service uncharged, and that origin's answers carry
-// no CORS header. (Plan tiny: 2 tokens, one back every 1000 s.)
+// no CORS header. Every answer on a route but a preflight's, a service's
+// and the limiter's, whatever the Origin, carries Vary: Origin, so that a
+// shared cache does not hand a page a response made for another origin
+// or for none. (Plan tiny: 2 tokens, one back every 1000 s.)
 func TestCORSThroughTheGateway(t *testing.T) {
 	s := startStack(t, stackConfig{plans: tinyPlans})
 	svc := startRecordingService(t, http.StatusNoContent)
@@ -536,7 +540,9 @@ func TestCORSThroughTheGateway(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		req.Header.Set("origin", origin)
+		if origin != "" {
+			req.Header.Set("origin", origin)
+		}
 		for i := 0; i+1 < len(headers); i += 2 {
 			req.Header.Set(headers[i], headers[i+1])
 		}
@@ -547,6 +553,15 @@ func TestCORSThroughTheGateway(t *testing.T) {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		return resp
+	}
+	// Every response of a route says it varies with Origin, whatever the
+	// request's Origin, so that a shared cache keeps one per origin: the
+	// CORS filter adds Access-Control-Allow-Origin for one origin alone.
+	varies := func(what string, resp *http.Response) {
+		t.Helper()
+		if !slices.Contains(resp.Header.Values("vary"), "Origin") {
+			t.Errorf("%s: vary %q, want Origin among them", what, resp.Header.Values("vary"))
+		}
 	}
 	exposed := func(what string, resp *http.Response) {
 		t.Helper()
@@ -587,15 +602,19 @@ func TestCORSThroughTheGateway(t *testing.T) {
 		t.Errorf("GET without a key: %d, want 401", resp.StatusCode)
 	}
 	exposed("401", resp)
+	varies("401", resp)
 	if resp = send(http.MethodGet, "https://other.example"); resp.Header.Get("access-control-allow-origin") != "" {
 		t.Errorf("401 to another origin: access-control-allow-origin %q, want none", resp.Header.Get("access-control-allow-origin"))
 	}
+	varies("401 to another origin", resp)
+	varies("401 without Origin", send(http.MethodGet, ""))
 	// Spent until denied: 2 tokens, and a callout that misses its 5 ms
 	// fails open (admitted, maybe charged), so at most 2 + decidedAttempts
 	// requests before the 429.
 	for i := 1; ; i++ {
 		resp = send(http.MethodGet, app, "x-api-key", "browser")
 		exposed(fmt.Sprintf("GET %d (%d)", i, resp.StatusCode), resp)
+		varies(fmt.Sprintf("GET %d (%d)", i, resp.StatusCode), resp)
 		if resp.StatusCode == http.StatusTooManyRequests {
 			if resp.Header.Get("retry-after") == "" {
 				t.Error("429: no retry-after")

@@ -43,6 +43,12 @@ type Config struct {
 	// (typed_per_filter_config); nil otherwise, and then nothing is done
 	// for CORS, as Envoy's filter does nothing without a policy.
 	CORS *CORSPolicy
+	// ResponseHeadersToAdd are the virtual host's response_headers_to_add,
+	// each appended to every response of a request that matched a route
+	// (a service's, a direct response, a filter's or the router's local
+	// reply), as Envoy's route finalizes a response's headers; not to the
+	// CORS filter's answer to a preflight, which Envoy encodes directly.
+	ResponseHeadersToAdd []Header
 	// StreamIdleTimeout is the connection manager's stream_idle_timeout:
 	// how long a stream may go without activity (Envoy's default 5 min
 	// when unset; 0: none).
@@ -230,6 +236,9 @@ func (c *Config) BucketsFor(name string) []float64 {
 	}
 	return nil
 }
+
+// Header is a response header to add: a lower-case name and its value.
+type Header struct{ Key, Value string }
 
 // Route is one route of a virtual host: a request it matches goes to
 // Cluster, or is answered with Direct.

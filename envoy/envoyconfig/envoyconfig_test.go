@@ -935,6 +935,29 @@ func TestRealConfigCORS(t *testing.T) {
 			t.Errorf("expose_headers %q: no %s", p.ExposeHeaders, h)
 		}
 	}
+	// Access-Control-Allow-Origin depends on Origin, which caches are told.
+	if want := []Header{{"vary", "Origin"}}; !slices.Equal(c.ResponseHeadersToAdd, want) {
+		t.Errorf("response_headers_to_add %v, want %v", c.ResponseHeadersToAdd, want)
+	}
+}
+
+// Response headers to add or remove that the gateway would not add or
+// remove as Envoy does are refused, naming the field: anywhere but the
+// virtual host, on another listener, or not a literal value appended.
+func TestResponseHeadersRefused(t *testing.T) {
+	const vary = "              response_headers_to_add:\n              - header: {key: vary, value: Origin}\n                append_action: APPEND_IF_EXISTS_OR_ADD\n"
+	wantRefused(t, "not supported", []edit{
+		{"              - match: {prefix: /orders}\n                route: {cluster: orders}\n",
+			"              - match: {prefix: /orders}\n                route: {cluster: orders}\n                response_headers_to_add: [{header: {key: x-a, value: b}}]\n",
+			"virtual_hosts[0].routes[0].response_headers_to_add"},
+		{"            name: edge_routes\n", "            name: edge_routes\n            response_headers_to_add: [{header: {key: x-a, value: b}}]\n", "route_config.response_headers_to_add"},
+		{vary, vary + "              response_headers_to_remove: [server]\n", "virtual_hosts[0].response_headers_to_remove"},
+		{"append_action: APPEND_IF_EXISTS_OR_ADD", "append_action: OVERWRITE_IF_EXISTS_OR_ADD", "response_headers_to_add[0]"},
+		{"value: Origin}", "value: \"%REQ(origin)%\"}", "response_headers_to_add[0].header"},
+		{"            name: stats_routes\n            virtual_hosts:\n            - name: admin\n              domains: [\"*\"]\n",
+			"            name: stats_routes\n            virtual_hosts:\n            - name: admin\n              domains: [\"*\"]\n              response_headers_to_add: [{header: {key: x-a, value: b}}]\n",
+			"response_headers_to_add[0]"},
+	})
 }
 
 // edgeHCM is the connection manager of envoy.yaml's edge listener, the

@@ -79,8 +79,13 @@ func extract(b *bootstrapv3.Bootstrap) (*Config, error) {
 		if err != nil {
 			return nil, err
 		}
+		added, err := responseHeadersToAdd(h.hcm, h.hcmPath, i == filterAt)
+		if err != nil {
+			return nil, err
+		}
 		if i == filterAt {
 			c.Listener, c.ListenerName, c.Routes = addr, h.listener.GetName(), routes
+			c.ResponseHeadersToAdd = added
 			c.ListenerIPv4Compat = h.listener.GetAddress().GetSocketAddress().GetIpv4Compat()
 			continue
 		}
@@ -460,6 +465,52 @@ func extractRoutes(hcm *hcmv3.HttpConnectionManager, path string, clusters map[s
 		return nil, fmt.Errorf("%s.routes: no routes", path)
 	}
 	return routes, nil
+}
+
+// responseHeadersToAdd reads the virtual host's response_headers_to_add,
+// on the wasm filter's listener (wasm) alone: literal values appended
+// (append_action APPEND_IF_EXISTS_OR_ADD, the default). Headers to add or
+// remove from a response anywhere else in the route configuration are an
+// error naming the field, so that none is silently not done.
+func responseHeadersToAdd(hcm *hcmv3.HttpConnectionManager, path string, wasm bool) ([]Header, error) {
+	const elsewhere = "not supported (give the headers to add on the virtual host)"
+	rc := hcm.GetRouteConfig()
+	path += ".route_config"
+	if len(rc.GetResponseHeadersToAdd()) > 0 {
+		return nil, fmt.Errorf("%s.response_headers_to_add: %s", path, elsewhere)
+	}
+	if len(rc.GetResponseHeadersToRemove()) > 0 {
+		return nil, fmt.Errorf("%s.response_headers_to_remove: not supported", path)
+	}
+	vh := rc.GetVirtualHosts()[0]
+	path += ".virtual_hosts[0]"
+	if len(vh.GetResponseHeadersToRemove()) > 0 {
+		return nil, fmt.Errorf("%s.response_headers_to_remove: not supported", path)
+	}
+	for i, r := range vh.GetRoutes() {
+		if len(r.GetResponseHeadersToAdd()) > 0 {
+			return nil, fmt.Errorf("%s.routes[%d].response_headers_to_add: %s", path, i, elsewhere)
+		}
+		if len(r.GetResponseHeadersToRemove()) > 0 {
+			return nil, fmt.Errorf("%s.routes[%d].response_headers_to_remove: not supported", path, i)
+		}
+	}
+	var out []Header
+	for i, o := range vh.GetResponseHeadersToAdd() {
+		hpath := fmt.Sprintf("%s.response_headers_to_add[%d]", path, i)
+		if !wasm {
+			return nil, fmt.Errorf("%s: not supported (only on the listener of the wasm filter)", hpath)
+		}
+		if o.GetAppend() != nil || o.GetAppendAction() != corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD || o.GetKeepEmptyValue() {
+			return nil, fmt.Errorf("%s: not supported (only append_action APPEND_IF_EXISTS_OR_ADD, without append and keep_empty_value)", hpath)
+		}
+		h := o.GetHeader()
+		if len(h.GetRawValue()) > 0 || strings.Contains(h.GetValue(), "%") {
+			return nil, fmt.Errorf("%s.header: not supported (only a literal value: no raw_value, no %%-formatters)", hpath)
+		}
+		out = append(out, Header{Key: strings.ToLower(h.GetKey()), Value: h.GetValue()})
+	}
+	return out, nil
 }
 
 // directResponse reads a direct_response: its status (Envoy's rules keep it

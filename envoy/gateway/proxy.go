@@ -38,6 +38,10 @@ type exchange struct {
 	// its encodeHeaders adds.
 	cors       *envoyconfig.CORSPolicy
 	corsOrigin string
+	// added are the virtual host's response_headers_to_add, for a
+	// request that matched a route and that the CORS filter did not
+	// answer: every response written appends them.
+	added []envoyconfig.Header
 }
 
 // ServeHTTP runs one request through the filter chain of the listener: the
@@ -142,6 +146,13 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if gen.cfg.CORS != nil && g.cors(w, r, gen.cfg.CORS, gen.cfg.Routes, path, x) {
 		return
+	}
+	if _, routed := matchRoute(gen.cfg.Routes, path); routed {
+		// Envoy's route finalizes the headers of the router's responses
+		// and of every local reply once the route is known
+		// (RouteEntry::finalizeResponseHeaders); the CORS filter's answer
+		// to a preflight above is encoded without it.
+		x.added = gen.cfg.ResponseHeadersToAdd
 	}
 	worker, _ := r.Context().Value(workerKey{}).(int)
 	vm := gen.workers[worker%len(gen.workers)]
@@ -379,6 +390,9 @@ func (g *gateway) writeHeaders(w http.ResponseWriter, x *exchange, headers []was
 		if x.cors.ExposeHeaders != "" {
 			out.Set("access-control-expose-headers", x.cors.ExposeHeaders)
 		}
+	}
+	for _, h := range x.added {
+		out.Add(h.Key, h.Value)
 	}
 	if out.Get("server") == "" {
 		out.Set("server", "envoy")
