@@ -107,10 +107,10 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	if pipelines <= 0 {
 		pipelines = decide.DefaultPipelines
 	}
-	// Per node: the loops' pipelines, as many reading late replies and as
-	// many to a failing master (decide.Decider.detach), and 4 for the rest.
-	// On a cluster a pipeline takes a connection of go-redis's own pipeline
-	// pool (10 per node) first, this pool's past it.
+	// Per node: the decisions' pipelines (at most pipelines at once; on a
+	// cluster, to each master, on a connection of go-redis's own pipeline
+	// pool, 10 per node, first, and this pool's past it), with room to
+	// spare for readiness, the hot clients and the script's loads.
 	a.client = cfg.Redis.NewClient(redisconn.Tuning{PoolSize: 3*pipelines + 4, MinIdleConns: pipelines})
 	a.decider = decide.New(a.client, decide.Options{
 		Pipelines:  pipelines,

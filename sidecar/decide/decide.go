@@ -12,6 +12,11 @@
 // connection of the Decider's own, each as one write, without waiting for
 // the replies to the ones before (up to Options.Pipelines in flight), and a
 // reader answers the calls from the replies in order.
+//
+// On a Redis Cluster a loop splits its batch by master and waits for none
+// of them: each master has up to Options.Pipelines pipelines in flight of
+// its own, the checks that come while all of them are out going together
+// in the next, so that a master stopped or slow holds its own checks only.
 package decide
 
 import (
@@ -46,7 +51,8 @@ var ErrTimeout = fmt.Errorf("no answer from redis in time: %w", context.Deadline
 // Options tune a Decider. The zero value uses the defaults.
 type Options struct {
 	// Pipelines is how many batches may be in flight to Redis at once, each
-	// on its own connection (with Direct, all on the one). Defaults to 4:
+	// on its own connection (with Direct, all on the one; on a cluster, to
+	// each master). Defaults to 4:
 	// Redis has the next batch waiting while the replies of those before
 	// are read and parsed, however late a busy host runs the reader. Fewer
 	// leave Redis idle until the reader frees a slot; more make batches
@@ -55,12 +61,16 @@ type Options struct {
 	Pipelines int
 	// MaxBatch caps the decisions sent in one pipeline. Defaults to 128.
 	MaxBatch int
-	// Queue is how many decisions may wait for a free loop. Defaults to
-	// 4096; a caller finding it full waits until its own deadline.
+	// Queue is how many decisions may wait for a free loop, and on a
+	// cluster for a master's pipeline. Defaults to 4096; a caller finding
+	// the loops' queue full waits until its own deadline, one past a
+	// master's is answered ErrTimeout at once.
 	Queue int
 	// ExecTimeout bounds one pipeline's round trip, so a loop stuck on a dead
 	// connection is freed. A pipeline also stops at the latest deadline of
-	// the calls in it, usually much sooner. Defaults to 1 s.
+	// the calls in it, usually much sooner; not on a cluster, where it
+	// reads its replies until they come or ExecTimeout has passed, so as
+	// to keep its connection (runMaster). Defaults to 1 s.
 	ExecTimeout time.Duration
 	// WarmConns is how many Redis connections Ready opens, authenticates
 	// and keeps idle before it first says yes, one per pipeline in the
@@ -101,15 +111,11 @@ type Decider struct {
 
 	healing atomic.Bool // a cluster's script is being loaded (healScript)
 
-	// failed holds, per cluster master (*redis.Client), when a call to it
-	// last failed otherwise than by a Redis error reply (runGroup).
-	failed sync.Map
-	// detached holds a place for each pipeline to a failing master that no
-	// loop waits for (detach).
-	detached chan struct{}
-	// lingering holds a place for each pipeline to a cluster master that
-	// may read its replies after its checks' deadline (runMaster).
-	lingering chan struct{}
+	// masters holds, per cluster master (*redis.Client) with a pipeline in
+	// flight, its pipelines and the checks waiting for one (toMaster); mu
+	// guards it and the masterQueues in it.
+	mu      sync.Mutex
+	masters map[*redis.Client]*masterQueue
 
 	// refused is the latest error reply Redis gave a check that took
 	// tokens, until a check is admitted (noteCharge); Ready reports it.
@@ -160,13 +166,11 @@ func New(client redis.UniversalClient, opt Options) *Decider {
 		opt.ExecTimeout = DefaultExecTimeout
 	}
 	d := &Decider{
-		client: client,
-		opt:    opt,
-		queue:  make(chan *call, opt.Queue),
-
-		detached:  make(chan struct{}, opt.Pipelines),
-		lingering: make(chan struct{}, opt.Pipelines),
-		quit:      make(chan struct{}),
+		client:  client,
+		opt:     opt,
+		queue:   make(chan *call, opt.Queue),
+		quit:    make(chan struct{}),
+		masters: make(map[*redis.Client]*masterQueue),
 	}
 	d.calls.New = func() any {
 		c := &call{done: make(chan struct{}, 1)}
@@ -370,7 +374,9 @@ func latestDeadline(calls []*call) time.Time {
 	return latest
 }
 
-// run sends one batch as a pipeline and delivers every result.
+// run sends one batch and delivers every result: on a single server as one
+// pipeline, on a cluster as one pipeline per master (toMaster), which it
+// does not wait for.
 func (d *Decider) run(batch []*call) {
 	// A caller already past its deadline has answered 503; spending its
 	// tokens now would charge the client for a request it was not refused.
@@ -379,122 +385,110 @@ func (d *Decider) run(batch []*call) {
 	if len(live) == 0 {
 		return
 	}
-	if d.opt.OnBatch != nil {
-		d.opt.OnBatch(len(live))
-	}
 	// Nobody reads an answer after the last caller's deadline: stop there, so
-	// a batch stuck on a dead server (a Cluster master being failed over)
-	// frees its loop for the batches that can still be answered.
+	// a batch stuck on a dead server frees its loop for the batches that can
+	// still be answered.
 	last := now.Add(d.opt.ExecTimeout)
 	if latest := latestDeadline(live); latest.Before(last) {
 		last = latest
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), last)
 	defer cancel()
-
-	masters, groups := d.byMaster(ctx, live)
-	// One pipeline per master, each answered as soon as its own master has:
-	// a master that is down or stopped holds only its own checks until
-	// their deadline, not the other masters' checks batched with them. A
-	// master that failed a call in the last failingFor is not waited for
-	// either, up to Options.Pipelines such pipelines at once: the loop goes
-	// on to the next batch while its checks run out their deadline, so
-	// that the loops are not all held by it.
-	var wg sync.WaitGroup
-	for i, g := range groups {
-		switch {
-		case masters != nil && d.failing(masters[i]) && d.detach():
-			d.wg.Add(1) // from a loop, which Close waits for: the count is not 0
-			go func() {
-				defer d.wg.Done()
-				defer func() { <-d.detached }()
-				ctx, cancel := context.WithDeadline(context.Background(), last)
-				defer cancel()
-				d.runGroup(ctx, masters[i], g)
-			}()
-		case masters == nil:
-			d.runGroup(ctx, nil, g)
-		case i == len(groups)-1:
-			d.runMaster(ctx, masters[i], g)
-		default:
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				d.runMaster(ctx, masters[i], g)
-			}()
+	if masters, groups := d.byMaster(ctx, live); masters != nil {
+		for i, g := range groups {
+			d.toMaster(masters[i], g)
 		}
-	}
-	wg.Wait()
-}
-
-// runMaster runs one cluster master's pipeline and returns when it is done
-// or at ctx's deadline, the latest of its calls', whichever is first. A
-// pipeline ended at its calls' deadline costs go-redis its connection (the
-// replies still to come leave it out of step), and the next pipeline to
-// that master dials on its checks' way: go-redis keeps no idle connection
-// ready in its pipeline pool, and a new one's handshake (HELLO, CLIENT
-// SETINFO) takes round trips of its own within the checks' deadline. On a
-// loaded machine one late reply so became a run of failed checks, each
-// costing another connection (hundreds a second while a slot moved). So a
-// pipeline reads its replies until ExecTimeout instead, while one of
-// Options.Pipelines places for such pipelines is free; the loop still
-// returns at that deadline, its calls answered 503 by their timers, and the
-// master is noted failing until the replies come. With no place free it
-// ends at the deadline, as before.
-func (d *Decider) runMaster(ctx context.Context, master *redis.Client, g []*call) {
-	select {
-	case d.lingering <- struct{}{}:
-	default:
-		d.runGroup(ctx, master, g)
 		return
 	}
-	done := make(chan struct{})
+	if d.opt.OnBatch != nil {
+		d.opt.OnBatch(len(live))
+	}
+	d.runGroup(ctx, live)
+}
+
+// masterQueue is one cluster master's part of the decisions: how many
+// pipelines are in flight to it, and the checks waiting for one of them
+// to end. Decider.mu guards it.
+type masterQueue struct {
+	inFlight int
+	waiting  []*call
+}
+
+// toMaster sends calls, all on master, as a pipeline of their own if fewer
+// than Options.Pipelines are in flight to it, else leaves them waiting for
+// the next of those to end; it never waits itself. So a master that is
+// stopped, slow or down holds its own checks only, which wait (answered
+// 503 by their timers at their deadline, and then dropped unsent) while
+// the other masters' checks go on; a loop that waited for it would hold
+// every check queued behind it. Up to Options.Queue checks wait per
+// master; past that the expired ones are dropped, and what still does not
+// fit is answered ErrTimeout at once.
+func (d *Decider) toMaster(master *redis.Client, calls []*call) {
+	d.mu.Lock()
+	q := d.masters[master]
+	if q == nil {
+		q = &masterQueue{}
+		d.masters[master] = q
+	}
+	if q.inFlight >= d.opt.Pipelines {
+		q.waiting = append(q.waiting, calls...)
+		var over []*call
+		if len(q.waiting) > d.opt.Queue {
+			q.waiting = dropExpired(time.Now(), q.waiting)
+			if n := len(q.waiting); n > d.opt.Queue {
+				over = append(over, q.waiting[d.opt.Queue:]...)
+				clear(q.waiting[d.opt.Queue:])
+				q.waiting = q.waiting[:d.opt.Queue]
+			}
+		}
+		d.mu.Unlock()
+		for _, c := range over {
+			c.answer(lua.Result{}, ErrTimeout)
+		}
+		return
+	}
+	q.inFlight++
+	d.mu.Unlock()
 	d.wg.Add(1) // from a loop, which Close waits for: the count is not 0
-	go func() {
-		defer d.wg.Done()
-		defer func() { <-d.lingering }()
-		defer close(done)
-		ctx, cancel := context.WithTimeout(context.Background(), d.opt.ExecTimeout)
-		defer cancel()
-		d.runGroup(ctx, master, g)
-	}()
-	last, _ := ctx.Deadline()
-	t := time.NewTimer(time.Until(last))
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-		// Late: as a timeout would, this keeps the loops from waiting for
-		// the master's next pipelines until it has answered (runGroup).
-		d.failed.Store(master, time.Now())
-	}
+	go d.runMaster(master, q, calls)
 }
 
-// failingFor is how long after a call to a cluster master fails otherwise
-// than by a Redis error reply (a timeout, a refused or reset connection)
-// the loops stop waiting for that master's pipelines.
-const failingFor = time.Second
-
-// detach takes one of the Options.Pipelines places for a pipeline no loop
-// waits for, if one is free: with the loops' own and those reading late
-// replies (runMaster), at most three times Options.Pipelines pipelines are
-// in flight to a master. go-redis runs a pipeline on a connection of its
-// pipeline pool (10 per node, none kept idle) and, that one full, of the
-// main pool, which the sidecar sizes for the rest (3 × Pipelines + 4 per
-// node).
-func (d *Decider) detach() bool {
-	select {
-	case d.detached <- struct{}{}:
-		return true
-	default:
-		return false
+// runMaster sends calls to master as one pipeline, then the checks left
+// waiting for it meanwhile (toMaster), up to Options.MaxBatch a pipeline,
+// until none is left. A pipeline reads its replies until they are in or
+// ExecTimeout has passed, not only until its checks' deadline: one ended
+// at the deadline costs go-redis its connection (the replies still to come
+// would leave it out of step), and the next pipeline to the master would
+// dial on its checks' way (go-redis keeps no idle connection in its
+// pipeline pool, and a new one's handshake, HELLO and CLIENT SETINFO, takes
+// round trips within the checks' deadline). The checks past their deadline
+// are answered 503 by their timers meanwhile, and those that waited past
+// it are dropped unsent.
+func (d *Decider) runMaster(master *redis.Client, q *masterQueue, calls []*call) {
+	defer d.wg.Done()
+	for {
+		if calls = dropExpired(time.Now(), calls); len(calls) > 0 {
+			if d.opt.OnBatch != nil {
+				d.opt.OnBatch(len(calls))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), d.opt.ExecTimeout)
+			d.runGroup(ctx, calls)
+			cancel()
+		}
+		clear(calls)
+		d.mu.Lock()
+		if len(q.waiting) == 0 {
+			q.waiting = nil
+			if q.inFlight--; q.inFlight == 0 {
+				delete(d.masters, master)
+			}
+			d.mu.Unlock()
+			return
+		}
+		n := min(len(q.waiting), d.opt.MaxBatch)
+		calls, q.waiting = q.waiting[:n:n], q.waiting[n:]
+		d.mu.Unlock()
 	}
-}
-
-// failing reports whether master failed a call in the last failingFor.
-func (d *Decider) failing(master *redis.Client) bool {
-	v, ok := d.failed.Load(master)
-	return ok && time.Since(v.(time.Time)) < failingFor
 }
 
 // byMaster splits a batch by the master that serves each call's key as the
@@ -526,11 +520,8 @@ func (d *Decider) byMaster(ctx context.Context, calls []*call) ([]*redis.Client,
 	return masters, groups
 }
 
-// runGroup sends calls as one pipeline and delivers every result. master,
-// if not nil, is the cluster master that serves them: one that fails a call
-// otherwise than by a Redis error reply is noted failing, one that answers
-// every call is not.
-func (d *Decider) runGroup(ctx context.Context, master *redis.Client, live []*call) {
+// runGroup sends calls as one pipeline and delivers every result.
+func (d *Decider) runGroup(ctx context.Context, live []*call) {
 	cmds := d.exec(ctx, live, false)
 	// NOSCRIPT: Redis lost the script (restart, failover to a node that never
 	// saw it, SCRIPT FLUSH). Send those calls again as EVAL with the source,
@@ -564,13 +555,7 @@ func (d *Decider) runGroup(ctx context.Context, master *redis.Client, live []*ca
 			cmds[i] = again[j]
 		}
 	}
-	if d.reloadOnTransportError(cmds) {
-		if master != nil {
-			d.failed.Store(master, time.Now())
-		}
-	} else if master != nil {
-		d.failed.Delete(master)
-	}
+	d.reloadOnTransportError(cmds)
 	for i, c := range live {
 		v, err := cmds[i].Result()
 		if err == nil {
@@ -611,11 +596,10 @@ func (d *Decider) healScript(key string) {
 // a call failed for any reason but a Redis error reply, or with CLUSTERDOWN:
 // a master that is down or was replaced by its replica shows up that way, and the new owner of its
 // slots is only known after a reload. go-redis rate-limits the reloads.
-// It reports whether one did.
-func (d *Decider) reloadOnTransportError(cmds []*redis.Cmd) bool {
+func (d *Decider) reloadOnTransportError(cmds []*redis.Cmd) {
 	cc, ok := d.client.(*redis.ClusterClient)
 	if !ok {
-		return false
+		return
 	}
 	for _, cmd := range cmds {
 		err := cmd.Err()
@@ -627,9 +611,8 @@ func (d *Decider) reloadOnTransportError(cmds []*redis.Cmd) bool {
 			continue
 		}
 		cc.ReloadState(context.Background())
-		return true
+		return
 	}
-	return false
 }
 
 func (d *Decider) exec(ctx context.Context, calls []*call, withSource bool) []*redis.Cmd {

@@ -617,18 +617,17 @@ func TestRefusalForgotten(t *testing.T) {
 	}
 }
 
-// TestClusterStoppedMasterHoldsOnlyItsOwn: a pipeline that mixes checks on
-// a stopped master (SIGSTOP: connections open, nothing answered) with
-// checks on a healthy one answers the healthy ones as soon as their master
-// has, not at the deadline the stopped master runs the batch out to; and
-// once that master has failed a check, its pipelines hold no loop.
+// TestClusterStoppedMasterHoldsOnlyItsOwn: while a master is stopped
+// (SIGSTOP: connections open, nothing answered) and its pipelines wait for
+// it, a check on a healthy master is answered as soon as its master has,
+// even with one loop and one pipeline per master (Pipelines: 1).
 func TestClusterStoppedMasterHoldsOnlyItsOwn(t *testing.T) {
 	cl := redisproc.StartClusterT(t, 3, 0)
 	// A call ends at its context's deadline, as the sidecar's client does
 	// (redisconn), not at go-redis's 3 s read timeout.
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
-	// One loop, so that what queues while it waits goes out as one batch.
+	// One loop, and one pipeline in flight per master.
 	batches := make(chan int, 16)
 	d := newDecider(t, c, Options{Pipelines: 1, OnBatch: func(n int) { batches <- n }})
 	ctx := context.Background()
@@ -666,55 +665,58 @@ func TestClusterStoppedMasterHoldsOnlyItsOwn(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = node.Resume() })
 
-	// The first check on the stopped master holds the one loop until its
-	// deadline (1 s); the two checks queued meanwhile, one on each master,
-	// go out together after it. Their 2 s deadline leaves the healthy
-	// master's answer, a millisecond's work, more than a second of a busy
-	// machine's delays.
+	// The first check on the stopped master takes the one pipeline it may
+	// have in flight (Pipelines: 1) until its deadline (1 s) at least. A
+	// check on the healthy master sent meanwhile is answered at once, a
+	// millisecond's work, while the stopped master's first check still
+	// waits: the rest of that check's second leaves a busy machine's
+	// delays. A check on the stopped master sent with it waits for that
+	// pipeline and fails.
 	blocker := make(chan error, 1)
 	go func() {
 		_, err := d.Decide(time.Now().Add(time.Second), stoppedKey, slow, 1)
 		blocker <- err
 	}()
 	if n := <-batches; n != 1 {
-		t.Fatalf("first batch after the stop has %d checks, want 1", n)
+		t.Fatalf("first pipeline after the stop has %d checks, want 1", n)
 	}
 	deadline := time.Now().Add(3 * time.Second)
 	type answer struct {
 		err  error
 		took time.Duration
 	}
-	stoppedAns, healthyAns := make(chan answer, 1), make(chan answer, 1)
-	for key, ch := range map[string]chan answer{stoppedKey: stoppedAns, healthyKey: healthyAns} {
-		go func() {
-			start := time.Now()
-			_, err := d.Decide(deadline, key, slow, 1)
-			ch <- answer{err, time.Since(start)}
-		}()
+	stoppedAns := make(chan answer, 1)
+	go func() {
+		start := time.Now()
+		_, err := d.Decide(deadline, stoppedKey, slow, 1)
+		stoppedAns <- answer{err, time.Since(start)}
+	}()
+	start := time.Now()
+	_, err := d.Decide(deadline, healthyKey, slow, 1)
+	h := answer{err, time.Since(start)}
+	if h.err != nil {
+		t.Fatalf("check on the healthy master sent while the stopped master's pipeline waited: %v after %v, want an answer", h.err, h.took)
 	}
-	if n := <-batches; n != 2 {
-		t.Fatalf("second batch after the stop has %d checks, want both", n)
+	select {
+	case err := <-blocker:
+		t.Fatalf("check on the healthy master answered in %v, only after the stopped master's check had ended (%v)", h.took, err)
+	default:
 	}
 	// The stopped master's checks fail at their deadline, by their timer
 	// or by the pipeline's read timing out at the same moment.
 	if err := <-blocker; err == nil {
 		t.Fatal("first check on the stopped master answered, want an error")
 	}
-	h := <-healthyAns
-	if h.err != nil {
-		t.Fatalf("check on the healthy master batched with one on the stopped master: %v after %v, want an answer", h.err, h.took)
-	}
-	// The stopped master has failed a check: the loop no longer waits for
-	// its pipelines, which hold only their own checks until their deadline
-	// (the second one's, 2 s from now at least). A check on the healthy
-	// master sent meanwhile is answered within its own second.
+	// Its second check still waits, for its deadline 2 s from now at
+	// least: a check on the healthy master sent meanwhile is answered
+	// within its own second.
 	if r, err := d.Decide(time.Now().Add(time.Second), healthyKey, slow, 1); err != nil || !r.Allowed {
 		t.Fatalf("check on the healthy master while the stopped master's checks wait: %+v, %v", r, err)
 	}
 	if s := <-stoppedAns; s.err == nil {
 		t.Fatal("second check on the stopped master answered, want an error")
 	}
-	t.Logf("healthy master's check answered in %v (the first check held the loop for 1 s of it)", h.took)
+	t.Logf("healthy master's check answered in %v", h.took)
 }
 
 // TestClusterLateReplyKeepsConnection: a cluster master that answers only
@@ -776,5 +778,91 @@ func TestClusterLateReplyKeepsConnection(t *testing.T) {
 	}
 	if n := redisproc.InfoStat(t, ctl, "total_connections_received") - before; n != 0 {
 		t.Errorf("the master was dialed %d times after a late reply, want 0: the connection was given up", n)
+	}
+}
+
+// TestClusterStoppedMasterHoldsNoLoop: while one master is stopped
+// (SIGSTOP: connections open, nothing answered), batches that mix its
+// checks with the other masters' keep the other masters' checks answered:
+// no loop waits for the stopped master, however many of its checks come.
+// Each round sends one check on the stopped master, deadline 2 s, and one
+// on each healthy master, deadline 500 ms, together, every 10 ms for 30
+// rounds. A healthy master answers in well under a millisecond here; 500
+// ms leaves a busy machine's (and the race detector's) delays. A loop
+// that waited for a stopped master's check would wait 2 s, past the
+// healthy checks' 500 ms: with Options.Pipelines loops, once that many
+// were so held every healthy check behind them would fail. So none may.
+func TestClusterStoppedMasterHoldsNoLoop(t *testing.T) {
+	cl := redisproc.StartClusterT(t, 3, 0)
+	// As the sidecar's client (redisconn): a call ends at its context's
+	// deadline, a redirection is followed at once.
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, ContextTimeoutEnabled: true, MinRetryBackoff: -1})
+	t.Cleanup(func() { c.Close() })
+	d := newDecider(t, c, Options{})
+	ctx := context.Background()
+	if err := d.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A key on each master, the stopped one's first.
+	var keys []string
+	var masters []*redis.Client
+	for i := 0; len(keys) < 3; i++ {
+		k := fmt.Sprintf("rl:{mixed-%d}", i)
+		m, err := c.MasterForKey(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := false
+		for _, o := range masters {
+			seen = seen || o == m
+		}
+		if !seen {
+			keys, masters = append(keys, k), append(masters, m)
+		}
+	}
+	for _, k := range keys {
+		if r, err := d.Decide(far(), k, slow, 1); err != nil || !r.Allowed {
+			t.Fatalf("%s before the stop: %+v, %v", k, r, err)
+		}
+	}
+	node := cl.Node(masters[0].Options().Addr)
+	if err := node.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Resume() })
+
+	const rounds = 30
+	var wg sync.WaitGroup
+	var healthyFailed, stoppedAnswered atomic.Int64
+	var firstErr atomic.Value
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for range rounds {
+		<-tick.C
+		for i, k := range keys {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				within := 500 * time.Millisecond
+				if i == 0 {
+					within = 2 * time.Second
+				}
+				_, err := d.Decide(time.Now().Add(within), k, lua.Limit{Capacity: 1000, Rate: 1000}, 1)
+				switch {
+				case i == 0 && err == nil:
+					stoppedAnswered.Add(1)
+				case i > 0 && err != nil:
+					healthyFailed.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if n := healthyFailed.Load(); n > 0 {
+		t.Errorf("%d of %d checks on the healthy masters failed while another master was stopped (first: %v), want 0", n, 2*rounds, firstErr.Load())
+	}
+	if n := stoppedAnswered.Load(); n > 0 {
+		t.Errorf("%d checks on the stopped master answered, want none", n)
 	}
 }
