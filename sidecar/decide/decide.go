@@ -458,12 +458,12 @@ func (d *Decider) toMaster(master *redis.Client, calls []*call) {
 // until none is left. A pipeline reads its replies until they are in or
 // ExecTimeout has passed, not only until its checks' deadline: one ended
 // at the deadline costs go-redis its connection (the replies still to come
-// would leave it out of step), and the next pipeline to the master would
-// dial on its checks' way (go-redis keeps no idle connection in its
-// pipeline pool, and a new one's handshake, HELLO and CLIENT SETINFO, takes
-// round trips within the checks' deadline). The checks past their deadline
-// are answered 503 by their timers meanwhile, and those that waited past
-// it are dropped unsent.
+// would leave it out of step), and the next pipeline to the master could
+// find no idle connection and dial on its checks' way (a new one's
+// handshake, HELLO and CLIENT SETINFO, takes round trips within the
+// checks' deadline). The checks past their deadline are answered 503 by
+// their timers meanwhile, and those that waited past it are dropped
+// unsent.
 func (d *Decider) runMaster(master *redis.Client, q *masterQueue, calls []*call) {
 	defer d.wg.Done()
 	for {

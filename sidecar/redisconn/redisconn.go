@@ -271,6 +271,16 @@ func (s *Spec) NewClient(t Tuning) redis.UniversalClient {
 		// few (max_redirects, max_retries) and end with the batch's
 		// deadline, so they go at once. A URL's min_retry_backoff stays.
 		o.MinRetryBackoff = orDefault(o.MinRetryBackoff, -1)
+		// go-redis runs a pipeline on a pool of its own per node, which
+		// never keeps a connection idle (MinIdleConns does not reach it):
+		// a fresh sidecar's first pipelines to each master, and the first
+		// after a master's restart, dialed on their checks' way, through
+		// HELLO and CLIENT SETINFO, past a decision's deadline. Without it
+		// they run on the node's main pool, whose idle connections are
+		// dialed ahead. A URL's pipeline_pool_size stays.
+		if o.PipelinePoolSize == 0 {
+			o.PipelinePoolSize = -1
+		}
 		o.ContextTimeoutEnabled = true
 		return redis.NewClusterClient(&o)
 	case Sentinel:
