@@ -88,11 +88,12 @@ func TestGRPCCallsGetGRPCStatuses(t *testing.T) {
 // gRPC-Web transport) on a page of envoy.yaml's CORS origin reads what
 // the limiter tells it. Envoy takes a gRPC-Web request for no gRPC one,
 // and its plain 429 reached such a client as an HTTP error: Connect maps
-// a 429 to UNAVAILABLE, the status retry logic retries at once, and
-// neither client hands the page the wait. The preflight allows the headers these
-// clients send; a denied call is a 200 of the call's content-type whose
-// body is a gRPC-Web trailer frame with grpc-status RESOURCE_EXHAUSTED
-// (8) and the wait as grpc-retry-pushback-ms, which a page reads with
+// a 429 to UNAVAILABLE, which its status retry logic retries at once, and
+// grpc-web's client ends the call UNKNOWN on the problem's content-type.
+// The preflight allows the headers these clients send; a denied call is a
+// 200 of the call's content-type whose body is a gRPC-Web trailer frame
+// with grpc-status RESOURCE_EXHAUSTED (8) and the wait as
+// grpc-retry-pushback-ms, which a page reads with
 // Access-Control-Allow-Origin alone, beside Retry-After, which CORS
 // exposes; no key and an unknown key are UNAUTHENTICATED (16) and
 // PERMISSION_DENIED (7). Plan two: 2 tokens, 1 back every 1000 s.

@@ -830,9 +830,9 @@ func (l *Limiter) deny(s *stream, q *quota, retry int64, details string) {
 // reads a call's status from the response body, not from the HTTP status:
 // it gets a 200 of its own content-type whose body is a trailer frame
 // holding grpc-status, grpc-message (the problem) and, for a 429,
-// grpc-retry-pushback-ms (wait); the other headers stay. Bodiless, as a
-// trailers-only reply would be, Envoy would drop its content-type
-// (Http::Utility::prepareLocalReply), which a client checks first.
+// grpc-retry-pushback-ms (wait); the other headers stay. In the body, not
+// the headers of a trailers-only reply, a page reads the status with
+// Access-Control-Allow-Origin alone, whatever the CORS policy exposes.
 // Appends to l.text, whose earlier strings headers may view.
 func (l *Limiter) send(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32, ct, wait string) {
 	if !grpclocal.IsGRPCWeb(ct) {

@@ -7,14 +7,17 @@ import (
 
 // gRPC-Web (grpc/grpc doc/PROTOCOL-WEB.md) is gRPC for browsers: a request's
 // content-type is application/grpc-web (application/grpc-web+proto, +json)
-// or, base64-encoded, application/grpc-web-text (+proto); the call's
-// status is not in HTTP trailers, which a browser cannot read, but in a
-// last frame of the body, the trailer frame: a flags byte with its high bit
-// set (0x80), the length as a 4-byte big-endian integer, then the trailers
-// as an HTTP/1 header block ("name:value\r\n" each, lower-case names). A
-// -text response is the base64 of its frames. Envoy does not take such a
-// request for gRPC (Grpc::Common::isGrpcRequestHeaders), so a local reply
-// to it is an ordinary HTTP reply.
+// or, base64-encoded, application/grpc-web-text (+proto); the call's status
+// is not in HTTP trailers, which a browser cannot read, but in a last frame
+// of the body, the trailer frame: a flags byte with its high bit set (0x80),
+// the length as a 4-byte big-endian integer (gRPC's framing), then the
+// trailers as an HTTP/1 header block ("name: value\r\n" each, lower-case
+// names; the space is optional, as in HTTP/1: Envoy's grpc_web filter and
+// this package write none). A -text response is base64: the whole of it
+// here, one padded chunk (a server may also send several chunks, each
+// padded). Envoy does not take such a request for gRPC
+// (Grpc::Common::isGrpcRequestHeaders), so a local reply to it is an
+// ordinary HTTP reply.
 
 // Content-types of gRPC-Web.
 const (
