@@ -3,7 +3,6 @@ package app
 import (
 	"context"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,50 +12,12 @@ import (
 	"github.com/edgelimit/edgelimit/internal/testkit"
 )
 
-// startSentinel runs one redis-server in sentinel mode on a free loopback
-// port, monitoring master as "mymaster" with quorum 1 and a short
-// down-after, and returns its address once it sees the master and a replica.
-func startSentinel(t *testing.T, master string) string {
-	t.Helper()
-	mhost, mport, _ := net.SplitHostPort(master)
-	s := redisproc.StartT(t, redisproc.Options{Sentinel: []string{
-		"sentinel monitor mymaster " + mhost + " " + mport + " 1",
-		"sentinel down-after-milliseconds mymaster 500",
-		"sentinel failover-timeout mymaster 5000",
-	}})
-	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
-	t.Cleanup(func() { sc.Close() })
-	testkit.Poll(t, 30*time.Second, "the sentinel to see the master and its replica", func() bool {
-		replicas, err := sc.Replicas(context.Background(), "mymaster").Result()
-		return err == nil && len(replicas) > 0
-	})
-	return s.Addr
-}
-
-// startSentinelPair runs a master, its replica (synced) and a sentinel
-// watching them (startSentinel), and returns the three.
-func startSentinelPair(t *testing.T) (master, replica *redisproc.Server, sentinel string) {
-	t.Helper()
-	// Each sends its first sync at once, not after Redis's default 5 s
-	// wait for more replicas; the replica syncs from the master, and from
-	// the replica once that is promoted.
-	noDelay := []string{"--repl-diskless-sync-delay", "0"}
-	master = redisproc.StartT(t, redisproc.Options{Args: noDelay})
-	mhost, mport, _ := net.SplitHostPort(master.Addr)
-	replica = redisproc.StartT(t, redisproc.Options{Args: append(noDelay, "--replicaof", mhost, mport)})
-	testkit.Poll(t, 30*time.Second, "the replica to sync", func() bool {
-		info, err := replica.Client(t).Info(context.Background(), "replication").Result()
-		return err == nil && strings.Contains(info, "master_link_status:up")
-	})
-	return master, replica, startSentinel(t, master.Addr)
-}
-
 // TestSentinelFailover: the sidecar finds the master through Sentinel, and
 // when the master dies and Sentinel promotes the replica, decisions resume on
 // the new master without restarting the sidecar.
 func TestSentinelFailover(t *testing.T) {
 	ctx := context.Background()
-	master, replica, sentinel := startSentinelPair(t)
+	master, replica, sentinel := redisproc.StartSentinelPairT(t)
 
 	s := startSidecar(t, "redis+sentinel://"+sentinel+"/mymaster", contractPlans, time.Second)
 	if r := s.check(t, "failover-client"); r.status != 200 {
@@ -93,7 +54,7 @@ func TestSentinelFailover(t *testing.T) {
 // bucket, replicated, keeps what it had spent.
 func TestSentinelDemotedMaster(t *testing.T) {
 	ctx := context.Background()
-	master, replica, sentinel := startSentinelPair(t)
+	master, replica, sentinel := redisproc.StartSentinelPairT(t)
 	// A deadline that a busy machine meets: a check that timed out could
 	// still be charged, which would blur the count below.
 	s := startSidecar(t, "redis+sentinel://"+sentinel+"/mymaster", `

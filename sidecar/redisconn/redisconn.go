@@ -209,6 +209,13 @@ func Parse(rawURL string) (*Spec, error) {
 			MaxActiveConns:   o.MaxActiveConns,
 			ConnMaxIdleTime:  o.ConnMaxIdleTime,
 			ConnMaxLifetime:  o.ConnMaxLifetime,
+			// Every other option go-redis reads from a URL, so that none
+			// is accepted and then ignored.
+			ConnMaxLifetimeJitter:   o.ConnMaxLifetimeJitter,
+			MaxConcurrentDials:      o.MaxConcurrentDials,
+			PipelinePoolSize:        o.PipelinePoolSize,
+			PipelineReadBufferSize:  o.PipelineReadBufferSize,
+			PipelineWriteBufferSize: o.PipelineWriteBufferSize,
 		}
 	default:
 		return fail("scheme %q is not one of redis, rediss, unix, redis+cluster, rediss+cluster, redis+sentinel, rediss+sentinel", u.Scheme)
@@ -286,6 +293,14 @@ func (s *Spec) NewClient(t Tuning) redis.UniversalClient {
 	case Sentinel:
 		o := *s.failover
 		t.apply(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.PoolSize, &o.MinIdleConns)
+		// As on a cluster, go-redis runs the failover client's pipelines
+		// on a pool of their own that keeps no connection idle: a fresh
+		// sidecar's first burst dialed each pipeline's connection, with
+		// its handshake, on its checks' way. They run on the master's
+		// main pool, dialed ahead. A URL's pipeline_pool_size stays.
+		if o.PipelinePoolSize == 0 {
+			o.PipelinePoolSize = -1
+		}
 		o.ContextTimeoutEnabled = true
 		return redis.NewFailoverClient(&o)
 	}

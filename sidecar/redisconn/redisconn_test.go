@@ -54,6 +54,17 @@ func TestParseDetails(t *testing.T) {
 		f.TLSConfig == nil || f.TLSConfig.ServerName != "" {
 		t.Fatalf("failover options = %+v", f)
 	}
+	// The options a sentinel URL shares with a plain one all reach the
+	// failover client, none accepted and then dropped.
+	p, err := Parse("redis+sentinel://s1:26379/mymaster?pipeline_pool_size=3&pipeline_read_buffer_size=4096" +
+		"&pipeline_write_buffer_size=8192&max_concurrent_dials=5&conn_max_lifetime=1h&conn_max_lifetime_jitter=1m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := p.failover; f.PipelinePoolSize != 3 || f.PipelineReadBufferSize != 4096 || f.PipelineWriteBufferSize != 8192 ||
+		f.MaxConcurrentDials != 5 || f.ConnMaxLifetime != time.Hour || f.ConnMaxLifetimeJitter != time.Minute {
+		t.Fatalf("failover options = %+v", f)
+	}
 	c, err := Parse("rediss+cluster://app:pw@h1:7000,h2:7001,h3:7002?read_timeout=5s")
 	if err != nil {
 		t.Fatal(err)
