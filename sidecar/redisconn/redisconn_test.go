@@ -188,3 +188,34 @@ func TestClusterRetryBackoff(t *testing.T) {
 		c.Close()
 	}
 }
+
+// TestPipelinePoolSize: a cluster's and a Sentinel client's pipelines run
+// on the main pool (go-redis's -1) unless the URL sets pipeline_pool_size;
+// a single server's client keeps go-redis's default (0: its own pool).
+func TestPipelinePoolSize(t *testing.T) {
+	for url, want := range map[string]int{
+		"redis://127.0.0.1:1/0":                                  0,
+		"redis+cluster://127.0.0.1:1":                            -1,
+		"redis+cluster://127.0.0.1:1?pipeline_pool_size=3":       3,
+		"redis+sentinel://127.0.0.1:1/m":                         -1,
+		"redis+sentinel://127.0.0.1:1/m?pipeline_pool_size=3":    3,
+		"redis+sentinel://127.0.0.1:1/m/2?pipeline_pool_size=-1": -1,
+	} {
+		s, err := Parse(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := s.NewClient(Tuning{})
+		var got int
+		switch v := c.(type) {
+		case *redis.Client:
+			got = v.Options().PipelinePoolSize
+		case *redis.ClusterClient:
+			got = v.Options().PipelinePoolSize
+		}
+		if got != want {
+			t.Errorf("%s: PipelinePoolSize %d, want %d", url, got, want)
+		}
+		c.Close()
+	}
+}
