@@ -842,6 +842,16 @@ func TestUpgradeConfigsRefused(t *testing.T) {
 	})
 }
 
+// local_reply_config is refused naming the field: the gateway sends the
+// filter's replies as the filter made them, where Envoy would rewrite
+// their bodies and content-type by it (a gRPC-Web client then finds no
+// trailer frame).
+func TestLocalReplyConfigRefused(t *testing.T) {
+	wantRefused(t, "not supported", []edit{
+		{"          codec_type: AUTO\n", "          codec_type: AUTO\n          local_reply_config: {body_format: {text_format: \"%LOCAL_REPLY_BODY%\"}}\n", "local_reply_config"},
+	})
+}
+
 // A route's timeout or idle_timeout is refused naming the field: the
 // gateway applies Envoy's defaults to every route, and a streaming route's
 // timeout: 0s, taken and ignored, would still have its streams cut at 15 s.

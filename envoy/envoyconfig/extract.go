@@ -390,6 +390,9 @@ func extractRoutes(hcm *hcmv3.HttpConnectionManager, path string, clusters map[s
 	if len(hcm.GetUpgradeConfigs()) > 0 {
 		return nil, fmt.Errorf("%s.upgrade_configs: upgrades are not supported (the gateway tunnels no connection; without upgrade_configs an upgrade is refused, 403, as Envoy refuses it)", path)
 	}
+	if hcm.GetLocalReplyConfig() != nil {
+		return nil, fmt.Errorf("%s.local_reply_config: not supported (the gateway sends the filter's replies as it made them; in Envoy a body_format or mapper would rewrite their bodies and content-type, the problem+json and the gRPC-Web trailer frame alike)", path)
+	}
 	rc := hcm.GetRouteConfig()
 	if rc == nil {
 		return nil, fmt.Errorf("%s: want an inline route_config (rds and scoped_routes are not supported)", path)
