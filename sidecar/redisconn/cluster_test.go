@@ -40,14 +40,6 @@ func TestClusterPipelinesOnWarmConnections(t *testing.T) {
 	if err := d.Ready(ctx); err != nil {
 		t.Fatal(err)
 	}
-	misses := func(m *redis.Client) uint32 {
-		st := m.PoolStats()
-		n := st.Misses
-		if p := st.PipelineStats; p != nil {
-			n += p.Misses
-		}
-		return n
-	}
 	// The idle connections go-redis dials ahead, in the background, once
 	// a node's client exists.
 	before := map[*redis.Client]uint32{}
@@ -73,11 +65,34 @@ func TestClusterPipelinesOnWarmConnections(t *testing.T) {
 		if masters[m] < 8*pipelines {
 			masters[m]++
 			keys = append(keys, k)
-			before[m] = misses(m)
+			before[m] = poolMisses(m)
 		}
 	}
 	// Eight checks per pipeline a master may have in flight, all at once:
 	// each master's pipelines all go out together at least once.
+	decideAtOnce(t, d, keys)
+	for m := range masters {
+		if n := poolMisses(m) - before[m]; n != 0 {
+			t.Errorf("master %s: %d pipelines found no idle connection and dialed one on their checks' way, want 0", m.Options().Addr, n)
+		}
+	}
+}
+
+// poolMisses is how many times a node's client found no idle connection,
+// in its main pool or its pipeline pool, and dialed one.
+func poolMisses(c *redis.Client) uint32 {
+	st := c.PoolStats()
+	n := st.Misses
+	if p := st.PipelineStats; p != nil {
+		n += p.Misses
+	}
+	return n
+}
+
+// decideAtOnce sends a check of cost 1 for each key, all at once, and
+// waits for every answer; a check that fails is an error of t.
+func decideAtOnce(t *testing.T, d *decide.Decider, keys []string) {
+	t.Helper()
 	var wg sync.WaitGroup
 	for _, k := range keys {
 		wg.Add(1)
@@ -89,9 +104,4 @@ func TestClusterPipelinesOnWarmConnections(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	for m := range masters {
-		if n := misses(m) - before[m]; n != 0 {
-			t.Errorf("master %s: %d pipelines found no idle connection and dialed one on their checks' way, want 0", m.Options().Addr, n)
-		}
-	}
 }

@@ -3,7 +3,6 @@ package redisconn
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,7 +10,6 @@ import (
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
 	"github.com/edgelimit/edgelimit/internal/testkit"
-	"github.com/edgelimit/edgelimit/lua"
 	"github.com/edgelimit/edgelimit/sidecar/decide"
 )
 
@@ -38,35 +36,20 @@ func TestSentinelPipelinesOnWarmConnections(t *testing.T) {
 	if err := d.Ready(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	misses := func() uint32 {
-		st := c.PoolStats()
-		n := st.Misses
-		if p := st.PipelineStats; p != nil {
-			n += p.Misses
-		}
-		return n
-	}
 	// Ready's warm connections are back in the pool once it returns; the
 	// idle ones go-redis dials ahead come in the background.
 	testkit.Poll(t, 10*time.Second, "the pool to hold its idle connections", func() bool {
 		return c.PoolStats().IdleConns >= pipelines
 	})
-	before := misses()
+	before := poolMisses(c)
 	// Eight checks per pipeline, all at once: the four pipelines all go
 	// out together at least once.
-	var wg sync.WaitGroup
-	for i := range 8 * pipelines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			k := fmt.Sprintf("rl:{warm-%d}", i)
-			if _, err := d.Decide(time.Now().Add(time.Minute), k, lua.Limit{Capacity: 10, Rate: 10}, 1); err != nil {
-				t.Error(err)
-			}
-		}()
+	keys := make([]string, 8*pipelines)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("rl:{warm-%d}", i)
 	}
-	wg.Wait()
-	if n := misses() - before; n != 0 {
+	decideAtOnce(t, d, keys)
+	if n := poolMisses(c) - before; n != 0 {
 		t.Errorf("%d pipelines found no idle connection and dialed one on their checks' way, want 0", n)
 	}
 }
