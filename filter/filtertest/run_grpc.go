@@ -40,6 +40,18 @@ func grpcReply(t *testing.T, s Stream, code string) (Reply, string) {
 	return r, msg
 }
 
+// goldDenialHeaders are the headers of the filter's 429 to the sidecar's
+// answer SidecarAnswer("gold", 100, 1, 0.25, 1): 0.25 tokens at 1/s, cost
+// 1 back in 0.75 s, so a wait of 1 s, whatever form the reply takes.
+var goldDenialHeaders = map[string]string{
+	"retry-after":         "1",
+	"ratelimit-policy":    `"gold";q=100;w=100;edgelimit-rate="1"`,
+	"ratelimit":           `"gold";r=0;t=1`,
+	"ratelimit-limit":     "100",
+	"ratelimit-remaining": "0",
+	"ratelimit-reset":     "100",
+}
+
 // grpcReplies: a gRPC call the filter answers itself gets what gRPC
 // clients act on. Envoy answers a gRPC request's local reply with a
 // trailers-only 200 whose grpc-status is the plugin's, or the HTTP status
@@ -61,18 +73,13 @@ func (r runner) grpcReplies(t *testing.T) {
 	}
 	s.RespondCallout(SidecarAnswer("gold", 100, 1, 0.25, 1), nil)
 	rep, msg := grpcReply(t, s, "8")
-	for name, want := range map[string]string{
-		"retry-after":          "1",
-		limiter.PushbackHeader: "1000",
-		"ratelimit-policy":     `"gold";q=100;w=100;edgelimit-rate="1"`,
-		"ratelimit":            `"gold";r=0;t=1`,
-		"ratelimit-limit":      "100",
-		"ratelimit-remaining":  "0",
-		"ratelimit-reset":      "100",
-	} {
+	for name, want := range goldDenialHeaders {
 		if got := header(t, rep.Headers, name); got != want {
 			t.Errorf("gRPC 429: %s %q, want %q", name, got, want)
 		}
+	}
+	if got := header(t, rep.Headers, limiter.PushbackHeader); got != "1000" {
+		t.Errorf("gRPC 429: %s %q, want 1000", limiter.PushbackHeader, got)
 	}
 	if !strings.Contains(msg, `"status":429`) || !strings.Contains(msg, `"error":"rate_limited"`) {
 		t.Errorf("gRPC 429: grpc-message %q, want the problem body", msg)
@@ -183,14 +190,7 @@ func (r runner) grpcWebReplies(t *testing.T) {
 		s, _ := waiting(t, h, grpcWebCall("/orders.v1.Orders/Get", key, ct))
 		s.RespondCallout(SidecarAnswer("gold", 100, 1, 0.25, 1), nil)
 		rep, tr := grpcWebReply(t, s, ct, "8")
-		for name, want := range map[string]string{
-			"retry-after":         "1",
-			"ratelimit-policy":    `"gold";q=100;w=100;edgelimit-rate="1"`,
-			"ratelimit":           `"gold";r=0;t=1`,
-			"ratelimit-limit":     "100",
-			"ratelimit-remaining": "0",
-			"ratelimit-reset":     "100",
-		} {
+		for name, want := range goldDenialHeaders {
 			if got := header(t, rep.Headers, name); got != want {
 				t.Errorf("%s 429: %s %q, want %q", ct, name, got, want)
 			}
