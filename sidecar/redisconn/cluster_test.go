@@ -2,6 +2,7 @@ package redisconn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/lua"
 	"github.com/edgelimit/edgelimit/sidecar/decide"
+	"github.com/edgelimit/edgelimit/sidecar/server"
 )
 
 // TestClusterPipelinesOnWarmConnections: on a cluster client built as the
@@ -104,4 +106,91 @@ func decideAtOnce(t *testing.T, d *decide.Decider, keys []string) {
 		}()
 	}
 	wg.Wait()
+}
+
+// TestClusterKilledMasterFailsAtOnce: on a cluster client built as the
+// sidecar builds it, the checks on a master that was killed (its port
+// refusing connections) fail at once rather than at their deadline, and
+// the master is used again once it is back.
+//
+// Fifty checks on the killed master, one every 10 ms, each with the
+// sidecar's deadline (server.DefaultTimeout, 4 ms). go-redis dialed a node
+// up to 5 times, 100 ms apart (0.4 s), before a pipeline saw the error,
+// and retried the pipeline on a fresh dial until its second (ExecTimeout)
+// was up; the node's pool stopped dialing only after 16 dials (its pool
+// size) had failed, at most 8 at once (4 pipelines, 4 idle connections
+// dialed ahead): 0.8 s at least, past these checks' 0.5 s, so every one
+// of them waited out its deadline. A refused dial on loopback fails in
+// well under a millisecond, and a pipeline with its retries in about one:
+// a check that still reaches its deadline is one a busy machine did not
+// run for 4 ms. A quarter of them may.
+//
+// Restarted, a cluster master answers CLUSTERDOWN for 2 s after its start
+// (Redis's CLUSTER_WRITABLE_DELAY), and the pool that stopped dialing it
+// dials again once a second: its first check decided comes 2 s after it
+// is back, a redial later at most (3 s), and a busy machine's second
+// more: 4 s.
+func TestClusterKilledMasterFailsAtOnce(t *testing.T) {
+	cl := redisproc.StartClusterT(t, 3, 0)
+	s, err := Parse("redis+cluster://" + strings.Join(cl.Addrs, ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const pipelines = 4
+	c := s.NewClient(Tuning{PoolSize: 3*pipelines + 4, MinIdleConns: pipelines}).(*redis.ClusterClient)
+	t.Cleanup(func() { c.Close() })
+	d := decide.New(c, decide.Options{Pipelines: pipelines, WarmConns: pipelines})
+	t.Cleanup(d.Close)
+	ctx := context.Background()
+	if err := d.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const key = "rl:{killed}"
+	limit := lua.Limit{Capacity: 1000, Rate: 1000}
+	if r, err := d.Decide(time.Now().Add(time.Minute), key, limit, 1); err != nil || !r.Allowed {
+		t.Fatalf("check before the kill: %+v, %v", r, err)
+	}
+	master, err := c.MasterForKey(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := cl.Node(master.Options().Addr)
+	if err := node.Kill(); err != nil {
+		t.Fatal(err)
+	}
+
+	const checks = 50
+	waited := 0
+	var firstErr error
+	tick := time.NewTicker(10 * time.Millisecond)
+	for range checks {
+		<-tick.C
+		r, err := d.Decide(time.Now().Add(server.DefaultTimeout), key, limit, 1)
+		switch {
+		case err == nil:
+			t.Fatalf("check on the killed master answered: %+v", r)
+		case errors.Is(err, context.DeadlineExceeded):
+			waited++
+		case firstErr == nil:
+			firstErr = err
+		}
+	}
+	tick.Stop()
+	t.Logf("%d of %d checks on the killed master waited out their deadline; the others failed with: %v", waited, checks, firstErr)
+	if waited > checks/4 {
+		t.Errorf("%d of %d checks on the killed master waited out their %v deadline, want at most %d: the refused dials were retried on their way", waited, checks, server.DefaultTimeout, checks/4)
+	}
+
+	if err := node.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	up := time.Now()
+	var last error
+	if !testkit.Until(4*time.Second, func() bool {
+		_, last = d.Decide(time.Now().Add(server.DefaultTimeout), key, limit, 1)
+		return last == nil
+	}) {
+		t.Fatalf("restarted master: no check decided within 4 s: %v", last)
+	}
+	t.Logf("restarted master: first check decided %v after it was back", time.Since(up))
 }

@@ -65,6 +65,10 @@ const (
 	// minute: after a failover, checks on the lost master's slots would keep
 	// going to the dead address for up to that long.
 	DefaultClusterReload = time.Second
+	// ClusterDialerRetries is how many times a cluster client dials a node
+	// before a command sees the dial fail: once (go-redis's default is 5,
+	// 100 ms apart, which a killed master's checks waited for).
+	ClusterDialerRetries = 1
 )
 
 // Spec is a parsed, validated Redis URL. Parse checks everything that can be
@@ -287,6 +291,17 @@ func (s *Spec) NewClient(t Tuning) redis.UniversalClient {
 		// dialed ahead. A URL's pipeline_pool_size stays.
 		if o.PipelinePoolSize == 0 {
 			o.PipelinePoolSize = -1
+		}
+		// go-redis dials a node up to 5 times, 100 ms apart, before a
+		// pipeline sees the error: a killed master's pipelines each spent
+		// its second (ExecTimeout) dialing, and its checks waited out their
+		// deadline for it, until the node's pool had failed enough dials to
+		// stop dialing (about 0.9 s). Refused once, a dial fails its
+		// pipeline at once. A restarted master answers CLUSTERDOWN for 2 s
+		// after its start, longer than the pool's redial once a second, so
+		// no check succeeds later for it. A URL's dialer_retries stays.
+		if o.DialerRetries == 0 {
+			o.DialerRetries = ClusterDialerRetries
 		}
 		o.ContextTimeoutEnabled = true
 		return redis.NewClusterClient(&o)

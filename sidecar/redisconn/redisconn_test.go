@@ -189,6 +189,26 @@ func TestClusterRetryBackoff(t *testing.T) {
 	}
 }
 
+// TestClusterDialerRetries: a cluster client dials a node once before a
+// command sees the dial fail (go-redis's default is 5), unless the URL
+// sets dialer_retries.
+func TestClusterDialerRetries(t *testing.T) {
+	for url, want := range map[string]int{
+		"redis+cluster://127.0.0.1:1":                  1,
+		"redis+cluster://127.0.0.1:1?dialer_retries=3": 3,
+	} {
+		s, err := Parse(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := s.NewClient(Tuning{})
+		if got := c.(*redis.ClusterClient).Options().DialerRetries; got != want {
+			t.Errorf("%s: DialerRetries %d, want %d", url, got, want)
+		}
+		c.Close()
+	}
+}
+
 // TestPipelinePoolSize: a cluster's and a Sentinel client's pipelines run
 // on the main pool (go-redis's -1) unless the URL sets pipeline_pool_size;
 // a single server's client keeps go-redis's default (0: its own pool).
