@@ -29,19 +29,9 @@ import (
 // no pool counts a miss.
 func TestClusterPipelinesOnWarmConnections(t *testing.T) {
 	cl := redisproc.StartClusterT(t, 3, 0)
-	s, err := Parse("redis+cluster://" + strings.Join(cl.Addrs, ","))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const pipelines = 4
-	c := s.NewClient(Tuning{PoolSize: 3*pipelines + 4, MinIdleConns: pipelines}).(*redis.ClusterClient)
-	t.Cleanup(func() { c.Close() })
-	d := decide.New(c, decide.Options{Pipelines: pipelines, WarmConns: pipelines})
-	t.Cleanup(d.Close)
+	uc, d := readyDecider(t, "redis+cluster://"+strings.Join(cl.Addrs, ","))
+	c := uc.(*redis.ClusterClient)
 	ctx := context.Background()
-	if err := d.Ready(ctx); err != nil {
-		t.Fatal(err)
-	}
 	// The idle connections go-redis dials ahead, in the background, once
 	// a node's client exists.
 	before := map[*redis.Client]uint32{}
@@ -132,19 +122,9 @@ func decideAtOnce(t *testing.T, d *decide.Decider, keys []string) {
 // more: 4 s.
 func TestClusterKilledMasterFailsAtOnce(t *testing.T) {
 	cl := redisproc.StartClusterT(t, 3, 0)
-	s, err := Parse("redis+cluster://" + strings.Join(cl.Addrs, ","))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const pipelines = 4
-	c := s.NewClient(Tuning{PoolSize: 3*pipelines + 4, MinIdleConns: pipelines}).(*redis.ClusterClient)
-	t.Cleanup(func() { c.Close() })
-	d := decide.New(c, decide.Options{Pipelines: pipelines, WarmConns: pipelines})
-	t.Cleanup(d.Close)
+	uc, d := readyDecider(t, "redis+cluster://"+strings.Join(cl.Addrs, ","))
+	c := uc.(*redis.ClusterClient)
 	ctx := context.Background()
-	if err := d.Ready(ctx); err != nil {
-		t.Fatal(err)
-	}
 	const key = "rl:{killed}"
 	limit := lua.Limit{Capacity: 1000, Rate: 1000}
 	if r, err := d.Decide(time.Now().Add(time.Minute), key, limit, 1); err != nil || !r.Allowed {
@@ -193,4 +173,27 @@ func TestClusterKilledMasterFailsAtOnce(t *testing.T) {
 		t.Fatalf("restarted master: no check decided within 4 s: %v", last)
 	}
 	t.Logf("restarted master: first check decided %v after it was back", time.Since(up))
+}
+
+// pipelines is the sidecar's default -redis-pipelines
+// (decide.DefaultPipelines), which the tests' clients are built for.
+const pipelines = decide.DefaultPipelines
+
+// readyDecider builds a client for url as sidecar/app builds it (its Tuning
+// for pipelines) and a Decider on it as sidecar/app makes one, and returns
+// them once the Decider is ready.
+func readyDecider(t *testing.T, url string) (redis.UniversalClient, *decide.Decider) {
+	t.Helper()
+	s, err := Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := s.NewClient(Tuning{PoolSize: 3*pipelines + 4, MinIdleConns: pipelines})
+	t.Cleanup(func() { c.Close() })
+	d := decide.New(c, decide.Options{Pipelines: pipelines, WarmConns: pipelines})
+	t.Cleanup(d.Close)
+	if err := d.Ready(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return c, d
 }

@@ -1,7 +1,6 @@
 package redisconn
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
 	"github.com/edgelimit/edgelimit/internal/testkit"
-	"github.com/edgelimit/edgelimit/sidecar/decide"
 )
 
 // TestSentinelPipelinesOnWarmConnections: on a Sentinel client built as the
@@ -24,18 +22,8 @@ import (
 // connection for every one: no pool counts a miss.
 func TestSentinelPipelinesOnWarmConnections(t *testing.T) {
 	_, _, sentinel := redisproc.StartSentinelPairT(t)
-	s, err := Parse("redis+sentinel://" + sentinel + "/mymaster")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const pipelines = 4
-	c := s.NewClient(Tuning{PoolSize: 3*pipelines + 4, MinIdleConns: pipelines}).(*redis.Client)
-	t.Cleanup(func() { c.Close() })
-	d := decide.New(c, decide.Options{Pipelines: pipelines, WarmConns: pipelines})
-	t.Cleanup(d.Close)
-	if err := d.Ready(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	uc, d := readyDecider(t, "redis+sentinel://"+sentinel+"/mymaster")
+	c := uc.(*redis.Client)
 	// Ready's warm connections are back in the pool once it returns; the
 	// idle ones go-redis dials ahead come in the background.
 	testkit.Poll(t, 10*time.Second, "the pool to hold its idle connections", func() bool {
