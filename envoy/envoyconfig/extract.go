@@ -398,6 +398,15 @@ func extractRoutes(hcm *hcmv3.HttpConnectionManager, path string, clusters map[s
 		return nil, fmt.Errorf("%s: want an inline route_config (rds and scoped_routes are not supported)", path)
 	}
 	path += ".route_config"
+	// Response headers are added on the virtual host alone
+	// (responseHeadersToAdd), and removed nowhere.
+	const elsewhere = "not supported (give the headers to add on the virtual host)"
+	if len(rc.GetResponseHeadersToAdd()) > 0 {
+		return nil, fmt.Errorf("%s.response_headers_to_add: %s", path, elsewhere)
+	}
+	if len(rc.GetResponseHeadersToRemove()) > 0 {
+		return nil, fmt.Errorf("%s.response_headers_to_remove: not supported", path)
+	}
 	vhosts := rc.GetVirtualHosts()
 	if len(vhosts) != 1 {
 		return nil, fmt.Errorf("%s.virtual_hosts: want exactly 1 virtual host (the gateway does not match on Host), got %d", path, len(vhosts))
@@ -406,9 +415,18 @@ func extractRoutes(hcm *hcmv3.HttpConnectionManager, path string, clusters map[s
 	if vhosts[0].GetRetryPolicy() != nil {
 		return nil, fmt.Errorf("%s.retry_policy: retries are not supported (the gateway sends a request once; Envoy would send one the filter charged once to the service again)", path)
 	}
+	if len(vhosts[0].GetResponseHeadersToRemove()) > 0 {
+		return nil, fmt.Errorf("%s.response_headers_to_remove: not supported", path)
+	}
 	var routes []Route
 	for i, r := range vhosts[0].GetRoutes() {
 		rpath := fmt.Sprintf("%s.routes[%d]", path, i)
+		if len(r.GetResponseHeadersToAdd()) > 0 {
+			return nil, fmt.Errorf("%s.response_headers_to_add: %s", rpath, elsewhere)
+		}
+		if len(r.GetResponseHeadersToRemove()) > 0 {
+			return nil, fmt.Errorf("%s.response_headers_to_remove: not supported", rpath)
+		}
 		var rt Route
 		switch m := r.GetMatch().GetPathSpecifier().(type) {
 		case *routev3.RouteMatch_Prefix:
@@ -470,36 +488,15 @@ func extractRoutes(hcm *hcmv3.HttpConnectionManager, path string, clusters map[s
 	return routes, nil
 }
 
-// responseHeadersToAdd reads the virtual host's response_headers_to_add,
-// on the wasm filter's listener (wasm) alone: literal values appended
-// (append_action APPEND_IF_EXISTS_OR_ADD, the default). Headers to add or
-// remove from a response anywhere else in the route configuration are an
-// error naming the field, so that none is silently not done.
+// responseHeadersToAdd reads the virtual host's response_headers_to_add
+// (extractRoutes refused them anywhere else), on the wasm filter's listener
+// (wasm) alone: literal values appended (append_action
+// APPEND_IF_EXISTS_OR_ADD, the default); any other form is an error naming
+// the field, so that none is silently not done.
 func responseHeadersToAdd(hcm *hcmv3.HttpConnectionManager, path string, wasm bool) ([]Header, error) {
-	const elsewhere = "not supported (give the headers to add on the virtual host)"
-	rc := hcm.GetRouteConfig()
-	path += ".route_config"
-	if len(rc.GetResponseHeadersToAdd()) > 0 {
-		return nil, fmt.Errorf("%s.response_headers_to_add: %s", path, elsewhere)
-	}
-	if len(rc.GetResponseHeadersToRemove()) > 0 {
-		return nil, fmt.Errorf("%s.response_headers_to_remove: not supported", path)
-	}
-	vh := rc.GetVirtualHosts()[0]
-	path += ".virtual_hosts[0]"
-	if len(vh.GetResponseHeadersToRemove()) > 0 {
-		return nil, fmt.Errorf("%s.response_headers_to_remove: not supported", path)
-	}
-	for i, r := range vh.GetRoutes() {
-		if len(r.GetResponseHeadersToAdd()) > 0 {
-			return nil, fmt.Errorf("%s.routes[%d].response_headers_to_add: %s", path, i, elsewhere)
-		}
-		if len(r.GetResponseHeadersToRemove()) > 0 {
-			return nil, fmt.Errorf("%s.routes[%d].response_headers_to_remove: not supported", path, i)
-		}
-	}
+	path += ".route_config.virtual_hosts[0]"
 	var out []Header
-	for i, o := range vh.GetResponseHeadersToAdd() {
+	for i, o := range hcm.GetRouteConfig().GetVirtualHosts()[0].GetResponseHeadersToAdd() {
 		hpath := fmt.Sprintf("%s.response_headers_to_add[%d]", path, i)
 		if !wasm {
 			return nil, fmt.Errorf("%s: not supported (only on the listener of the wasm filter)", hpath)
