@@ -16,6 +16,7 @@ import (
 	"github.com/edgelimit/edgelimit/internal/redisproc"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/lua"
+	"github.com/edgelimit/edgelimit/sidecar/redisconn"
 )
 
 // slow is a limit whose refill is negligible within a test: 1 token per
@@ -727,11 +728,9 @@ func TestClusterStoppedMasterHoldsOnlyItsOwn(t *testing.T) {
 // a loaded machine each late reply so cost a dial on a later check's way.
 func TestClusterLateReplyKeepsConnection(t *testing.T) {
 	cl := redisproc.StartClusterT(t, 3, 0)
-	// As the sidecar's client (redisconn): a call ends at its context's
-	// deadline, a redirection is followed at once. No idle minimum, so that
-	// every connection the master is sent is one a pipeline asked for.
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, ContextTimeoutEnabled: true, MinRetryBackoff: -1})
-	t.Cleanup(func() { c.Close() })
+	// The sidecar's client, with no idle minimum, so that every connection
+	// the master is sent is one a pipeline asked for.
+	c := sidecarClusterClient(t, cl, 0)
 	d := newDecider(t, c, Options{Pipelines: 1})
 	ctx := context.Background()
 	const key = "rl:{late}"
@@ -794,10 +793,7 @@ func TestClusterLateReplyKeepsConnection(t *testing.T) {
 // were so held every healthy check behind them would fail. So none may.
 func TestClusterStoppedMasterHoldsNoLoop(t *testing.T) {
 	cl := redisproc.StartClusterT(t, 3, 0)
-	// As the sidecar's client (redisconn): a call ends at its context's
-	// deadline, a redirection is followed at once.
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, ContextTimeoutEnabled: true, MinRetryBackoff: -1})
-	t.Cleanup(func() { c.Close() })
+	c := sidecarClusterClient(t, cl, DefaultPipelines)
 	d := newDecider(t, c, Options{})
 	ctx := context.Background()
 	if err := d.Ready(ctx); err != nil {
@@ -865,4 +861,20 @@ func TestClusterStoppedMasterHoldsNoLoop(t *testing.T) {
 	if n := stoppedAnswered.Load(); n > 0 {
 		t.Errorf("%d checks on the stopped master answered, want none", n)
 	}
+}
+
+// sidecarClusterClient is a client of cl built as the sidecar builds its
+// own (redisconn, with sidecar/app's Tuning for the default pipelines: a
+// call ends at its context's deadline, a redirection is followed at once,
+// the pipelines run on the main pool, a node is dialed once), with minIdle
+// connections per node dialed ahead.
+func sidecarClusterClient(t *testing.T, cl *redisproc.Cluster, minIdle int) *redis.ClusterClient {
+	t.Helper()
+	spec, err := redisconn.Parse("redis+cluster://" + strings.Join(cl.Addrs, ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := spec.NewClient(redisconn.Tuning{PoolSize: 3*DefaultPipelines + 4, MinIdleConns: minIdle}).(*redis.ClusterClient)
+	t.Cleanup(func() { c.Close() })
+	return c
 }
