@@ -107,11 +107,7 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	if pipelines <= 0 {
 		pipelines = decide.DefaultPipelines
 	}
-	// Per node: the decisions' pipelines (at most pipelines at once; on a
-	// cluster, to each master), with room to spare for readiness, the hot
-	// clients and the script's loads; as many as the pipelines are dialed
-	// ahead and kept idle, so that a pipeline need not dial.
-	a.client = cfg.Redis.NewClient(redisconn.Tuning{PoolSize: 3*pipelines + 4, MinIdleConns: pipelines})
+	a.client = cfg.Redis.NewClient(redisconn.ForPipelines(pipelines))
 	a.decider = decide.New(a.client, decide.Options{
 		Pipelines:  pipelines,
 		WarmConns:  min(pipelines, redisconn.MinIdleConns(a.client)),

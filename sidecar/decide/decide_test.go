@@ -864,7 +864,7 @@ func TestClusterStoppedMasterHoldsNoLoop(t *testing.T) {
 }
 
 // sidecarClusterClient is a client of cl built as the sidecar builds its
-// own (redisconn, with sidecar/app's Tuning for the default pipelines: a
+// own (redisconn.ForPipelines with the default pipelines, as sidecar/app: a
 // call ends at its context's deadline, a redirection is followed at once,
 // the pipelines run on the main pool, a node is dialed once), with minIdle
 // connections per node dialed ahead.
@@ -874,7 +874,9 @@ func sidecarClusterClient(t *testing.T, cl *redisproc.Cluster, minIdle int) *red
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := spec.NewClient(redisconn.Tuning{PoolSize: 3*DefaultPipelines + 4, MinIdleConns: minIdle}).(*redis.ClusterClient)
+	tuning := redisconn.ForPipelines(DefaultPipelines)
+	tuning.MinIdleConns = minIdle
+	c := spec.NewClient(tuning).(*redis.ClusterClient)
 	t.Cleanup(func() { c.Close() })
 	return c
 }

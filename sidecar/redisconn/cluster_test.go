@@ -179,8 +179,8 @@ func TestClusterKilledMasterFailsAtOnce(t *testing.T) {
 // (decide.DefaultPipelines), which the tests' clients are built for.
 const pipelines = decide.DefaultPipelines
 
-// readyDecider builds a client for url as sidecar/app builds it (its Tuning
-// for pipelines) and a Decider on it as sidecar/app makes one, and returns
+// readyDecider builds a client for url as sidecar/app builds it
+// (ForPipelines) and a Decider on it as sidecar/app makes one, and returns
 // them once the Decider is ready.
 func readyDecider(t *testing.T, url string) (redis.UniversalClient, *decide.Decider) {
 	t.Helper()
@@ -188,7 +188,7 @@ func readyDecider(t *testing.T, url string) (redis.UniversalClient, *decide.Deci
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := s.NewClient(Tuning{PoolSize: 3*pipelines + 4, MinIdleConns: pipelines})
+	c := s.NewClient(ForPipelines(pipelines))
 	t.Cleanup(func() { c.Close() })
 	d := decide.New(c, decide.Options{Pipelines: pipelines, WarmConns: pipelines})
 	t.Cleanup(d.Close)

@@ -265,6 +265,15 @@ type Tuning struct {
 	MinIdleConns int
 }
 
+// ForPipelines is the sidecar's Tuning for its decisions' pipelines (at
+// most pipelines at once; on a cluster, to each master): per node, room
+// for them with some to spare for readiness, the hot clients and the
+// script's loads, and as many connections as the pipelines dialed ahead
+// and kept idle, so that a pipeline need not dial.
+func ForPipelines(pipelines int) Tuning {
+	return Tuning{PoolSize: 3*pipelines + 4, MinIdleConns: pipelines}
+}
+
 // NewClient builds the client the URL describes. It does not connect: go-redis
 // dials lazily and redials after a connection is lost, so a sidecar started
 // before its Redis, or outliving a Redis restart, needs nothing more.
