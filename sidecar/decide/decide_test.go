@@ -624,10 +624,9 @@ func TestRefusalForgotten(t *testing.T) {
 // even with one loop and one pipeline per master (Pipelines: 1).
 func TestClusterStoppedMasterHoldsOnlyItsOwn(t *testing.T) {
 	cl := redisproc.StartClusterT(t, 3, 0)
-	// A call ends at its context's deadline, as the sidecar's client does
-	// (redisconn), not at go-redis's 3 s read timeout.
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { c.Close() })
+	// The sidecar's client: a call ends at its context's deadline, not at
+	// go-redis's 3 s read timeout.
+	c := sidecarClusterClient(t, cl, DefaultPipelines)
 	// One loop, and one pipeline in flight per master.
 	batches := make(chan int, 16)
 	d := newDecider(t, c, Options{Pipelines: 1, OnBatch: func(n int) { batches <- n }})
