@@ -130,8 +130,7 @@ func DefaultConfig() *Config {
 func Parse(data []byte) (*Config, error) {
 	c := DefaultConfig()
 	if len(data) > MaxConfigBytes {
-		return nil, errors.New("configuration: must be at most " + strconv.Itoa(MaxConfigBytes) +
-			" bytes, got " + strconv.Itoa(len(data)))
+		return nil, tooLarge(data)
 	}
 	if strings.TrimLeft(string(data), " \t\r\n") == "" {
 		return c, nil
@@ -152,6 +151,69 @@ func Parse(data []byte) (*Config, error) {
 		}
 	}
 	return c, nil
+}
+
+// maxDiagnosedBytes is the largest configuration whose refusal for its
+// size says which field makes it so: it is read for that alone, once, on
+// a configuration that is refused.
+const maxDiagnosedBytes = 16 * MaxConfigBytes
+
+// tooLarge is the error for a configuration of more than MaxConfigBytes.
+// When the text is a JSON object (of at most maxDiagnosedBytes), it names
+// the field that holds most of it, with its number of entries for a list
+// and its length for a string, never its value: a long canary_clients is
+// the usual cause, and its entries are API keys.
+func tooLarge(data []byte) error {
+	msg := "configuration: must be at most " + strconv.Itoa(MaxConfigBytes) + " bytes, got " + strconv.Itoa(len(data))
+	if len(data) > maxDiagnosedBytes {
+		return errors.New(msg)
+	}
+	root, err := parseJSON(data)
+	if err != nil || root.kind != jsonObject || len(root.fields) == 0 {
+		return errors.New(msg)
+	}
+	big := &root.fields[0]
+	for i := range root.fields {
+		if f := &root.fields[i]; writtenSize(f.value) > writtenSize(big.value) {
+			big = f
+		}
+	}
+	name := big.name
+	if !contains(topFields, name) {
+		name = quote(name)
+	}
+	msg += ", most of it " + name
+	switch v := big.value; v.kind {
+	case jsonArray:
+		msg += " (" + strconv.Itoa(len(v.items)) + " entries)"
+	case jsonString:
+		msg += " (a string of " + strconv.Itoa(len(v.text)) + " bytes)"
+	}
+	return errors.New(msg)
+}
+
+// writtenSize is about how many bytes v takes written compactly: its
+// strings' decoded bytes, quotes and separators, which is what tells the
+// field that makes a configuration large.
+func writtenSize(v jsonValue) int {
+	switch v.kind {
+	case jsonNull:
+		return 4
+	case jsonBool:
+		return 5
+	case jsonString:
+		return len(v.text) + 2
+	case jsonNumber:
+		return len(v.text)
+	}
+	n := 2
+	for _, it := range v.items {
+		n += writtenSize(it) + 1
+	}
+	for _, f := range v.fields {
+		n += len(f.name) + 4 + writtenSize(f.value)
+	}
+	return n
 }
 
 var topFields = []string{"sidecar_cluster", "sidecar_authority", "timeout_ms", "api_key_header",

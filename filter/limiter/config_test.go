@@ -83,12 +83,42 @@ func TestParseFull(t *testing.T) {
 	}
 }
 
+// A configuration over the bound is refused naming the field that makes
+// it so: the rollout's canary of the noisiest 5% of 200,000 clients is
+// 10,000 keys, three times what the bound holds, and the refusal says that
+// the list is what to shorten, without quoting a key.
 func TestParseTooLarge(t *testing.T) {
-	data := []byte(`{"region": "` + strings.Repeat(" ", limiter.MaxConfigBytes) + `"}`)
-	_, err := limiter.Parse(data)
-	want := "configuration: must be at most 65536 bytes, got " + strconv.Itoa(len(data))
-	if err == nil || err.Error() != want {
-		t.Errorf("got %v, want %s", err, want)
+	size := func(data []byte) string {
+		return "configuration: must be at most 65536 bytes, got " + strconv.Itoa(len(data))
+	}
+	keys := make([]string, 10000)
+	for i := range keys {
+		keys[i] = `"canary-key-` + strconv.Itoa(10_000_000_000+i) + `"`
+	}
+	canary := []byte(`{"mode": "enforce", "canary_clients": [` + strings.Join(keys, ", ") + `], "region": "eu"}`)
+	region := []byte(`{"region": "` + strings.Repeat(" ", limiter.MaxConfigBytes) + `"}`)
+	unknown := []byte(`{"mode": "shadow", "notes": [` + strings.Repeat(`1, `, limiter.MaxConfigBytes/3) + `1]}`)
+	notJSON := []byte(`{"canary_clients": [` + strings.Join(keys, ", "))
+	// Past 16 times the bound the text is not read at all.
+	huge := []byte(`{"region": "` + strings.Repeat(" ", 16*limiter.MaxConfigBytes) + `"}`)
+	for _, tt := range []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"canary_clients", canary, size(canary) + ", most of it canary_clients (10000 entries)"},
+		{"a string", region, size(region) + ", most of it region (a string of 65536 bytes)"},
+		{"an unknown field", unknown, size(unknown) + `, most of it "notes" (21846 entries)`},
+		{"not JSON", notJSON, size(notJSON)},
+		{"past what is read", huge, size(huge)},
+	} {
+		_, err := limiter.Parse(tt.data)
+		if err == nil || err.Error() != tt.want {
+			t.Errorf("%s: got %v, want %s", tt.name, err, tt.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "canary-key-") {
+			t.Errorf("%s: the error quotes a canary key: %v", tt.name, err)
+		}
 	}
 }
 
