@@ -187,7 +187,10 @@ func Merge(reports ...Report) Report {
 }
 
 // MeetsExitCriterion reports whether the total disagreement is under
-// ExitCriterion with at least one request compared.
+// ExitCriterion with at least one request compared. Requests the edge did
+// not decide (Unknown) are not compared and do not count either way: the
+// caller judges whether there were few enough of them for the rate to
+// stand for the step (README.md, "Rolling out").
 func (r Report) MeetsExitCriterion() bool {
 	return r.Total.Compared() > 0 && r.Total.DisagreementRate() < ExitCriterion
 }
