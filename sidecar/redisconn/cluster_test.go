@@ -180,8 +180,9 @@ func TestClusterKilledMasterFailsAtOnce(t *testing.T) {
 const pipelines = decide.DefaultPipelines
 
 // readyDecider builds a client for url as sidecar/app builds it
-// (ForPipelines) and a Decider on it as sidecar/app makes one, and returns
-// them once the Decider is ready.
+// (ForPipelines) and a Decider on it as sidecar/app makes one (on a single
+// server, deciding over its own connection), and returns them once the
+// Decider is ready.
 func readyDecider(t *testing.T, url string) (redis.UniversalClient, *decide.Decider) {
 	t.Helper()
 	s, err := Parse(url)
@@ -190,7 +191,7 @@ func readyDecider(t *testing.T, url string) (redis.UniversalClient, *decide.Deci
 	}
 	c := s.NewClient(ForPipelines(pipelines))
 	t.Cleanup(func() { c.Close() })
-	d := decide.New(c, decide.Options{Pipelines: pipelines, WarmConns: pipelines})
+	d := decide.New(c, decide.Options{Pipelines: pipelines, WarmConns: pipelines, Direct: s.Kind == Standalone})
 	t.Cleanup(d.Close)
 	if err := d.Ready(context.Background()); err != nil {
 		t.Fatal(err)
