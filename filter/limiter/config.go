@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/edgelimit/edgelimit/internal/region"
 )
@@ -132,25 +133,41 @@ func Parse(data []byte) (*Config, error) {
 	if len(data) > MaxConfigBytes {
 		return nil, tooLarge(data)
 	}
-	if strings.TrimLeft(string(data), " \t\r\n") == "" {
+	if onlySpace(data) {
 		return c, nil
 	}
-	root, err := parseJSON(data)
+	// The text is copied once, and every string the configuration keeps
+	// (a canary list's keys above all) is a substring of that copy. It is
+	// read whole first, so that a syntax error anywhere comes before any
+	// other; then field by field, an array or object within a field being
+	// read entry by entry where it is used, with no tree of the whole.
+	root, err := parseText(string(data), 1)
 	if err != nil {
 		return nil, errors.New("configuration: " + err.Error())
 	}
 	if root.kind != jsonObject {
 		return nil, errors.New("configuration: must be a JSON object, got " + render(root))
 	}
-	if err := checkFields("configuration", root, topFields); err != nil {
+	fields, err := knownFields("configuration", root, topFields)
+	if err != nil {
 		return nil, err
 	}
-	for _, f := range root.fields {
+	for _, f := range fields {
 		if err := c.set(f.name, f.value); err != nil {
 			return nil, err
 		}
 	}
 	return c, nil
+}
+
+// onlySpace reports whether data holds JSON whitespace only.
+func onlySpace(data []byte) bool {
+	for _, b := range data {
+		if b != ' ' && b != '\t' && b != '\r' && b != '\n' {
+			return false
+		}
+	}
+	return true
 }
 
 // maxDiagnosedBytes is the largest configuration whose refusal for its
@@ -168,16 +185,22 @@ func tooLarge(data []byte) error {
 	if len(data) > maxDiagnosedBytes {
 		return errors.New(msg)
 	}
-	root, err := parseJSON(data)
-	if err != nil || root.kind != jsonObject || len(root.fields) == 0 {
+	// A view of data, not a copy: nothing read from it outlives this
+	// function (the message is built of copies), and a refused text of up
+	// to maxDiagnosedBytes would otherwise take as much again of the VM's
+	// memory, which a wasm VM never gives back.
+	root, err := parseText(unsafe.String(unsafe.SliceData(data), len(data)), 1)
+	if err != nil || root.kind != jsonObject || root.n == 0 {
 		return errors.New(msg)
 	}
-	big := &root.fields[0]
-	for i := range root.fields {
-		if f := &root.fields[i]; writtenSize(f.value) > writtenSize(big.value) {
-			big = f
+	var big jsonField
+	first := true
+	_ = eachField(root, func(name string, value jsonValue) error {
+		if first || writtenSize(value) > writtenSize(big.value) {
+			big, first = jsonField{name: name, value: value}, false
 		}
-	}
+		return nil
+	})
 	name := big.name
 	if !contains(topFields, name) {
 		name = quote(name)
@@ -185,7 +208,7 @@ func tooLarge(data []byte) error {
 	msg += ", most of it " + name
 	switch v := big.value; v.kind {
 	case jsonArray:
-		msg += " (" + strconv.Itoa(len(v.items)) + " entries)"
+		msg += " (" + strconv.Itoa(v.n) + " entries)"
 	case jsonString:
 		msg += " (a string of " + strconv.Itoa(len(v.text)) + " bytes)"
 	}
@@ -196,6 +219,9 @@ func tooLarge(data []byte) error {
 // strings' decoded bytes, quotes and separators, which is what tells the
 // field that makes a configuration large.
 func writtenSize(v jsonValue) int {
+	if v.summary {
+		return v.size
+	}
 	switch v.kind {
 	case jsonNull:
 		return 4
@@ -223,19 +249,25 @@ var ruleFields = []string{"method", "path_prefix", "cost"}
 
 var breakerFields = []string{"failures", "min_open_ms", "max_open_ms"}
 
-// checkFields rejects unknown and repeated fields of an object.
-func checkFields(where string, obj jsonValue, known []string) error {
-	for i, f := range obj.fields {
-		if !contains(known, f.name) {
-			return errors.New(where + ": unknown field " + quote(f.name))
+// knownFields returns the fields of the object summary obj, in order, and
+// rejects unknown and repeated ones: the first of them in the text is the
+// error. So it returns at most len(known) fields, whatever the object
+// holds.
+func knownFields(where string, obj jsonValue, known []string) ([]jsonField, error) {
+	fields := make([]jsonField, 0, min(obj.n, len(known)))
+	err := eachField(obj, func(name string, value jsonValue) error {
+		if !contains(known, name) {
+			return errors.New(where + ": unknown field " + quote(name))
 		}
-		for _, g := range obj.fields[:i] {
-			if g.name == f.name {
-				return errors.New(where + ": duplicate field " + quote(f.name))
+		for _, g := range fields {
+			if g.name == name {
+				return errors.New(where + ": duplicate field " + quote(name))
 			}
 		}
-	}
-	return nil
+		fields = append(fields, jsonField{name: name, value: value})
+		return nil
+	})
+	return fields, err
 }
 
 func contains(list []string, s string) bool {
@@ -344,12 +376,13 @@ func (c *Config) setBreaker(v jsonValue) error {
 	if v.kind != jsonObject {
 		return mustBe("breaker", "an object", v)
 	}
-	if err := checkFields("breaker", v, breakerFields); err != nil {
+	fields, err := knownFields("breaker", v, breakerFields)
+	if err != nil {
 		return err
 	}
 	b := DefaultConfig().Breaker
 	maxSet := false
-	for _, f := range v.fields {
+	for _, f := range fields {
 		field := "breaker." + f.name
 		var n int64
 		var err error
@@ -383,45 +416,48 @@ func (c *Config) setCanary(v jsonValue) error {
 	if v.kind != jsonArray {
 		return errors.New("canary_clients: must be an array of API keys, got " + renderSecret(v))
 	}
-	if len(v.items) == 0 {
+	if v.n == 0 {
 		return nil
 	}
-	c.CanaryClients = make(map[string]struct{}, len(v.items))
-	for i, item := range v.items {
-		where := "canary_clients[" + strconv.Itoa(i) + "]"
+	// Read key by key into a map of its final size: a key is a substring
+	// of the configuration's one copy, with no node or copy of its own.
+	clients := make(map[string]struct{}, v.n)
+	c.CanaryClients = clients
+	return eachItem(v, 1, func(i int, item jsonValue) error {
 		if item.kind != jsonString {
-			return errors.New(where + ": must be a string, got " + renderSecret(item))
+			return errors.New("canary_clients[" + strconv.Itoa(i) + "]: must be a string, got " + renderSecret(item))
 		}
 		// The value is an API key: say what is wrong without logging it.
 		if !ValidKey(item.text) {
-			return errors.New(where + ": must be an API key of 1 to " + strconv.Itoa(MaxKeyLen) +
-				" visible ASCII characters, got " + renderSecret(item))
+			return errors.New("canary_clients[" + strconv.Itoa(i) + "]: must be an API key of 1 to " +
+				strconv.Itoa(MaxKeyLen) + " visible ASCII characters, got " + renderSecret(item))
 		}
-		c.CanaryClients[item.text] = struct{}{}
-	}
-	return nil
+		clients[item.text] = struct{}{}
+		return nil
+	})
 }
 
 func (c *Config) setCosts(v jsonValue) error {
 	if v.kind != jsonArray {
 		return mustBe("costs", "an array of rules", v)
 	}
-	if len(v.items) > MaxCostRules {
+	if v.n > MaxCostRules {
 		return errors.New("costs: must have at most " + strconv.Itoa(MaxCostRules) +
-			" rules, got " + strconv.Itoa(len(v.items)))
+			" rules, got " + strconv.Itoa(v.n))
 	}
-	c.Costs = make([]CostRule, 0, len(v.items))
-	for i, item := range v.items {
+	c.Costs = make([]CostRule, 0, v.n)
+	return eachItem(v, 1, func(i int, item jsonValue) error {
 		where := "costs[" + strconv.Itoa(i) + "]"
 		if item.kind != jsonObject {
 			return mustBe(where, "an object", item)
 		}
-		if err := checkFields(where, item, ruleFields); err != nil {
+		fields, err := knownFields(where, item, ruleFields)
+		if err != nil {
 			return err
 		}
 		var rule CostRule
 		hasCost := false
-		for _, f := range item.fields {
+		for _, f := range fields {
 			field := where + "." + f.name
 			switch f.name {
 			case "method":
@@ -459,8 +495,8 @@ func (c *Config) setCosts(v jsonValue) error {
 			}
 		}
 		c.Costs = append(c.Costs, rule)
-	}
-	return nil
+		return nil
+	})
 }
 
 // Cost returns the cost of a request: the first matching rule's, else 1.

@@ -12,6 +12,15 @@ import (
 // quote the offending value in its error. encoding/json would do the parsing
 // but not the messages, and would add reflection to the module
 // (filter/RATIONALE.md, "Why a hand-written JSON reader").
+//
+// It reads a string, and the strings and numbers it returns are substrings
+// of it unless they hold escapes: the text is copied once, and a value kept
+// from it keeps that copy. Below a chosen depth it builds no tree: an array
+// or object there is read in full, so that every syntax error is found
+// where it is, but kept only as its text, its number of entries and its
+// written size; the schema reads the entries of the ones it needs one at a
+// time (eachItem), and a list of 10,000 canary keys costs no node per key
+// (filter/RATIONALE.md, "Why the configuration is at most 1 MiB").
 
 type jsonKind uint8
 
@@ -25,13 +34,18 @@ const (
 )
 
 // jsonValue is one parsed value. text holds a string's decoded value or a
-// number's literal text, exactly as written.
+// number's literal text, exactly as written. An array or object read
+// without its tree (summary) holds its text as written, n its number of
+// entries and size its written size (writtenSize), and no items or fields.
 type jsonValue struct {
-	kind   jsonKind
-	text   string
-	b      bool
-	items  []jsonValue
-	fields []jsonField
+	kind    jsonKind
+	b       bool
+	summary bool
+	text    string
+	n       int
+	size    int
+	items   []jsonValue
+	fields  []jsonField
 }
 
 type jsonField struct {
@@ -43,15 +57,24 @@ type jsonField struct {
 const maxJSONDepth = 16
 
 type jsonParser struct {
-	data  []byte
+	data  string
 	pos   int
 	depth int
+	// summarize is the depth from which arrays and objects are kept as
+	// summaries (jsonValue.summary); 0 builds the whole tree. The
+	// top-level value is at depth 1.
+	summarize int
 }
 
 // parseJSON parses data as exactly one JSON value with optional surrounding
-// whitespace.
-func parseJSON(data []byte) (jsonValue, error) {
-	p := jsonParser{data: data}
+// whitespace, into a whole tree.
+func parseJSON(data []byte) (jsonValue, error) { return parseText(string(data), 0) }
+
+// parseText parses data as parseJSON does, keeping the arrays and objects
+// at depth summarize and deeper as summaries (0: none). Its strings and
+// numbers are substrings of data unless they hold escapes.
+func parseText(data string, summarize int) (jsonValue, error) {
+	p := jsonParser{data: data, summarize: summarize}
 	p.space()
 	v, err := p.value()
 	if err != nil {
@@ -104,7 +127,7 @@ func (p *jsonParser) value() (jsonValue, error) {
 }
 
 func (p *jsonParser) literal(word string) error {
-	if len(p.data)-p.pos < len(word) || string(p.data[p.pos:p.pos+len(word)]) != word {
+	if len(p.data)-p.pos < len(word) || p.data[p.pos:p.pos+len(word)] != word {
 		return p.fail("invalid literal, expected " + word)
 	}
 	p.pos += len(word)
@@ -123,13 +146,13 @@ func (p *jsonParser) object() (jsonValue, error) {
 	if err := p.enter(); err != nil {
 		return jsonValue{}, err
 	}
+	start := p.pos
 	p.pos++ // '{'
 	v := jsonValue{kind: jsonObject}
 	p.space()
 	if p.pos < len(p.data) && p.data[p.pos] == '}' {
 		p.pos++
-		p.depth--
-		return v, nil
+		return p.leave(v, start), nil
 	}
 	for {
 		p.space()
@@ -150,7 +173,12 @@ func (p *jsonParser) object() (jsonValue, error) {
 		if err != nil {
 			return jsonValue{}, err
 		}
-		v.fields = append(v.fields, jsonField{name: name, value: fv})
+		if p.summarizing() {
+			v.n++
+			v.size += len(name) + 4 + writtenSize(fv)
+		} else {
+			v.fields = append(v.fields, jsonField{name: name, value: fv})
+		}
 		p.space()
 		if p.pos >= len(p.data) {
 			return jsonValue{}, p.fail("unexpected end of input in object")
@@ -160,8 +188,7 @@ func (p *jsonParser) object() (jsonValue, error) {
 			p.pos++
 		case '}':
 			p.pos++
-			p.depth--
-			return v, nil
+			return p.leave(v, start), nil
 		default:
 			return jsonValue{}, p.fail("expected ',' or '}' in object")
 		}
@@ -172,13 +199,13 @@ func (p *jsonParser) array() (jsonValue, error) {
 	if err := p.enter(); err != nil {
 		return jsonValue{}, err
 	}
+	start := p.pos
 	p.pos++ // '['
 	v := jsonValue{kind: jsonArray}
 	p.space()
 	if p.pos < len(p.data) && p.data[p.pos] == ']' {
 		p.pos++
-		p.depth--
-		return v, nil
+		return p.leave(v, start), nil
 	}
 	for {
 		p.space()
@@ -186,7 +213,12 @@ func (p *jsonParser) array() (jsonValue, error) {
 		if err != nil {
 			return jsonValue{}, err
 		}
-		v.items = append(v.items, item)
+		if p.summarizing() {
+			v.n++
+			v.size += writtenSize(item) + 1
+		} else {
+			v.items = append(v.items, item)
+		}
 		p.space()
 		if p.pos >= len(p.data) {
 			return jsonValue{}, p.fail("unexpected end of input in array")
@@ -196,10 +228,82 @@ func (p *jsonParser) array() (jsonValue, error) {
 			p.pos++
 		case ']':
 			p.pos++
-			p.depth--
-			return v, nil
+			return p.leave(v, start), nil
 		default:
 			return jsonValue{}, p.fail("expected ',' or ']' in array")
+		}
+	}
+}
+
+// summarizing reports whether the array or object being read is kept as a
+// summary.
+func (p *jsonParser) summarizing() bool { return p.summarize > 0 && p.depth >= p.summarize }
+
+// leave ends the array or object v, which started at start: a summary
+// gets its text and its size's brackets.
+func (p *jsonParser) leave(v jsonValue, start int) jsonValue {
+	if p.summarizing() {
+		v.summary, v.text = true, p.data[start:p.pos]
+		v.size += 2
+	}
+	p.depth--
+	return v
+}
+
+// eachItem calls fn with each entry of the array summary v, in order, read
+// with its own arrays and objects kept as summaries from depth summarize
+// (the entries are at depth 1; 0 builds them whole). v's text was read
+// when v was, so it holds no error.
+func eachItem(v jsonValue, summarize int, fn func(i int, item jsonValue) error) error {
+	p := jsonParser{data: v.text, summarize: summarize}
+	p.pos++ // '['
+	for i := 0; ; i++ {
+		p.space()
+		if p.pos >= len(p.data) || p.data[p.pos] == ']' {
+			return nil
+		}
+		item, err := p.value()
+		if err != nil {
+			return err
+		}
+		if err := fn(i, item); err != nil {
+			return err
+		}
+		p.space()
+		if p.pos < len(p.data) && p.data[p.pos] == ',' {
+			p.pos++
+		}
+	}
+}
+
+// eachField calls fn with each field of the object summary v, in order,
+// its value read with its arrays and objects kept as summaries. v's text
+// was read when v was, so it holds no error.
+func eachField(v jsonValue, fn func(name string, value jsonValue) error) error {
+	p := jsonParser{data: v.text, summarize: 1}
+	p.pos++ // '{'
+	for {
+		p.space()
+		if p.pos >= len(p.data) || p.data[p.pos] != '"' {
+			return nil
+		}
+		name, err := p.str()
+		if err != nil {
+			return err
+		}
+		p.space()
+		p.pos++ // ':'
+		p.space()
+		value, err := p.value()
+		if err != nil {
+			return err
+		}
+		if err := fn(name, value); err != nil {
+			return err
+		}
+		p.space()
+		if p.pos < len(p.data) && p.data[p.pos] == ',' {
+			p.pos++
 		}
 	}
 }
@@ -232,7 +336,7 @@ func (p *jsonParser) number() (jsonValue, error) {
 			return jsonValue{}, p.fail("invalid number: no digits in exponent")
 		}
 	}
-	return jsonValue{kind: jsonNumber, text: string(p.data[start:p.pos])}, nil
+	return jsonValue{kind: jsonNumber, text: p.data[start:p.pos]}, nil
 }
 
 func (p *jsonParser) digits() int {
@@ -255,11 +359,11 @@ func (p *jsonParser) str() (string, error) {
 		c := p.data[p.pos]
 		if c == '"' {
 			raw := p.data[start:p.pos]
-			if !utf8.Valid(raw) {
+			if !utf8.ValidString(raw) {
 				return "", p.fail("invalid UTF-8 in string")
 			}
 			p.pos++
-			return string(raw), nil
+			return raw, nil
 		}
 		if c == '\\' {
 			break
@@ -269,7 +373,7 @@ func (p *jsonParser) str() (string, error) {
 		}
 		p.pos++
 	}
-	buf := append([]byte(nil), p.data[start:p.pos]...)
+	buf := []byte(p.data[start:p.pos])
 	for p.pos < len(p.data) {
 		c := p.data[p.pos]
 		switch {
@@ -351,7 +455,8 @@ func (p *jsonParser) hex4() (rune, bool) {
 		return 0, false
 	}
 	var r rune
-	for _, c := range p.data[p.pos : p.pos+4] {
+	for i := p.pos; i < p.pos+4; i++ {
+		c := p.data[i]
 		r <<= 4
 		switch {
 		case c >= '0' && c <= '9':

@@ -3,6 +3,7 @@ package limiter
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -84,6 +85,7 @@ func FuzzParseJSON(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		v, err := parseJSON(data)
+		checkSummaries(t, data, v, err)
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "invalid JSON at offset ") {
 				t.Fatalf("error %q", err)
@@ -107,6 +109,91 @@ func FuzzParseJSON(f *testing.F) {
 			t.Fatalf("%q: %#v, encoding/json %#v", data, mine, theirs)
 		}
 	})
+}
+
+// checkSummaries holds the reader with summaries to the tree of the same
+// text (tree and err, from parseJSON): the same error at every depth, and
+// otherwise the same values, a summary having the tree's number of entries
+// and written size and, read entry by entry, the same entries.
+func checkSummaries(t *testing.T, data []byte, tree jsonValue, err error) {
+	t.Helper()
+	for depth := 1; depth <= 3; depth++ {
+		v, serr := parseText(string(data), depth)
+		if (serr == nil) != (err == nil) || serr != nil && serr.Error() != err.Error() {
+			t.Fatalf("%q summarized from depth %d: error %v, the whole tree's %v", data, depth, serr, err)
+		}
+		if err == nil {
+			if why := sameValue(tree, v); why != "" {
+				t.Fatalf("%q summarized from depth %d: %s", data, depth, why)
+			}
+		}
+	}
+}
+
+// sameValue says how v differs from tree, a value read whole, or "".
+func sameValue(tree, v jsonValue) string {
+	if tree.kind != v.kind || tree.text != v.text && !v.summary || tree.b != v.b {
+		return fmt.Sprintf("%+v, want %+v", v, tree)
+	}
+	if !v.summary {
+		if len(v.items) != len(tree.items) || len(v.fields) != len(tree.fields) {
+			return fmt.Sprintf("%d items and %d fields, want %d and %d", len(v.items), len(v.fields), len(tree.items), len(tree.fields))
+		}
+		for i := range v.items {
+			if why := sameValue(tree.items[i], v.items[i]); why != "" {
+				return why
+			}
+		}
+		for i := range v.fields {
+			if v.fields[i].name != tree.fields[i].name {
+				return fmt.Sprintf("field %q, want %q", v.fields[i].name, tree.fields[i].name)
+			}
+			if why := sameValue(tree.fields[i].value, v.fields[i].value); why != "" {
+				return why
+			}
+		}
+		return ""
+	}
+	if n := len(tree.items) + len(tree.fields); v.n != n || v.size != writtenSize(tree) || len(v.items)+len(v.fields) != 0 {
+		return fmt.Sprintf("summary of %d entries, size %d, want %d and %d", v.n, v.size, n, writtenSize(tree))
+	}
+	why, i := "", 0
+	var err error
+	if v.kind == jsonArray {
+		err = eachItem(v, 1, func(_ int, item jsonValue) error {
+			if why == "" {
+				why = sameValue(tree.items[i], item)
+			}
+			i++
+			return nil
+		})
+	} else {
+		err = eachField(v, func(name string, value jsonValue) error {
+			if why == "" && name != tree.fields[i].name {
+				why = fmt.Sprintf("field %q, want %q", name, tree.fields[i].name)
+			}
+			if why == "" {
+				why = sameValue(tree.fields[i].value, value)
+			}
+			i++
+			return nil
+		})
+	}
+	switch {
+	case err != nil:
+		return "reading the summary: " + err.Error()
+	case why == "" && i != v.n:
+		return fmt.Sprintf("read %d entries of a summary of %d", i, v.n)
+	}
+	return why
+}
+
+func TestSummariesMatchTheTree(t *testing.T) {
+	for _, in := range []string{`{"mode":"shadow","costs":[{"cost":2}]}`, `[1,2,{"a":"\u00e9"}]`, ` [ [ ] , { } , [[1, [2]], {"x": {"y": []}}] ] `,
+		`{"a":1,"a":2}`, `{"canary_clients": ["k1", "k\u0032", "k3"], "breaker": {"failures": 3}}`, `[1,]`, `{"a": [1 2]}`, `"\ud800"`} {
+		v, err := parseJSON([]byte(in))
+		checkSummaries(t, []byte(in), v, err)
+	}
 }
 
 // FuzzParse: the configuration parser never panics, every error names what
