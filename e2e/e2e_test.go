@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/e2e/harness"
+	"github.com/edgelimit/edgelimit/filter/filtertest"
 	"github.com/edgelimit/edgelimit/filter/limiter"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 )
@@ -463,7 +465,9 @@ func TestStatsListener(t *testing.T) {
 }
 
 // With a canary list, only the listed clients are enforced; the others run
-// in shadow.
+// in shadow. The list is the rollout's canary at the size the project is
+// sized for: the noisiest 5% of 200,000 clients, 10,000 keys, the others
+// of 64 characters.
 func TestCanaryClients(t *testing.T) {
 	// One canary client per run of decidedRun: a run in which a request
 	// failed open (undecided, its bucket charged or not, no shadow header)
@@ -472,9 +476,10 @@ func TestCanaryClients(t *testing.T) {
 	for run := 1; run <= decidedAttempts; run++ {
 		canaries = append(canaries, "canary-"+strconv.Itoa(run))
 	}
+	list := append(slices.Clone(canaries), filtertest.CanaryKeys(10000-len(canaries), 64, 0)...)
 	s := startStack(t, stackConfig{
 		plans:  "default_plan: tiny\nplans:\n  tiny: {capacity: 2, rate: 0.001}\n",
-		filter: filterConfig{CanaryClients: canaries},
+		filter: filterConfig{CanaryClients: list},
 	})
 	statuses := func(client string) (ok, denied int) {
 		for i := 0; i < 5; i++ {

@@ -56,6 +56,7 @@ func Run(t *testing.T, newHost func(t *testing.T) Host) {
 		{"mode/off", r.modeOff},
 		{"mode/shadow", r.modeShadow},
 		{"mode/canary", r.canary},
+		{"mode/canary-rollout-size", r.canaryRolloutSize},
 		{"key/missing", r.missingKey},
 		{"key/invalid", r.invalidKey},
 		{"key/missing-not-enforced", r.missingKeyNotEnforced},
@@ -1755,6 +1756,33 @@ func (r runner) canary(t *testing.T) {
 		t.Errorf("canary client allowed: ratelimit-remaining %q", got)
 	}
 	counters(t, h, map[string]int64{limiter.MetricDenied: 1, limiter.MetricShadowWouldDeny: 1, limiter.MetricAllowed: 1})
+}
+
+// canaryRolloutSize: the rollout's canary, the noisiest 5% of the 200,000
+// clients the sidecar's plans are sized for, is 10,000 keys (here of 64
+// characters, a configuration of some 680,000 bytes). The plugin takes it,
+// and enforces the listed clients, first, middle and last, and no other:
+// not an unlisted key, nor one a character short of a listed one.
+func (r runner) canaryRolloutSize(t *testing.T) {
+	keys := CanaryKeys(10000, 64, 0)
+	h := r.unconfigured(t)
+	if !h.Configure(CanaryConfig(keys)) {
+		t.Fatalf("a canary of 10,000 keys rejected; logs:\n%s", strings.Join(h.Logs(), "\n"))
+	}
+	for _, k := range []string{keys[0], keys[5000], keys[9999]} {
+		s, _ := waiting(t, h, get(k))
+		s.RespondCallout(SidecarAnswer("basic", 10, 0.5, 0, 1), nil)
+		reply(t, s, 429)
+	}
+	for _, k := range []string{CanaryKeys(1, 64, 10000)[0], keys[0][:63]} {
+		s, _ := waiting(t, h, get(k))
+		s.RespondCallout(SidecarAnswer("basic", 10, 0.5, 0, 1), nil)
+		wentOn(t, s)
+		if got := header(t, s.UpstreamHeaders(), "x-ratelimit-shadow"); got != "deny" {
+			t.Errorf("unlisted client: header %q", got)
+		}
+	}
+	counters(t, h, map[string]int64{limiter.MetricDenied: 3, limiter.MetricShadowWouldDeny: 2})
 }
 
 // ---- keys ----

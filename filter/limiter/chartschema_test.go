@@ -44,8 +44,9 @@ type schemaProp struct {
 // one way only: its rule (a header name, neither authorization nor the
 // filter's own header) is the filter's. canary_clients are API keys, which
 // a schema error would quote (the filter names them without quoting): the
-// schema asks only for a list of strings, and they are not probed; nor is
-// sidecar_cluster, the chart's own cluster, the one value the schema takes.
+// schema asks only for a list of at most the filter's number of strings,
+// and they are not probed; nor is sidecar_cluster, the chart's own
+// cluster, the one value the schema takes.
 func TestChartSchemaFollowsFilter(t *testing.T) {
 	raw, err := os.ReadFile("../../deploy/helm/edgelimit/values.schema.json")
 	if err != nil {
@@ -70,6 +71,11 @@ func TestChartSchemaFollowsFilter(t *testing.T) {
 		}
 	}
 	sameFields("filter", filter, limiter.TopFields)
+	// The count of canary keys is the one rule on them the schema can
+	// give without quoting a key.
+	if c := filter.Properties["canary_clients"]; c == nil || c.MaxItems == nil || *c.MaxItems != limiter.MaxCanaryClients {
+		t.Errorf("values.schema.json: filter.canary_clients needs maxItems %d, the filter's bound", limiter.MaxCanaryClients)
+	}
 	costs, breaker := filter.Properties["costs"], filter.Properties["breaker"]
 	if costs == nil || costs.Items == nil {
 		t.Fatal("values.schema.json: filter.costs has no items")

@@ -86,14 +86,21 @@ type Config struct {
 
 // Limits on configuration values.
 const (
-	MaxConfigBytes  = 64 << 10
-	MaxTimeoutMs    = 60000
-	MaxCost         = 1000000
-	MaxCostRules    = 256
-	maxNameLen      = 255
-	maxMethodLen    = 32
-	maxPathPrefix   = 1024
-	maxQuotedLength = 64
+	// MaxConfigBytes bounds the configuration's text: room for a canary
+	// of 10,000 keys of 64 characters, about 2.4 MiB of each VM's memory
+	// (filter/RATIONALE.md, "Why the configuration is at most 1 MiB").
+	MaxConfigBytes = 1 << 20
+	// MaxCanaryClients bounds canary_clients: what a VM keeps follows the
+	// number of keys more than the text's size (a map entry each), and 1
+	// MiB of keys of 3 characters would be 170,000 of them.
+	MaxCanaryClients = 20000
+	MaxTimeoutMs     = 60000
+	MaxCost          = 1000000
+	MaxCostRules     = 256
+	maxNameLen       = 255
+	maxMethodLen     = 32
+	maxPathPrefix    = 1024
+	maxQuotedLength  = 64
 	// MaxWarmConnections bounds warm_connections. Every worker's round
 	// goes out at once and shares the sidecar cluster's circuit breaker
 	// (Envoy's default: 1024 requests at once) with the checks: 16
@@ -418,6 +425,10 @@ func (c *Config) setCanary(v jsonValue) error {
 	}
 	if v.n == 0 {
 		return nil
+	}
+	if v.n > MaxCanaryClients {
+		return errors.New("canary_clients: must have at most " + strconv.Itoa(MaxCanaryClients) +
+			" keys, got " + strconv.Itoa(v.n))
 	}
 	// Read key by key into a map of its final size: a key is a substring
 	// of the configuration's one copy, with no node or copy of its own.

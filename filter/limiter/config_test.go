@@ -84,14 +84,14 @@ func TestParseFull(t *testing.T) {
 }
 
 // A configuration over the bound is refused naming the field that makes
-// it so: the rollout's canary of the noisiest 5% of 200,000 clients is
-// 10,000 keys, three times what the bound holds, and the refusal says that
-// the list is what to shorten, without quoting a key.
+// it so: a canary list past the 1 MiB the bound holds (50,000 keys, the
+// noisiest 5% of a million clients), and the refusal says that the list is
+// what to shorten, without quoting a key.
 func TestParseTooLarge(t *testing.T) {
 	size := func(data []byte) string {
-		return "configuration: must be at most 65536 bytes, got " + strconv.Itoa(len(data))
+		return "configuration: must be at most " + strconv.Itoa(limiter.MaxConfigBytes) + " bytes, got " + strconv.Itoa(len(data))
 	}
-	keys := make([]string, 10000)
+	keys := make([]string, 50000)
 	for i := range keys {
 		keys[i] = `"canary-key-` + strconv.Itoa(10_000_000_000+i) + `"`
 	}
@@ -106,9 +106,9 @@ func TestParseTooLarge(t *testing.T) {
 		data []byte
 		want string
 	}{
-		{"canary_clients", canary, size(canary) + ", most of it canary_clients (10000 entries)"},
-		{"a string", region, size(region) + ", most of it region (a string of 65536 bytes)"},
-		{"an unknown field", unknown, size(unknown) + `, most of it "notes" (21846 entries)`},
+		{"canary_clients", canary, size(canary) + ", most of it canary_clients (50000 entries)"},
+		{"a string", region, size(region) + ", most of it region (a string of " + strconv.Itoa(limiter.MaxConfigBytes) + " bytes)"},
+		{"an unknown field", unknown, size(unknown) + `, most of it "notes" (` + strconv.Itoa(limiter.MaxConfigBytes/3+1) + " entries)"},
 		{"not JSON", notJSON, size(notJSON)},
 		{"past what is read", huge, size(huge)},
 	} {
@@ -119,6 +119,60 @@ func TestParseTooLarge(t *testing.T) {
 		if err != nil && strings.Contains(err.Error(), "canary-key-") {
 			t.Errorf("%s: the error quotes a canary key: %v", tt.name, err)
 		}
+	}
+}
+
+// The rollout's canary is the noisiest 5% of the 200,000 clients the
+// sidecar's plans are sized for: 10,000 keys, here of 64 characters. The
+// configuration holds them, and enforces exactly them: no other key, not
+// one a character short of a listed one (the keys are kept as substrings
+// of the configuration's text), nor one a character longer.
+func TestParseTenThousandCanaryKeys(t *testing.T) {
+	keys := filtertest.CanaryKeys(10000, 64, 0)
+	data := []byte(filtertest.CanaryConfig(keys))
+	if len(data) < 10000*64 {
+		t.Fatalf("the configuration is %d bytes, want at least 640,000", len(data))
+	}
+	cfg, err := limiter.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.CanaryClients) != len(keys) {
+		t.Fatalf("%d canary clients, want %d", len(cfg.CanaryClients), len(keys))
+	}
+	for _, k := range keys {
+		if !cfg.Enforced(k) {
+			t.Fatalf("listed key %.8s... not enforced", k)
+		}
+		if cfg.Enforced(k[:63]) || cfg.Enforced(k+"x") {
+			t.Fatalf("a key one character off %.8s... is enforced", k)
+		}
+	}
+	for _, k := range filtertest.CanaryKeys(10000, 64, 10000) {
+		if cfg.Enforced(k) {
+			t.Fatalf("unlisted key %.8s... enforced", k)
+		}
+	}
+	if cfg.Enforced("") {
+		t.Error("a request without a key is enforced")
+	}
+}
+
+// Reading a canary list costs no allocation per key: the text is copied
+// once and the keys are substrings of the copy, in a map made at its final
+// size. What is left is that copy, the map (a table of 1,024 slots for
+// about every 900 keys: a dozen allocations for 10,000) and a few for the
+// other fields, well under one for every 100 keys.
+func TestParseCanaryAllocatesPerList(t *testing.T) {
+	keys := filtertest.CanaryKeys(10000, 64, 0)
+	data := []byte(filtertest.CanaryConfig(keys))
+	allocs := testing.AllocsPerRun(3, func() {
+		if _, err := limiter.Parse(data); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > float64(len(keys))/100 {
+		t.Errorf("Parse of %d canary keys made %.0f allocations, want at most %d", len(keys), allocs, len(keys)/100)
 	}
 }
 
@@ -141,6 +195,17 @@ func TestParseLimits(t *testing.T) {
 	_, err = limiter.Parse([]byte(`{"canary_clients": ["` + key + `k"]}`))
 	if err == nil || strings.Contains(err.Error(), key) {
 		t.Errorf("over-long canary key: got %v (must fail without quoting the key)", err)
+	}
+	// What a VM keeps of a canary list follows its number of keys: 20,000
+	// keys of 12 characters are a text far within the bound, but one key
+	// more is refused for its count.
+	keys := filtertest.CanaryKeys(limiter.MaxCanaryClients+1, 12, 0)
+	if _, err := limiter.Parse([]byte(filtertest.CanaryConfig(keys[:limiter.MaxCanaryClients]))); err != nil {
+		t.Errorf("%d canary keys: %v", limiter.MaxCanaryClients, err)
+	}
+	_, err = limiter.Parse([]byte(filtertest.CanaryConfig(keys)))
+	if want := "canary_clients: must have at most 20000 keys, got 20001"; err == nil || err.Error() != want {
+		t.Errorf("got %v, want %s", err, want)
 	}
 	for _, ok := range []string{`{"timeout_ms": 1}`, `{"timeout_ms": 60000}`, `{"costs": [{"method": "GET", "cost": 1000000}]}`,
 		`{"region": ""}`, `{"api_key_header": "X-Api-Key"}`} {
