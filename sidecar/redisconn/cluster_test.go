@@ -140,24 +140,7 @@ func TestClusterKilledMasterFailsAtOnce(t *testing.T) {
 	}
 
 	const checks = 50
-	waited := 0
-	var firstErr error
-	tick := time.NewTicker(10 * time.Millisecond)
-	for range checks {
-		<-tick.C
-		r, err := d.Decide(time.Now().Add(server.DefaultTimeout), key, limit, 1)
-		switch {
-		case err == nil:
-			t.Fatalf("check on the killed master answered: %+v", r)
-		case errors.Is(err, context.DeadlineExceeded):
-			waited++
-		case firstErr == nil:
-			firstErr = err
-		}
-	}
-	tick.Stop()
-	t.Logf("%d of %d checks on the killed master waited out their deadline; the others failed with: %v", waited, checks, firstErr)
-	if waited > checks/4 {
+	if waited := checksOnKilled(t, d, key, limit, checks, "master"); waited > checks/4 {
 		t.Errorf("%d of %d checks on the killed master waited out their %v deadline, want at most %d: the refused dials were retried on their way", waited, checks, server.DefaultTimeout, checks/4)
 	}
 
@@ -173,6 +156,30 @@ func TestClusterKilledMasterFailsAtOnce(t *testing.T) {
 		t.Fatalf("restarted master: no check decided within 4 s: %v", last)
 	}
 	t.Logf("restarted master: first check decided %v after it was back", time.Since(up))
+}
+
+// checksOnKilled sends n checks to the killed what, one every 10 ms, each
+// with the sidecar's deadline (server.DefaultTimeout), and returns how
+// many waited it out; a check decided fails the test.
+func checksOnKilled(t *testing.T, d *decide.Decider, key string, limit lua.Limit, n int, what string) (waited int) {
+	t.Helper()
+	var firstErr error
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for range n {
+		<-tick.C
+		r, err := d.Decide(time.Now().Add(server.DefaultTimeout), key, limit, 1)
+		switch {
+		case err == nil:
+			t.Fatalf("check on the killed %s answered: %+v", what, r)
+		case errors.Is(err, context.DeadlineExceeded):
+			waited++
+		case firstErr == nil:
+			firstErr = err
+		}
+	}
+	t.Logf("%d of %d checks on the killed %s waited out their deadline; the others failed with: %v", waited, n, what, firstErr)
+	return waited
 }
 
 // pipelines is the sidecar's default -redis-pipelines

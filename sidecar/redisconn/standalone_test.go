@@ -2,7 +2,6 @@ package redisconn
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -39,24 +38,7 @@ func TestStandaloneKilledServerFailsAtOnce(t *testing.T) {
 	}
 
 	const checks = 50
-	waited := 0
-	var firstErr error
-	tick := time.NewTicker(10 * time.Millisecond)
-	for range checks {
-		<-tick.C
-		r, err := d.Decide(time.Now().Add(server.DefaultTimeout), key, limit, 1)
-		switch {
-		case err == nil:
-			t.Fatalf("check on the killed server answered: %+v", r)
-		case errors.Is(err, context.DeadlineExceeded):
-			waited++
-		case firstErr == nil:
-			firstErr = err
-		}
-	}
-	tick.Stop()
-	t.Logf("%d of %d checks on the killed server waited out their deadline; the others failed with: %v", waited, checks, firstErr)
-	if waited > checks/4 {
+	if waited := checksOnKilled(t, d, key, limit, checks, "server"); waited > checks/4 {
 		t.Errorf("%d of %d checks on the killed server waited out their %v deadline, want at most %d", waited, checks, server.DefaultTimeout, checks/4)
 	}
 
