@@ -302,12 +302,31 @@ func TestGatewayWithTheFilter(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			before := orders.hits.Load()
 			var hdrs []string
 			if c.key != "" {
 				hdrs = []string{"x-api-key", c.key}
 			}
-			resp, body := testkit.Get(t, base+c.path, hdrs...)
+			// A case the fake sidecar decides (its key is not one it
+			// answers slowly, and it has one) is about that decision: one
+			// whose callout missed the 5 ms went on undecided, as the
+			// design allows on a busy machine, and is sent again, three
+			// times at most, as decidedFirst does.
+			decided := c.key != "" && !strings.HasPrefix(c.key, "slow-")
+			var before int64
+			var resp *http.Response
+			var body string
+			for attempt := 1; ; attempt++ {
+				before = orders.hits.Load()
+				open := failedOpen(t, g.admin)
+				resp, body = testkit.Get(t, base+c.path, hdrs...)
+				if !decided || failedOpen(t, g.admin) == open {
+					break
+				}
+				if attempt == 3 {
+					t.Fatalf("three requests in a row failed open (status %d)", resp.StatusCode)
+				}
+				t.Logf("request %d failed open (its callout missed the 5 ms); sent again", attempt)
+			}
 			if resp.StatusCode != c.wantStatus {
 				t.Fatalf("status %d, want %d; body %q", resp.StatusCode, c.wantStatus, body)
 			}
