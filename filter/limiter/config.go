@@ -189,37 +189,57 @@ const maxDiagnosedBytes = 16 * MaxConfigBytes
 // the usual cause, and its entries are API keys.
 func tooLarge(data []byte) error {
 	msg := "configuration: must be at most " + strconv.Itoa(MaxConfigBytes) + " bytes, got " + strconv.Itoa(len(data))
-	if len(data) > maxDiagnosedBytes {
+	if len(data) > maxDiagnosedBytes || !startsObject(data) {
 		return errors.New(msg)
 	}
 	// A view of data, not a copy: nothing read from it outlives this
 	// function (the message is built of copies), and a refused text of up
 	// to maxDiagnosedBytes would otherwise take as much again of the VM's
-	// memory, which a wasm VM never gives back.
+	// memory, which a wasm VM never gives back. Its strings are measured,
+	// not decoded, for the same reason.
 	root, err := parseText(unsafe.String(unsafe.SliceData(data), len(data)), 1)
 	if err != nil || root.kind != jsonObject || root.n == 0 {
 		return errors.New(msg)
 	}
-	var big jsonField
-	first := true
-	_ = eachField(root, func(name string, value jsonValue) error {
-		if first || writtenSize(value) > writtenSize(big.value) {
-			big, first = jsonField{name: name, value: value}, false
+	// Its fields are read as within a summary, every string measured and
+	// none decoded but the largest field's name, and of that only what an
+	// error shows: a text of escapes costs no more than one without.
+	var big jsonValue
+	at := -1
+	_ = readFields(root, true, func(nameAt int, _ string, value jsonValue) error {
+		if at < 0 || writtenSize(value) > writtenSize(big) {
+			big, at = value, nameAt
 		}
 		return nil
 	})
-	name := big.name
-	if !contains(topFields, name) {
+	p := jsonParser{data: root.text, pos: at}
+	name, n := p.strPrefix(maxQuotedLength)
+	switch {
+	case n > maxQuotedLength:
+		name = strconv.Quote(name) + "..."
+	case !contains(topFields, name):
 		name = quote(name)
 	}
 	msg += ", most of it " + name
-	switch v := big.value; v.kind {
+	switch big.kind {
 	case jsonArray:
-		msg += " (" + strconv.Itoa(v.n) + " entries)"
+		msg += " (" + strconv.Itoa(big.n) + " entries)"
 	case jsonString:
-		msg += " (a string of " + strconv.Itoa(len(v.text)) + " bytes)"
+		msg += " (a string of " + strconv.Itoa(big.size-2) + " bytes)"
 	}
 	return errors.New(msg)
+}
+
+// startsObject reports whether data's first byte past JSON whitespace is
+// '{': only an object is read for its fields, and what starts otherwise
+// need not be read (a string at the top would be decoded).
+func startsObject(data []byte) bool {
+	for _, b := range data {
+		if b != ' ' && b != '\t' && b != '\r' && b != '\n' {
+			return b == '{'
+		}
+	}
+	return false
 }
 
 // writtenSize is about how many bytes v takes written compactly: its

@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"maps"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -118,6 +119,41 @@ func TestParseTooLarge(t *testing.T) {
 		}
 		if err != nil && strings.Contains(err.Error(), "canary-key-") {
 			t.Errorf("%s: the error quotes a canary key: %v", tt.name, err)
+		}
+	}
+}
+
+// A configuration refused for its size is read for its error without a
+// copy of its strings: a VM keeps whatever reading it allocates (a wasm
+// VM's memory never shrinks), and the text, up to 16 MiB, may be escapes
+// throughout, in a value or in a name. Decoding them took 100 MB of
+// allocations for 16 MiB of "\n", and filter.wasm's memory grew 45 MiB past
+// the host's copy of the text; the error is a few hundred bytes.
+func TestParseTooLargeDecodesNoString(t *testing.T) {
+	n := 8*limiter.MaxConfigBytes - 16 // each escape is 2 bytes: under 16 MiB
+	escapes := strings.Repeat(`\n`, n)
+	for _, tt := range []struct{ name, data, most string }{
+		{"in a value", `{"region": "` + escapes + `"}`, "region (a string of " + strconv.Itoa(n) + " bytes)"},
+		{"in a name", `{"` + escapes + `": 1}`, strconv.Quote(strings.Repeat("\n", 64)) + "..."},
+		{"in a string at the top", `"` + escapes + `"`, ""},
+	} {
+		data := []byte(tt.data)
+		want := "configuration: must be at most " + strconv.Itoa(limiter.MaxConfigBytes) + " bytes, got " + strconv.Itoa(len(data))
+		if tt.most != "" {
+			want += ", most of it " + tt.most
+		}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, err := limiter.Parse(data)
+		runtime.ReadMemStats(&after)
+		if err == nil || err.Error() != want {
+			t.Errorf("%s: got %v, want %s", tt.name, err, want)
+		}
+		// The error is under 300 bytes; 64 KiB leaves room for whatever
+		// else the process allocates meanwhile, against the 8 MiB a
+		// decoded copy of the escapes takes alone.
+		if got := after.TotalAlloc - before.TotalAlloc; got > 64<<10 {
+			t.Errorf("%s: refusing %d bytes allocated %d", tt.name, len(data), got)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strconv"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // A small strict JSON reader (RFC 8259) for the plugin configuration. It
@@ -18,9 +19,10 @@ import (
 // from it keeps that copy. Below a chosen depth it builds no tree: an array
 // or object there is read in full, so that every syntax error is found
 // where it is, but kept only as its text, its number of entries and its
-// written size; the schema reads the entries of the ones it needs one at a
-// time (eachItem), and a list of 10,000 canary keys costs no node per key
-// (filter/RATIONALE.md, "Why the configuration is at most 1 MiB").
+// written size, its strings measured and not decoded; the schema reads the
+// entries of the ones it needs one at a time (eachItem), and a list of
+// 10,000 canary keys costs no node per key (filter/RATIONALE.md, "Why the
+// configuration is at most 1 MiB").
 
 type jsonKind uint8
 
@@ -37,6 +39,7 @@ const (
 // number's literal text, exactly as written. An array or object read
 // without its tree (summary) holds its text as written, n its number of
 // entries and size its written size (writtenSize), and no items or fields.
+// A string within a summary is a summary too: its size only, no text.
 type jsonValue struct {
 	kind    jsonKind
 	b       bool
@@ -112,7 +115,11 @@ func (p *jsonParser) value() (jsonValue, error) {
 	case c == '[':
 		return p.array()
 	case c == '"':
-		s, err := p.str()
+		s, n, err := p.str()
+		if p.summarizing() {
+			// Within a summary only its written size counts.
+			return jsonValue{kind: jsonString, summary: true, size: n + 2}, err
+		}
 		return jsonValue{kind: jsonString, text: s}, err
 	case c == '-' || (c >= '0' && c <= '9'):
 		return p.number()
@@ -159,7 +166,7 @@ func (p *jsonParser) object() (jsonValue, error) {
 		if p.pos >= len(p.data) || p.data[p.pos] != '"' {
 			return jsonValue{}, p.fail("expected a string as object key")
 		}
-		name, err := p.str()
+		name, nameLen, err := p.str()
 		if err != nil {
 			return jsonValue{}, err
 		}
@@ -175,7 +182,7 @@ func (p *jsonParser) object() (jsonValue, error) {
 		}
 		if p.summarizing() {
 			v.n++
-			v.size += len(name) + 4 + writtenSize(fv)
+			v.size += nameLen + 4 + writtenSize(fv)
 		} else {
 			v.fields = append(v.fields, jsonField{name: name, value: fv})
 		}
@@ -280,14 +287,28 @@ func eachItem(v jsonValue, summarize int, fn func(i int, item jsonValue) error) 
 // its value read with its arrays and objects kept as summaries. v's text
 // was read when v was, so it holds no error.
 func eachField(v jsonValue, fn func(name string, value jsonValue) error) error {
+	return readFields(v, false, func(_ int, name string, value jsonValue) error { return fn(name, value) })
+}
+
+// readFields calls fn with each field of the object summary v, in order,
+// and where its name starts in v.text. When measure, the fields' strings,
+// names included, are measured and not decoded, as within a summary (a name
+// is then "" if it has escapes; strPrefix reads it). v's text was read
+// when v was, so it holds no error: not even of depth when measured one
+// level down, since v was at depth 1 or deeper.
+func readFields(v jsonValue, measure bool, fn func(at int, name string, value jsonValue) error) error {
 	p := jsonParser{data: v.text, summarize: 1}
+	if measure {
+		p.depth = 1
+	}
 	p.pos++ // '{'
 	for {
 		p.space()
 		if p.pos >= len(p.data) || p.data[p.pos] != '"' {
 			return nil
 		}
-		name, err := p.str()
+		at := p.pos
+		name, _, err := p.str()
 		if err != nil {
 			return err
 		}
@@ -298,7 +319,7 @@ func eachField(v jsonValue, fn func(name string, value jsonValue) error) error {
 		if err != nil {
 			return err
 		}
-		if err := fn(name, value); err != nil {
+		if err := fn(at, name, value); err != nil {
 			return err
 		}
 		p.space()
@@ -306,6 +327,15 @@ func eachField(v jsonValue, fn func(name string, value jsonValue) error) error {
 			p.pos++
 		}
 	}
+}
+
+// strPrefix reads the string at p.pos, which str has read without error,
+// and returns at most the first limit bytes of its value, and the value's
+// length.
+func (p *jsonParser) strPrefix(limit int) (string, int) {
+	p.pos++ // opening quote
+	buf, n, _ := p.escaped(p.pos, make([]byte, 0, limit))
+	return string(buf), n
 }
 
 // number accepts exactly RFC 8259's grammar and keeps the literal text; the
@@ -349,9 +379,11 @@ func (p *jsonParser) digits() int {
 }
 
 // str reads a string starting at its opening quote and returns its decoded
-// value. Raw control characters, invalid UTF-8, unknown escapes and unpaired
-// surrogates are errors.
-func (p *jsonParser) str() (string, error) {
+// value and the value's length in bytes. Within a summary a string with
+// escapes is measured, not decoded: its value is "" (only its written size
+// counts there). Raw control characters, invalid UTF-8, unknown escapes
+// and unpaired surrogates are errors.
+func (p *jsonParser) str() (string, int, error) {
 	p.pos++ // opening quote
 	start := p.pos
 	// Fast path: no escapes, the value is the bytes between the quotes.
@@ -360,35 +392,63 @@ func (p *jsonParser) str() (string, error) {
 		if c == '"' {
 			raw := p.data[start:p.pos]
 			if !utf8.ValidString(raw) {
-				return "", p.fail("invalid UTF-8 in string")
+				return "", 0, p.fail("invalid UTF-8 in string")
 			}
 			p.pos++
-			return raw, nil
+			return raw, len(raw), nil
 		}
 		if c == '\\' {
 			break
 		}
 		if c < 0x20 {
-			return "", p.fail("control character in string")
+			return "", 0, p.fail("control character in string")
 		}
 		p.pos++
 	}
-	buf := []byte(p.data[start:p.pos])
+	// Escapes: the string is read once to measure it, which finds every
+	// error, and a value that is kept is decoded into a buffer of exactly
+	// its size, so that a string costs no garbage, kept or not.
+	from := p.pos
+	_, n, err := p.escaped(start, nil)
+	if err != nil || p.summarizing() {
+		return "", n, err
+	}
+	end := p.pos
+	p.pos = from
+	buf, _, _ := p.escaped(start, make([]byte, 0, n))
+	p.pos = end
+	// buf is not written again: the value is its bytes, not a copy.
+	return unsafe.String(unsafe.SliceData(buf), len(buf)), n, nil
+}
+
+// escaped reads the rest of a string that holds escapes, from p.pos to past
+// its closing quote; the string's text starts at seg. It returns the
+// decoded value's length and appends to buf as much of the value as buf's
+// capacity holds (nil: none).
+func (p *jsonParser) escaped(seg int, buf []byte) ([]byte, int, error) {
+	n, valid := 0, true
 	for p.pos < len(p.data) {
 		c := p.data[p.pos]
-		switch {
-		case c == '"':
-			if !utf8.Valid(buf) {
-				return "", p.fail("invalid UTF-8 in string")
+		if c != '"' && c != '\\' {
+			if c < 0x20 {
+				return nil, 0, p.fail("control character in string")
 			}
 			p.pos++
-			return string(buf), nil
-		case c < 0x20:
-			return "", p.fail("control character in string")
-		case c != '\\':
-			buf = append(buf, c)
-			p.pos++
 			continue
+		}
+		// A run of bytes as written ends. An escape decodes to valid UTF-8
+		// that starts with no continuation byte, so the value is valid
+		// UTF-8 exactly when every run is.
+		raw := p.data[seg:p.pos]
+		valid = valid && utf8.ValidString(raw)
+		n += len(raw)
+		buf = append(buf, raw[:min(len(raw), cap(buf)-len(buf))]...)
+		if c == '"' {
+			if !valid {
+				return nil, 0, p.fail("invalid UTF-8 in string")
+			}
+			p.pos++
+			return buf, n, nil
 		}
 		p.pos++ // backslash
 		if p.pos >= len(p.data) {
@@ -396,31 +456,35 @@ func (p *jsonParser) str() (string, error) {
 		}
 		e := p.data[p.pos]
 		p.pos++
+		r := rune(e)
 		switch e {
 		case '"', '\\', '/':
-			buf = append(buf, e)
 		case 'b':
-			buf = append(buf, '\b')
+			r = '\b'
 		case 'f':
-			buf = append(buf, '\f')
+			r = '\f'
 		case 'n':
-			buf = append(buf, '\n')
+			r = '\n'
 		case 'r':
-			buf = append(buf, '\r')
+			r = '\r'
 		case 't':
-			buf = append(buf, '\t')
+			r = '\t'
 		case 'u':
-			r, err := p.escapedRune()
-			if err != nil {
-				return "", err
+			var err error
+			if r, err = p.escapedRune(); err != nil {
+				return nil, 0, err
 			}
-			buf = utf8.AppendRune(buf, r)
 		default:
 			p.pos--
-			return "", p.fail("invalid escape " + strconv.QuoteRune(rune(e)))
+			return nil, 0, p.fail("invalid escape " + strconv.QuoteRune(rune(e)))
 		}
+		var enc [utf8.UTFMax]byte
+		w := utf8.EncodeRune(enc[:], r)
+		n += w
+		buf = append(buf, enc[:min(w, cap(buf)-len(buf))]...)
+		seg = p.pos
 	}
-	return "", p.fail("unterminated string")
+	return nil, 0, p.fail("unterminated string")
 }
 
 // escapedRune reads the XXXX of \uXXXX (and a following \uXXXX when the first
