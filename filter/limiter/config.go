@@ -184,9 +184,10 @@ const maxDiagnosedBytes = 16 * MaxConfigBytes
 
 // tooLarge is the error for a configuration of more than MaxConfigBytes.
 // When the text is a JSON object (of at most maxDiagnosedBytes), it names
-// the field that holds most of it, with its number of entries for a list
-// and its length for a string, never its value: a long canary_clients is
-// the usual cause, and its entries are API keys.
+// the field that holds most of it, name and value together, with its
+// number of entries for a list and its length for a string, never its
+// value: a long canary_clients is the usual cause, and its entries are API
+// keys. A long name is cut as every quoted value is.
 func tooLarge(data []byte) error {
 	msg := "configuration: must be at most " + strconv.Itoa(MaxConfigBytes) + " bytes, got " + strconv.Itoa(len(data))
 	if len(data) > maxDiagnosedBytes || !startsObject(data) {
@@ -203,12 +204,13 @@ func tooLarge(data []byte) error {
 	}
 	// Its fields are read as within a summary, every string measured and
 	// none decoded but the largest field's name, and of that only what an
-	// error shows: a text of escapes costs no more than one without.
+	// error shows: a text of escapes costs no more than one without. A
+	// field's size is its name's and its value's, as written.
 	var big jsonValue
-	at := -1
-	_ = readFields(root, true, func(nameAt int, _ string, value jsonValue) error {
-		if at < 0 || writtenSize(value) > writtenSize(big) {
-			big, at = value, nameAt
+	at, bigSize := -1, 0
+	_ = readFields(root, true, func(nameAt int, _ string, nameLen int, value jsonValue) error {
+		if size := nameLen + 4 + writtenSize(value); at < 0 || size > bigSize {
+			big, at, bigSize = value, nameAt, size
 		}
 		return nil
 	})

@@ -99,6 +99,10 @@ func TestParseTooLarge(t *testing.T) {
 	canary := []byte(`{"mode": "enforce", "canary_clients": [` + strings.Join(keys, ", ") + `], "region": "eu"}`)
 	region := []byte(`{"region": "` + strings.Repeat(" ", limiter.MaxConfigBytes) + `"}`)
 	unknown := []byte(`{"mode": "shadow", "notes": [` + strings.Repeat(`1, `, limiter.MaxConfigBytes/3) + `1]}`)
+	// A field is its name and its value: one whose name holds the text
+	// is named, as far as a quoted value is shown, not the field of the
+	// longest value (here mode's 3 bytes).
+	name := []byte(`{"mode": "off", "` + strings.Repeat("n", limiter.MaxConfigBytes) + `": 1}`)
 	notJSON := []byte(`{"canary_clients": [` + strings.Join(keys, ", "))
 	// Past 16 times the bound the text is not read at all.
 	huge := []byte(`{"region": "` + strings.Repeat(" ", 16*limiter.MaxConfigBytes) + `"}`)
@@ -110,6 +114,7 @@ func TestParseTooLarge(t *testing.T) {
 		{"canary_clients", canary, size(canary) + ", most of it canary_clients (50000 entries)"},
 		{"a string", region, size(region) + ", most of it region (a string of " + strconv.Itoa(limiter.MaxConfigBytes) + " bytes)"},
 		{"an unknown field", unknown, size(unknown) + `, most of it "notes" (` + strconv.Itoa(limiter.MaxConfigBytes/3+1) + " entries)"},
+		{"a name", name, size(name) + ", most of it " + strconv.Quote(strings.Repeat("n", 64)) + "..."},
 		{"not JSON", notJSON, size(notJSON)},
 		{"past what is read", huge, size(huge)},
 	} {

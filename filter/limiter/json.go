@@ -287,16 +287,17 @@ func eachItem(v jsonValue, summarize int, fn func(i int, item jsonValue) error) 
 // its value read with its arrays and objects kept as summaries. v's text
 // was read when v was, so it holds no error.
 func eachField(v jsonValue, fn func(name string, value jsonValue) error) error {
-	return readFields(v, false, func(_ int, name string, value jsonValue) error { return fn(name, value) })
+	return readFields(v, false, func(_ int, name string, _ int, value jsonValue) error { return fn(name, value) })
 }
 
 // readFields calls fn with each field of the object summary v, in order,
-// and where its name starts in v.text. When measure, the fields' strings,
+// with where its name starts in v.text and the name's decoded length. When
+// measure, the fields' strings,
 // names included, are measured and not decoded, as within a summary (a name
 // is then "" if it has escapes; strPrefix reads it). v's text was read
 // when v was, so it holds no error: not even of depth when measured one
 // level down, since v was at depth 1 or deeper.
-func readFields(v jsonValue, measure bool, fn func(at int, name string, value jsonValue) error) error {
+func readFields(v jsonValue, measure bool, fn func(at int, name string, nameLen int, value jsonValue) error) error {
 	p := jsonParser{data: v.text, summarize: 1}
 	if measure {
 		p.depth = 1
@@ -308,7 +309,7 @@ func readFields(v jsonValue, measure bool, fn func(at int, name string, value js
 			return nil
 		}
 		at := p.pos
-		name, _, err := p.str()
+		name, nameLen, err := p.str()
 		if err != nil {
 			return err
 		}
@@ -319,7 +320,7 @@ func readFields(v jsonValue, measure bool, fn func(at int, name string, value js
 		if err != nil {
 			return err
 		}
-		if err := fn(at, name, value); err != nil {
+		if err := fn(at, name, nameLen, value); err != nil {
 			return err
 		}
 		p.space()
