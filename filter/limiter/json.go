@@ -292,11 +292,11 @@ func eachField(v jsonValue, fn func(name string, value jsonValue) error) error {
 
 // readFields calls fn with each field of the object summary v, in order,
 // with where its name starts in v.text and the name's decoded length. When
-// measure, the fields' strings,
-// names included, are measured and not decoded, as within a summary (a name
-// is then "" if it has escapes; strPrefix reads it). v's text was read
-// when v was, so it holds no error: not even of depth when measured one
-// level down, since v was at depth 1 or deeper.
+// measure, the fields' strings, names included, are measured and not
+// decoded, as within a summary (a name is then "" if it has escapes;
+// strPrefix reads it). v's text was read when v was, so it holds no error:
+// not even of depth when measured one level down, since v was at depth 1
+// or deeper.
 func readFields(v jsonValue, measure bool, fn func(at int, name string, nameLen int, value jsonValue) error) error {
 	p := jsonParser{data: v.text, summarize: 1}
 	if measure {
