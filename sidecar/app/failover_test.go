@@ -60,17 +60,23 @@ func clientsPerMaster(t *testing.T, s *sidecar, owners map[int]string, masters [
 }
 
 // TestClusterFailover kills a master of a 3-master cluster with one replica
-// each while one sidecar keeps deciding. Checks whose bucket lives on the
-// killed master answer 503 (the gateway fails open) until its replica is
-// promoted, then 200 again, with the same sidecar; checks on the other
-// masters never fail.
+// each while one sidecar keeps deciding, with the shipped deadline
+// (-redis-timeout): a failover must not make the other masters' clients
+// miss it. Checks whose bucket lives on the killed master answer 503 (the
+// gateway fails open) until its replica is promoted, then 200 again, with
+// the same sidecar; checks on the other masters are decided throughout.
+//
+// Any check may still miss the 4 ms when this shared 2-core machine stands
+// still (RATIONALE.md, "Where the hypervisor reports no steal"): it is
+// answered 503 "redis timeout" and the gateway fails open, which the design
+// allows for 1% of the requests. So outside the victim's outage a check
+// must be decided or answered that, and those answers stay within 1% of the
+// checks; any other answer fails the test at once.
 func TestClusterFailover(t *testing.T) {
 	cl := redisproc.StartClusterT(t, 3, 1)
 	ctl := cl.Client(t)
 	ctx := context.Background()
-	// A generous deadline: this is about failover, not latency on a busy
-	// machine.
-	s := startSidecar(t, "redis+cluster://"+strings.Join(cl.Addrs, ","), failoverPlans, 250*time.Millisecond)
+	s := startSidecar(t, "redis+cluster://"+strings.Join(cl.Addrs, ","), failoverPlans, 0)
 	masters, err := cl.Masters(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -92,11 +98,24 @@ func TestClusterFailover(t *testing.T) {
 	owners := slotOwners(t, ctl)
 	clients := clientsPerMaster(t, s, owners, masters)
 
+	// decided sends a check that must be decided, and counts the ones that
+	// missed the deadline instead.
+	var checks, late int
+	decided := func(when, key, master string) {
+		t.Helper()
+		r := s.check(t, key)
+		checks++
+		switch {
+		case r.status == 200:
+		case r.status == 503 && r.body == "redis timeout\n":
+			late++
+		default:
+			t.Fatalf("%s, %s (on %s): %d %q, want 200, or 503 \"redis timeout\" if the machine stood still", when, key, master, r.status, r.body)
+		}
+	}
 	for m, key := range clients {
-		for i := range 20 {
-			if r := s.check(t, key); r.status != 200 {
-				t.Fatalf("before the failover, %s (on %s) check %d: %d %q", key, m, i, r.status, r.body)
-			}
+		for range 20 {
+			decided("before the failover", key, m)
 		}
 		node := redis.NewClient(&redis.Options{Addr: m})
 		n, err := node.Exists(ctx, s.bucket(key)).Result()
@@ -115,7 +134,7 @@ func TestClusterFailover(t *testing.T) {
 
 	// Sequence of the victim's answers after the kill: 503s while no master
 	// serves its slot, then 200s from the promoted replica. The other
-	// masters' clients must get 200 throughout.
+	// masters' clients must be decided throughout.
 	var failedOpen, afterResume int
 	resumed := false
 	promoted := ""
@@ -128,23 +147,20 @@ func TestClusterFailover(t *testing.T) {
 		}
 		<-tick.C
 		for m, key := range clients {
-			if m == victim {
-				continue
-			}
-			if r := s.check(t, key); r.status != 200 {
-				t.Fatalf("during the failover, %s on the healthy master %s: %d %q", key, m, r.status, r.body)
+			if m != victim {
+				decided("during the failover, on a healthy master", key, m)
 			}
 		}
-		r := s.check(t, victimKey)
-		switch {
-		case r.status == 503 && !resumed:
-			failedOpen++
-		case r.status == 200:
+		if resumed {
+			decided("after the failover", victimKey, victim)
+			afterResume++
+		} else if r := s.check(t, victimKey); r.status == 200 {
 			resumed = true
 			afterResume++
-		default:
-			t.Fatalf("victim's check after %d failed-open and %d resumed checks: %d %q, want 503 until the failover, then 200",
-				failedOpen, afterResume, r.status, r.body)
+		} else if r.status == 503 {
+			failedOpen++
+		} else {
+			t.Fatalf("victim's check after %d failed-open checks: %d %q, want 503 until the failover, then 200", failedOpen, r.status, r.body)
 		}
 		if promoted == "" && resumed {
 			now, err := cl.Masters(ctx)
@@ -156,15 +172,19 @@ func TestClusterFailover(t *testing.T) {
 	if failedOpen == 0 {
 		t.Fatal("no check failed open while the master was down: the kill did not reach the sidecar")
 	}
+	// The design's budget for requests failed open: 1%.
+	if late*100 > checks {
+		t.Errorf("%d of %d checks outside the victim's outage missed the deadline, over 1%%", late, checks)
+	}
 	// The promoted replica serves the victim's bucket now.
 	owner := slotOwners(t, ctl)[hot.Slot(s.bucket(victimKey))]
 	if owner == victim || !contains(strings.Split(promoted, ","), owner) {
 		t.Fatalf("slot of %s is served by %s, want a promoted replica among %s", victimKey, owner, promoted)
 	}
-	if got := s.Stats().RedisErrors.Get() + s.Stats().RedisTimeouts.Get(); got != uint64(failedOpen) {
-		t.Errorf("redis errors+timeouts = %d, want the %d checks that failed open", got, failedOpen)
+	if got := s.Stats().RedisErrors.Get() + s.Stats().RedisTimeouts.Get(); got != uint64(failedOpen+late) {
+		t.Errorf("redis errors+timeouts = %d, want the %d checks that failed open and the %d that missed the deadline", got, failedOpen, late)
 	}
-	t.Logf("%d checks failed open during the failover; masters now %s", failedOpen, promoted)
+	t.Logf("%d checks failed open during the failover; %d of %d others missed the deadline; masters now %s", failedOpen, late, checks, promoted)
 }
 
 func contains(list []string, s string) bool {
