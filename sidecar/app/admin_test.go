@@ -21,7 +21,7 @@ import (
 func TestAdminListener(t *testing.T) {
 	srv := redisproc.StartT(t, redisproc.Options{})
 	start := time.Now()
-	s := startSidecarWith(t, srv.URL(), contractPlans, time.Second, slog.LevelInfo, func(c *Config) {
+	s := startSidecarWith(t, srv.URL(), contractPlans, decidesAnyway, slog.LevelInfo, func(c *Config) {
 		c.AdminListen = "127.0.0.1:0"
 	})
 	admin := s.AdminAddr()
@@ -97,7 +97,7 @@ func TestAdminListener(t *testing.T) {
 // naming the flag and the address.
 func TestAdminListenBusy(t *testing.T) {
 	srv := redisproc.StartT(t, redisproc.Options{})
-	s := startSidecar(t, srv.URL(), contractPlans, time.Second)
+	s := startSidecar(t, srv.URL(), contractPlans, 0)
 	cfg := Config{Listen: "127.0.0.1:0", AdminListen: s.Addr(), Redis: mustSpec(t, srv.URL()), PlansPath: s.plansPath}
 	a, err := Start(cfg, slog.New(slog.DiscardHandler))
 	if err == nil {

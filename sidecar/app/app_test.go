@@ -37,6 +37,20 @@ clients:
   "client-fast": fast
 `
 
+// decidesAnyway is the decision deadline of the tests about what the
+// sidecar decides rather than when. A check that misses the shipped 4 ms
+// (-redis-timeout, server.DefaultTimeout) is answered 503 "redis timeout"
+// whether or not Redis ran the script, so a test that counts tokens or
+// needs a check decided could no longer tell what the bucket holds; and on
+// this shared 2-core machine a check misses 4 ms now and then, more often
+// under the race detector (RATIONALE.md, "Where the hypervisor reports no
+// steal"). The tests of how checks are answered while Redis is slow, gone,
+// resharded or failing over run the shipped deadline:
+// TestDecisionFailuresLoggedWithTheirEnd, TestWarmRefusedWhileChecksAre,
+// TestWarmsWhenRedisComesUp, TestClusterFailover, TestClusterReshard and
+// TestHotClientFirstCheckWithinDeadline.
+const decidesAnyway = time.Second
+
 // sidecar is an App under test with its plans file and an HTTP client.
 type sidecar struct {
 	*App
@@ -169,7 +183,7 @@ func checkRetryHeaders(t *testing.T, r reply, cost, rate float64) (ms float64) {
 
 func TestContract(t *testing.T) {
 	srv := redisproc.StartT(t, redisproc.Options{})
-	s := startSidecar(t, srv.URL(), contractPlans, time.Second)
+	s := startSidecar(t, srv.URL(), contractPlans, decidesAnyway)
 
 	t.Run("burst then 429", func(t *testing.T) {
 		// free: 10 tokens, 1/s. Ten checks in a row pass; the test spends well
@@ -325,7 +339,7 @@ func TestContract(t *testing.T) {
 
 func TestUnknownKeyWithoutDefault(t *testing.T) {
 	srv := redisproc.StartT(t, redisproc.Options{})
-	s := startSidecar(t, srv.URL(), "plans:\n  pro: {capacity: 5, rate: 1}\nclients:\n  known: pro\n", time.Second)
+	s := startSidecar(t, srv.URL(), "plans:\n  pro: {capacity: 5, rate: 1}\nclients:\n  known: pro\n", decidesAnyway)
 	if r := s.check(t, "stranger"); r.status != 403 || r.body != "unknown api key\n" {
 		t.Fatalf("unknown key: %d %q, want 403", r.status, r.body)
 	}
@@ -345,7 +359,7 @@ func TestReloadUnderLoad(t *testing.T) {
 	planFile := func(i int) string {
 		return fmt.Sprintf("default_plan: p%d\nplans:\n  p%d: {capacity: %d, rate: 1000}\n", i, i, 1000+i)
 	}
-	s := startSidecar(t, srv.URL(), planFile(0), time.Second)
+	s := startSidecar(t, srv.URL(), planFile(0), decidesAnyway)
 
 	var total, failed atomic.Int64
 	load := testkit.StartLoad(t, 8, func(g, i int) {
@@ -412,6 +426,9 @@ func TestRedisFaults(t *testing.T) {
 	srv := redisproc.StartT(t, redisproc.Options{})
 	ctl := srv.Client(t)
 	ctx := context.Background()
+	// 50 ms, not the shipped 4: the first check must be decided however
+	// busy the machine is, and a paused Redis is answered at any deadline;
+	// TestDecisionFailuresLoggedWithTheirEnd runs the shipped one.
 	s := startSidecar(t, srv.URL(), contractPlans, 50*time.Millisecond)
 	if r := s.check(t, "client-key-123"); r.status != 200 {
 		t.Fatalf("before faults: %d %q", r.status, r.body)
@@ -596,7 +613,7 @@ func TestWarmsWhenRedisComesUp(t *testing.T) {
 
 func TestCluster(t *testing.T) {
 	cl := redisproc.StartClusterT(t, 3, 0)
-	s := startSidecar(t, "redis+cluster://"+strings.Join(cl.Addrs, ","), contractPlans, time.Second)
+	s := startSidecar(t, "redis+cluster://"+strings.Join(cl.Addrs, ","), contractPlans, decidesAnyway)
 	for c := range 30 {
 		key := fmt.Sprintf("cluster-client-%d", c)
 		for i := range 11 {
@@ -630,6 +647,8 @@ func TestGracefulShutdown(t *testing.T) {
 	srv := redisproc.StartT(t, redisproc.Options{})
 	ctl := srv.Client(t)
 	ctx := context.Background()
+	// 30 s, not the shipped 4 ms: the check must stay in flight, held by
+	// the paused Redis, for as long as the shutdown below takes.
 	s := startSidecarWith(t, srv.URL(), contractPlans, 30*time.Second, slog.LevelDebug, func(c *Config) {
 		c.AdminListen = "127.0.0.1:0"
 	})
@@ -681,9 +700,9 @@ func TestShutdownEndsWithItsConnections(t *testing.T) {
 	const bound = 100 * time.Millisecond
 	var took []time.Duration
 	for range 3 {
-		// A second for Redis, not the shipped 4 ms: the check only opens a
-		// connection, and a 503 on a busy machine would fail the test.
-		s := startSidecarWith(t, srv.URL(), contractPlans, time.Second, slog.LevelInfo, func(c *Config) {
+		// decidesAnyway: the check only opens a connection, and a 503 on a
+		// busy machine would fail the test.
+		s := startSidecarWith(t, srv.URL(), contractPlans, decidesAnyway, slog.LevelInfo, func(c *Config) {
 			c.AdminListen = "127.0.0.1:0"
 		})
 		// One keep-alive connection on each listener, left open and idle.
@@ -720,10 +739,10 @@ func TestDenyCache(t *testing.T) {
 	const plans = "default_plan: slow\nplans:\n  slow: {capacity: 2, rate: 0.001}\n"
 	srv := redisproc.StartT(t, redisproc.Options{})
 	for _, off := range []bool{false, true} {
-		// A 1 s deadline, as TestContract's, not -redis-timeout's 4 ms: the
-		// test is about which checks reach Redis, and a check missing a
-		// 4 ms deadline under the race detector would answer 503.
-		s := startSidecarWith(t, srv.URL(), plans, time.Second, slog.LevelInfo, func(c *Config) { c.NoDenyCache = off })
+		// decidesAnyway: the test is about which checks reach Redis, and a
+		// check missing a 4 ms deadline under the race detector would
+		// answer 503.
+		s := startSidecarWith(t, srv.URL(), plans, decidesAnyway, slog.LevelInfo, func(c *Config) { c.NoDenyCache = off })
 		key := "deny-cache-" + strconv.FormatBool(off)
 		for i := range 2 {
 			if r := s.check(t, key); r.status != 200 {

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -18,7 +17,7 @@ import (
 // separate processes.
 func BenchmarkCheck(b *testing.B) {
 	srv := redisproc.StartT(b, redisproc.Options{})
-	s := startSidecarLog(b, srv.URL(), "default_plan: p\nplans:\n  p: {capacity: 1000000000, rate: 1000000}\n", time.Second, slog.LevelInfo)
+	s := startSidecarLog(b, srv.URL(), "default_plan: p\nplans:\n  p: {capacity: 1000000000, rate: 1000000}\n", decidesAnyway, slog.LevelInfo)
 	keys := make([][]byte, 10000)
 	for i := range keys {
 		keys[i] = []byte(fmt.Sprintf("bench-key-%06d", i))

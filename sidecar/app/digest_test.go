@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/edgelimit/edgelimit/internal/redisproc"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
@@ -33,7 +32,7 @@ func TestDigestOnlyPlans(t *testing.T) {
 		t.Run("salt="+salt, func(t *testing.T) {
 			d := keys.New([]byte(salt))
 			// At debug level the sidecar logs every check.
-			s := startSidecarWith(t, srv.URL(), digestPlans(d), time.Second, slog.LevelDebug, func(c *Config) { c.KeySalt = []byte(salt) })
+			s := startSidecarWith(t, srv.URL(), digestPlans(d), decidesAnyway, slog.LevelDebug, func(c *Config) { c.KeySalt = []byte(salt) })
 			r := s.check(t, "client-key-123")
 			if r.status != 200 || r.h("x-ratelimit-plan") != "pro" || r.h("ratelimit-limit") != "200" {
 				t.Fatalf("client-key-123: %d plan %q limit %q", r.status, r.h("x-ratelimit-plan"), r.h("ratelimit-limit"))

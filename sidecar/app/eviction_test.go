@@ -31,9 +31,9 @@ func TestEvictionPolicyWarned(t *testing.T) {
 		{[]string{"--maxmemory-policy", "allkeys-lru"}, false}, // no limit: nothing is evicted
 	} {
 		srv := redisproc.StartT(t, redisproc.Options{Args: c.args})
-		// A second for Redis, not the shipped 4 ms: the check only shows
-		// the sidecar is up, which a 503 on a busy machine would not.
-		s := startSidecarLog(t, srv.URL(), contractPlans, time.Second, slog.LevelInfo)
+		// decidesAnyway: the check only shows the sidecar is up, which a 503
+		// on a busy machine would not.
+		s := startSidecarLog(t, srv.URL(), contractPlans, decidesAnyway, slog.LevelInfo)
 		if r := s.check(t, "a"); r.status != 200 {
 			t.Fatalf("%v: check: %d %q", c.args, r.status, r.body)
 		}

@@ -19,7 +19,7 @@ func TestSentinelFailover(t *testing.T) {
 	ctx := context.Background()
 	master, replica, sentinel := redisproc.StartSentinelPairT(t)
 
-	s := startSidecar(t, "redis+sentinel://"+sentinel+"/mymaster", contractPlans, time.Second)
+	s := startSidecar(t, "redis+sentinel://"+sentinel+"/mymaster", contractPlans, decidesAnyway)
 	if r := s.check(t, "failover-client"); r.status != 200 {
 		t.Fatalf("before failover: %d %q", r.status, r.body)
 	}
@@ -55,13 +55,13 @@ func TestSentinelFailover(t *testing.T) {
 func TestSentinelDemotedMaster(t *testing.T) {
 	ctx := context.Background()
 	master, replica, sentinel := redisproc.StartSentinelPairT(t)
-	// A deadline that a busy machine meets: a check that timed out could
-	// still be charged, which would blur the count below.
+	// decidesAnyway: a check that timed out could still be charged, which
+	// would blur the count below.
 	s := startSidecar(t, "redis+sentinel://"+sentinel+"/mymaster", `
 default_plan: slow
 plans:
   slow: {capacity: 5, rate: 0.001}
-`, time.Second)
+`, decidesAnyway)
 	// Four of the five tokens spent: no denial yet, so no deny-cache entry
 	// answers for Redis below.
 	for i := range 4 {
