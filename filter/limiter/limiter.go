@@ -274,7 +274,7 @@ func (l *Limiter) OnRequestHeaders(id uint32, _ int, _ bool) (act abi.Action) {
 		if !done {
 			if r := recover(); r != nil {
 				l.logPanic("proxy_on_request_headers", r)
-				l.m.failedOpen(l.host, ReasonInternal)
+				l.panicOpen(s)
 				l.forget(s)
 				act = abi.ActionContinue
 			}
@@ -573,7 +573,7 @@ func (l *Limiter) OnHTTPCallResponse(rootID, token uint32, numHeaders, bodySize,
 		if p := recover(); p != nil {
 			l.logPanic("proxy_on_http_call_response", p)
 			if !s.gone && !s.settled && l.host.SetEffectiveContext(s.id) == abi.StatusOK {
-				l.m.failedOpen(l.host, ReasonInternal)
+				l.panicOpen(s)
 				l.resume(s)
 			}
 		}
@@ -987,6 +987,17 @@ func (l *Limiter) forget(s *stream) {
 func (l *Limiter) recoverLog(where string) {
 	if r := recover(); r != nil {
 		l.logPanic(where, r)
+	}
+}
+
+// panicOpen counts a request whose callback panicked as failed open, and
+// tells the service "unknown" as failOpen does, unless the request is
+// enforced: known to be, or, when the panic came before its key was read,
+// because every client is. The caller lets the request go on.
+func (l *Limiter) panicOpen(s *stream) {
+	l.m.failedOpen(l.host, ReasonInternal)
+	if cfg := s.root.cfg; !s.enforce && cfg.Mode != ModeOff && !cfg.Enforced("") {
+		l.host.ReplaceHeader(abi.MapRequestHeaders, ShadowHeader, "unknown")
 	}
 }
 

@@ -17,6 +17,7 @@ type panicHost struct {
 	request   [][2]string
 	response  [][2]string
 	config    []byte
+	replaced  [][2]string // request headers replaced, in order
 	effective uint32
 	counters  map[uint32]int64
 	names     []string
@@ -67,6 +68,9 @@ func (h *panicHost) AddHeader(m abi.MapType, key, value string) abi.Status {
 
 func (h *panicHost) ReplaceHeader(m abi.MapType, key, value string) abi.Status {
 	h.call("ReplaceHeader")
+	if m == abi.MapRequestHeaders {
+		h.replaced = append(h.replaced, [2]string{key, value})
+	}
 	return abi.StatusOK
 }
 
@@ -149,7 +153,7 @@ func started(t *testing.T, h *panicHost) *Limiter {
 	t.Helper()
 	l := New(h)
 	l.OnContextCreate(1, 0)
-	if !l.OnVMStart(1, 0) || !l.OnConfigure(1, 0) {
+	if !l.OnVMStart(1, 0) || !l.OnConfigure(1, len(h.config)) {
 		t.Fatalf("start failed: %q", h.logs)
 	}
 	l.OnContextCreate(2, 1)
@@ -210,6 +214,53 @@ func TestCalloutPanicResumesTheRequest(t *testing.T) {
 	l.OnHTTPCallResponse(1, 4, 4, 0, 0)
 	if len(h.calls) != 0 {
 		t.Errorf("a spent token reached the host: %q", h.calls)
+	}
+}
+
+// TestPanicTellsTheServiceUnknown: a request whose callback panicked goes
+// on as failed open, and the service is told "unknown" where the request
+// was not enforced, as for any request failed open. A panic before the key
+// was read leaves it unknown whether a canary client's request is
+// enforced, so that one is told too; one in the callout's answer is not.
+func TestPanicTellsTheServiceUnknown(t *testing.T) {
+	for _, tc := range []struct {
+		name, config     string
+		request, callout bool // whether the service is told "unknown"
+	}{
+		{"enforce", `{"mode": "enforce"}`, false, false},
+		{"shadow", `{"mode": "shadow"}`, true, true},
+		{"outside the canary", `{"mode": "enforce", "canary_clients": ["other"]}`, true, true},
+		{"in the canary", `{"mode": "enforce", "canary_clients": ["k"]}`, true, false},
+		{"off", `{"mode": "off"}`, false, false},
+	} {
+		for _, where := range []string{"request", "callout"} {
+			want := map[string]bool{"request": tc.request, "callout": tc.callout}[where]
+			h := newPanicHost()
+			h.config = []byte(tc.config)
+			l := started(t, h)
+			if where == "request" {
+				h.panicOn = "GetHeader"
+				l.OnRequestHeaders(2, 3, true)
+			} else {
+				if tc.name == "off" {
+					continue // no callout
+				}
+				if act := l.OnRequestHeaders(2, 3, true); act != abi.ActionPause {
+					t.Fatalf("%s: action %d, want pause for the callout", tc.name, act)
+				}
+				h.response = [][2]string{{":status", "200"}}
+				h.panicOn = "GetHeaders"
+				h.replaced = nil
+				l.OnHTTPCallResponse(1, 4, 1, 0, 0)
+			}
+			told := slices.Contains(h.replaced, [2]string{ShadowHeader, "unknown"})
+			if told != want {
+				t.Errorf("%s, panic in the %s: %s: unknown set %v, want %v (request headers replaced: %q)", tc.name, where, ShadowHeader, told, want, h.replaced)
+			}
+			if n := h.counter(MetricFailedOpenPrefix + "internal"); tc.name != "off" && n != 1 {
+				t.Errorf("%s, panic in the %s: failed_open.internal = %d, want 1", tc.name, where, n)
+			}
+		}
 	}
 }
 
