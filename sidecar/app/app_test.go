@@ -42,8 +42,8 @@ clients:
 // (-redis-timeout, server.DefaultTimeout) is answered 503 "redis timeout"
 // whether or not Redis ran the script, so a test that counts tokens or
 // needs a check decided could no longer tell what the bucket holds; and on
-// this shared 2-core machine a check misses 4 ms now and then, more often
-// under the race detector (RATIONALE.md, "Where the hypervisor reports no
+// a shared 2-core VM a check misses 4 ms now and then, more often under the
+// race detector (RATIONALE.md, "Where the hypervisor reports no
 // steal"). The tests of how checks are answered while Redis is slow, gone,
 // resharded or failing over run the shipped deadline:
 // TestDecisionFailuresLoggedWithTheirEnd, TestWarmRefusedWhileChecksAre,

@@ -66,11 +66,11 @@ func clientsPerMaster(t *testing.T, s *sidecar, owners map[int]string, masters [
 // gateway fails open) until its replica is promoted, then 200 again, with
 // the same sidecar; checks on the other masters are decided throughout.
 //
-// Any check may still miss the 4 ms when this shared 2-core machine stands
-// still (RATIONALE.md, "Where the hypervisor reports no steal"): it is
-// answered 503 "redis timeout" and the gateway fails open, which the design
-// allows for 1% of the requests. So outside the victim's outage a check
-// must be decided or answered that, and those answers stay within 1% of the
+// Any check may still miss the 4 ms when a shared 2-core VM stands still
+// (RATIONALE.md, "Where the hypervisor reports no steal"): it is answered
+// 503 "redis timeout" and the gateway fails open, which the design allows
+// for 1% of the requests. So outside the victim's outage a check must be
+// decided or answered that, and those answers stay within 1% of the
 // checks; any other answer fails the test at once.
 func TestClusterFailover(t *testing.T) {
 	cl := redisproc.StartClusterT(t, 3, 1)
