@@ -97,7 +97,9 @@ type stackConfig struct {
 	// flags of every sidecar.
 	redisArgs, sidecarArgs []string
 	// redisCluster puts the sidecars on a Redis Cluster of three masters
-	// (a redis+cluster:// URL) instead of one redis-server; s.redis is nil.
+	// without replicas (a redis+cluster:// URL), with
+	// cluster-require-full-coverage no as sidecar/README.md asks, instead
+	// of one redis-server; s.redis is nil.
 	redisCluster bool
 	// accessLog asks every gateway for envoy.yaml's access log.
 	accessLog bool
@@ -118,6 +120,7 @@ type stackConfig struct {
 type stack struct {
 	t        *testing.T
 	redis    *redisproc.Server
+	cluster  *redisproc.Cluster // with stackConfig.redisCluster, else nil
 	plans    string
 	sidecars []*harness.Process
 	scAddrs  []string
@@ -156,6 +159,12 @@ func startStack(t *testing.T, c stackConfig) *stack {
 			t.Fatal("stackConfig: redisArgs are for one redis-server, not for redisCluster")
 		}
 		cl := redisproc.StartClusterT(t, 3, 0)
+		for _, addr := range cl.Addrs {
+			if err := cl.Node(addr).Client(t).ConfigSet(ctx, "cluster-require-full-coverage", "no").Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.cluster = cl
 		redisURL = "redis+cluster://" + strings.Join(cl.Addrs, ",")
 	} else {
 		s.redis = redisproc.StartT(t, redisproc.Options{Args: c.redisArgs})
