@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,14 +32,23 @@ func (e evictionSettings) evicts() bool {
 	return e.maxmemory != "0" && e.policy != "noeviction"
 }
 
+// fullCoverageWarning is logged for a Cluster master that runs
+// cluster-require-full-coverage yes, Redis's default.
+const fullCoverageWarning = "redis cluster refuses every command while any master is down: with cluster-require-full-coverage yes, a master lost makes every check fail open until its replica takes over, not just its own clients'; set it to no on every node (sidecar/README.md)"
+
 // watchEviction reads each master's maxmemory and maxmemory-policy (INFO
 // memory) now and every evictionCheckEvery until ctx ends, and logs a
 // warning when a master may evict buckets, once per master and setting:
 // again only after the settings changed. A user without +info (the ACL
 // SECURITY.md gives) is told once, at debug level, and not asked again.
+// On a Redis Cluster it reads each master's cluster-require-full-coverage
+// (CONFIG GET) too, and warns the same way of a master that runs yes; a
+// user without +config|get is told once at debug level.
 func (a *App) watchEviction(ctx context.Context, redisURL string) {
 	var mu sync.Mutex
 	last := map[string]evictionSettings{}
+	coverage := map[string]string{} // cluster-require-full-coverage by master
+	var configDenied atomic.Bool
 	// check reads every master's settings; it says whether to go on, and
 	// whether every master answered.
 	check := func() (goOn, answered bool) {
@@ -62,6 +72,30 @@ func (a *App) watchEviction(ctx context.Context, redisURL string) {
 			if s.evicts() && (!seen || prev != s) {
 				a.log.Warn("redis evicts keys when full: a bucket evicted starts over full, and its client is admitted up to one capacity more than its plan; give Redis the memory for every active client's bucket (about 211 bytes each), or set maxmemory-policy noeviction to fail open instead (SECURITY.md)",
 					"redis", redisURL, "node", node, "maxmemory", s.maxmemory, "maxmemory_policy", s.policy)
+			}
+			if node == "" || configDenied.Load() {
+				return // one server, or a user that may not read it
+			}
+			v, err := c.ConfigGet(cctx, "cluster-require-full-coverage").Result()
+			var refused redis.Error
+			switch {
+			case errors.As(err, &refused):
+				// NOPERM, or a managed Redis without CONFIG: not asked again.
+				if configDenied.CompareAndSwap(false, true) {
+					a.log.Debug("cannot read Redis Cluster's cluster-require-full-coverage (CONFIG GET)", "redis", redisURL, "err", err)
+				}
+				return
+			case err != nil:
+				failed.Store(true)
+				return
+			}
+			full := v["cluster-require-full-coverage"]
+			mu.Lock()
+			prevFull, seenFull := coverage[node]
+			coverage[node] = full
+			mu.Unlock()
+			if full == "yes" && (!seenFull || prevFull != full) {
+				a.log.Warn(fullCoverageWarning, "redis", redisURL, "node", node, "cluster_require_full_coverage", full)
 			}
 		})
 		return !denied.Load(), err == nil && !failed.Load()

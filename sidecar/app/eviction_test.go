@@ -82,3 +82,44 @@ func TestEvictionPolicyWarnedPerMaster(t *testing.T) {
 		return true
 	})
 }
+
+// TestClusterFullCoverageWarned: a Redis Cluster master running
+// cluster-require-full-coverage yes (Redis's default) refuses every command
+// once any master is marked failed, so one master lost fails every check
+// open (e2e's TestClusterMasterDownOthersKeepTheirLimit measures it); the
+// sidecar warns at start, naming each such master. With no, as
+// sidecar/README.md asks, it does not, once it has read every master.
+func TestClusterFullCoverageWarned(t *testing.T) {
+	for _, full := range []string{"yes", "no"} {
+		cl := redisproc.StartClusterT(t, 3, 0)
+		for _, addr := range cl.Addrs {
+			if err := cl.Node(addr).Client(t).ConfigSet(context.Background(), "cluster-require-full-coverage", full).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s := startSidecarLog(t, "redis+cluster://"+strings.Join(cl.Addrs, ","), contractPlans, server.DefaultTimeout, slog.LevelInfo)
+		if full == "yes" {
+			testkit.Poll(t, 10*time.Second, "a warning for each master", func() bool {
+				logs := s.logs.String()
+				for _, addr := range cl.Addrs {
+					if !strings.Contains(logs, "node="+addr+" cluster_require_full_coverage=yes") {
+						return false
+					}
+				}
+				return strings.Contains(logs, fullCoverageWarning)
+			})
+			continue
+		}
+		testkit.Poll(t, 10*time.Second, "the sidecar's CONFIG GET on every master", func() bool {
+			for _, addr := range cl.Addrs {
+				if n, err := redisproc.CommandCalls(context.Background(), addr, "config|get"); err != nil || n == 0 {
+					return false
+				}
+			}
+			return true
+		})
+		if logs := s.logs.String(); strings.Contains(logs, "cluster_require_full_coverage") {
+			t.Errorf("warned with cluster-require-full-coverage no:\n%s", logs)
+		}
+	}
+}
