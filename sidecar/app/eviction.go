@@ -42,8 +42,9 @@ const fullCoverageWarning = "redis cluster refuses every command while any maste
 // again only after the settings changed. A user without +info (the ACL
 // SECURITY.md gives) is told once, at debug level, and not asked again.
 // On a Redis Cluster it reads each master's cluster-require-full-coverage
-// (CONFIG GET) too, and warns the same way of a master that runs yes; a
-// user without +config|get is told once at debug level.
+// (CONFIG GET) too, after INFO answered, and warns the same way of a
+// master that runs yes; a user without +config|get is told once at debug
+// level.
 func (a *App) watchEviction(ctx context.Context, redisURL string) {
 	var mu sync.Mutex
 	last := map[string]evictionSettings{}
