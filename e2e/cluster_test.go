@@ -40,15 +40,9 @@ func TestClusterMasterDownOthersKeepTheirLimit(t *testing.T) {
 	if err != nil || len(masters) != 3 {
 		t.Fatalf("masters %v (%v), want 3", masters, err)
 	}
-	slots, err := s.cluster.Client(t).ClusterSlots(ctx).Result()
+	owner, err := s.cluster.SlotOwners(ctx)
 	if err != nil {
 		t.Fatal(err)
-	}
-	owner := map[int]string{}
-	for _, sl := range slots {
-		for i := sl.Start; i <= sl.End; i++ {
-			owner[i] = sl.Nodes[0].Addr
-		}
 	}
 	// clientOn is a client whose bucket lives on master m.
 	clientOn := func(m, prefix string) string {

@@ -154,6 +154,30 @@ func (c *Cluster) Masters(ctx context.Context) ([]string, error) {
 	return nil, fmt.Errorf("redis cluster: no node answers: %w", lastErr)
 }
 
+// SlotOwners maps every slot to the address of the master serving it, as
+// the first reachable node sees it (CLUSTER SLOTS); a slot no master
+// serves is absent.
+func (c *Cluster) SlotOwners(ctx context.Context) (map[int]string, error) {
+	var lastErr error
+	for _, s := range c.nodes {
+		node := redis.NewClient(&redis.Options{Addr: s.Addr})
+		slots, err := node.ClusterSlots(ctx).Result()
+		node.Close()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		owners := make(map[int]string, 16384)
+		for _, r := range slots {
+			for slot := r.Start; slot <= r.End; slot++ {
+				owners[slot] = r.Nodes[0].Addr
+			}
+		}
+		return owners, nil
+	}
+	return nil, fmt.Errorf("redis cluster: no node answers: %w", lastErr)
+}
+
 // Client returns a cluster client over every node, closed at test cleanup.
 func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})

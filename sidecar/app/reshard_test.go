@@ -171,7 +171,7 @@ func TestClusterReshard(t *testing.T) {
 	if got, err := ctl.ClusterKeySlot(ctx, bucket).Result(); err != nil || got != int64(slot) {
 		t.Fatalf("CLUSTER KEYSLOT %s = %d, %v; want %d", bucket, got, err, slot)
 	}
-	source := slotOwners(t, ctl)[slot]
+	source := slotOwners(t, cl)[slot]
 	var target, third string
 	for _, m := range masters {
 		switch {
@@ -349,7 +349,7 @@ func TestClusterReshard(t *testing.T) {
 		t.Errorf("bucket %s on the new master %s: field %s = %q, err %v, no key expired; want %q, the bucket moved from %s",
 			bucket, target, marker, got, err, source, source)
 	}
-	if owner := slotOwners(t, ctl)[slot]; owner != target {
+	if owner := slotOwners(t, cl)[slot]; owner != target {
 		t.Errorf("slot %d served by %s, want %s", slot, owner, target)
 	}
 
