@@ -159,10 +159,8 @@ func startStack(t *testing.T, c stackConfig) *stack {
 			t.Fatal("stackConfig: redisArgs are for one redis-server, not for redisCluster")
 		}
 		cl := redisproc.StartClusterT(t, 3, 0)
-		for _, addr := range cl.Addrs {
-			if err := cl.Node(addr).Client(t).ConfigSet(ctx, "cluster-require-full-coverage", "no").Err(); err != nil {
-				t.Fatal(err)
-			}
+		if err := cl.RequireFullCoverage(ctx, false); err != nil {
+			t.Fatal(err)
 		}
 		s.cluster = cl
 		redisURL = "redis+cluster://" + strings.Join(cl.Addrs, ",")

@@ -154,6 +154,22 @@ func (c *Cluster) Masters(ctx context.Context) ([]string, error) {
 	return nil, fmt.Errorf("redis cluster: no node answers: %w", lastErr)
 }
 
+// RequireFullCoverage sets cluster-require-full-coverage on every node.
+// Redis's default, yes, has every master refuse every command while any
+// master is marked failed; sidecar/README.md asks for no.
+func (c *Cluster) RequireFullCoverage(ctx context.Context, yes bool) error {
+	value := map[bool]string{true: "yes", false: "no"}[yes]
+	for _, s := range c.nodes {
+		node := redis.NewClient(&redis.Options{Addr: s.Addr})
+		err := node.ConfigSet(ctx, "cluster-require-full-coverage", value).Err()
+		node.Close()
+		if err != nil {
+			return fmt.Errorf("redis cluster: %s: %w", s.Addr, err)
+		}
+	}
+	return nil
+}
+
 // SlotOwners maps every slot to the address of the master serving it, as
 // the first reachable node sees it (CLUSTER SLOTS); a slot no master
 // serves is absent.

@@ -90,15 +90,13 @@ func TestEvictionPolicyWarnedPerMaster(t *testing.T) {
 // sidecar warns at start, naming each such master. With no, as
 // sidecar/README.md asks, it does not, once it has read every master.
 func TestClusterFullCoverageWarned(t *testing.T) {
-	for _, full := range []string{"yes", "no"} {
+	for _, full := range []bool{true, false} {
 		cl := redisproc.StartClusterT(t, 3, 0)
-		for _, addr := range cl.Addrs {
-			if err := cl.Node(addr).Client(t).ConfigSet(context.Background(), "cluster-require-full-coverage", full).Err(); err != nil {
-				t.Fatal(err)
-			}
+		if err := cl.RequireFullCoverage(context.Background(), full); err != nil {
+			t.Fatal(err)
 		}
 		s := startSidecarLog(t, "redis+cluster://"+strings.Join(cl.Addrs, ","), contractPlans, server.DefaultTimeout, slog.LevelInfo)
-		if full == "yes" {
+		if full {
 			testkit.Poll(t, 10*time.Second, "a warning for each master", func() bool {
 				logs := s.logs.String()
 				for _, addr := range cl.Addrs {

@@ -80,13 +80,8 @@ func TestClusterFailover(t *testing.T) {
 	// With the default (yes), every master refuses every command with
 	// CLUSTERDOWN from the moment a master is marked failed until its replica
 	// is promoted. A limiter wants the other masters to keep deciding.
-	for _, addr := range cl.Addrs {
-		node := redis.NewClient(&redis.Options{Addr: addr})
-		err := node.ConfigSet(ctx, "cluster-require-full-coverage", "no").Err()
-		node.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+	if err := cl.RequireFullCoverage(ctx, false); err != nil {
+		t.Fatal(err)
 	}
 	owners := slotOwners(t, cl)
 	clients := clientsPerMaster(t, s, owners, masters)

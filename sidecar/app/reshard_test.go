@@ -142,15 +142,15 @@ func TestClusterReshard(t *testing.T) {
 	if len(masters) != 3 {
 		t.Fatalf("masters %v, want 3", masters)
 	}
+	// As the README asks of a cluster the sidecar uses.
+	if err := cl.RequireFullCoverage(ctx, false); err != nil {
+		t.Fatal(err)
+	}
 	nodes := map[string]*redis.Client{}
 	ids := map[string]string{}
 	for _, m := range masters {
 		nodes[m] = redis.NewClient(&redis.Options{Addr: m})
 		t.Cleanup(func() { _ = nodes[m].Close() })
-		// As the README asks of a cluster the sidecar uses.
-		if err := nodes[m].ConfigSet(ctx, "cluster-require-full-coverage", "no").Err(); err != nil {
-			t.Fatal(err)
-		}
 		if ids[m], err = nodes[m].ClusterMyID(ctx).Result(); err != nil {
 			t.Fatal(err)
 		}
