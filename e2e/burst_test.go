@@ -197,6 +197,61 @@ func TestSmallPlansAdmitWholeTokens(t *testing.T) {
 	}
 }
 
+// A bucket holds at most its capacity, so capacity + ⌊rate × W⌋ is the
+// most a window admits, reached only by a client that comes back before
+// its bucket is full again. One that waits longer between bursts than the
+// bucket takes to fill (capacity / rate after it was emptied) finds it
+// full each time, and the refill past the capacity is lost: every burst
+// gets the capacity, no more, and no less either, which also shows that
+// neither deny cache (the filter's, the sidecar's) holds a client denied
+// in one burst past the refill. Here a plan of 3 + 3/s fills in 1 s, and
+// twelve senders fire together every 1.5 s through three gateways: 4
+// bursts, the last 4.5 s after the first, admit 4 × 3 = 12, where
+// capacity + ⌊rate × W⌋ is 16 (an uncapped bucket's count). The
+// count is exact as long as no burst takes a third of a second to reach
+// Redis (a token's refill) and no tick is half a second late (its gap
+// would then be shorter than the fill); a run with a request failed open
+// runs again (decidedRun).
+func TestBurstsAfterTheBucketFilledGetItsCapacity(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for about 8 s")
+	}
+	const capacity, rate, senders, gap = 3.0, 3.0, 12, 1500 * time.Millisecond
+	const window = 4 * gap
+	if gap.Seconds() <= capacity/rate {
+		t.Fatalf("a gap of %v does not let a bucket of %g + %g/s fill", gap, capacity, rate)
+	}
+	s := startStack(t, stackConfig{plans: fmt.Sprintf("default_plan: p\nplans:\n  p: {capacity: %g, rate: %g}\n", capacity, rate), gateways: 3})
+	var targets []string
+	for _, g := range s.gateways {
+		targets = append(targets, g.Addr)
+	}
+	// A stack's first check is each process's first pass over the path
+	// (TestBurstRetryAfterRefill).
+	s.doDecided(0, "GET", "/orders/1", "x-api-key", "warm-up")
+	s.decidedRun(t, "bursts after the bucket filled", func(run int) error {
+		client := fmt.Sprintf("refilled-%d", run)
+		r, err := load.RunBurst(context.Background(), load.Burst{Targets: targets, Client: client,
+			Path: "/orders/refilled", Senders: senders, Rate: senders / gap.Seconds(), Window: window})
+		if err != nil {
+			return err
+		}
+		bursts := r.Sent / senders
+		t.Logf("sent %d in %d bursts over %.2fs: admitted %d, denied %d, other %d, dropped %d", r.Sent, bursts, r.Window.Seconds(), r.OK, r.Denied, r.Other, r.Dropped)
+		if r.Other != 0 || r.Dropped != 0 || r.Sent%senders != 0 {
+			return fmt.Errorf("%d requests got neither 200 nor 429, %d were not sent; %d sent is not whole bursts of %d", r.Other, r.Dropped, r.Sent, senders)
+		}
+		if want := bursts * capacity; r.OK != want {
+			return fmt.Errorf("admitted %d in %d bursts %v apart, want %d: the capacity at each (capacity + ⌊rate × W⌋ would be %.0f)",
+				r.OK, bursts, gap, want, capacity+math.Floor(rate*r.Window.Seconds()))
+		}
+		if got := s.received(client); got != r.OK {
+			return fmt.Errorf("services received %d requests, %d were admitted", got, r.OK)
+		}
+		return nil
+	})
+}
+
 // TestNeverCostBurstAnsweredAtTheEdge: a client on a plan of 2 burst +
 // 0.5/s sends nothing but envoy.yaml's POST /orders, which costs 5, more
 // than its bucket can ever hold: every request is a 429 that can never
