@@ -809,11 +809,12 @@ func (l *Limiter) deny(s *stream, q *quota, retry int64, details string) {
 	}
 	ct := l.requestType()
 	var wait string
-	if grpclocal.IsGRPC(ct) || grpclocal.IsGRPCWeb(ct) {
+	switch {
+	case grpclocal.IsGRPC(ct):
 		wait = pushback(t, retry)
-	}
-	if grpclocal.IsGRPC(ct) {
 		headers = append(headers, [2]string{PushbackHeader, wait})
+	case grpclocal.IsGRPCWeb(ct):
+		wait = pushback(t, retry) // in the body's trailer frame (send)
 	}
 	headers = append(headers, [2]string{"content-type", ProblemContentType})
 	l.headers = headers
