@@ -67,6 +67,14 @@ const (
 	idleAfter = time.Minute
 )
 
+// start is when the package was loaded: sinceStart reads the monotonic
+// clock from it, so that a step of the wall clock (an NTP correction, a
+// VM resumed) neither drops every hot client's state at once nor keeps an
+// idle one, and reconciles it, for as long as the clock went back.
+var start = time.Now()
+
+func sinceStart() int64 { return int64(time.Since(start)) }
+
 // Sharder routes hot clients' checks to their region buckets and runs the
 // reconciler. It is safe for concurrent use.
 type Sharder struct {
@@ -102,7 +110,7 @@ type state struct {
 	keys     []string // bucket key per region
 	shares   atomic.Pointer[[]float64]
 	demand   []atomic.Int64 // tokens asked per region since the last flush
-	lastUsed atomic.Int64   // unix nanoseconds
+	lastUsed atomic.Int64   // sinceStart() at its last check
 }
 
 // Route returns the bucket key and limit for a check of cost by the hot
@@ -126,7 +134,7 @@ func (s *Sharder) Route(deadline time.Time, base string, regions []string, regio
 		}
 	}
 	st.demand[i].Add(cost)
-	st.lastUsed.Store(time.Now().UnixNano())
+	st.lastUsed.Store(sinceStart())
 	shares := *st.shares.Load()
 	if float64(cost) > l.Capacity*shares[i] {
 		largest := i
@@ -256,7 +264,7 @@ func (s *Sharder) state(deadline time.Time, base string, regions []string) *stat
 		cancel()
 	}
 	st.shares.Store(&shares)
-	st.lastUsed.Store(time.Now().UnixNano())
+	st.lastUsed.Store(sinceStart())
 	s.states.Store(base, st)
 	return st
 }
@@ -296,7 +304,7 @@ func (s *Sharder) Run(ctx context.Context, interval time.Duration) {
 		var firstErr error
 		s.states.Range(func(k, v any) bool {
 			st := v.(*state)
-			if time.Since(time.Unix(0, st.lastUsed.Load())) > idleAfter {
+			if sinceStart()-st.lastUsed.Load() > int64(idleAfter) {
 				s.states.CompareAndDelete(k, v)
 				return true
 			}

@@ -282,3 +282,27 @@ func TestReconcileFailuresLoggedTogether(t *testing.T) {
 		t.Errorf("%d failure lines in %v, want at most %d:\n%s", got, time.Since(refused).Round(time.Millisecond), most, out.String())
 	}
 }
+
+// A hot client no check has used for idleAfter is forgotten at the next
+// round, and its reconciles stop; one used since is kept. Idleness is
+// read on the monotonic clock from the package's start (sinceStart), so a
+// step of the wall clock neither makes every client idle at once nor
+// keeps an idle one.
+func TestIdleClientForgotten(t *testing.T) {
+	srv := redisproc.StartT(t, redisproc.Options{})
+	s := New(srv.Client(t), nil)
+	idle, busy := keys.New(nil).BucketKey([]byte("idle-client")), keys.New(nil).BucketKey([]byte("busy-client"))
+	for _, base := range []string{idle, busy} {
+		s.Route(time.Time{}, base, []string{"eu", "us"}, []byte("eu"), lua.Limit{Capacity: 200, Rate: 100}, 1)
+	}
+	v, _ := s.states.Load(idle)
+	v.(*state).lastUsed.Store(sinceStart() - int64(idleAfter) - 1) // its last check idleAfter ago
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx, 50*time.Millisecond); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testkit.Poll(t, 10*time.Second, "the idle client forgotten", func() bool { return s.Shares(idle) == nil })
+	if s.Shares(busy) == nil {
+		t.Fatal("the client used within idleAfter was forgotten too")
+	}
+}
