@@ -485,7 +485,10 @@ func TestRedisFaults(t *testing.T) {
 // TestDecisionFailuresLoggedWithTheirEnd: while Redis refuses the
 // checks' writes (an ACL without HSET), 50 failed decisions make one log
 // line a second at most, and once Redis accepts them again the sidecar
-// says so, with the failures it held back. The shipped deadline (4 ms).
+// says so, with the failures it held back. The shipped deadline (4 ms):
+// on a busy machine a check can miss it, and its line says only "redis
+// timeout"; the next refusal then gets a line of its own at once, so that
+// Redis's reply is in the log however few failures follow.
 func TestDecisionFailuresLoggedWithTheirEnd(t *testing.T) {
 	srv := redisproc.StartT(t, redisproc.Options{})
 	ctl := srv.Client(t)
@@ -502,8 +505,10 @@ func TestDecisionFailuresLoggedWithTheirEnd(t *testing.T) {
 			t.Fatalf("check %d with HSET refused: %d %q, want 503", i, r.status, r.body)
 		}
 	}
-	// One line, and one more for each whole second the 50 checks took.
-	if got, most := lines(failedMsg), 1+int(time.Since(refused)/time.Second); got < 1 || got > most {
+	// One line, one more for each whole second the 50 checks took, and
+	// one after each line that said only "redis timeout".
+	timeouts := strings.Count(s.logs.String(), `reason="redis timeout"`)
+	if got, most := lines(failedMsg), 1+int(time.Since(refused)/time.Second)+timeouts; got < 1 || got > most {
 		t.Fatalf("%d failure lines for 50 failed decisions in %v, want 1 to %d:\n%s", got, time.Since(refused), most, s.logs)
 	}
 	if !strings.Contains(s.logs.String(), "can't run this command") {

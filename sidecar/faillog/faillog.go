@@ -2,7 +2,9 @@
 // down, refusing writes, a hot client's reconcile failing round after
 // round) and says when it ends. The first failure after a quiet spell is
 // logged at once, then at most one line per interval with the number of
-// failures held back since the last; the end is logged once, at the first
+// failures held back since the last, but for a failure whose error says
+// why right after a line that said only that one timed out, which is
+// logged at once; the end is logged once, at the first
 // success that comes a whole interval after the last failure, with the
 // failures held back since the last line; a failure that came alone (one
 // decision past its deadline on a busy machine) ends without a line, its
@@ -27,12 +29,31 @@ type Log struct {
 	held    atomic.Int64 // failures not in any line yet
 	count   atomic.Int64 // failures since the last end
 	failing atomic.Bool  // a failure line went out and its end has not
+	vague   atomic.Bool  // the last line was for a failure that said only that it timed out
 }
 
-// Failed records n failures at now. It says to log them (log true) for the
-// first failure after a quiet spell and then at most once every Every,
-// with the number of failures held back before these n.
+// Failed records n failures at now whose error says what went wrong
+// (Redis's reply, a refused connection). It says to log them (log true)
+// for the first failure after a quiet spell and then at most once every
+// Every, with the number of failures held back before these n; and at
+// once, within the interval, when the last line was for a failure that
+// only timed out (TimedOut): a line that says only "timeout" must not
+// hold back for a whole interval, nor for good when the failures stop
+// within it, the error that says why.
 func (l *Log) Failed(now time.Time, n int64) (held int64, log bool) {
+	if held, log := l.failed(now, n, false); log || !l.vague.CompareAndSwap(true, false) {
+		return held, log
+	}
+	l.next.Store(now.UnixNano() + int64(l.Every))
+	return max(0, l.held.Swap(0)-n), true
+}
+
+// TimedOut is Failed for n failures that say only that they timed out.
+func (l *Log) TimedOut(now time.Time, n int64) (held int64, log bool) {
+	return l.failed(now, n, true)
+}
+
+func (l *Log) failed(now time.Time, n int64, vague bool) (held int64, log bool) {
 	t := now.UnixNano()
 	l.last.Store(t)
 	l.count.Add(n)
@@ -45,6 +66,7 @@ func (l *Log) Failed(now time.Time, n int64) (held int64, log bool) {
 		return 0, false
 	}
 	l.failing.Store(true)
+	l.vague.Store(vague)
 	return l.held.Swap(0), true
 }
 

@@ -1,6 +1,7 @@
 package faillog
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -88,5 +89,44 @@ func TestLogClockSteppedBack(t *testing.T) {
 	l.Failed(t1.Add(time.Second), 4)
 	if held, ended := l.Succeeded(t1.Add(-time.Hour + 20*time.Second)); !ended || held != 4 {
 		t.Fatalf("success after a step back of an hour: ended %v with %d held, want ended with the 4 held", ended, held)
+	}
+}
+
+// A line that says only that a failure timed out does not hold back, for
+// the rest of its interval, the first failure whose error says why: that
+// one is logged at once, with the failures held since, and the interval
+// starts again from it. Timeouts after it, or after a line that said why,
+// wait for the interval as any failure does.
+func TestLogTimeoutThenWhy(t *testing.T) {
+	l := Log{Every: time.Second}
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	var lines []string
+	timedOut := func(ms int, n int64) {
+		if h, log := l.TimedOut(at(ms), n); log {
+			lines = append(lines, fmt.Sprintf("timeout@%d held %d", ms, h))
+		}
+	}
+	failed := func(ms int, n int64) {
+		if h, log := l.Failed(at(ms), n); log {
+			lines = append(lines, fmt.Sprintf("why@%d held %d", ms, h))
+		}
+	}
+	timedOut(0, 1)    // the first: logged
+	timedOut(100, 2)  // held
+	failed(200, 1)    // says why after a line that did not: at once, with the 2 held
+	failed(300, 4)    // held: the line said why
+	timedOut(400, 1)  // held
+	failed(1100, 1)   // within a second of the last line: held
+	failed(1200, 1)   // a second after it: logged with the 6 held
+	timedOut(2300, 1) // a timeout a second later: logged
+	timedOut(2400, 1) // held
+	failed(2500, 1)   // says why: at once, with the 1 held
+	want := []string{"timeout@0 held 0", "why@200 held 2", "why@1200 held 6", "timeout@2300 held 0", "why@2500 held 1"}
+	if !slices.Equal(lines, want) {
+		t.Fatalf("lines %q, want %q", lines, want)
+	}
+	if h, end := l.Succeeded(at(3600)); !end || h != 0 {
+		t.Fatalf("the end: %d held, logged %v; want 0 held, logged", h, end)
 	}
 }

@@ -212,14 +212,14 @@ func (s *Server) check(ctx *fasthttp.RequestCtx) {
 	s.o.Stats.Latency.UpdateDuration(start)
 	if err != nil {
 		s.o.Stats.Errors.Inc()
-		reason := "redis unavailable"
+		reason, logged := "redis unavailable", s.errorLog.Failed
 		if errors.Is(err, context.DeadlineExceeded) {
 			s.o.Stats.RedisTimeouts.Inc()
-			reason = "redis timeout"
+			reason, logged = "redis timeout", s.errorLog.TimedOut
 		} else {
 			s.o.Stats.RedisErrors.Inc()
 		}
-		if held, log := s.errorLog.Failed(start, 1); log {
+		if held, log := logged(start, 1); log {
 			s.o.Log.Warn("decision failed, answering 503", "client", keys.LogID(bucket), "reason", reason, "err", err, "suppressed", held)
 		}
 		text(ctx, fasthttp.StatusServiceUnavailable, reason)
