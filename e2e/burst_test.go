@@ -210,8 +210,10 @@ func TestSmallPlansAdmitWholeTokens(t *testing.T) {
 // capacity + ⌊rate × W⌋ is 16 (an uncapped bucket's count). The
 // count is exact as long as no burst takes a third of a second to reach
 // Redis (a token's refill) and no tick is half a second late (its gap
-// would then be shorter than the fill); a run with a request failed open
-// runs again (decidedRun).
+// would then be shorter than the fill); a run in which a callout failed
+// runs again (decidedRun: Redis may have spent a token on a check the
+// sidecar answered 503 at its deadline, which the client then saw as a
+// 429 from the deny cache, or as a 200 failed open).
 func TestBurstsAfterTheBucketFilledGetItsCapacity(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs for about 8 s")

@@ -364,28 +364,32 @@ func (s *stack) cachedDenial(g int, prev time.Time, method, path string, headers
 }
 
 // decidedRun runs fn, a sequence of requests whose decisions a test
-// checks, again when one of its requests failed open (the gateways'
-// fail-open counters moved): that request went through undecided, and its
+// checks, again when one of its requests' callouts failed (the gateways'
+// fail-open counters moved, or callout.failed_cached: a failed callout
+// the deny cache answered 429): that request was not decided, and its
 // client's bucket may or may not have paid for it (Redis may still decide
-// a check the gateway stopped waiting for), so the run tested nothing. fn
-// gets the run's number, to make its clients fresh, and reports what it
-// found wrong. A run with no fail-open that found something fails t, and
-// so do decidedAttempts runs in a row that each had one.
+// a check the sidecar or the gateway stopped waiting for: a burst admitted
+// one request short, its token spent on a check answered 503 "redis
+// timeout" and then 429 from the deny cache), so the run tested nothing.
+// fn gets the run's number, to make its clients fresh, and reports what it
+// found wrong. A run with no failed callout that found something fails t,
+// and so do decidedAttempts runs in a row that each had one.
 func (s *stack) decidedRun(t *testing.T, what string, fn func(run int) error) {
 	t.Helper()
+	failed := func() int64 { return s.failedOpen() + s.stat("wasmcustom."+limiter.MetricFailedCached) }
 	for run := 1; ; run++ {
-		before := s.failedOpen()
+		before := failed()
 		err := fn(run)
-		if s.failedOpen() == before {
+		if failed() == before {
 			if err != nil {
 				t.Fatal(err)
 			}
 			return
 		}
 		if run == decidedAttempts {
-			t.Fatalf("%s: a request failed open in each of %d runs in a row (the last found: %v)", what, run, err)
+			t.Fatalf("%s: a callout failed in each of %d runs in a row (the last found: %v)", what, run, err)
 		}
-		t.Logf("%s: a request failed open (run %d of %d; it found: %v): nothing tested, run again with fresh clients", what, run, decidedAttempts, err)
+		t.Logf("%s: a callout failed (run %d of %d; it found: %v): nothing tested, run again with fresh clients", what, run, decidedAttempts, err)
 	}
 }
 
