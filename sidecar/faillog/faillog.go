@@ -2,16 +2,15 @@
 // down, refusing writes, a hot client's reconcile failing round after
 // round) and says when it ends. The first failure after a quiet spell is
 // logged at once, then at most one line per interval with the number of
-// failures held back since the last, but for a failure whose error says
-// why right after a line that said only that one timed out, which is
-// logged at once; the end is logged once, at the first
-// success that comes a whole interval after the last failure, with the
-// failures held back since the last line; a failure that came alone (one
-// decision past its deadline on a busy machine) ends without a line, its
-// own line having said all there was. During an outage the log then
-// says when it began, what Redis answered, roughly how many times, and
-// when it ended, in a few lines however much traffic or how many hot
-// clients fail.
+// failures held back since the last; a failure whose error says why,
+// right after a line that said only that one timed out, is logged at once
+// too. The end is logged once, at the first success that comes a whole
+// interval after the last failure, with the failures held back since the
+// last line; a failure that came alone (one decision past its deadline on
+// a busy machine) ends without a line, its own line having said all there
+// was. During an outage the log then says when it began, what Redis
+// answered, roughly how many times, and when it ended, in a few lines
+// however much traffic or how many hot clients fail.
 package faillog
 
 import (
