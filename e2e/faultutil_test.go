@@ -42,8 +42,13 @@ func (s *stack) timedDo(g int, method, path string, headers ...string) reply {
 // failed_open.timeout, ...). Reasons the test does not know of are included.
 func (s *stack) decisions() counts {
 	s.t.Helper()
+	return decisionsIn(s.gatewayStats())
+}
+
+// decisionsIn is decisions from stats already read (s.gatewayStats).
+func decisionsIn(stats []map[string]int64) counts {
 	out := counts{}
-	for _, st := range s.gatewayStats() {
+	for _, st := range stats {
 		for name, v := range st {
 			if n, ok := strings.CutPrefix(name, counter("")); ok {
 				out[n] += v

@@ -376,7 +376,15 @@ func (s *stack) cachedDenial(g int, prev time.Time, method, path string, headers
 // and so do decidedAttempts runs in a row that each had one.
 func (s *stack) decidedRun(t *testing.T, what string, fn func(run int) error) {
 	t.Helper()
-	failed := func() int64 { return s.failedOpen() + s.stat("wasmcustom."+limiter.MetricFailedCached) }
+	// Both counters from one read of each gateway's stats.
+	failed := func() int64 {
+		stats := s.gatewayStats()
+		n := decisionsIn(stats).failedOpen()
+		for _, st := range stats {
+			n += st["wasmcustom."+limiter.MetricFailedCached]
+		}
+		return n
+	}
 	for run := 1; ; run++ {
 		before := failed()
 		err := fn(run)
