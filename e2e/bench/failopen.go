@@ -335,8 +335,8 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 						if sm.Status == 200 {
 							ph.quietOK++
 							ph.quietLat = append(ph.quietLat, sm.Latency)
-							// The load's clock starts within microseconds
-							// of runStart, as the phases' marks do.
+							// Due counts from the load's start, just after
+							// runStart, from which the phases' marks count.
 							if due := runStart.Add(sm.Due); watched && e.vcpus.Broke(due, due.Add(sm.Latency)) {
 								ph.quietInStalls++
 							}
