@@ -40,11 +40,7 @@ type Log struct {
 // hold back for a whole interval, nor for good when the failures stop
 // within it, the error that says why.
 func (l *Log) Failed(now time.Time, n int64) (held int64, log bool) {
-	if held, log := l.failed(now, n, false); log || !l.vague.CompareAndSwap(true, false) {
-		return held, log
-	}
-	l.next.Store(now.UnixNano() + int64(l.Every))
-	return max(0, l.held.Swap(0)-n), true
+	return l.failed(now, n, false)
 }
 
 // TimedOut is Failed for n failures that say only that they timed out.
@@ -60,7 +56,8 @@ func (l *Log) failed(now time.Time, n int64, vague bool) (held int64, log bool) 
 	// A time before the last line (next - Every) is a wall clock that
 	// stepped back since: held, every failure would be held until the
 	// clock was back there, an hour of silence after a step of an hour.
-	if t < next && t >= next-int64(l.Every) || !l.next.CompareAndSwap(next, t+int64(l.Every)) {
+	within := t < next && t >= next-int64(l.Every)
+	if within && (vague || !l.vague.Load()) || !l.next.CompareAndSwap(next, t+int64(l.Every)) {
 		l.held.Add(n)
 		return 0, false
 	}
