@@ -299,7 +299,9 @@ func TestIdleClientForgotten(t *testing.T) {
 	v.(*state).lastUsed.Store(sinceStart() - int64(idleAfter) - 1) // its last check idleAfter ago
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { s.Run(ctx, 50*time.Millisecond); close(done) }()
+	// The shipped interval (DefaultInterval, 1 s): the first round, a
+	// second in, drops the idle client.
+	go func() { s.Run(ctx, 0); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	testkit.Poll(t, 10*time.Second, "the idle client forgotten", func() bool { return s.Shares(idle) == nil })
 	if s.Shares(busy) == nil {
