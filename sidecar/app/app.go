@@ -13,7 +13,6 @@ import (
 	"net"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -22,6 +21,7 @@ import (
 	"github.com/edgelimit/edgelimit/internal/tick"
 	"github.com/edgelimit/edgelimit/sidecar/decide"
 	"github.com/edgelimit/edgelimit/sidecar/denycache"
+	"github.com/edgelimit/edgelimit/sidecar/faillog"
 	"github.com/edgelimit/edgelimit/sidecar/hot"
 	"github.com/edgelimit/edgelimit/sidecar/keys"
 	"github.com/edgelimit/edgelimit/sidecar/plans"
@@ -365,28 +365,24 @@ func (l *signalListener) Close() error {
 // connection refused, a TLS certificate Redis's server does not pass, a
 // wrong password) to slog. They say why Redis cannot be reached, which the
 // decisions they fail ("context deadline exceeded") do not, so the first
-// one in each interval goes out at warn and the rest at debug.
+// one in each interval goes out at warn, with the number held back since
+// the last, and the rest at debug.
 type redisLogger struct {
-	log  *slog.Logger
-	last *atomic.Int64 // unix nanoseconds of the last warn line
+	log   *slog.Logger
+	lines *faillog.Log
 }
 
 // redisLogEvery is the least time between two warn lines from go-redis.
 const redisLogEvery = 10 * time.Second
 
 func newRedisLogger(log *slog.Logger) redisLogger {
-	return redisLogger{log: log, last: new(atomic.Int64)}
+	return redisLogger{log: log, lines: &faillog.Log{Every: redisLogEvery}}
 }
 
 func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
-	now := time.Now().UnixNano()
-	last := l.last.Load()
-	// A last line after now is a wall clock stepped back since: waiting
-	// for the clock to be back there would keep Redis's errors at debug
-	// for as long as the step.
-	if (now-last >= int64(redisLogEvery) || now < last) && l.last.CompareAndSwap(last, now) {
-		l.log.Warn("redis client", "msg", msg)
+	if held, warn := l.lines.Failed(time.Now(), 1); warn {
+		l.log.Warn("redis client", "msg", msg, "suppressed", held)
 		return
 	}
 	l.log.Debug("redis client", "msg", msg)

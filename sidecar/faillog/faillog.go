@@ -1,6 +1,6 @@
 // Package faillog throttles the log lines of a failure that repeats (Redis
 // down, refusing writes, a hot client's reconcile failing round after
-// round) and says when it ends. The first failure after a quiet spell is
+// round, go-redis's own dial errors) and says when it ends. The first failure after a quiet spell is
 // logged at once, then at most one line per interval with the number of
 // failures held back since the last; a failure whose error says why,
 // right after a line that said only that one timed out, is logged at once
@@ -53,10 +53,14 @@ func (l *Log) failed(now time.Time, n int64, vague bool) (held int64, log bool) 
 	l.last.Store(t)
 	l.count.Add(n)
 	next := l.next.Load()
-	// A time before the last line (next - Every) is a wall clock that
-	// stepped back since: held, every failure would be held until the
-	// clock was back there, an hour of silence after a step of an hour.
-	within := t < next && t >= next-int64(l.Every)
+	// The last line went out at next - Every. A time up to an interval
+	// before it is a caller that read the clock before that line went out
+	// (checks fail together, each stamped when it began): held with the
+	// rest, or a burst of failures would give a line per caller that read
+	// the clock first. A time further back is a wall clock that stepped
+	// back since: held, every failure would be held until the clock was
+	// back there, an hour of silence after a step of an hour.
+	within := t < next && t >= next-2*int64(l.Every)
 	if within && (vague || !l.vague.Load()) || !l.next.CompareAndSwap(next, t+int64(l.Every)) {
 		l.held.Add(n)
 		return 0, false
@@ -78,10 +82,12 @@ func (l *Log) Succeeded(now time.Time) (held int64, ended bool) {
 		return 0, false
 	}
 	t := now.UnixNano()
-	// A time before the last failure is a clock stepped back: the end is
-	// not held until the clock is back there (a failure after this one
-	// is logged at once, as a new one).
-	if d := t - l.last.Load(); d >= 0 && d < int64(l.Every) || !l.failing.CompareAndSwap(true, false) {
+	// A time up to an interval before the last failure is a success read
+	// from the clock before that failure was: the failure goes on. One
+	// further back is a clock stepped back: the end is not held until the
+	// clock is back there (a failure after this one is logged at once, as
+	// a new one).
+	if d := t - l.last.Load(); d > -int64(l.Every) && d < int64(l.Every) || !l.failing.CompareAndSwap(true, false) {
 		return 0, false
 	}
 	l.next.Store(0)

@@ -130,3 +130,35 @@ func TestLogTimeoutThenWhy(t *testing.T) {
 		t.Fatalf("the end: %d held, logged %v; want 0 held, logged", h, end)
 	}
 }
+
+// TestLogCallersOutOfOrder: checks that fail together each stamp their
+// failure with the time they began, so a failure can come in stamped a
+// little before the line another has just logged, and a success a little
+// before the last failure. Neither is a clock stepped back: the failure is
+// held with the rest, not given a line of its own, and the success ends
+// nothing.
+func TestLogCallersOutOfOrder(t *testing.T) {
+	l := Log{Every: time.Second}
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	var lines []int64
+	fail := func(ms int, n int64) {
+		if h, log := l.Failed(at(ms), n); log {
+			lines = append(lines, h)
+		}
+	}
+	fail(0, 1)    // logged
+	fail(500, 2)  // held
+	fail(1004, 1) // a second on: logged with the 2 held
+	fail(1001, 3) // began before that line went out: held
+	fail(1003, 1) // held
+	if !slices.Equal(lines, []int64{0, 2}) {
+		t.Fatalf("failure lines %v, want [0 2]: those stamped just before the second line held with the rest", lines)
+	}
+	if _, ended := l.Succeeded(at(1002)); ended {
+		t.Fatal("a success stamped before the last failure ended it")
+	}
+	if held, ended := l.Succeeded(at(2003)); !ended || held != 4 {
+		t.Fatalf("a second after the last failure: ended %v with %d held, want ended with the 4 held", ended, held)
+	}
+}
