@@ -3,6 +3,7 @@ package report
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -215,5 +216,26 @@ func TestStealAndBusySince(t *testing.T) {
 	}
 	if now := ReadCPUTime(); now.OK && (now.Total == 0 || now.Idle > now.Total) {
 		t.Errorf("/proc/stat read as %d ticks, %d of them idle", now.Total, now.Idle)
+	}
+}
+
+// TestCommand: the command a report gives runs as it was run. A shell
+// given the recorded line hands the program back the same arguments,
+// an empty one and ones with spaces and quotes included.
+func TestCommand(t *testing.T) {
+	args := []string{"-md", "", "-bin", "/work/main/build", "it's", "two words", `$HOME "x"`, "failopen"}
+	line := Command("./e2e/bench", args)
+	if want := "go run ./e2e/bench -md '' -bin /work/main/build"; !strings.HasPrefix(line, want) {
+		t.Fatalf("command %q, want it to begin %q", line, want)
+	}
+	// The shell sets its arguments to the words after "go run pkg" and
+	// prints them a line each.
+	script := "set -- " + strings.TrimPrefix(line, "go run ./e2e/bench ") + `; printf '%s\n' "$@"`
+	out, err := exec.Command("sh", "-c", script).Output()
+	if err != nil {
+		t.Fatalf("sh -c %q: %v", script, err)
+	}
+	if got := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n"); !reflect.DeepEqual(got, args) {
+		t.Fatalf("the shell read %q from %q, want %q", got, line, args)
 	}
 }

@@ -44,9 +44,24 @@ type Run struct {
 }
 
 // Command is the command line that runs the program of package pkg (as
-// "./e2e/bench/sidecarbench") with args, as a Run records it.
+// "./e2e/bench/sidecarbench") with args, as a Run records it: one a shell
+// runs as it was run, an empty argument or one with a space quoted.
 func Command(pkg string, args []string) string {
-	return strings.TrimSpace("go run " + pkg + " " + strings.Join(args, " "))
+	line := []string{"go", "run", pkg}
+	for _, a := range args {
+		line = append(line, shellWord(a))
+	}
+	return strings.Join(line, " ")
+}
+
+// shellWord is a as one word of a POSIX shell's command line: as it is if
+// it has only characters no shell treats specially, else in single quotes,
+// each single quote in it closed, escaped and opened again.
+func shellWord(a string) string {
+	if a != "" && strings.Trim(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:=,@%+") == "" {
+		return a
+	}
+	return "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
 }
 
 // Note is the run's command, when, and the machine's load, as one line's
