@@ -269,11 +269,17 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 		var wg sync.WaitGroup
 		for f, fr := range fronts {
 			var streams []load.Stream
+			// The quiet clients of all three gateways take turns, one
+			// request every 1/(30 x 10/s) = 3.33 ms; the noisy clients send
+			// in the gaps, halfway between two of them. Quiet requests due
+			// together would queue behind each other, and a phase's p99,
+			// its slowest 3 of 300, would rest on one such clump.
 			for q := 0; q < quiet; q++ {
 				streams = append(streams, load.Stream{Name: "quiet", Client: fmt.Sprintf("failopen-%s-quiet-%d-%d", breakerStates[f].tag, run, q), Rate: quietRate,
-					Start: time.Duration(q) * time.Second / quiet / 2, Duration: total, Paths: paths})
+					Start: load.Staggered(q*len(fronts)+f, quiet*len(fronts), quietRate), Duration: total, Paths: paths})
 			}
-			streams = append(streams, load.Stream{Name: "noisy", Client: noisyKey(run, f), Rate: noisyRate, Duration: total, Paths: paths})
+			streams = append(streams, load.Stream{Name: "noisy", Client: noisyKey(run, f), Rate: noisyRate,
+				Start: load.Staggered(2*f+1, 2*len(fronts), noisyRate), Duration: total, Paths: paths})
 			o := load.Options{Target: fr.Gateway.Addr, Timeout: 5 * time.Second}
 			if f == 0 {
 				o.Progress = func(el time.Duration, sent int64) {
@@ -484,7 +490,7 @@ func runFailOpen(ctx context.Context, e *env) (*report.Scenario, error) {
 			standard.Rate, standard.Capacity, small.Rate, small.Capacity, small.Rate, capPerSec, small.Capacity, outPhase, outageCap),
 		"Three gateways, each with its own services and its own client keys, run the same traffic at the same time on one Redis and one sidecar. Breaker on: the filter's default circuit breaker (20 failures in a row open it). Breaker on, on_failure local: the same, but a request that fails open goes through the client's local token bucket, with the plan the sidecar's earlier answers gave: the noisy client is held to its plan by the proxy instead of reaching the services' safety limit. Breaker off (\"breaker\": {\"failures\": 0}): every check makes its callout and waits for its answer, so the outage rows measure what a check that cannot be answered costs: the sidecar's 503 at its own 4 ms Redis deadline with Redis hung, the filter's 5 ms timeout with the sidecar hung, an immediate 503 with Redis refusing connections. With the breaker on, most outage requests skip the callout (circuit_open): the difference between the two rows is what the breaker saves.",
 		"Redis flapping is an outage that comes and goes: the sidecar answers the checks between the pauses, so the noisy client's requests are decided by Redis for part of the phase and fail open for the rest. With the breaker on, each pause fails enough checks in a row to open it, and a probe that meets a pause doubles the time it stays open, so the noisy client goes through unlimited for much of the phase, and into the phase after it until a probe is answered (up to max_open_ms, 5 s). With on_failure local, the local bucket decides what fails open, and is charged for what the sidecar admits in between.",
-		"Latency runs from when a request was due to its answer; \"added\" is the phase's quiet percentile minus the same gateway's and run's with Redis up. It can be negative with the breaker open: those requests make no callout at all, while with Redis up each pays for one. The tail also pays for the extra work an outage brings (every request of the noisy clients now reaches a service, and with the breaker off every request makes a callout that waits).",
+		"Latency runs from when a request was due to its answer; \"added\" is the phase's quiet percentile minus the same gateway's and run's with Redis up. It can be negative with the breaker open: those requests make no callout at all, while with Redis up each pays for one. The tail also pays for the extra work an outage brings (every request of the noisy clients now reaches a service, and with the breaker off every request makes a callout that waits). A check that waits out the 5 ms timeout adds the timeout less the callout it stands in for, plus how late the gateway's timer fires and the wake-ups of processes idle since: so with the sidecar hung and the breaker off the added p50 sits within a few tenths of a millisecond of 5 ms by construction, under it only where the timer is late by less than a callout takes. The quiet clients of the three gateways take turns, one request every 3.33 ms between them, and the noisy clients send in the gaps: requests due together would queue behind each other, a wait no client sees.",
 		fmt.Sprintf("vCPU stalls: a real-time thread per CPU (internal/vcpustall) counts the times within the phase that a vCPU stood still 2.5 ms or more; in brackets, the quiet requests answered 200 whose wait, from when they were due, took one in. A gateway's quiet clients send %.0f requests in an outage phase and %.0f in the others, so its p99 is where its slowest 1%% begin (%d and %d requests): that many held up by one stall move it by up to the stall's length. The targets stay what they are whatever the stalls.",
 			quiet*quietRate*outPhase.Seconds(), quiet*quietRate*upPhase.Seconds(), int(math.Ceil(quiet*quietRate*outPhase.Seconds()/100)), int(math.Ceil(quiet*quietRate*upPhase.Seconds()/100))),
 	}

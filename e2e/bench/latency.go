@@ -31,7 +31,7 @@ func measureLatency(ctx context.Context, e *env, f *rig.Front, run, ri int, rate
 	var streams []load.Stream
 	for c := 0; c < clients; c++ {
 		streams = append(streams, load.Stream{Client: fmt.Sprintf("lat-%d-%d-%d", run, ri, c), Rate: rate / float64(clients),
-			Start: time.Duration(float64(c) * float64(time.Second) / rate), Duration: phase, Paths: paths})
+			Start: load.Staggered(c, clients, rate/float64(clients)), Duration: phase, Paths: paths})
 	}
 	before, err := f.Counters()
 	if err != nil {

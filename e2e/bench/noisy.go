@@ -124,8 +124,7 @@ func runNoisy(ctx context.Context, e *env) (*report.Scenario, error) {
 			var streams []load.Stream
 			for q := 0; q < p.Quiet; q++ {
 				streams = append(streams, load.Stream{Name: "quiet", Client: quietKey(d, f, q), Rate: p.QuietRate,
-					// Stagger the quiet clients so they do not all send at once.
-					Start: time.Duration(float64(q) * float64(time.Second) / float64(p.Quiet) / p.QuietRate), Duration: p.Phase, Paths: paths})
+					Start: load.Staggered(q, p.Quiet, p.QuietRate), Duration: p.Phase, Paths: paths})
 			}
 			nk := noisyKey(d, f)
 			streams = append(streams,

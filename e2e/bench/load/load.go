@@ -34,6 +34,15 @@ type Stream struct {
 	Method   string        // defaults to GET
 }
 
+// Staggered is the Start of the i-th of n streams that each send at rate
+// per second, so that together their requests come evenly, one every
+// 1/(n × rate) s, rather than n at once: independent clients do not send
+// in step, and n requests due together queue behind each other on a
+// small machine, a latency no client would see.
+func Staggered(i, n int, rate float64) time.Duration {
+	return time.Duration(float64(i) * float64(time.Second) / (float64(n) * rate))
+}
+
 // Options shape a run.
 type Options struct {
 	Target string // host:port every request goes to

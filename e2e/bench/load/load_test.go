@@ -301,3 +301,23 @@ func TestClientResendsOnlyOnAConnectionFoundClosed(t *testing.T) {
 		t.Fatalf("server read %v, want each request once: %v", paths, want)
 	}
 }
+
+// TestStaggered: n streams at rate each, started Staggered, send one
+// request every 1/(n x rate) s between them, none two at once.
+func TestStaggered(t *testing.T) {
+	const n, rate = 30, 10.0
+	period := time.Duration(float64(time.Second) / rate)
+	var due []time.Duration
+	for i := 0; i < n; i++ {
+		for k := 0; k < 3; k++ {
+			due = append(due, Staggered(i, n, rate)+time.Duration(k)*period)
+		}
+	}
+	slices.Sort(due)
+	gap := period / n
+	for i := 1; i < len(due); i++ {
+		if d := due[i] - due[i-1]; d < gap-time.Microsecond || d > gap+time.Microsecond {
+			t.Fatalf("requests %d and %d due %v apart, want %v (1/(%d x %g/s))", i-1, i, d, gap, n, rate)
+		}
+	}
+}
