@@ -91,6 +91,7 @@ var (
 	stallsRE    = regexp.MustCompile(`(?m)^over the run, a vCPU stood still for [0-9.]+ ms or more: (none|(\d+) times, the longest ([0-9.]+) ms) `)
 	floorRE     = regexp.MustCompile(`(?m)^the sidecar's CPU per check beside its floors, medians of the rounds: [0-9.]+ µs; deciding at once without Redis ([0-9.]+) µs \((\d+) checks/s\); one fixed answer ([0-9.]+) µs \((\d+) checks/s\)$`)
 	verdictRE   = regexp.MustCompile(`(?m)^targets, on the unrounded figures: ratio \S+ >= \S+ (met|not met); sidecar CPU per check \S+ µs <= \S+ (met|not met); p99 at half the raw rate \S+ ms < \S+ (met|not met)$`)
+	undecidedRE = regexp.MustCompile(`(?m)^not decided at full load, share of the sidecar's answers: median ([0-9.]+)% over \d+ rounds \(([^)]*)\); 503 at its (\S+) deadline`)
 	redisRE     = regexp.MustCompile(`(?m)^Redis's CPU per check, median of the rounds: ([0-9.]+) µs under the sidecar's pipelines, ([0-9.]+) µs under redis-benchmark -P 1$`)
 )
 
@@ -130,6 +131,12 @@ func reportChecks(text string) ([]report.Check, error) {
 	if b := busyRE.FindStringSubmatch(text); b != nil {
 		vsRaw += fmt.Sprintf("; CPU kept busy, seconds a second (medians): redis-benchmark's side %s, Redis's thread %s of it; the sidecar's side %s, Redis %s; of %s CPUs",
 			b[3], b[2], b[5], b[4], b[1])
+	}
+	// Reports written before the share was printed have no line.
+	undecided := ""
+	if u := undecidedRE.FindStringSubmatch(text); u != nil {
+		undecided = fmt.Sprintf("; the sidecar's checks/s count its decisions only: at full load %s%% of its answers (median of the rounds: %s) were 503 at its %s deadline, checks queued past it, which the filter fails open", u[1], u[2], u[3])
+		vsRaw += undecided
 	}
 	checks = append(checks, report.Check{
 		Claim:    "the sidecar keeps up with raw Redis" + at,
@@ -194,8 +201,8 @@ func reportChecks(text string) ([]report.Check, error) {
 		checks = append(checks, report.Check{
 			Claim:  "the sidecar beside RLS (envoyproxy/ratelimit)" + at,
 			Target: "none: side by side on one Redis, every check allowed",
-			Measured: fmt.Sprintf("sidecar / RLS: %sx checks/s; CPU per check %sx in the service, %sx in Redis (median of %s rounds)",
-				r[1], cp[1], cp[2], r[2]),
+			Measured: fmt.Sprintf("sidecar / RLS: %sx checks/s; CPU per check %sx in the service, %sx in Redis (median of %s rounds)%s",
+				r[1], cp[1], cp[2], r[2], undecided),
 			Info: true,
 		})
 	}

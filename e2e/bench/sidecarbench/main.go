@@ -74,6 +74,7 @@ import (
 	"github.com/edgelimit/edgelimit/internal/redisproc"
 	"github.com/edgelimit/edgelimit/internal/testkit"
 	"github.com/edgelimit/edgelimit/lua"
+	"github.com/edgelimit/edgelimit/sidecar/server"
 )
 
 // The plan every benchmark key gets, and the same limit for redis-benchmark.
@@ -281,7 +282,7 @@ func run(cfg config) error {
 		fmt.Fprintf(w, "%d\t%s\t%.0f\t%s\t%s\t%s\t%d\t%s\t%.2f\t%.1f\t%.1f\t%.1f\t\n", r, side,
 			f.rps, ms(f.p50), ms(f.p99), ms(f.p999), f.errors, batch, pc.redisCmds, pc.service, pc.redis, pc.loadgen)
 	}
-	var ratios, rawRates, sidecarRates, rawRedisCPU, sidecarRedisCPU []float64
+	var ratios, rawRates, sidecarRates, rawRedisCPU, sidecarRedisCPU, undecided []float64
 	var beside floorFigures
 	busy := cpuBusy{ncpu: runtime.NumCPU()}
 	var vsRLS rlsRatios
@@ -364,6 +365,7 @@ func run(cfg config) error {
 		beside.add(fullCPU.service, dec, decCPU, fix, fixCPU)
 		busy.add(raw, rawCPU, full, fullCPU)
 		ratios = append(ratios, full.rps/raw.rps)
+		undecided = append(undecided, 100*float64(full.errors)/float64(full.decisions+full.errors))
 		rawRates = append(rawRates, raw.rps)
 		sidecarRates = append(sidecarRates, full.rps)
 		sidecarRedisCPU = append(sidecarRedisCPU, fullCPU.redis)
@@ -397,6 +399,8 @@ func run(cfg config) error {
 
 	fmt.Fprintf(out, "\nratio sidecar / redis-benchmark, checks/s: median %.2f over %d rounds (%s); target >= %.2f\n",
 		stat.Median(ratios), len(ratios), stat.Join(ratios, 2, ", "), targetRatio)
+	fmt.Fprintf(out, "not decided at full load, share of the sidecar's answers: median %.1f%% over %d rounds (%s); 503 at its %v deadline, checks the filter fails open, which the sidecar's checks/s leave out\n",
+		stat.Median(undecided), len(undecided), stat.Join(undecided, 1, ", "), server.DefaultTimeout)
 	fmt.Fprintf(out, "Redis's CPU per check, median of the rounds: %.1f µs under the sidecar's pipelines, %.1f µs under redis-benchmark -P 1\n",
 		stat.Median(sidecarRedisCPU), stat.Median(rawRedisCPU))
 	busy.print(out, cfg.loader)
