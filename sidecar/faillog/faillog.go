@@ -1,16 +1,17 @@
 // Package faillog throttles the log lines of a failure that repeats (Redis
 // down, refusing writes, a hot client's reconcile failing round after
-// round, go-redis's own dial errors) and says when it ends. The first failure after a quiet spell is
-// logged at once, then at most one line per interval with the number of
-// failures held back since the last; a failure whose error says why,
-// right after a line that said only that one timed out, is logged at once
-// too. The end is logged once, at the first success that comes a whole
-// interval after the last failure, with the failures held back since the
-// last line; a failure that came alone (one decision past its deadline on
-// a busy machine) ends without a line, its own line having said all there
-// was. During an outage the log then says when it began, what Redis
-// answered, roughly how many times, and when it ended, in a few lines
-// however much traffic or how many hot clients fail.
+// round, go-redis's own dial errors) and says when it ends. The first
+// failure after a quiet spell is logged at once, then at most one line per
+// interval with the number of failures held back since the last, callers
+// that read the clock a little before that line included; a failure whose
+// error says why, right after a line that said only that one timed out, is
+// logged at once too. The end is logged once, at the first success that
+// comes a whole interval after the last failure, with the failures held
+// back since the last line; a failure that came alone (one decision past
+// its deadline on a busy machine) ends without a line, its own line having
+// said all there was. During an outage the log then says when it began,
+// what Redis answered, roughly how many times, and when it ended, in a few
+// lines however much traffic or how many hot clients fail.
 package faillog
 
 import (
