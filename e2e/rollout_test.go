@@ -162,10 +162,14 @@ func TestRolloutCanaryShadowEnforce(t *testing.T) {
 	if cmp.edgeMismatch != 0 {
 		t.Fatalf("%d shadow decisions differ from the edge bucket's arithmetic", cmp.edgeMismatch)
 	}
-	// One predicted disagreement, unless the request it falls on failed
-	// open and was not compared.
-	if cmp.total != 1210 || cmp.expected > 1 || cmp.expected+cmp.unknown < 1 {
-		t.Fatalf("the traffic holds %d requests and %d predicted disagreements (%d not compared); shadowTraffic says 1210 and 1", cmp.total, cmp.expected, cmp.unknown)
+	// One predicted disagreement (spread's 11th request, at billing). A
+	// check that failed open and took no token leaves its client's edge
+	// bucket a token above what the services counted: it can take that
+	// disagreement away (one of spread's) or add one where the edge
+	// admits what a service's bucket refuses (solo's 11th). Each failed
+	// open check moves the count by at most one.
+	if cmp.total != 1210 || cmp.expected > 1+cmp.unknown || cmp.expected+cmp.unknown < 1 {
+		t.Fatalf("the traffic holds %d requests and %d predicted disagreements (%d not compared); shadowTraffic says 1210 and 1, each not compared moving it by at most one", cmp.total, cmp.expected, cmp.unknown)
 	}
 	// Each service's own report, client by client: the edge's decision
 	// each request carried against the decision of the service's bucket.
@@ -211,14 +215,16 @@ func TestRolloutCanaryShadowEnforce(t *testing.T) {
 	if d := step.Total.Disagree(); d != int64(cmp.expected) || cmp.unknown == 0 && step.Total.EdgeDenied != d {
 		t.Fatalf("the services report %d disagreements (%d where the edge would deny), want %d, all where it would deny", d, step.Total.EdgeDenied, cmp.expected)
 	}
-	if worst := step.Worst(3); cmp.expected > 0 && (len(worst) != 1 || worst[0] != "spread") {
+	if worst := step.Worst(3); cmp.expected > 0 && cmp.unknown == 0 && (len(worst) != 1 || worst[0] != "spread") {
 		t.Errorf("clients with disagreements %v; want spread alone", worst)
 	}
 	// The traffic holds exactly one disagreement in more than 1000
 	// requests, so the criterion is met; with ten spread clients instead
-	// of one it would not be.
-	if !step.MeetsExitCriterion() {
-		t.Errorf("exit criterion not met: %+v", step.Total)
+	// of one it would not be. One added by a check that failed open puts
+	// it at 2 of 1209, past the criterion's 0.1%: then the report must say
+	// what the arithmetic does.
+	if meets, want := step.MeetsExitCriterion(), float64(cmp.expected)/float64(step.Total.Compared()) < shadow.ExitCriterion; meets != want || cmp.unknown == 0 && !meets {
+		t.Errorf("exit criterion met: %v, want %v (%d predicted disagreements of %d compared): %+v", meets, want, cmp.expected, step.Total.Compared(), step.Total)
 	}
 	if got := s.stat(counter("denied")) + s.stat(counter("denied_cached")); got != int64(denied) {
 		t.Errorf("requests denied at the edge so far %d, want noisy's %d from step 1", got, denied)
