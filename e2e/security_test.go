@@ -855,12 +855,12 @@ func TestSidecarRedisACLAndTLS(t *testing.T) {
 	if !strings.Contains(clients, "laddr="+tlsAddr) || !strings.Contains(clients, "user=limiter") {
 		t.Errorf("no connection of user limiter on the TLS port %s:\n%s", tlsAddr, clients)
 	}
-	// Without the CA the certificate is refused: the sidecar verifies it.
-	// (The reason reaches /readyz only after several seconds, as
-	// "context deadline exceeded" until then; at debug level the log has
-	// go-redis's own report at once.)
+	// Without the CA the certificate is refused: the sidecar verifies it,
+	// and /readyz says so (its client dials once, not five times in more
+	// than its 250 ms, which said only "context deadline exceeded"), as
+	// does go-redis's own report in the log.
 	untrusted, untrustedAddr := start("sidecar-tls-untrusted", tlsURL, "SIDECAR_LOG_LEVEL=debug")
-	notReady(untrustedAddr, "")
+	notReady(untrustedAddr, "x509: certificate signed by unknown authority")
 	testkit.Poll(t, 30*time.Second, "the sidecar refuses the unknown CA", func() bool {
 		return strings.Contains(untrusted.Output(), "x509: certificate signed by unknown authority")
 	})

@@ -879,3 +879,24 @@ func sidecarClusterClient(t *testing.T, cl *redisproc.Cluster, minIdle int) *red
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// TestReadySaysWhyRedisRefuses: readiness on a single server that refuses
+// connections, with the client the sidecar builds (redisconn), answers
+// within its DefaultReadyTimeout with the dial's error, which /readyz and
+// the start-up line then give. go-redis's own 5 dials, 100 ms apart,
+// outlasted the timeout, and the answer was "context deadline exceeded".
+func TestReadySaysWhyRedisRefuses(t *testing.T) {
+	paths(t, func(t *testing.T, direct bool) {
+		spec, err := redisconn.Parse("redis://" + testkit.RefusedAddr(t) + "/0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := spec.NewClient(redisconn.Tuning{})
+		t.Cleanup(func() { c.Close() })
+		d := newDecider(t, c, Options{Direct: direct, WarmConns: 1})
+		err = d.Ready(context.Background())
+		if err == nil || errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "connection refused") {
+			t.Fatalf("Ready on a refused address = %v, want the refused dial", err)
+		}
+	})
+}

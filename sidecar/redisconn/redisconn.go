@@ -65,10 +65,13 @@ const (
 	// minute: after a failover, checks on the lost master's slots would keep
 	// going to the dead address for up to that long.
 	DefaultClusterReload = time.Second
-	// ClusterDialerRetries is how many times a cluster client dials a node
-	// before a command sees the dial fail: once (go-redis's default is 5,
-	// 100 ms apart, which a killed master's checks waited for).
-	ClusterDialerRetries = 1
+	// DialerRetries is how many times a cluster or single-server client
+	// dials a node before a command sees the dial fail: once (go-redis's
+	// default is 5, 100 ms apart, which a killed master's checks waited
+	// for, and a readiness check on a single server waited out its 250 ms
+	// for, answering "context deadline exceeded" instead of the dial's
+	// error).
+	DialerRetries = 1
 )
 
 // Spec is a parsed, validated Redis URL. Parse checks everything that can be
@@ -310,7 +313,7 @@ func (s *Spec) NewClient(t Tuning) redis.UniversalClient {
 		// after its start, longer than the pool's redial once a second, so
 		// no check succeeds later for it. A URL's dialer_retries stays.
 		if o.DialerRetries == 0 {
-			o.DialerRetries = ClusterDialerRetries
+			o.DialerRetries = DialerRetries
 		}
 		o.ContextTimeoutEnabled = true
 		return redis.NewClusterClient(&o)
@@ -330,6 +333,14 @@ func (s *Spec) NewClient(t Tuning) redis.UniversalClient {
 	}
 	o := *s.single
 	t.apply(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.PoolSize, &o.MinIdleConns)
+	// On a single server the checks go over the sidecar's own connection,
+	// and this client runs readiness, the script's loading and the hot
+	// clients' reconciles. Dialing 5 times, 100 ms apart, a readiness check
+	// on a Redis refusing connections (or presenting a certificate the
+	// sidecar does not trust) waited out its 250 ms and said only "context
+	// deadline exceeded"; dialing once, it says the dial's error at once.
+	// (go-redis takes no dialer_retries in a single server's URL.)
+	o.DialerRetries = DialerRetries
 	o.ContextTimeoutEnabled = true
 	return redis.NewClient(&o)
 }

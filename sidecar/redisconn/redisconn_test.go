@@ -189,20 +189,31 @@ func TestClusterRetryBackoff(t *testing.T) {
 	}
 }
 
-// TestClusterDialerRetries: a cluster client dials a node once before a
-// command sees the dial fail (go-redis's default is 5), unless the URL
-// sets dialer_retries.
-func TestClusterDialerRetries(t *testing.T) {
+// TestDialerRetries: a cluster or single-server client dials a node once
+// before a command sees the dial fail (go-redis's default is 5), unless a
+// cluster's URL sets dialer_retries (a single server's takes none); a
+// Sentinel client keeps go-redis's 5.
+func TestDialerRetries(t *testing.T) {
 	for url, want := range map[string]int{
 		"redis+cluster://127.0.0.1:1":                  1,
 		"redis+cluster://127.0.0.1:1?dialer_retries=3": 3,
+		"redis://127.0.0.1:1/0":                        1,
+		"unix:///run/redis.sock":                       1,
+		"redis+sentinel://127.0.0.1:1/m":               5,
 	} {
 		s, err := Parse(url)
 		if err != nil {
 			t.Fatal(err)
 		}
 		c := s.NewClient(Tuning{})
-		if got := c.(*redis.ClusterClient).Options().DialerRetries; got != want {
+		var got int
+		switch c := c.(type) {
+		case *redis.ClusterClient:
+			got = c.Options().DialerRetries
+		case *redis.Client:
+			got = c.Options().DialerRetries
+		}
+		if got != want {
 			t.Errorf("%s: DialerRetries %d, want %d", url, got, want)
 		}
 		c.Close()
