@@ -103,6 +103,21 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 		return nil, err
 	}
 	a.stats.PlansLoaded(time.Now())
+	// The listeners are bound before the Redis client is made, which dials
+	// its idle connections in the background at once: an address that
+	// cannot be bound stops the sidecar without a dial to Redis, and no
+	// go-redis line is logged after Start has returned its error.
+	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		// Named as the flag and its variable, as a bad value is: the
+		// address is the operator's, whatever keeps it from being bound.
+		return nil, fmt.Errorf("-listen (SIDECAR_LISTEN): %w", err)
+	}
+	if cfg.AdminListen != "" {
+		if a.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+			a.ln.Close()
+			return nil, fmt.Errorf("-admin-listen (SIDECAR_ADMIN_LISTEN): %w", err)
+		}
+	}
 	pipelines := cfg.Pipelines
 	if pipelines <= 0 {
 		pipelines = decide.DefaultPipelines
@@ -141,21 +156,8 @@ func Start(cfg Config, log *slog.Logger) (*App, error) {
 	})
 	a.srv = srv
 	a.http = srv.HTTPServer()
-	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
-		a.decider.Close()
-		a.client.Close()
-		// Named as the flag and its variable, as a bad value is: the
-		// address is the operator's, whatever keeps it from being bound.
-		return nil, fmt.Errorf("-listen (SIDECAR_LISTEN): %w", err)
-	}
-	if cfg.AdminListen != "" {
+	if a.adminLn != nil {
 		a.admin = srv.AdminHTTPServer()
-		if a.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
-			a.ln.Close()
-			a.decider.Close()
-			a.client.Close()
-			return nil, fmt.Errorf("-admin-listen (SIDECAR_ADMIN_LISTEN): %w", err)
-		}
 	}
 
 	var watchCtx context.Context
