@@ -891,9 +891,10 @@ func TestReadySaysWhyRedisRefuses(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := spec.NewClient(redisconn.Tuning{})
+		// As the sidecar makes them (app.Start), at the default pipelines.
+		c := spec.NewClient(redisconn.ForPipelines(DefaultPipelines))
 		t.Cleanup(func() { c.Close() })
-		d := newDecider(t, c, Options{Direct: direct, WarmConns: 1})
+		d := newDecider(t, c, Options{Direct: direct, Pipelines: DefaultPipelines, WarmConns: min(DefaultPipelines, redisconn.MinIdleConns(c))})
 		err = d.Ready(context.Background())
 		if err == nil || errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "connection refused") {
 			t.Fatalf("Ready on a refused address = %v, want the refused dial", err)

@@ -201,23 +201,32 @@ func TestDialerRetries(t *testing.T) {
 		"unix:///run/redis.sock":                       1,
 		"redis+sentinel://127.0.0.1:1/m":               5,
 	} {
-		s, err := Parse(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := s.NewClient(Tuning{})
-		var got int
-		switch c := c.(type) {
-		case *redis.ClusterClient:
-			got = c.Options().DialerRetries
-		case *redis.Client:
-			got = c.Options().DialerRetries
-		}
+		got := builtOption(t, url, func(o *redis.Options) int { return o.DialerRetries },
+			func(o *redis.ClusterOptions) int { return o.DialerRetries })
 		if got != want {
 			t.Errorf("%s: DialerRetries %d, want %d", url, got, want)
 		}
-		c.Close()
 	}
+}
+
+// builtOption is one setting of the client NewClient builds for url: of
+// its options (a single server's or a Sentinel's) or its cluster options.
+func builtOption(t *testing.T, url string, single func(*redis.Options) int, cluster func(*redis.ClusterOptions) int) int {
+	t.Helper()
+	s, err := Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := s.NewClient(Tuning{})
+	defer c.Close()
+	switch v := c.(type) {
+	case *redis.Client:
+		return single(v.Options())
+	case *redis.ClusterClient:
+		return cluster(v.Options())
+	}
+	t.Fatalf("%s: a client of type %T", url, c)
+	return 0
 }
 
 // TestPipelinePoolSize: a cluster's and a Sentinel client's pipelines run
@@ -232,21 +241,10 @@ func TestPipelinePoolSize(t *testing.T) {
 		"redis+sentinel://127.0.0.1:1/m?pipeline_pool_size=3":    3,
 		"redis+sentinel://127.0.0.1:1/m/2?pipeline_pool_size=-1": -1,
 	} {
-		s, err := Parse(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := s.NewClient(Tuning{})
-		var got int
-		switch v := c.(type) {
-		case *redis.Client:
-			got = v.Options().PipelinePoolSize
-		case *redis.ClusterClient:
-			got = v.Options().PipelinePoolSize
-		}
+		got := builtOption(t, url, func(o *redis.Options) int { return o.PipelinePoolSize },
+			func(o *redis.ClusterOptions) int { return o.PipelinePoolSize })
 		if got != want {
 			t.Errorf("%s: PipelinePoolSize %d, want %d", url, got, want)
 		}
-		c.Close()
 	}
 }
