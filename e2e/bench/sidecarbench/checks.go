@@ -81,6 +81,7 @@ var (
 	halfRE      = regexp.MustCompile(`(?m)^at half the raw Redis rate, (\d+) checks/s offered`)
 	halfFigRE   = regexp.MustCompile(`(?m)^  answered (\d+)/s; p50 [0-9.]+ms, p99 ([0-9.]+)ms, p99\.9 [0-9.]+ms; not decided (\d+); target p99 < ([0-9.]+) ms$`)
 	halfOfRE    = regexp.MustCompile(`(?m)^  the offer is (\d+)% of the (\d+) checks/s the sidecar answered at full load in this run`)
+	ownHalfRE   = regexp.MustCompile(`(?m)^at half the sidecar's own full-load rate, (\d+) checks/s offered .*\n  answered (\d+)/s; p50 ([0-9.]+)ms, p99 ([0-9.]+)ms, p99\.9 [0-9.]+ms; not decided (\d+)\n  the sidecar's own decision latency \(its histogram\), p99 (.+); the load generator's lateness in sending, p99 ([0-9.]+)ms$`)
 	halfOwnRE   = regexp.MustCompile(`(?m)^  the sidecar's own decision latency \(its histogram\), p99 (.+); the load generator's lateness in sending, p99 ([0-9.]+)ms$`)
 	rlsRpsRE    = regexp.MustCompile(`(?m)^ratio sidecar / envoyproxy/ratelimit, checks/s: median ([0-9.]+) over (\d+) rounds`)
 	busyRE      = regexp.MustCompile(`(?m)^CPU kept busy, .* shares the (\d+) CPUs\):\n  redis-benchmark's side: Redis ([0-9.]+), Redis and redis-benchmark ([0-9.]+) .*\n  the sidecar's side: Redis ([0-9.]+), the sidecar, Redis and \w+ ([0-9.]+) `)
@@ -97,10 +98,10 @@ var (
 
 // reportChecks returns the summary's lines for a report of this program:
 // the sidecar against raw Redis, its CPU per check (beside its floors, in
-// the reports that have them), its p99 at half the raw
-// Redis rate, Redis's CPU per check under the sidecar and under
-// redis-benchmark, and (when RLS ran) the comparison with RLS; the last two
-// have no target.
+// the reports that have them), its p99 at half the raw Redis rate and at
+// half its own full-load rate, Redis's CPU per check under the sidecar and
+// under redis-benchmark, and (when RLS ran) the comparison with RLS; the
+// last three have no target.
 func reportChecks(text string) ([]report.Check, error) {
 	missing := func(what string) error { return fmt.Errorf("no %s in the report", what) }
 	num := func(s string) float64 { f, _ := strconv.ParseFloat(s, 64); return f }
@@ -182,6 +183,17 @@ func reportChecks(text string) ([]report.Check, error) {
 			p99, h[1], share, hf[1], hf[3], late, ho[1]),
 		Holds: p99Met,
 	})
+
+	// Reports written before this phase was run have no lines.
+	if o := ownHalfRE.FindStringSubmatch(text); o != nil {
+		checks = append(checks, report.Check{
+			Claim:  "the sidecar's p99 at half its own full-load rate" + at,
+			Target: "none: the figure above at a load the sidecar sets, half what it answered at full load (open loop, each check timed from when it was due)",
+			Measured: fmt.Sprintf("p50 %.1f ms, p99 %.1f ms at %s checks/s offered (%s/s answered, %s not decided); the load generator sent late by %.1f ms at p99, the sidecar's own decision p99 %s",
+				num(o[3]), num(o[4]), o[1], o[2], o[5], num(o[7]), o[6]),
+			Info: true,
+		})
+	}
 
 	// Reports written before the raw rounds measured Redis have no line.
 	if r := redisRE.FindStringSubmatch(text); r != nil {
