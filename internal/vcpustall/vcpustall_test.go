@@ -2,7 +2,10 @@ package vcpustall
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,10 +29,16 @@ func TestWatchReportsTheTimeItWasHeld(t *testing.T) {
 		t.Skipf("no real-time priority here, so no watch: %s", why)
 	}
 	const held = 30 * time.Millisecond
-	from := time.Now()
 	if err := w.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
+	// The stop takes hold when a thread of the watcher takes the signal,
+	// and on a busy machine that thread may wait for a CPU for
+	// milliseconds while the watching threads go on: the hold is timed
+	// from when every thread is seen stopped, not from the signal.
+	pid := w.cmd.Process.Pid
+	testkit.PollErr(t, 5*time.Second, "every thread of the watcher stopped", func() error { return allStopped(pid) })
+	from := time.Now()
 	time.Sleep(held) // the stall itself, not a wait for readiness
 	if err := w.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
@@ -73,6 +82,31 @@ func TestWatchReportsTheTimeItWasHeld(t *testing.T) {
 	}
 	w.Close()
 	w.Sync() // returns at once on a closed watch
+}
+
+// allStopped says which thread of process pid is not stopped, if one is
+// not (proc(5): the state after the command's closing parenthesis in
+// /proc/PID/task/TID/stat, T for stopped by a signal).
+func allStopped(pid int) error {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, task := range tasks {
+		stat, err := os.ReadFile(filepath.Join(dir, task.Name(), "stat"))
+		if err != nil {
+			return err
+		}
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 || i+2 >= len(stat) {
+			return fmt.Errorf("thread %s: stat %q not understood", task.Name(), stat)
+		}
+		if state := stat[i+2]; state != 'T' {
+			return fmt.Errorf("thread %s is in state %c", task.Name(), state)
+		}
+	}
+	return nil
 }
 
 // The watcher's first lines can be stalls, before "ready": on a loaded
