@@ -2,7 +2,6 @@ package harness
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -167,7 +166,7 @@ func (p *Process) CPUTime() (time.Duration, error) { return CPUTimeOf(p.Pid()) }
 // CPUTimeOf returns the CPU time process pid has used, user and system
 // (utime + stime of /proc/<pid>/stat; Linux only, in clock ticks of 10 ms).
 func CPUTimeOf(pid int) (time.Duration, error) {
-	f, err := statFields(fmt.Sprintf("/proc/%d/stat", pid))
+	f, err := testkit.ProcStatFields(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}
@@ -197,7 +196,7 @@ func ThreadNiceness(pid int) (map[int]int, error) {
 		if err != nil {
 			continue
 		}
-		f, err := statFields(filepath.Join(dir, e.Name(), "stat"))
+		f, err := testkit.ProcStatFields(filepath.Join(dir, e.Name(), "stat"))
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // the thread has ended
 		}
@@ -209,25 +208,6 @@ func ThreadNiceness(pid int) (map[int]int, error) {
 		}
 	}
 	return out, nil
-}
-
-// statFields reads a stat file of /proc and returns its fields from the
-// third on (f[0] is field 3, the state), at least 17 of them.
-func statFields(path string) ([]string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	// The command name, field 2, is in parentheses and may hold spaces.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return nil, fmt.Errorf("%s: no command name", path)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 17 {
-		return nil, fmt.Errorf("%s: %d fields", path, len(f)+2)
-	}
-	return f, nil
 }
 
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on every

@@ -5,8 +5,9 @@
 // (ParseMetrics, GetMetrics), one HTTP round trip that fails the test on an
 // error (Do, Get), one server of raw answers (RawServer), an address that
 // refuses connections for as long as the test runs (RefusedAddr), a
-// load of workers that run until stopped (StartLoad), and whether the race
-// detector is on (Race).
+// load of workers that run until stopped (StartLoad), one reader of
+// /proc's stat files (ProcStatFields), and whether the race detector is on
+// (Race).
 //
 // The product — the filter, the sidecar's non-test code, the Lua script —
 // never imports it.

@@ -2,7 +2,6 @@ package vcpustall
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -85,8 +84,8 @@ func TestWatchReportsTheTimeItWasHeld(t *testing.T) {
 }
 
 // allStopped says which thread of process pid is not stopped, if one is
-// not (proc(5): the state after the command's closing parenthesis in
-// /proc/PID/task/TID/stat, T for stopped by a signal).
+// (T in the state field of its /proc/PID/task/TID/stat: stopped by a
+// signal).
 func allStopped(pid int) error {
 	dir := fmt.Sprintf("/proc/%d/task", pid)
 	tasks, err := os.ReadDir(dir)
@@ -94,16 +93,12 @@ func allStopped(pid int) error {
 		return err
 	}
 	for _, task := range tasks {
-		stat, err := os.ReadFile(filepath.Join(dir, task.Name(), "stat"))
+		f, err := testkit.ProcStatFields(filepath.Join(dir, task.Name(), "stat"))
 		if err != nil {
 			return err
 		}
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 || i+2 >= len(stat) {
-			return fmt.Errorf("thread %s: stat %q not understood", task.Name(), stat)
-		}
-		if state := stat[i+2]; state != 'T' {
-			return fmt.Errorf("thread %s is in state %c", task.Name(), state)
+		if f[0] != "T" {
+			return fmt.Errorf("thread %s is in state %s", task.Name(), f[0])
 		}
 	}
 	return nil
