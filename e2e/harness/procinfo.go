@@ -65,26 +65,16 @@ func (p *Process) RSS() (int64, error) {
 	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", p.Pid())
 }
 
-// WaitStopped waits until the kernel reports the process stopped (state T
-// in /proc/<pid>/stat), as it is some moment after Pause sent SIGSTOP.
+// WaitStopped waits until the kernel reports every thread of the process
+// stopped (testkit.ThreadsStopped), as it is some moment after Pause sent
+// SIGSTOP.
 func (p *Process) WaitStopped(within time.Duration) error {
-	var readErr error
-	stopped := testkit.Until(within, func() bool {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
-		if err != nil {
-			readErr = err
-			return true
-		}
-		// The state follows the command name, which is in parentheses and
-		// may itself hold spaces or parentheses.
-		i := strings.LastIndexByte(string(b), ')')
-		return i > 0 && i+2 < len(b) && b[i+2] == 'T'
-	})
-	switch {
-	case readErr != nil:
-		return readErr
-	case !stopped:
-		return fmt.Errorf("%s not stopped within %v", p.Name, within)
+	var last error
+	if !testkit.Until(within, func() bool {
+		last = testkit.ThreadsStopped(p.Pid())
+		return last == nil
+	}) {
+		return fmt.Errorf("%s not stopped within %v: %w", p.Name, within, last)
 	}
 	return nil
 }

@@ -89,12 +89,8 @@ func TestProcessInfo(t *testing.T) {
 	if err := p.Pause(); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if i := strings.LastIndexByte(string(b), ')'); i < 0 || b[i+2] != 'T' {
-		t.Errorf("after Pause, /proc/%d/stat = %q, want state T", p.Pid(), b)
+	if err := testkit.ThreadsStopped(p.Pid()); err != nil {
+		t.Errorf("after Pause: %v", err)
 	}
 	// Stop (at cleanup) must end a paused process without waiting out
 	// its grace period.

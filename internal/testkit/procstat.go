@@ -2,8 +2,11 @@ package testkit
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 )
 
@@ -26,4 +29,33 @@ func ProcStatFields(path string) ([]string, error) {
 		return nil, fmt.Errorf("%s: %d fields", path, len(f)+2)
 	}
 	return f, nil
+}
+
+// ThreadsStopped returns nil once every thread of process pid is stopped
+// by a signal (state T), and otherwise an error that names one that is
+// not. A SIGSTOP stops a process's threads one by one: each stops when it
+// next runs, and on a busy machine one may run on for milliseconds after
+// another has stopped, so the process's own state (its main thread's) is
+// not enough.
+func ThreadsStopped(pid int) error {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, task := range tasks {
+		f, err := ProcStatFields(filepath.Join(dir, task.Name(), "stat"))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // the thread has ended
+		}
+		if err != nil {
+			return err
+		}
+		switch f[0] {
+		case "T", "Z", "X": // stopped, or ended and not yet reaped
+		default:
+			return fmt.Errorf("process %d: thread %s is in state %s", pid, task.Name(), f[0])
+		}
+	}
+	return nil
 }

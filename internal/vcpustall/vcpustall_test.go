@@ -3,8 +3,6 @@ package vcpustall
 import (
 	"bufio"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -36,7 +34,7 @@ func TestWatchReportsTheTimeItWasHeld(t *testing.T) {
 	// milliseconds while the watching threads go on: the hold is timed
 	// from when every thread is seen stopped, not from the signal.
 	pid := w.cmd.Process.Pid
-	testkit.PollErr(t, 5*time.Second, "every thread of the watcher stopped", func() error { return allStopped(pid) })
+	testkit.PollErr(t, 5*time.Second, "every thread of the watcher stopped", func() error { return testkit.ThreadsStopped(pid) })
 	from := time.Now()
 	time.Sleep(held) // the stall itself, not a wait for readiness
 	if err := w.cmd.Process.Signal(syscall.SIGCONT); err != nil {
@@ -81,27 +79,6 @@ func TestWatchReportsTheTimeItWasHeld(t *testing.T) {
 	}
 	w.Close()
 	w.Sync() // returns at once on a closed watch
-}
-
-// allStopped says which thread of process pid is not stopped, if one is
-// (T in the state field of its /proc/PID/task/TID/stat: stopped by a
-// signal).
-func allStopped(pid int) error {
-	dir := fmt.Sprintf("/proc/%d/task", pid)
-	tasks, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	for _, task := range tasks {
-		f, err := testkit.ProcStatFields(filepath.Join(dir, task.Name(), "stat"))
-		if err != nil {
-			return err
-		}
-		if f[0] != "T" {
-			return fmt.Errorf("thread %s is in state %s", task.Name(), f[0])
-		}
-	}
-	return nil
 }
 
 // The watcher's first lines can be stalls, before "ready": on a loaded
