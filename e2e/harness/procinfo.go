@@ -72,11 +72,12 @@ func (p *Process) WaitStopped(within time.Duration) error {
 	var last error
 	if !testkit.Until(within, func() bool {
 		last = testkit.ThreadsStopped(p.Pid())
-		return last == nil
+		// A process that has ended is not waited for.
+		return last == nil || errors.Is(last, fs.ErrNotExist)
 	}) {
 		return fmt.Errorf("%s not stopped within %v: %w", p.Name, within, last)
 	}
-	return nil
+	return last
 }
 
 // ListenAddrs returns the local addresses of the TCP sockets the process

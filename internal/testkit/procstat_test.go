@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"strings"
@@ -49,4 +50,10 @@ func TestThreadsStopped(t *testing.T) {
 		}
 		return nil
 	})
+	// An ended process is not a stopped one, and says it has ended.
+	cmd.Process.Kill()
+	cmd.Wait()
+	if err := ThreadsStopped(pid); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("an ended process: %v, want one that is fs.ErrNotExist", err)
+	}
 }
