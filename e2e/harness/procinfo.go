@@ -176,26 +176,14 @@ func CPUTimeOf(pid int) (time.Duration, error) {
 // pid, by thread id (field 19 of /proc/<pid>/task/<tid>/stat; Linux only).
 // Linux keeps a niceness per thread, so a process's own is not enough.
 func ThreadNiceness(pid int) (map[int]int, error) {
-	dir := fmt.Sprintf("/proc/%d/task", pid)
-	entries, err := os.ReadDir(dir)
+	threads, err := testkit.ThreadStatFields(pid)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[int]int, len(entries))
-	for _, e := range entries {
-		tid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		f, err := testkit.ProcStatFields(filepath.Join(dir, e.Name(), "stat"))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // the thread has ended
-		}
-		if err != nil {
-			return nil, err
-		}
+	out := make(map[int]int, len(threads))
+	for tid, f := range threads {
 		if out[tid], err = strconv.Atoi(f[16]); err != nil {
-			return nil, fmt.Errorf("%s/%d/stat: niceness: %w", dir, tid, err)
+			return nil, fmt.Errorf("/proc/%d/task/%d/stat: niceness: %w", pid, tid, err)
 		}
 	}
 	return out, nil

@@ -6,8 +6,9 @@
 // error (Do, Get), one server of raw answers (RawServer), an address that
 // refuses connections for as long as the test runs (RefusedAddr), a
 // load of workers that run until stopped (StartLoad), one reader of
-// /proc's stat files (ProcStatFields) and of whether a process is stopped
-// (ThreadsStopped), and whether the race detector is on (Race).
+// /proc's stat files (ProcStatFields, ThreadStatFields) and of whether a
+// process is stopped (ThreadsStopped), and whether the race detector is on
+// (Race).
 //
 // The product — the filter, the sidecar's non-test code, the Lua script —
 // never imports it.

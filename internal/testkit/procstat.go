@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -31,6 +32,34 @@ func ProcStatFields(path string) ([]string, error) {
 	return f, nil
 }
 
+// ThreadStatFields reads the stat file of every thread of process pid
+// (/proc/PID/task/TID/stat) and returns each one's fields as
+// ProcStatFields does, by thread id. A thread that ends meanwhile is left
+// out; an error that is fs.ErrNotExist says the process has ended.
+func ThreadStatFields(pid int) (map[int][]string, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int][]string, len(tasks))
+	for _, task := range tasks {
+		tid, err := strconv.Atoi(task.Name())
+		if err != nil {
+			continue
+		}
+		f, err := ProcStatFields(filepath.Join(dir, task.Name(), "stat"))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // the thread has ended
+		}
+		if err != nil {
+			return nil, err
+		}
+		out[tid] = f
+	}
+	return out, nil
+}
+
 // ThreadsStopped returns nil once every thread of process pid is stopped
 // by a signal (state T), and otherwise an error that names one that is
 // not. A SIGSTOP stops a process's threads one by one: each stops when it
@@ -38,23 +67,15 @@ func ProcStatFields(path string) ([]string, error) {
 // another has stopped, so the process's own state (its main thread's) is
 // not enough.
 func ThreadsStopped(pid int) error {
-	dir := fmt.Sprintf("/proc/%d/task", pid)
-	tasks, err := os.ReadDir(dir)
+	threads, err := ThreadStatFields(pid)
 	if err != nil {
 		return err
 	}
-	for _, task := range tasks {
-		f, err := ProcStatFields(filepath.Join(dir, task.Name(), "stat"))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // the thread has ended
-		}
-		if err != nil {
-			return err
-		}
+	for tid, f := range threads {
 		switch f[0] {
 		case "T", "Z", "X": // stopped, or ended and not yet reaped
 		default:
-			return fmt.Errorf("process %d: thread %s is in state %s", pid, task.Name(), f[0])
+			return fmt.Errorf("process %d: thread %d is in state %s", pid, tid, f[0])
 		}
 	}
 	return nil
